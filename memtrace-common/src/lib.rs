@@ -1,0 +1,114 @@
+//! Types shared by the kernel programs and userspace: ring-buffer records,
+//! map keys and values, and the offset tables userspace fills in at load time.
+//! Everything is `#[repr(C)]` and plain old data.
+#![no_std]
+
+pub mod faults;
+pub mod ffaults;
+pub mod oom;
+pub mod reclaim;
+pub mod stacks;
+
+pub const TASK_COMM_LEN: usize = 16;
+
+/// Indexes of the per-CPU loss counters (`LOSSES` map): every way an event can
+/// be lost in the kernel is counted here and shown to the user.
+pub mod loss {
+    /// The ring buffer was full when a record was reserved.
+    pub const RINGBUF: u32 = 0;
+    /// `bpf_get_stackid` failed (hash collision or stack map full).
+    pub const STACK: u32 = 1;
+    /// An aggregation map was full when a new key was inserted.
+    pub const MAP_FULL: u32 = 2;
+    /// A kernel memory read failed.
+    pub const READ: u32 = 3;
+    pub const NR: u32 = 4;
+    pub const NAMES: [&str; NR as usize] = ["ringbuf_full", "stack_fail", "map_full", "read_fail"];
+}
+
+/// First field of every ring-buffer record, so userspace can dispatch.
+pub mod kind {
+    pub const OOM: u32 = 1;
+    pub const FILE_SEEN: u32 = 2;
+    pub const RECLAIM: u32 = 3;
+}
+
+/// Which attach method a program ran under; reported in records so userspace
+/// can say where a figure came from.
+pub mod method {
+    pub const KPROBE: u32 = 1;
+    pub const FENTRY: u32 = 2;
+    pub const TP_BTF: u32 = 3;
+    pub const RAW_TP: u32 = 4;
+    pub const TRACEPOINT: u32 = 5;
+    pub const PERF_EVENT: u32 = 6;
+}
+
+/// Process selection, set as the `FILTER` global.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Filter {
+    /// Process id (tgid) to trace; 0 traces every process.
+    pub tgid: u32,
+    /// Non-zero: also trace processes forked by traced ones (tracked in `FOLLOWED`).
+    pub children: u32,
+    /// `stack_mode::*` bits: which stacks the tool captures.
+    pub stacks: u32,
+    /// `sched:sched_process_fork` offset of `child_pid`.
+    pub fork_child_pid: u32,
+}
+
+pub mod stack_mode {
+    pub const USER: u32 = 1;
+    pub const KERNEL: u32 = 2;
+}
+
+/// Offsets into `struct task_struct` and friends, read from kernel BTF.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct TaskOffsets {
+    pub pid: u32,
+    pub tgid: u32,
+    pub comm: u32,
+    pub mm: u32,
+    pub cgroups: u32,
+    pub css_set_subsys: u32,
+    pub memory_cgrp_id: u32,
+    pub css_cgroup: u32,
+    pub cgroup_kn: u32,
+    pub kernfs_node_id: u32,
+    pub mm_rss_stat: u32,
+    pub mm_total_vm: u32,
+    pub mm_brk: u32,
+    pub percpu_counter_size: u32,
+    pub percpu_counter_count: u32,
+    pub task_cred: u32,
+    pub cred_uid: u32,
+    pub task_signal: u32,
+    pub signal_oom_score_adj: u32,
+    /// Page size in kB, to turn page counts into kB.
+    pub page_kb: u32,
+    /// Non-zero when every offset above was found.
+    pub valid: u32,
+}
+
+#[cfg(feature = "user")]
+mod pod {
+    // SAFETY: all of these are repr(C) plain data without padding-sensitive invariants.
+    unsafe impl aya::Pod for super::Filter {}
+    unsafe impl aya::Pod for super::TaskOffsets {}
+    unsafe impl aya::Pod for super::oom::OomTpOffsets {}
+    unsafe impl aya::Pod for super::oom::OomKprobeOffsets {}
+    unsafe impl aya::Pod for super::faults::FaultConfig {}
+    unsafe impl aya::Pod for super::faults::FaultKey {}
+    unsafe impl aya::Pod for super::faults::FaultVal {}
+    unsafe impl aya::Pod for super::ffaults::FileKey {}
+    unsafe impl aya::Pod for super::ffaults::FfaultsConfig {}
+    unsafe impl aya::Pod for super::reclaim::ReclaimConfig {}
+    unsafe impl aya::Pod for super::reclaim::ReclaimTotals {}
+    unsafe impl aya::Pod for super::reclaim::ProcReclaimKey {}
+    unsafe impl aya::Pod for super::reclaim::ProcReclaimVal {}
+    unsafe impl aya::Pod for super::stacks::StackKey {}
+    unsafe impl aya::Pod for super::stacks::StackVal {}
+    unsafe impl aya::Pod for super::stacks::BrkConfig {}
+}

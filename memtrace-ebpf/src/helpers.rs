@@ -1,0 +1,173 @@
+//! Mechanisms every tool shares: process filter, loss counters, ring buffer,
+//! stack capture, and reads at offsets resolved by userspace.
+
+use aya_ebpf::{
+    EbpfContext, Global,
+    helpers::{bpf_get_current_pid_tgid, bpf_get_current_task, bpf_probe_read_kernel},
+    macros::{map, tracepoint},
+    maps::{HashMap, PerCpuArray, RingBuf, StackTrace},
+    programs::{TracePointContext, tracing::StackIdContext},
+};
+use memtrace_common::{Filter, TaskOffsets, loss, stack_mode};
+
+#[unsafe(no_mangle)]
+pub static FILTER: Global<Filter> = Global::new(Filter {
+    tgid: 0,
+    children: 0,
+    stacks: 0,
+    fork_child_pid: 0,
+});
+
+#[unsafe(no_mangle)]
+pub static TASK: Global<TaskOffsets> = Global::new(TaskOffsets {
+    pid: 0,
+    tgid: 0,
+    comm: 0,
+    mm: 0,
+    cgroups: 0,
+    css_set_subsys: 0,
+    memory_cgrp_id: 0,
+    css_cgroup: 0,
+    cgroup_kn: 0,
+    kernfs_node_id: 0,
+    mm_rss_stat: 0,
+    mm_total_vm: 0,
+    mm_brk: 0,
+    percpu_counter_size: 0,
+    percpu_counter_count: 0,
+    task_cred: 0,
+    cred_uid: 0,
+    task_signal: 0,
+    signal_oom_score_adj: 0,
+    page_kb: 4,
+    valid: 0,
+});
+
+/// Per-event records; userspace sizes it per tool.
+#[map]
+pub static EVENTS: RingBuf = RingBuf::with_byte_size(256 * 1024, 0);
+
+#[map]
+pub static LOSSES: PerCpuArray<u64> = PerCpuArray::with_max_entries(loss::NR, 0);
+
+/// Userspace shrinks this for tools without stacks.
+#[map]
+pub static STACKS: StackTrace = StackTrace::with_max_entries(8192, 0);
+
+/// Processes forked from the traced one (`--children`).
+#[map]
+pub static FOLLOWED: HashMap<u32, u8> = HashMap::with_max_entries(8192, 0);
+
+#[inline(always)]
+pub fn count_loss(what: u32) {
+    if let Some(p) = LOSSES.get_ptr_mut(what) {
+        unsafe { *p += 1 };
+    }
+}
+
+#[inline(always)]
+pub fn current_tgid() -> u32 {
+    (bpf_get_current_pid_tgid() >> 32) as u32
+}
+
+/// Whether events of process `tgid` are wanted.
+#[inline(always)]
+pub fn wanted(tgid: u32) -> bool {
+    let f = FILTER.load();
+    if f.tgid == 0 || f.tgid == tgid {
+        return true;
+    }
+    f.children != 0 && unsafe { FOLLOWED.get(tgid) }.is_some()
+}
+
+/// Sends `rec` to userspace, counting it as lost when the buffer is full.
+#[inline(always)]
+pub fn emit<T>(rec: &T) {
+    if EVENTS.output::<T>(rec, 0).is_err() {
+        count_loss(loss::RINGBUF);
+    }
+}
+
+/// Stack ids for the current task, as configured by `FILTER.stacks`; -1 when
+/// not captured, and every failed capture is counted.
+#[inline(always)]
+pub fn stack_ids<C: StackIdContext>(ctx: &C) -> (i32, i32) {
+    let mode = FILTER.load().stacks;
+    let mut user = -1;
+    let mut kern = -1;
+    if mode & stack_mode::USER != 0 {
+        match ctx.get_stackid(&STACKS, aya_ebpf::bindings::BPF_F_USER_STACK as u64) {
+            Ok(id) => user = id as i32,
+            Err(_) => count_loss(loss::STACK),
+        }
+    }
+    if mode & stack_mode::KERNEL != 0 {
+        match ctx.get_stackid(&STACKS, 0) {
+            Ok(id) => kern = id as i32,
+            Err(_) => count_loss(loss::STACK),
+        }
+    }
+    (user, kern)
+}
+
+/// Reads a `T` at `base + off` in kernel memory.
+#[inline(always)]
+pub unsafe fn read<T>(base: *const u8, off: u32) -> Result<T, i32> {
+    unsafe { bpf_probe_read_kernel(base.add(off as usize) as *const T) }
+}
+
+#[inline(always)]
+pub fn current_task() -> *const u8 {
+    unsafe { bpf_get_current_task() as *const u8 }
+}
+
+/// Kernfs id of the cgroup of `task`'s memory controller: the inode number of
+/// its directory in the memory hierarchy (v1) or the unified one (v2).
+#[inline(always)]
+pub unsafe fn memcg_id(task: *const u8) -> u64 {
+    let t = TASK.load();
+    if t.valid == 0 {
+        return 0;
+    }
+    unsafe {
+        let Ok(cset) = read::<*const u8>(task, t.cgroups) else {
+            return 0;
+        };
+        let Ok(css) = read::<*const u8>(cset, t.css_set_subsys + t.memory_cgrp_id * 8) else {
+            return 0;
+        };
+        css_cgroup_id(css)
+    }
+}
+
+/// Kernfs id of the cgroup a `cgroup_subsys_state` belongs to.
+#[inline(always)]
+pub unsafe fn css_cgroup_id(css: *const u8) -> u64 {
+    let t = TASK.load();
+    unsafe {
+        let Ok(cgrp) = read::<*const u8>(css, t.css_cgroup) else {
+            return 0;
+        };
+        let Ok(kn) = read::<*const u8>(cgrp, t.cgroup_kn) else {
+            return 0;
+        };
+        read::<u64>(kn, t.kernfs_node_id).unwrap_or(0)
+    }
+}
+
+/// `sched:sched_process_fork`: follow the children of traced processes.
+#[tracepoint]
+pub fn follow_fork(ctx: TracePointContext) -> u32 {
+    let f = FILTER.load();
+    let parent = current_tgid();
+    if f.tgid == 0 || !(parent == f.tgid || unsafe { FOLLOWED.get(parent) }.is_some()) {
+        return 0;
+    }
+    if let Ok(child) = unsafe { ctx.read_at::<u32>(f.fork_child_pid as usize) } {
+        if FOLLOWED.insert(child, 1u8, 0).is_err() {
+            count_loss(loss::MAP_FULL);
+        }
+    }
+    let _ = ctx.as_ptr();
+    0
+}

@@ -1,0 +1,23 @@
+//! memtrace's kernel programs. One module per tool; `helpers` holds what they share.
+#![no_std]
+#![no_main]
+
+mod helpers;
+
+mod brk;
+mod faults;
+mod ffaults;
+mod oomkill;
+mod reclaim;
+mod swapin;
+
+#[cfg(not(test))]
+#[panic_handler]
+fn panic(_info: &core::panic::PanicInfo) -> ! {
+    // The verifier rejects any reachable panic; this is never called.
+    loop {}
+}
+
+#[unsafe(link_section = "license")]
+#[unsafe(no_mangle)]
+static LICENSE: [u8; 13] = *b"Dual MIT/GPL\0";

@@ -1,0 +1,186 @@
+//! `oomkill`: one record per OOM kill. Four ways in, best first: kprobe and
+//! fentry on `oom_kill_process` see `oom_control` (totalpages, the OOM's memcg);
+//! tp_btf and the classic tracepoint on `mark_victim` see only the victim.
+
+use aya_ebpf::{
+    EbpfContext, Global,
+    helpers::{bpf_get_current_comm, bpf_probe_read_kernel_str_bytes, bpf_get_current_pid_tgid, bpf_ktime_get_ns},
+    macros::{btf_tracepoint, fentry, kprobe, tracepoint},
+    programs::{BtfTracePointContext, FEntryContext, ProbeContext, TracePointContext},
+};
+use memtrace_common::{
+    TASK_COMM_LEN, kind, method,
+    oom::{OomEvent, OomKprobeOffsets, OomTpOffsets},
+};
+
+use crate::helpers::{TASK, css_cgroup_id, current_task, emit, memcg_id, read, stack_ids};
+
+#[unsafe(no_mangle)]
+static OOM_TP: Global<OomTpOffsets> = Global::new(OomTpOffsets {
+    pid: 0,
+    comm: 0,
+    total_vm: 0,
+    anon_rss: 0,
+    file_rss: 0,
+    shmem_rss: 0,
+    uid: 0,
+    oom_score_adj: 0,
+    has_rss: 0,
+});
+
+#[unsafe(no_mangle)]
+static OOM_CONTROL: Global<OomKprobeOffsets> = Global::new(OomKprobeOffsets {
+    totalpages: 0,
+    chosen: 0,
+    memcg: 0,
+    memcg_css: 0,
+});
+
+// mm_struct rss_stat indexes (enum in include/linux/mm_types_task.h; stable since 2.6).
+const MM_FILEPAGES: u32 = 0;
+const MM_ANONPAGES: u32 = 1;
+const MM_SHMEMPAGES: u32 = 3;
+
+#[inline(always)]
+fn new_event<C: aya_ebpf::programs::tracing::StackIdContext>(ctx: &C, how: u32) -> OomEvent {
+    let id = bpf_get_current_pid_tgid();
+    let (ustack, kstack) = stack_ids(ctx);
+    OomEvent {
+        kind: kind::OOM,
+        method: how,
+        trigger_pid: (id >> 32) as u32,
+        trigger_tid: id as u32,
+        victim_pid: 0,
+        victim_tid: 0,
+        uid: 0,
+        oom_score_adj: 0,
+        total_vm_kb: 0,
+        anon_rss_kb: 0,
+        file_rss_kb: 0,
+        shmem_rss_kb: 0,
+        totalpages: 0,
+        memcg_id: 0,
+        memcg_source: 0,
+        ustack,
+        kstack,
+        _pad: 0,
+        ts_ns: unsafe { bpf_ktime_get_ns() },
+        trigger_comm: bpf_get_current_comm().unwrap_or([0; TASK_COMM_LEN]),
+        victim_comm: [0; TASK_COMM_LEN],
+    }
+}
+
+/// Fills the victim's identity and memory from its `task_struct`.
+#[inline(always)]
+unsafe fn fill_victim(ev: &mut OomEvent, task: *const u8) {
+    let t = TASK.load();
+    if t.valid == 0 || task.is_null() {
+        return;
+    }
+    unsafe {
+        ev.victim_tid = read::<i32>(task, t.pid).unwrap_or(0) as u32;
+        ev.victim_pid = read::<i32>(task, t.tgid).unwrap_or(0) as u32;
+        ev.victim_comm = read::<[u8; TASK_COMM_LEN]>(task, t.comm).unwrap_or([0; TASK_COMM_LEN]);
+        if let Ok(cred) = read::<*const u8>(task, t.task_cred) {
+            ev.uid = read::<u32>(cred, t.cred_uid).unwrap_or(0);
+        }
+        if let Ok(sig) = read::<*const u8>(task, t.task_signal) {
+            ev.oom_score_adj = read::<i16>(sig, t.signal_oom_score_adj).unwrap_or(0) as i32;
+        }
+        if let Ok(mm) = read::<*const u8>(task, t.mm) {
+            if !mm.is_null() {
+                let counter = |i: u32| -> u64 {
+                    let off = t.mm_rss_stat + i * t.percpu_counter_size + t.percpu_counter_count;
+                    let v = read::<i64>(mm, off).unwrap_or(0);
+                    // The kernel reports the shared counter, clamped at 0, like get_mm_counter().
+                    if v < 0 { 0 } else { v as u64 * t.page_kb as u64 }
+                };
+                ev.file_rss_kb = counter(MM_FILEPAGES);
+                ev.anon_rss_kb = counter(MM_ANONPAGES);
+                ev.shmem_rss_kb = counter(MM_SHMEMPAGES);
+                ev.total_vm_kb = read::<u64>(mm, t.mm_total_vm).unwrap_or(0) * t.page_kb as u64;
+            }
+        }
+        if ev.memcg_id == 0 {
+            ev.memcg_id = memcg_id(task);
+            ev.memcg_source = 2;
+        }
+    }
+}
+
+/// kprobe/fentry: `oom_kill_process(struct oom_control *oc, const char *message)`.
+#[inline(always)]
+unsafe fn on_oom_control<C: aya_ebpf::programs::tracing::StackIdContext>(
+    ctx: &C,
+    oc: *const u8,
+    how: u32,
+) {
+    let o = OOM_CONTROL.load();
+    let mut ev = new_event(ctx, how);
+    unsafe {
+        ev.totalpages = read::<u64>(oc, o.totalpages).unwrap_or(0);
+        if let Ok(memcg) = read::<*const u8>(oc, o.memcg) {
+            if !memcg.is_null() {
+                ev.memcg_id = css_cgroup_id(memcg.add(o.memcg_css as usize));
+                ev.memcg_source = 1;
+            }
+        }
+        let chosen = read::<*const u8>(oc, o.chosen).unwrap_or(core::ptr::null());
+        fill_victim(&mut ev, chosen);
+    }
+    emit(&ev);
+}
+
+#[kprobe]
+pub fn oom_kprobe(ctx: ProbeContext) -> u32 {
+    if let Some(oc) = ctx.arg::<*const u8>(0) {
+        unsafe { on_oom_control(&ctx, oc, method::KPROBE) };
+    }
+    0
+}
+
+#[fentry(function = "oom_kill_process")]
+pub fn oom_fentry(ctx: FEntryContext) -> i32 {
+    let oc: *const u8 = ctx.arg(0);
+    unsafe { on_oom_control(&ctx, oc, method::FENTRY) };
+    0
+}
+
+/// `mark_victim(struct task_struct *task, uid_t uid)`.
+#[btf_tracepoint(function = "mark_victim")]
+pub fn oom_tp_btf(ctx: BtfTracePointContext) -> i32 {
+    let task: *const u8 = ctx.arg(0);
+    let mut ev = new_event(&ctx, method::TP_BTF);
+    unsafe { fill_victim(&mut ev, task) };
+    emit(&ev);
+    0
+}
+
+/// `oom:mark_victim`, with field offsets from its format file. The record has
+/// no task pointer: the memcg is the triggering task's.
+#[tracepoint]
+pub fn oom_tracepoint(ctx: TracePointContext) -> u32 {
+    let o = OOM_TP.load();
+    let mut ev = new_event(&ctx, method::TRACEPOINT);
+    unsafe {
+        let pid = ctx.read_at::<i32>(o.pid as usize).unwrap_or(0) as u32;
+        ev.victim_tid = pid;
+        ev.victim_pid = pid;
+        if let Ok(loc) = ctx.read_at::<u32>(o.comm as usize) {
+            let src = (ctx.as_ptr() as *const u8).add((loc & 0xffff) as usize);
+            let _ = bpf_probe_read_kernel_str_bytes(src, &mut ev.victim_comm);
+        }
+        ev.uid = ctx.read_at::<u32>(o.uid as usize).unwrap_or(0);
+        if o.has_rss != 0 {
+            ev.total_vm_kb = ctx.read_at::<u64>(o.total_vm as usize).unwrap_or(0);
+            ev.anon_rss_kb = ctx.read_at::<u64>(o.anon_rss as usize).unwrap_or(0);
+            ev.file_rss_kb = ctx.read_at::<u64>(o.file_rss as usize).unwrap_or(0);
+            ev.shmem_rss_kb = ctx.read_at::<u64>(o.shmem_rss as usize).unwrap_or(0);
+            ev.oom_score_adj = ctx.read_at::<i16>(o.oom_score_adj as usize).unwrap_or(0) as i32;
+        }
+        ev.memcg_id = memcg_id(current_task());
+        ev.memcg_source = 3;
+    }
+    emit(&ev);
+    0
+}

@@ -1,0 +1,43 @@
+//! Typed errors of the library. `exit_code` decides what the shell sees:
+//! 2 for bad input and for what this kernel or user cannot do, 1 for failures
+//! at run time.
+
+use thiserror::Error;
+
+#[derive(Debug, Error)]
+pub enum Error {
+    #[error("{0}")]
+    Usage(String),
+    #[error("no process with pid {0}")]
+    NoSuchPid(u32),
+    #[error("memtrace needs root (or CAP_BPF and CAP_PERFMON) to load eBPF programs")]
+    NotRoot,
+    #[error("tracefs is not mounted and could not be mounted at /sys/kernel/tracing")]
+    NoTracefs,
+    #[error("kernel BTF is not available ({0}); memtrace needs CONFIG_DEBUG_INFO_BTF")]
+    NoBtf(String),
+    #[error("tracepoint {category}:{name} does not exist on this kernel")]
+    NoTracepoint { category: String, name: String },
+    #[error("tracepoint {tracepoint} has no field {field}")]
+    NoField { tracepoint: String, field: String },
+    /// No way in the fallback chain worked; names what the kernel lacks.
+    #[error("cannot trace {what}: {reasons}")]
+    Unsupported { what: String, reasons: String },
+    #[error("failed to load eBPF object: {0}")]
+    Load(String),
+    #[error("{0}")]
+    Runtime(String),
+    #[error(transparent)]
+    Io(#[from] std::io::Error),
+}
+
+impl Error {
+    pub fn exit_code(&self) -> i32 {
+        match self {
+            Error::Load(_) | Error::Runtime(_) | Error::Io(_) => 1,
+            _ => 2,
+        }
+    }
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -1,0 +1,8 @@
+//! What the running kernel offers: tracefs formats, BTF offsets, features.
+
+pub mod btf;
+pub mod cgroup;
+pub mod tracefs;
+
+pub use btf::KernelBtf;
+pub use tracefs::Format;

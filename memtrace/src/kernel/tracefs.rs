@@ -1,0 +1,158 @@
+//! Tracepoint format files: field offsets are read at run time because they
+//! differ between kernels and distributions.
+
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+
+use crate::error::Error;
+
+const CANDIDATES: [&str; 2] = ["/sys/kernel/tracing", "/sys/kernel/debug/tracing"];
+
+/// The tracefs mount point, mounting tracefs at /sys/kernel/tracing if needed.
+pub fn root() -> Result<&'static Path, Error> {
+    static ROOT: OnceLock<Option<PathBuf>> = OnceLock::new();
+    ROOT.get_or_init(|| {
+        let found = || {
+            CANDIDATES
+                .iter()
+                .map(PathBuf::from)
+                .find(|p| p.join("events").is_dir())
+        };
+        found().or_else(|| {
+            let _ = std::process::Command::new("mount")
+                .args(["-t", "tracefs", "tracefs", CANDIDATES[0]])
+                .stderr(std::process::Stdio::null())
+                .status();
+            found()
+        })
+    })
+    .as_deref()
+    .ok_or(Error::NoTracefs)
+}
+
+pub fn exists(category: &str, name: &str) -> bool {
+    root()
+        .map(|r| r.join("events").join(category).join(name).is_dir())
+        .unwrap_or(false)
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Field {
+    pub name: String,
+    pub ty: String,
+    pub offset: u32,
+    pub size: u32,
+    pub signed: bool,
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct Format {
+    pub name: String,
+    pub fields: Vec<Field>,
+}
+
+impl Format {
+    pub fn load(category: &str, name: &str) -> Result<Format, Error> {
+        let path = root()?
+            .join("events")
+            .join(category)
+            .join(name)
+            .join("format");
+        let text = std::fs::read_to_string(&path).map_err(|_| Error::NoTracepoint {
+            category: category.into(),
+            name: name.into(),
+        })?;
+        Ok(Format::parse(&text))
+    }
+
+    /// Parses the text of a `format` file.
+    pub fn parse(text: &str) -> Format {
+        let mut fmt = Format::default();
+        for line in text.lines() {
+            let line = line.trim();
+            if let Some(n) = line.strip_prefix("name:") {
+                fmt.name = n.trim().to_string();
+                continue;
+            }
+            let Some(rest) = line.strip_prefix("field:") else {
+                continue;
+            };
+            let mut decl = "";
+            let (mut offset, mut size, mut signed) = (None, None, false);
+            for part in rest.split(';') {
+                let part = part.trim();
+                if let Some(v) = part.strip_prefix("offset:") {
+                    offset = v.trim().parse().ok();
+                } else if let Some(v) = part.strip_prefix("size:") {
+                    size = v.trim().parse().ok();
+                } else if let Some(v) = part.strip_prefix("signed:") {
+                    signed = v.trim() == "1";
+                } else if decl.is_empty() && !part.is_empty() {
+                    decl = part;
+                }
+            }
+            let (Some(offset), Some(size)) = (offset, size) else {
+                continue;
+            };
+            // "unsigned long nr_reclaimed" or "char comm[16]": the name is the
+            // last word, without any array suffix.
+            let last = decl.rsplit(' ').next().unwrap_or(decl);
+            let name = last.split('[').next().unwrap_or(last).to_string();
+            let ty = decl[..decl.len() - last.len()].trim().to_string();
+            fmt.fields.push(Field {
+                name,
+                ty,
+                offset,
+                size,
+                signed,
+            });
+        }
+        fmt
+    }
+
+    pub fn field(&self, name: &str) -> Option<&Field> {
+        self.fields.iter().find(|f| f.name == name)
+    }
+
+    /// Offset of `name`, or an error naming the tracepoint and field.
+    pub fn offset(&self, name: &str) -> Result<u32, Error> {
+        self.field(name)
+            .map(|f| f.offset)
+            .ok_or_else(|| Error::NoField {
+                tracepoint: self.name.clone(),
+                field: name.into(),
+            })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    // Saved from this machine's 6.18 kernel.
+    const MARK_VICTIM: &str = include_str!("../../tests/data/mark_victim.format");
+    const SYS_ENTER_MMAP: &str = include_str!("../../tests/data/sys_enter_mmap.format");
+
+    #[test]
+    fn parses_mark_victim() {
+        let f = Format::parse(MARK_VICTIM);
+        assert_eq!(f.name, "mark_victim");
+        assert_eq!(f.offset("pid").unwrap(), 8);
+        assert_eq!(f.offset("comm").unwrap(), 12);
+        assert_eq!(f.field("comm").unwrap().ty, "__data_loc char[]");
+        assert_eq!(f.offset("anon_rss").unwrap(), 24);
+        assert_eq!(f.offset("oom_score_adj").unwrap(), 64);
+        assert!(f.field("oom_score_adj").unwrap().signed);
+        assert!(f.offset("nope").is_err());
+    }
+
+    #[test]
+    fn parses_syscall_format() {
+        let f = Format::parse(SYS_ENTER_MMAP);
+        assert_eq!(f.offset("__syscall_nr").unwrap(), 8);
+        assert_eq!(f.offset("addr").unwrap(), 16);
+        assert_eq!(f.offset("len").unwrap(), 24);
+        assert_eq!(f.offset("off").unwrap(), 56);
+        assert_eq!(f.field("common_pid").unwrap().size, 4);
+    }
+}

@@ -1,0 +1,14 @@
+//! memtrace: memory event tracing with eBPF.
+
+pub mod attach;
+pub mod cli;
+pub mod doctor;
+pub mod error;
+pub mod kernel;
+pub mod output;
+pub mod run;
+pub mod session;
+pub mod symbolize;
+pub mod tools;
+
+pub use error::{Error, Result};

@@ -1,0 +1,13 @@
+use clap::Parser;
+
+fn main() {
+    let cli = memtrace::cli::Cli::parse();
+    let code = match memtrace::tools::dispatch(cli) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("memtrace: error: {e}");
+            e.exit_code()
+        }
+    };
+    std::process::exit(code);
+}

@@ -1,0 +1,68 @@
+use std::io::Write;
+
+use super::{Col, Hist, Printer, Row, StackReport, Summary, TextPrinter};
+
+/// Folded stacks (`comm;outer;...;inner count`) for flamegraph.pl and inferno;
+/// everything that is not a stack prints as text.
+pub struct FoldedPrinter {
+    out: Box<dyn Write>,
+    text: TextPrinter,
+}
+
+impl FoldedPrinter {
+    pub fn new(out: Box<dyn Write>, timestamps: bool) -> Self {
+        FoldedPrinter {
+            out,
+            text: TextPrinter::new(Box::new(std::io::stderr()), timestamps),
+        }
+    }
+}
+
+/// Frames may not contain the separators of the folded format.
+fn clean(f: &str) -> String {
+    f.replace(';', ":").replace(' ', "_")
+}
+
+pub fn fold(s: &StackReport) -> String {
+    let mut parts = vec![clean(&s.comm)];
+    parts.extend(s.user.iter().rev().map(|f| clean(f)));
+    parts.extend(s.kernel.iter().rev().map(|f| clean(f)));
+    format!("{} {}", parts.join(";"), s.count)
+}
+
+impl Printer for FoldedPrinter {
+    fn event(&mut self, kind: &'static str, cols: &[Col], row: &Row) {
+        self.text.event(kind, cols, row)
+    }
+    fn table(&mut self, kind: &'static str, title: &str, cols: &[Col], rows: &[Row]) {
+        self.text.table(kind, title, cols, rows)
+    }
+    fn stacks(&mut self, _kind: &'static str, _title: &str, stacks: &[StackReport]) {
+        for s in stacks {
+            let _ = writeln!(self.out, "{}", fold(s));
+        }
+        let _ = self.out.flush();
+    }
+    fn histogram(&mut self, h: &Hist) {
+        self.text.histogram(h)
+    }
+    fn summary(&mut self, s: &Summary) {
+        self.text.summary(s)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn root_first_with_comm() {
+        let s = StackReport {
+            comm: "my app".into(),
+            count: 3,
+            user: vec!["inner+0x1".into(), "main+0x2".into()],
+            ..Default::default()
+        };
+        assert_eq!(fold(&s), "my_app;main+0x2;inner+0x1 3");
+    }
+}

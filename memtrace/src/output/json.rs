@@ -1,0 +1,123 @@
+use std::io::Write;
+
+use serde_json::{Map, Value as J, json};
+
+use super::{Col, Hist, Printer, Row, StackReport, Summary, Value};
+
+/// JSON Lines: one object per event, table row, stack or histogram, then one
+/// summary object.
+pub struct JsonPrinter {
+    out: Box<dyn Write>,
+}
+
+impl JsonPrinter {
+    pub fn new(out: Box<dyn Write>) -> Self {
+        JsonPrinter { out }
+    }
+
+    fn emit(&mut self, v: J) {
+        let _ = writeln!(self.out, "{v}");
+    }
+}
+
+fn to_json(v: &Value) -> J {
+    match v {
+        Value::U(n) => json!(n),
+        Value::I(n) => json!(n),
+        Value::F(f, _) => json!(f),
+        Value::S(s) => json!(s),
+        Value::Null => J::Null,
+    }
+}
+
+fn object(kind: &str, cols: &[Col], row: &Row) -> J {
+    let mut m = Map::new();
+    m.insert("type".into(), json!(kind));
+    m.insert("ts".into(), json!(unix_time()));
+    for (c, v) in cols.iter().zip(&row.0) {
+        m.insert(c.key.into(), to_json(v));
+    }
+    J::Object(m)
+}
+
+fn unix_time() -> f64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| (d.as_millis() as f64) / 1000.0)
+        .unwrap_or(0.0)
+}
+
+impl Printer for JsonPrinter {
+    fn event(&mut self, kind: &'static str, cols: &[Col], row: &Row) {
+        let v = object(kind, cols, row);
+        self.emit(v);
+        let _ = self.out.flush();
+    }
+
+    fn table(&mut self, kind: &'static str, _title: &str, cols: &[Col], rows: &[Row]) {
+        for r in rows {
+            let v = object(kind, cols, r);
+            self.emit(v);
+        }
+        let _ = self.out.flush();
+    }
+
+    fn stacks(&mut self, kind: &'static str, _title: &str, stacks: &[StackReport]) {
+        for s in stacks {
+            self.emit(json!({
+                "type": kind,
+                "pid": s.pid,
+                "comm": s.comm,
+                "count": s.count,
+                "bytes": s.bytes,
+                "user_stack": s.user,
+                "kernel_stack": s.kernel,
+                "note": s.note,
+            }));
+        }
+        let _ = self.out.flush();
+    }
+
+    fn histogram(&mut self, h: &Hist) {
+        let buckets: Vec<J> = h
+            .buckets
+            .iter()
+            .enumerate()
+            .filter(|(_, n)| **n > 0)
+            .map(|(i, n)| {
+                let (lo, hi) = Hist::range(i);
+                json!({"min": lo, "max": hi, "count": n})
+            })
+            .collect();
+        self.emit(json!({"type": "histogram", "title": h.title, "unit": h.unit, "buckets": buckets}));
+    }
+
+    fn summary(&mut self, s: &Summary) {
+        let lost: Map<String, J> = s.lost.iter().map(|(k, n)| ((*k).into(), json!(n))).collect();
+        let attached: Vec<J> = s
+            .attached
+            .iter()
+            .map(|(p, m, t)| json!({"probe": p, "method": m, "target": t}))
+            .collect();
+        let mut m = Map::new();
+        m.insert("type".into(), json!("summary"));
+        m.insert("tool".into(), json!(s.tool));
+        m.insert("duration_s".into(), json!(s.duration_s));
+        m.insert("events".into(), json!(s.events));
+        m.insert("lost_total".into(), json!(s.total_lost()));
+        m.insert("lost".into(), J::Object(lost));
+        m.insert("attached".into(), J::Array(attached));
+        if let Some(st) = s.command_status {
+            m.insert("command_status".into(), json!(st));
+        }
+        for (k, v) in &s.extra {
+            m.insert((*k).into(), to_json(v));
+        }
+        self.emit(J::Object(m));
+        let _ = self.out.flush();
+    }
+
+    fn flush(&mut self) {
+        let _ = self.out.flush();
+    }
+}

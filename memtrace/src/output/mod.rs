@@ -1,0 +1,211 @@
+//! One output layer for every tool. Tools hand over typed rows, stacks,
+//! histograms and a summary; a `Printer` decides how they look.
+
+mod folded;
+mod json;
+mod text;
+
+use std::io::Write;
+
+pub use folded::FoldedPrinter;
+pub use json::JsonPrinter;
+pub use text::TextPrinter;
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum Value {
+    U(u64),
+    I(i64),
+    /// A float and the digits to print after the point.
+    F(f64, usize),
+    S(String),
+    Null,
+}
+
+impl From<u64> for Value {
+    fn from(v: u64) -> Self {
+        Value::U(v)
+    }
+}
+impl From<u32> for Value {
+    fn from(v: u32) -> Self {
+        Value::U(v as u64)
+    }
+}
+impl From<i64> for Value {
+    fn from(v: i64) -> Self {
+        Value::I(v)
+    }
+}
+impl From<i32> for Value {
+    fn from(v: i32) -> Self {
+        Value::I(v as i64)
+    }
+}
+impl From<String> for Value {
+    fn from(v: String) -> Self {
+        Value::S(v)
+    }
+}
+impl From<&str> for Value {
+    fn from(v: &str) -> Self {
+        Value::S(v.to_string())
+    }
+}
+impl<T: Into<Value>> From<Option<T>> for Value {
+    fn from(v: Option<T>) -> Self {
+        v.map(Into::into).unwrap_or(Value::Null)
+    }
+}
+
+impl std::fmt::Display for Value {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Value::U(v) => write!(f, "{v}"),
+            Value::I(v) => write!(f, "{v}"),
+            Value::F(v, p) => write!(f, "{v:.p$}"),
+            Value::S(s) => f.write_str(s),
+            Value::Null => f.write_str("-"),
+        }
+    }
+}
+
+/// A column of a table or event line: the JSON key and the text header.
+#[derive(Debug, Clone, Copy)]
+pub struct Col {
+    pub key: &'static str,
+    pub header: &'static str,
+    pub width: usize,
+    /// Left-aligned (text) rather than right-aligned (numbers).
+    pub left: bool,
+}
+
+impl Col {
+    pub const fn num(key: &'static str, header: &'static str, width: usize) -> Col {
+        Col {
+            key,
+            header,
+            width,
+            left: false,
+        }
+    }
+    pub const fn text(key: &'static str, header: &'static str, width: usize) -> Col {
+        Col {
+            key,
+            header,
+            width,
+            left: true,
+        }
+    }
+}
+
+/// Values in the order of the columns they belong to.
+#[derive(Debug, Clone, Default)]
+pub struct Row(pub Vec<Value>);
+
+/// One aggregated stack with its counts.
+#[derive(Debug, Clone, Default)]
+pub struct StackReport {
+    pub pid: u32,
+    pub comm: String,
+    pub count: u64,
+    /// Bytes attributed to the stack (heap growth for brk), if the tool has them.
+    pub bytes: Option<u64>,
+    /// Innermost first.
+    pub user: Vec<String>,
+    /// Innermost first.
+    pub kernel: Vec<String>,
+    /// Why a stack is missing, when it is ("capture failed", "not captured").
+    pub note: Option<String>,
+}
+
+/// A power-of-two histogram.
+#[derive(Debug, Clone, Default)]
+pub struct Hist {
+    pub title: String,
+    pub unit: &'static str,
+    /// buckets[i] counts values in [2^(i-1), 2^i), buckets[0] counts 0.
+    pub buckets: Vec<u64>,
+}
+
+impl Hist {
+    pub fn new(title: impl Into<String>, unit: &'static str) -> Self {
+        Hist {
+            title: title.into(),
+            unit,
+            buckets: Vec::new(),
+        }
+    }
+
+    pub fn add(&mut self, v: u64) {
+        let i = (64 - v.leading_zeros()) as usize;
+        if self.buckets.len() <= i {
+            self.buckets.resize(i + 1, 0);
+        }
+        self.buckets[i] += 1;
+    }
+
+    pub fn total(&self) -> u64 {
+        self.buckets.iter().sum()
+    }
+
+    /// [low, high) of bucket i.
+    pub fn range(i: usize) -> (u64, u64) {
+        if i == 0 { (0, 1) } else { (1 << (i - 1), 1 << i) }
+    }
+}
+
+/// What every run ends with.
+#[derive(Debug, Clone, Default)]
+pub struct Summary {
+    pub tool: &'static str,
+    pub duration_s: f64,
+    pub events: u64,
+    /// (reason, count) for every loss counter, zero or not.
+    pub lost: Vec<(&'static str, u64)>,
+    /// (probe, method, target) as attached.
+    pub attached: Vec<(String, String, String)>,
+    /// Exit status of the command run with `-c`.
+    pub command_status: Option<i32>,
+    pub extra: Vec<(&'static str, Value)>,
+}
+
+impl Summary {
+    pub fn total_lost(&self) -> u64 {
+        self.lost.iter().map(|(_, n)| n).sum()
+    }
+}
+
+pub trait Printer {
+    /// One event line. Text printers print the header before the first.
+    fn event(&mut self, kind: &'static str, cols: &[Col], row: &Row);
+    /// A table printed every interval or at the end.
+    fn table(&mut self, kind: &'static str, title: &str, cols: &[Col], rows: &[Row]);
+    fn stacks(&mut self, kind: &'static str, title: &str, stacks: &[StackReport]);
+    fn histogram(&mut self, h: &Hist);
+    fn summary(&mut self, s: &Summary);
+    fn flush(&mut self) {}
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Format {
+    Text,
+    Json,
+    Folded,
+}
+
+pub fn printer(format: Format, timestamps: bool, out: Box<dyn Write>) -> Box<dyn Printer> {
+    match format {
+        Format::Text => Box::new(TextPrinter::new(out, timestamps)),
+        Format::Json => Box::new(JsonPrinter::new(out)),
+        Format::Folded => Box::new(FoldedPrinter::new(out, timestamps)),
+    }
+}
+
+/// Local wall-clock time as HH:MM:SS.
+pub fn clock() -> String {
+    let now = unsafe { libc::time(std::ptr::null_mut()) };
+    let mut tm: libc::tm = unsafe { std::mem::zeroed() };
+    // SAFETY: both pointers are valid for the call.
+    unsafe { libc::localtime_r(&now, &mut tm) };
+    format!("{:02}:{:02}:{:02}", tm.tm_hour, tm.tm_min, tm.tm_sec)
+}

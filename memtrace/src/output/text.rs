@@ -1,0 +1,212 @@
+use std::io::Write;
+
+use super::{Col, Hist, Printer, Row, StackReport, Summary, clock};
+
+pub struct TextPrinter {
+    out: Box<dyn Write>,
+    timestamps: bool,
+    header_done: bool,
+}
+
+impl TextPrinter {
+    pub fn new(out: Box<dyn Write>, timestamps: bool) -> Self {
+        TextPrinter {
+            out,
+            timestamps,
+            header_done: false,
+        }
+    }
+
+    fn line(&mut self, cols: &[Col], cells: &[String]) {
+        let mut s = String::new();
+        for (i, (c, v)) in cols.iter().zip(cells).enumerate() {
+            if i > 0 {
+                s.push(' ');
+            }
+            let last = i + 1 == cols.len();
+            if c.left {
+                if last {
+                    s.push_str(v);
+                } else {
+                    s.push_str(&format!("{v:<w$}", w = c.width));
+                }
+            } else {
+                s.push_str(&format!("{v:>w$}", w = c.width));
+            }
+        }
+        let _ = writeln!(self.out, "{}", s.trim_end());
+    }
+
+    fn render(&mut self, cols: &[Col], row: &Row, header: bool) {
+        let mut cells: Vec<String> = if header {
+            cols.iter().map(|c| c.header.to_string()).collect()
+        } else {
+            row.0.iter().map(|v| v.to_string()).collect()
+        };
+        if self.timestamps {
+            let t = if header { "TIME".to_string() } else { clock() };
+            cells.insert(0, t);
+            let mut all = vec![Col::text("time", "TIME", 8)];
+            all.extend_from_slice(cols);
+            let saved = self.timestamps;
+            self.timestamps = false;
+            self.line(&all, &cells);
+            self.timestamps = saved;
+        } else {
+            self.line(cols, &cells);
+        }
+    }
+}
+
+impl Printer for TextPrinter {
+    fn event(&mut self, _kind: &'static str, cols: &[Col], row: &Row) {
+        if !self.header_done {
+            self.render(cols, &Row::default(), true);
+            self.header_done = true;
+        }
+        self.render(cols, row, false);
+        let _ = self.out.flush();
+    }
+
+    fn table(&mut self, _kind: &'static str, title: &str, cols: &[Col], rows: &[Row]) {
+        if !title.is_empty() {
+            let _ = writeln!(self.out, "{title}");
+        }
+        self.render(cols, &Row::default(), true);
+        for r in rows {
+            self.render(cols, r, false);
+        }
+        let _ = self.out.flush();
+    }
+
+    fn stacks(&mut self, _kind: &'static str, title: &str, stacks: &[StackReport]) {
+        if !title.is_empty() {
+            let _ = writeln!(self.out, "{title}");
+        }
+        for s in stacks {
+            // bpftrace/stackcount shape: frames innermost first, then the count.
+            for f in s.kernel.iter().chain(s.user.iter()) {
+                let _ = writeln!(self.out, "    {f}");
+            }
+            if let Some(n) = &s.note {
+                let _ = writeln!(self.out, "    [{n}]");
+            }
+            let bytes = s.bytes.map(|b| format!(", {b} bytes")).unwrap_or_default();
+            let _ = writeln!(
+                self.out,
+                "    -- {} ({})\n        {}{}\n",
+                s.comm, s.pid, s.count, bytes
+            );
+        }
+        let _ = self.out.flush();
+    }
+
+    fn histogram(&mut self, h: &Hist) {
+        let _ = writeln!(self.out, "{}", h.title);
+        let max = h.buckets.iter().copied().max().unwrap_or(0).max(1);
+        let first = h.buckets.iter().position(|&n| n > 0).unwrap_or(0);
+        let last = h.buckets.iter().rposition(|&n| n > 0).unwrap_or(0);
+        for i in first..=last.max(first) {
+            let n = h.buckets.get(i).copied().unwrap_or(0);
+            let (lo, hi) = Hist::range(i);
+            let bar = "@".repeat(((n * 40) / max) as usize);
+            let range = format!("[{}, {})", human(lo), human(hi));
+            let _ = writeln!(self.out, "{range:<16} {n:>8} |{bar:<40}|");
+        }
+        if h.unit.is_empty() {
+            return;
+        }
+        let _ = writeln!(self.out, "({})", h.unit);
+    }
+
+    fn summary(&mut self, s: &Summary) {
+        let _ = self.out.flush();
+        // The summary goes to stderr so that stdout stays parseable.
+        let lost: Vec<String> = s
+            .lost
+            .iter()
+            .filter(|(_, n)| *n > 0)
+            .map(|(k, n)| format!("{k}={n}"))
+            .collect();
+        let lost = if lost.is_empty() {
+            "0 lost".to_string()
+        } else {
+            format!("{} LOST ({})", s.total_lost(), lost.join(" "))
+        };
+        let mut line = format!(
+            "memtrace {}: {:.1}s, {} events, {lost}",
+            s.tool, s.duration_s, s.events
+        );
+        if let Some(st) = s.command_status {
+            line.push_str(&format!(", command exited with status {st}"));
+        }
+        eprintln!("{line}");
+    }
+
+    fn flush(&mut self) {
+        let _ = self.out.flush();
+    }
+}
+
+/// 1024 -> "1K", as bpftrace labels histogram buckets.
+pub fn human(v: u64) -> String {
+    const UNITS: [(u64, &str); 4] = [(1 << 40, "T"), (1 << 30, "G"), (1 << 20, "M"), (1 << 10, "K")];
+    for (n, u) in UNITS {
+        if v >= n && v % n == 0 {
+            return format!("{}{u}", v / n);
+        }
+    }
+    v.to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::output::Value;
+    use std::sync::{Arc, Mutex};
+
+    #[derive(Clone, Default)]
+    struct Buf(Arc<Mutex<Vec<u8>>>);
+    impl Write for Buf {
+        fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(b);
+            Ok(b.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn events_get_one_header_and_aligned_columns() {
+        let buf = Buf::default();
+        let mut p = TextPrinter::new(Box::new(buf.clone()), false);
+        let cols = [Col::num("pid", "PID", 7), Col::text("comm", "COMM", 16)];
+        p.event("x", &cols, &Row(vec![Value::U(42), "bash".into()]));
+        p.event("x", &cols, &Row(vec![Value::U(7), "sh".into()]));
+        let s = String::from_utf8(buf.0.lock().unwrap().clone()).unwrap();
+        assert_eq!(s, "    PID COMM\n     42 bash\n      7 sh\n");
+    }
+
+    #[test]
+    fn histogram_buckets_like_bpftrace() {
+        let buf = Buf::default();
+        let mut p = TextPrinter::new(Box::new(buf.clone()), false);
+        let mut h = Hist::new("lat", "");
+        for v in [1500u64, 1600, 3000] {
+            h.add(v);
+        }
+        p.histogram(&h);
+        let s = String::from_utf8(buf.0.lock().unwrap().clone()).unwrap();
+        assert!(s.contains("[1K, 2K)"), "{s}");
+        assert!(s.contains("[2K, 4K)"), "{s}");
+        assert!(s.lines().any(|l| l.starts_with("[1K, 2K)") && l.contains(" 2 |")), "{s}");
+    }
+
+    #[test]
+    fn human_units() {
+        assert_eq!(human(1024), "1K");
+        assert_eq!(human(1 << 20), "1M");
+        assert_eq!(human(1000), "1000");
+    }
+}

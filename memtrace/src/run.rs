@@ -1,0 +1,392 @@
+//! Life cycle shared by every tool: select the process, load and attach,
+//! drain events and intervals, end on Ctrl-C/SIGTERM/SIGHUP, duration or the
+//! target's exit, then print the report and summary.
+
+use std::io::Write;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use memtrace_common::Filter;
+use tokio::io::unix::AsyncFd;
+use tokio::signal::unix::{SignalKind, signal};
+
+use crate::attach::Probe;
+use crate::cli::Common;
+use crate::error::{Error, Result};
+use crate::kernel::{Format, KernelBtf};
+use crate::output::{self, Format as OutFormat, Printer, Summary, Value};
+use crate::session::{Loader, Session};
+use crate::symbolize::SharedMaps;
+
+/// One tool: its probes, its aggregation, its report.
+pub trait Tool {
+    fn name(&self) -> &'static str;
+    /// "OOM kills", for the banner "Tracing OOM kills...".
+    fn what(&self) -> String;
+    fn probes(&self) -> Vec<Probe>;
+    /// `stack_mode` bits the kernel programs should capture.
+    fn stack_mode(&self) -> u32 {
+        0
+    }
+    /// Sets the globals and map sizes the tool's programs need.
+    fn prepare(&mut self, k: &mut Prep) -> Result<()>;
+    fn interval(&self) -> Option<Duration> {
+        None
+    }
+    /// A ring-buffer record.
+    fn on_record(&mut self, _data: &[u8], _s: &mut Session, _out: &mut dyn Printer) -> Result<()> {
+        Ok(())
+    }
+    /// Every interval; return false to end the trace (interval count reached).
+    fn on_interval(&mut self, _s: &mut Session, _out: &mut dyn Printer) -> Result<bool> {
+        Ok(true)
+    }
+    /// The final report.
+    fn finish(&mut self, s: &mut Session, out: &mut dyn Printer) -> Result<()>;
+    /// Events seen, for the summary.
+    fn events(&self) -> u64;
+    fn summary_extra(&self) -> Vec<(&'static str, Value)> {
+        Vec::new()
+    }
+    fn exit_code(&self) -> i32 {
+        0
+    }
+    /// Folded stacks asked for.
+    fn folded(&self) -> bool {
+        false
+    }
+}
+
+/// What `Tool::prepare` can use: the loader, and kernel facts read on demand.
+pub struct Prep<'a> {
+    pub loader: &'a mut Loader,
+    pub filter: Filter,
+    btf: Option<KernelBtf>,
+}
+
+impl Prep<'_> {
+    pub fn btf(&mut self) -> Result<&KernelBtf> {
+        if self.btf.is_none() {
+            self.btf = Some(KernelBtf::load()?);
+        }
+        Ok(self.btf.as_ref().unwrap())
+    }
+
+    /// The task/mm/cgroup offsets, set as the `TASK` global.
+    pub fn task_offsets(&mut self) -> Result<()> {
+        let t = self.btf()?.task_offsets();
+        self.loader.global("TASK", &t);
+        Ok(())
+    }
+
+    pub fn format(&self, cat: &str, name: &str) -> Result<Format> {
+        Format::load(cat, name)
+    }
+}
+
+fn check_root() -> Result<()> {
+    // SAFETY: no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        return Err(Error::NotRoot);
+    }
+    Ok(())
+}
+
+fn pidfd_open(pid: u32) -> Option<OwnedFd> {
+    // SAFETY: plain syscall; a valid fd is owned by the caller.
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid as libc::c_int, 0) };
+    if fd < 0 {
+        None
+    } else {
+        Some(unsafe { OwnedFd::from_raw_fd(fd as RawFd) })
+    }
+}
+
+struct Fd(OwnedFd);
+impl AsRawFd for Fd {
+    fn as_raw_fd(&self) -> RawFd {
+        self.0.as_raw_fd()
+    }
+}
+
+/// A command run with `-c`, under ptrace so that it is stopped before its
+/// first instruction and its maps can be read when it exits.
+struct Traced {
+    pid: u32,
+    go: mpsc::Sender<SharedMaps>,
+    exited: tokio::sync::oneshot::Receiver<i32>,
+}
+
+fn spawn_traced(cmd: &str) -> Result<Traced> {
+    let (pid_tx, pid_rx) = mpsc::channel::<std::result::Result<u32, String>>();
+    let (go_tx, go_rx) = mpsc::channel::<SharedMaps>();
+    let (exit_tx, exit_rx) = tokio::sync::oneshot::channel::<i32>();
+    let cmd = cmd.to_string();
+    // ptrace requests must come from the thread that forked the tracee.
+    std::thread::spawn(move || {
+        use std::os::unix::process::CommandExt;
+        let mut c = std::process::Command::new("/bin/sh");
+        c.arg("-c").arg(format!("exec {cmd}"));
+        // SAFETY: ptrace(TRACEME) is async-signal-safe.
+        unsafe {
+            c.pre_exec(|| {
+                if libc::ptrace(libc::PTRACE_TRACEME, 0, 0, 0) < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+        let child = match c.spawn() {
+            Ok(c) => c,
+            Err(e) => {
+                let _ = pid_tx.send(Err(format!("cannot run '{cmd}': {e}")));
+                return;
+            }
+        };
+        let pid = child.id() as libc::pid_t;
+        let mut status = 0;
+        // The first stop is the SIGTRAP of the exec of /bin/sh; sh then execs
+        // the command, which stops again: that is before its first instruction.
+        let mut execs = 0;
+        loop {
+            // SAFETY: waiting for our own child.
+            if unsafe { libc::waitpid(pid, &mut status, 0) } < 0 {
+                let _ = pid_tx.send(Err("waitpid failed".into()));
+                return;
+            }
+            if !libc::WIFSTOPPED(status) {
+                let _ = pid_tx.send(Err(format!("'{cmd}' exited before it started")));
+                return;
+            }
+            execs += 1;
+            unsafe {
+                libc::ptrace(
+                    libc::PTRACE_SETOPTIONS,
+                    pid,
+                    0,
+                    libc::PTRACE_O_TRACEEXIT | libc::PTRACE_O_TRACEEXEC | libc::PTRACE_O_EXITKILL,
+                )
+            };
+            if execs >= 2 {
+                break;
+            }
+            unsafe { libc::ptrace(libc::PTRACE_CONT, pid, 0, 0) };
+        }
+        let _ = pid_tx.send(Ok(pid as u32));
+        let Ok(maps) = go_rx.recv() else {
+            return;
+        };
+        maps.lock().unwrap().snapshot(pid as u32);
+        unsafe { libc::ptrace(libc::PTRACE_CONT, pid, 0, 0) };
+        loop {
+            if unsafe { libc::waitpid(pid, &mut status, libc::__WALL) } < 0 {
+                let _ = exit_tx.send(-1);
+                return;
+            }
+            if libc::WIFEXITED(status) {
+                let _ = exit_tx.send(libc::WEXITSTATUS(status));
+                return;
+            }
+            if libc::WIFSIGNALED(status) {
+                let _ = exit_tx.send(128 + libc::WTERMSIG(status));
+                return;
+            }
+            if libc::WIFSTOPPED(status) {
+                let sig = libc::WSTOPSIG(status);
+                let event = status >> 16;
+                let mut deliver = 0;
+                if event == libc::PTRACE_EVENT_EXIT || event == libc::PTRACE_EVENT_EXEC {
+                    // Still mapped: keep what symbolization needs after exit.
+                    maps.lock().unwrap().snapshot(pid as u32);
+                } else if sig != libc::SIGTRAP {
+                    deliver = sig;
+                }
+                unsafe { libc::ptrace(libc::PTRACE_CONT, pid, 0, deliver) };
+            }
+        }
+    });
+    match pid_rx.recv() {
+        Ok(Ok(pid)) => Ok(Traced {
+            pid,
+            go: go_tx,
+            exited: exit_rx,
+        }),
+        Ok(Err(e)) => Err(Error::Usage(e)),
+        Err(_) => Err(Error::Runtime("command runner died".into())),
+    }
+}
+
+fn fork_probe() -> Probe {
+    Probe::new("process forks").tracepoint("follow_fork", "sched", "sched_process_fork")
+}
+
+pub fn run(tool: &mut dyn Tool, common: &Common) -> Result<i32> {
+    check_root()?;
+    crate::kernel::tracefs::root()?;
+    if let Some(pid) = common.pid {
+        if !std::path::Path::new(&format!("/proc/{pid}")).exists() {
+            return Err(Error::NoSuchPid(pid));
+        }
+    }
+    let mut traced = match &common.command {
+        Some(cmd) => Some(spawn_traced(cmd)?),
+        None => None,
+    };
+    let target = common.pid.or(traced.as_ref().map(|t| t.pid));
+    let follow = common.children || traced.is_some();
+
+    let mut loader = Loader::default();
+    let mut filter = Filter {
+        tgid: target.unwrap_or(0),
+        children: follow as u32,
+        stacks: tool.stack_mode(),
+        fork_child_pid: 0,
+    };
+    if follow {
+        filter.fork_child_pid = Format::load("sched", "sched_process_fork")?.offset("child_pid")?;
+        loader.max_entries("FOLLOWED", 8192);
+    }
+    if filter.stacks != 0 {
+        loader.max_entries("STACKS", 16384);
+    }
+    loader.global("FILTER", &filter);
+    let mut prep = Prep {
+        loader: &mut loader,
+        filter,
+        btf: None,
+    };
+    tool.prepare(&mut prep)?;
+
+    let mut session = Session::load(&loader, common.attach, common.verbose)?;
+    if follow {
+        session.attach(&fork_probe())?;
+    }
+    for p in tool.probes() {
+        session.attach(&p)?;
+    }
+    let format = if common.json {
+        OutFormat::Json
+    } else if tool.folded() {
+        OutFormat::Folded
+    } else {
+        OutFormat::Text
+    };
+    let mut out = output::printer(format, common.timestamps, Box::new(std::io::stdout()));
+    let scope = match (&common.command, target) {
+        (Some(c), _) => format!(" of '{c}'"),
+        (None, Some(p)) => format!(" of pid {p}"),
+        _ => String::new(),
+    };
+    eprintln!("Tracing {}{scope}... Hit Ctrl-C to end.", tool.what());
+    let _ = std::io::stderr().flush();
+
+    // Snapshot the target's maps now, so its stacks symbolize after it exits.
+    if let Some(p) = common.pid {
+        session.sym.maps.lock().unwrap().snapshot(p);
+    }
+    let mut exited = None;
+    if let Some(t) = traced.as_mut() {
+        let _ = t.go.send(session.sym.maps.clone());
+        exited = Some(&mut t.exited);
+    }
+
+    let started = Instant::now();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(Error::Io)?;
+    let status = rt.block_on(event_loop(tool, &mut session, out.as_mut(), common, exited))?;
+    tool.finish(&mut session, out.as_mut())?;
+    let summary = Summary {
+        tool: tool.name(),
+        duration_s: started.elapsed().as_secs_f64(),
+        events: tool.events(),
+        lost: session.losses(),
+        attached: session.attached.clone(),
+        command_status: status,
+        extra: tool.summary_extra(),
+    };
+    out.summary(&summary);
+    out.flush();
+    // Dropping the session detaches and unloads every program.
+    drop(session);
+    Ok(tool.exit_code())
+}
+
+async fn event_loop(
+    tool: &mut dyn Tool,
+    session: &mut Session,
+    out: &mut dyn Printer,
+    common: &Common,
+    mut exited: Option<&mut tokio::sync::oneshot::Receiver<i32>>,
+) -> Result<Option<i32>> {
+    let rb = session.ring_buffer()?;
+    // SAFETY: the ring buffer owns its map fd for as long as the AsyncFd lives.
+    let mut rb = unsafe { AsyncFd::register(rb) }.map_err(std::io::Error::from)?;
+    let mut sigint = signal(SignalKind::interrupt())?;
+    let mut sigterm = signal(SignalKind::terminate())?;
+    let mut sighup = signal(SignalKind::hangup())?;
+    let far = Duration::from_secs(86400 * 365);
+    let deadline = tokio::time::Instant::now() + common.duration.unwrap_or(far);
+    let mut interval = tokio::time::interval(tool.interval().unwrap_or(far));
+    interval.tick().await;
+    let mut housekeeping = tokio::time::interval(Duration::from_millis(250));
+    let pidfd = match common.pid {
+        // SAFETY: `Fd` owns the pidfd for as long as the AsyncFd lives.
+        Some(p) => match pidfd_open(p) {
+            Some(fd) => Some(unsafe { AsyncFd::register(Fd(fd)) }.map_err(std::io::Error::from)?),
+            None => None,
+        },
+        None => None,
+    };
+    let mut warned_loss = 0u64;
+    let mut status = None;
+    let mut last_maps = Instant::now();
+    loop {
+        tokio::select! {
+            guard = rb.readable_mut() => {
+                let mut guard = guard?;
+                let ring = guard.get_inner_mut();
+                while let Some(item) = ring.next() {
+                    tool.on_record(&item, session, out)?;
+                }
+                guard.clear_ready();
+            }
+            _ = sigint.recv() => break,
+            _ = sigterm.recv() => break,
+            _ = sighup.recv() => break,
+            _ = tokio::time::sleep_until(deadline) => break,
+            _ = interval.tick() => {
+                if !tool.on_interval(session, out)? {
+                    break;
+                }
+            }
+            _ = housekeeping.tick() => {
+                let lost: u64 = session.losses().iter().map(|(_, n)| n).sum();
+                if lost > warned_loss {
+                    eprintln!("memtrace: warning: {lost} events lost so far (see the summary for why)");
+                    warned_loss = lost;
+                }
+                if let (Some(p), true) = (common.pid, last_maps.elapsed() > Duration::from_secs(1)) {
+                    session.sym.maps.lock().unwrap().snapshot(p);
+                    last_maps = Instant::now();
+                }
+            }
+            r = async { pidfd.as_ref().unwrap().readable().await }, if pidfd.is_some() => {
+                let _ = r;
+                break;
+            }
+            st = async { exited.as_mut().unwrap().await }, if exited.is_some() => {
+                status = Some(st.unwrap_or(-1));
+                break;
+            }
+        }
+    }
+    // Whatever is still in the buffer belongs to the report.
+    let ring = rb.get_mut();
+    while let Some(item) = ring.next() {
+        tool.on_record(&item, session, out)?;
+    }
+    Ok(status)
+}

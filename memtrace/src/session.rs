@@ -1,0 +1,335 @@
+//! A tracing session: load the embedded object with its globals, attach each
+//! probe through its fallback chain, drain the ring buffer, and end cleanly.
+
+use std::collections::HashSet;
+use std::path::Path;
+
+use aya::{
+    Btf, Ebpf, EbpfLoader, Pod,
+    maps::{MapData, PerCpuArray, RingBuf, StackTraceMap},
+    programs::{
+        BtfTracePoint, FEntry, KProbe, PerfEvent, RawTracePoint, TracePoint,
+        perf_event::{PerfEventConfig, PerfEventScope, SamplePolicy, SoftwareEvent},
+    },
+    util::online_cpus,
+};
+use memtrace_common::loss;
+
+use crate::attach::{Method, Probe, Target, Way};
+use crate::error::{Error, Result};
+use crate::symbolize::Symbolizer;
+
+/// The compiled kernel programs, embedded at build time.
+static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/memtrace"));
+
+/// Globals and map sizes to apply when the object is loaded.
+#[derive(Default)]
+pub struct Loader {
+    globals: Vec<(&'static str, Vec<u8>)>,
+    sizes: Vec<(&'static str, u32)>,
+}
+
+impl Loader {
+    pub fn global<T: Pod>(&mut self, name: &'static str, v: &T) -> &mut Self {
+        // SAFETY: T is Pod: any byte pattern of it may be read.
+        let bytes = unsafe {
+            std::slice::from_raw_parts(v as *const T as *const u8, std::mem::size_of::<T>())
+        };
+        self.globals.push((name, bytes.to_vec()));
+        self
+    }
+
+    pub fn max_entries(&mut self, map: &'static str, n: u32) -> &mut Self {
+        self.sizes.retain(|(m, _)| *m != map);
+        self.sizes.push((map, n));
+        self
+    }
+}
+
+/// Maps every tool would otherwise pay for; a tool raises the ones it uses.
+const SHRINKABLE: [&str; 11] = [
+    "STACKS",
+    "FAULTS",
+    "FILE_FAULTS",
+    "FILES_SEEN",
+    "BRK_STACKS",
+    "BRK_PENDING",
+    "SWAPINS",
+    "RECLAIM_START",
+    "SLAB_START",
+    "PROC_RECLAIM",
+    "FOLLOWED",
+];
+
+pub struct Session {
+    pub bpf: Ebpf,
+    btf: Option<Btf>,
+    forced: Option<Method>,
+    verbose: bool,
+    loaded: HashSet<&'static str>,
+    /// (probe, method, target) for each probe attached.
+    pub attached: Vec<(String, String, String)>,
+    pub sym: Symbolizer,
+}
+
+fn chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut cur = e.source();
+    while let Some(c) = cur {
+        let cs = c.to_string();
+        if !s.contains(&cs) {
+            s.push_str(": ");
+            s.push_str(&cs);
+        }
+        cur = c.source();
+    }
+    s
+}
+
+impl Session {
+    pub fn load(spec: &Loader, forced: Option<Method>, verbose: bool) -> Result<Session> {
+        raise_memlock();
+        let mut loader = EbpfLoader::new();
+        // Unused maps cost locked kernel memory; keep them tiny unless asked for.
+        for m in SHRINKABLE {
+            if !spec.sizes.iter().any(|(n, _)| *n == m) {
+                loader.map_max_entries(m, 1);
+            }
+        }
+        for (m, n) in &spec.sizes {
+            loader.map_max_entries(m, *n);
+        }
+        for (name, bytes) in &spec.globals {
+            loader.override_global(name, bytes.as_slice(), true);
+        }
+        let bpf = loader.load(OBJECT).map_err(|e| Error::Load(chain(&e)))?;
+        Ok(Session {
+            bpf,
+            btf: None,
+            forced,
+            verbose,
+            loaded: HashSet::new(),
+            attached: Vec::new(),
+            sym: Symbolizer::new(),
+        })
+    }
+
+    fn btf(&mut self) -> std::result::Result<&Btf, String> {
+        if self.btf.is_none() {
+            self.btf = Some(Btf::from_sys_fs().map_err(|e| format!("no kernel BTF: {e}"))?);
+        }
+        Ok(self.btf.as_ref().unwrap())
+    }
+
+    /// Attaches `probe` by the first of its ways that works here. Returns the
+    /// way used, or `None` for an optional probe nothing could attach.
+    pub fn attach(&mut self, probe: &Probe) -> Result<Option<Way>> {
+        match self.first_way(probe) {
+            Ok(way) => Ok(Some(way)),
+            Err(reasons) if probe.required => Err(Error::Unsupported {
+                what: probe.what.to_string(),
+                reasons,
+            }),
+            Err(reasons) => {
+                eprintln!("memtrace: warning: {} not traced: {reasons}", probe.what);
+                Ok(None)
+            }
+        }
+    }
+
+    /// The way that attached, or every way's reason for failing.
+    pub fn first_way(&mut self, probe: &Probe) -> std::result::Result<Way, String> {
+        let mut reasons = Vec::new();
+        let candidates: Vec<Way> = probe.candidates(self.forced).into_iter().cloned().collect();
+        if candidates.is_empty() {
+            let m = self.forced.map(|m| m.name()).unwrap_or("?");
+            reasons.push(format!("it cannot be attached by {m} (forced by --attach)"));
+        }
+        for way in candidates {
+            match self.try_way(&way) {
+                Ok(()) => {
+                    if self.verbose {
+                        eprintln!(
+                            "memtrace: {}: attached {} {}",
+                            probe.what, way.method, way.target
+                        );
+                    }
+                    self.attached.push((
+                        probe.what.to_string(),
+                        way.method.name().to_string(),
+                        way.target.to_string(),
+                    ));
+                    return Ok(way);
+                }
+                Err(why) => {
+                    if self.verbose {
+                        eprintln!(
+                            "memtrace: {}: {} {} failed: {why}",
+                            probe.what, way.method, way.target
+                        );
+                    }
+                    reasons.push(format!("{} {}: {why}", way.method, way.target));
+                }
+            }
+        }
+        Err(reasons.join("; "))
+    }
+
+    fn try_way(&mut self, way: &Way) -> std::result::Result<(), String> {
+        precheck(way)?;
+        let first = self.loaded.insert(way.prog);
+        let btf = match way.method {
+            Method::Fentry | Method::TpBtf if first => Some(self.btf()?.clone()),
+            _ => None,
+        };
+        let prog = self
+            .bpf
+            .program_mut(way.prog)
+            .ok_or_else(|| format!("program {} missing from the object", way.prog))?;
+        let e = |e: &dyn std::error::Error| chain(e);
+        let res: std::result::Result<(), String> = (|| {
+            match (way.method, &way.target) {
+                (Method::Kprobe, Target::Func(f)) => {
+                    let p: &mut KProbe = prog.try_into().map_err(|x| e(&x))?;
+                    if first {
+                        p.load().map_err(|x| e(&x))?;
+                    }
+                    p.attach(f, 0).map_err(|x| e(&x))?;
+                }
+                (Method::Fentry, Target::Func(f)) => {
+                    let p: &mut FEntry = prog.try_into().map_err(|x| e(&x))?;
+                    if let Some(btf) = &btf {
+                        p.load(f, btf).map_err(|x| e(&x))?;
+                    }
+                    p.attach().map_err(|x| e(&x))?;
+                }
+                (Method::TpBtf, Target::Tp(_, n)) => {
+                    let p: &mut BtfTracePoint = prog.try_into().map_err(|x| e(&x))?;
+                    if let Some(btf) = &btf {
+                        p.load(n, btf).map_err(|x| e(&x))?;
+                    }
+                    p.attach().map_err(|x| e(&x))?;
+                }
+                (Method::RawTp, Target::Tp(_, n)) => {
+                    let p: &mut RawTracePoint = prog.try_into().map_err(|x| e(&x))?;
+                    if first {
+                        p.load().map_err(|x| e(&x))?;
+                    }
+                    p.attach(n).map_err(|x| e(&x))?;
+                }
+                (Method::Tracepoint, Target::Tp(c, n)) => {
+                    let p: &mut TracePoint = prog.try_into().map_err(|x| e(&x))?;
+                    if first {
+                        p.load().map_err(|x| e(&x))?;
+                    }
+                    p.attach(c, n).map_err(|x| e(&x))?;
+                }
+                (Method::Perf, Target::PageFaults) => {
+                    let p: &mut PerfEvent = prog.try_into().map_err(|x| e(&x))?;
+                    if first {
+                        p.load().map_err(|x| e(&x))?;
+                    }
+                    let cpus = online_cpus().map_err(|(_, x)| x.to_string())?;
+                    for cpu in cpus {
+                        p.attach(
+                            PerfEventConfig::Software(SoftwareEvent::PageFaults),
+                            PerfEventScope::AllProcessesOneCpu { cpu },
+                            SamplePolicy::Period(1),
+                            true,
+                        )
+                        .map_err(|x| e(&x))?;
+                    }
+                }
+                _ => return Err("method does not fit target".into()),
+            }
+            Ok(())
+        })();
+        if res.is_err() && first {
+            // A failed load leaves nothing loaded; let another way retry.
+            self.loaded.remove(way.prog);
+        }
+        res.map_err(|m| explain(way, m))
+    }
+
+    /// Takes the ring buffer for asynchronous draining.
+    pub fn ring_buffer(&mut self) -> Result<RingBuf<MapData>> {
+        let m = self
+            .bpf
+            .take_map("EVENTS")
+            .ok_or_else(|| Error::Runtime("EVENTS map missing".into()))?;
+        RingBuf::try_from(m).map_err(|e| Error::Runtime(chain(&e)))
+    }
+
+    /// Events lost in the kernel so far, by reason, summed over CPUs.
+    pub fn losses(&self) -> Vec<(&'static str, u64)> {
+        let mut out: Vec<(&'static str, u64)> = loss::NAMES.iter().map(|n| (*n, 0)).collect();
+        if let Some(m) = self.bpf.map("LOSSES") {
+            if let Ok(arr) = PerCpuArray::<_, u64>::try_from(m) {
+                for (i, slot) in out.iter_mut().enumerate() {
+                    if let Ok(vals) = arr.get(&(i as u32), 0) {
+                        slot.1 = vals.iter().sum();
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    /// Instruction pointers of stack `id`, innermost first.
+    pub fn stack(&self, id: i32) -> Option<Vec<u64>> {
+        if id < 0 {
+            return None;
+        }
+        let m = self.bpf.map("STACKS")?;
+        let st = StackTraceMap::try_from(m).ok()?;
+        let trace = st.get(&(id as u32), 0).ok()?;
+        Some(trace.frames().iter().map(|f| f.ip).collect())
+    }
+
+    /// Symbolized user stack `id` of `pid`, or why there is none.
+    pub fn user_frames(&mut self, pid: u32, id: i32) -> Vec<String> {
+        match self.stack(id) {
+            Some(ips) => self.sym.user(pid, &ips),
+            None => Vec::new(),
+        }
+    }
+
+    pub fn kernel_frames(&mut self, id: i32) -> Vec<String> {
+        match self.stack(id) {
+            Some(ips) => self.sym.kernel(&ips),
+            None => Vec::new(),
+        }
+    }
+}
+
+/// Cheap checks that give a clearer reason than the load error would.
+fn precheck(way: &Way) -> std::result::Result<(), String> {
+    match (way.method, &way.target) {
+        (Method::Kprobe, _) if !Path::new("/sys/bus/event_source/devices/kprobe/type").exists() => {
+            Err("the kernel has no kprobes (CONFIG_KPROBES is off)".into())
+        }
+        (Method::Tracepoint, Target::Tp(c, n)) if !crate::kernel::tracefs::exists(c, n) => {
+            Err("no such tracepoint on this kernel".into())
+        }
+        _ => Ok(()),
+    }
+}
+
+/// Puts the kernel's terse answers into words.
+fn explain(way: &Way, msg: String) -> String {
+    if way.method == Method::Fentry && (msg.contains("Operation not permitted") || msg.contains("EPERM")) {
+        return format!("the kernel refused to load an fentry program ({msg})");
+    }
+    msg
+}
+
+/// Kernels before 5.11 charge BPF memory to RLIMIT_MEMLOCK; newer ones use
+/// the memory cgroup, so failing to raise it is only worth a note with -v.
+fn raise_memlock() {
+    let lim = libc::rlimit {
+        rlim_cur: libc::RLIM_INFINITY,
+        rlim_max: libc::RLIM_INFINITY,
+    };
+    // SAFETY: plain syscall with a valid pointer.
+    unsafe { libc::setrlimit(libc::RLIMIT_MEMLOCK, &lim) };
+}

@@ -1,0 +1,265 @@
+//! Stack symbolization with blazesym. User addresses are normalized against a
+//! cached copy of the process's maps, and the mapped files are kept open, so a
+//! stack still symbolizes after its process has exited, and binaries inside
+//! other mount namespaces are read through /proc/PID/root.
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::os::fd::AsRawFd;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+
+use blazesym::symbolize::{
+    Input, Symbolized, Symbolizer as Blaze,
+    source::{Elf, Kernel, Source},
+};
+
+#[derive(Debug, Clone)]
+pub struct Mapping {
+    pub start: u64,
+    pub end: u64,
+    pub offset: u64,
+    pub perms: String,
+    pub dev: (u32, u32),
+    pub inode: u64,
+    pub path: String,
+}
+
+/// Parses /proc/PID/maps text.
+pub fn parse_maps(text: &str) -> Vec<Mapping> {
+    let mut out = Vec::new();
+    for line in text.lines() {
+        let mut it = line.split_whitespace();
+        let (Some(range), Some(perms), Some(off), Some(dev), Some(ino)) =
+            (it.next(), it.next(), it.next(), it.next(), it.next())
+        else {
+            continue;
+        };
+        let path = it.collect::<Vec<_>>().join(" ");
+        let Some((s, e)) = range.split_once('-') else {
+            continue;
+        };
+        let (Some((maj, min)), Ok(start), Ok(end), Ok(offset), Ok(inode)) = (
+            dev.split_once(':'),
+            u64::from_str_radix(s, 16),
+            u64::from_str_radix(e, 16),
+            u64::from_str_radix(off, 16),
+            ino.parse::<u64>(),
+        ) else {
+            continue;
+        };
+        out.push(Mapping {
+            start,
+            end,
+            offset,
+            perms: perms.to_string(),
+            dev: (
+                u32::from_str_radix(maj, 16).unwrap_or(0),
+                u32::from_str_radix(min, 16).unwrap_or(0),
+            ),
+            inode,
+            path,
+        });
+    }
+    out
+}
+
+pub fn read_maps(pid: u32) -> Option<Vec<Mapping>> {
+    std::fs::read_to_string(format!("/proc/{pid}/maps"))
+        .ok()
+        .map(|t| parse_maps(&t))
+}
+
+struct Snapshot {
+    maps: Vec<Mapping>,
+}
+
+/// Maps of the processes seen, and open handles on their files.
+#[derive(Default)]
+pub struct MapsCache {
+    procs: HashMap<u32, Snapshot>,
+    /// (dev, inode) -> open file, so the path stays valid after exit.
+    files: HashMap<((u32, u32), u64), Arc<File>>,
+}
+
+impl MapsCache {
+    /// Reads (again) the maps of `pid`; false if the process is gone.
+    pub fn snapshot(&mut self, pid: u32) -> bool {
+        let Some(maps) = read_maps(pid) else {
+            return false;
+        };
+        for m in &maps {
+            if !m.perms.contains('x') || !m.path.starts_with('/') {
+                continue;
+            }
+            let key = (m.dev, m.inode);
+            if self.files.contains_key(&key) {
+                continue;
+            }
+            // Through the process's root: right inside containers too.
+            let p = format!("/proc/{pid}/root{}", m.path);
+            if let Ok(f) = File::open(&p).or_else(|_| File::open(&m.path)) {
+                self.files.insert(key, Arc::new(f));
+            }
+        }
+        self.procs.insert(pid, Snapshot { maps });
+        true
+    }
+
+    pub fn has(&self, pid: u32) -> bool {
+        self.procs.contains_key(&pid)
+    }
+
+    pub fn maps(&self, pid: u32) -> Option<&[Mapping]> {
+        self.procs.get(&pid).map(|s| s.maps.as_slice())
+    }
+
+    /// The file and file offset of `addr` in `pid`, with the file's open handle.
+    fn locate(&self, pid: u32, addr: u64) -> Option<(&Mapping, u64, Option<Arc<File>>)> {
+        let snap = self.procs.get(&pid)?;
+        let m = snap.maps.iter().find(|m| m.start <= addr && addr < m.end)?;
+        let file = self.files.get(&(m.dev, m.inode)).cloned();
+        Some((m, addr - m.start + m.offset, file))
+    }
+}
+
+pub type SharedMaps = Arc<Mutex<MapsCache>>;
+
+pub struct Symbolizer {
+    blaze: Blaze,
+    pub maps: SharedMaps,
+    cache: HashMap<(u32, u64), String>,
+    kcache: HashMap<u64, String>,
+}
+
+impl Default for Symbolizer {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+fn module_name(path: &str) -> &str {
+    path.rsplit('/').next().unwrap_or(path)
+}
+
+fn describe(sym: &blazesym::symbolize::Sym<'_>, module: &str) -> String {
+    let mut s = format!("{}+{:#x}", sym.name, sym.offset);
+    if let Some(ci) = &sym.code_info {
+        if let Some(line) = ci.line {
+            s.push_str(&format!(" ({}:{line})", ci.file.to_string_lossy()));
+        }
+    }
+    if !module.is_empty() {
+        s.push_str(&format!(" [{module}]"));
+    }
+    s
+}
+
+impl Symbolizer {
+    pub fn new() -> Self {
+        Symbolizer {
+            blaze: Blaze::builder().enable_code_info(true).build(),
+            maps: Arc::new(Mutex::new(MapsCache::default())),
+            cache: HashMap::new(),
+            kcache: HashMap::new(),
+        }
+    }
+
+    /// Symbolizes user addresses of `pid`, innermost first.
+    pub fn user(&mut self, pid: u32, addrs: &[u64]) -> Vec<String> {
+        {
+            let mut maps = self.maps.lock().unwrap();
+            if !maps.has(pid) {
+                maps.snapshot(pid);
+            }
+        }
+        addrs.iter().map(|&a| self.user_one(pid, a)).collect()
+    }
+
+    fn user_one(&mut self, pid: u32, addr: u64) -> String {
+        if let Some(s) = self.cache.get(&(pid, addr)) {
+            return s.clone();
+        }
+        let maps = self.maps.lock().unwrap();
+        let s = match maps.locate(pid, addr) {
+            None => format!("{addr:#x} [unknown]"),
+            Some((m, off, file)) => {
+                let module = module_name(&m.path).to_string();
+                let path = match &file {
+                    Some(f) => PathBuf::from(format!("/proc/self/fd/{}", f.as_raw_fd())),
+                    None => PathBuf::from(&m.path),
+                };
+                let src = Source::Elf(Elf::new(path));
+                match self.blaze.symbolize_single(&src, Input::FileOffset(off)) {
+                    Ok(Symbolized::Sym(sym)) => describe(&sym, &module),
+                    _ => format!("{addr:#x} [{module}]"),
+                }
+            }
+        };
+        drop(maps);
+        self.cache.insert((pid, addr), s.clone());
+        s
+    }
+
+    /// Symbolizes kernel addresses from /proc/kallsyms, innermost first.
+    pub fn kernel(&mut self, addrs: &[u64]) -> Vec<String> {
+        let missing: Vec<u64> = addrs
+            .iter()
+            .copied()
+            .filter(|a| !self.kcache.contains_key(a))
+            .collect();
+        if !missing.is_empty() {
+            let mut k = Kernel::default();
+            // kallsyms only: no vmlinux with DWARF on most hosts, and looking for one is slow.
+            k.vmlinux = blazesym::MaybeDefault::None;
+            k.kaslr_offset = Some(0);
+            let src = Source::Kernel(k);
+            let syms = self
+                .blaze
+                .symbolize(&src, Input::AbsAddr(&missing))
+                .unwrap_or_default();
+            for (i, a) in missing.iter().enumerate() {
+                let s = match syms.get(i) {
+                    Some(Symbolized::Sym(sym)) => format!("{}+{:#x}", sym.name, sym.offset),
+                    _ => format!("{a:#x}"),
+                };
+                self.kcache.insert(*a, s);
+            }
+        }
+        addrs.iter().map(|a| self.kcache[a].clone()).collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_maps_lines() {
+        let t = "55d1c0a00000-55d1c0a21000 r-xp 00001000 fe:01 1234567 /usr/bin/my prog\n\
+                 7ffd4a000000-7ffd4a021000 rw-p 00000000 00:00 0 [stack]\n\
+                 7f0000000000-7f0000001000 rw-p 00000000 00:00 0\n";
+        let m = parse_maps(t);
+        assert_eq!(m.len(), 3);
+        assert_eq!(m[0].start, 0x55d1c0a00000);
+        assert_eq!(m[0].offset, 0x1000);
+        assert_eq!(m[0].dev, (0xfe, 1));
+        assert_eq!(m[0].inode, 1234567);
+        assert_eq!(m[0].path, "/usr/bin/my prog");
+        assert_eq!(m[1].path, "[stack]");
+        assert_eq!(m[2].path, "");
+    }
+
+    #[test]
+    fn symbolizes_own_function_after_normalizing() {
+        #[inline(never)]
+        fn marker_function_for_symbolizer() -> u64 {
+            marker_function_for_symbolizer as *const () as u64
+        }
+        let addr = marker_function_for_symbolizer();
+        let mut s = Symbolizer::new();
+        let pid = std::process::id();
+        let f = s.user(pid, &[addr]);
+        assert!(f[0].contains("marker_function_for_symbolizer"), "{f:?}");
+    }
+}

@@ -1,0 +1,288 @@
+//! `memtrace faults`: page faults counted per CPU in the kernel, by process
+//! (user and kernel mode apart), by stack, or by the mapping they hit.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use aya::maps::PerCpuHashMap;
+use memtrace_common::{
+    faults::{FaultConfig, FaultKey, FaultVal},
+    stack_mode,
+};
+
+use crate::attach::Probe;
+use crate::error::{Error, Result};
+use crate::output::{Col, Printer, Row, StackReport, Value, clock};
+use crate::run::{Prep, Tool};
+use crate::session::Session;
+use crate::symbolize::Mapping;
+use crate::tools::{IntervalArgs, comm, stack_report};
+
+#[derive(Debug, Clone, clap::Args)]
+pub struct Args {
+    #[command(flatten)]
+    pub common: crate::cli::Common,
+    #[command(flatten)]
+    pub interval: IntervalArgs,
+    /// Show only the N largest entries.
+    #[arg(long, default_value_t = 20)]
+    pub top: usize,
+    /// Count by user stack.
+    #[arg(long)]
+    pub stacks: bool,
+    /// Count by kernel stack too.
+    #[arg(long)]
+    pub kernel_stacks: bool,
+    /// Print stacks folded, for flame graphs.
+    #[arg(long)]
+    pub folded: bool,
+    /// Which mappings of the traced process take the faults (needs -p or -c).
+    #[arg(long)]
+    pub by_mapping: bool,
+}
+
+pub fn probes() -> Vec<Probe> {
+    vec![
+        Probe::new("user page faults")
+            .tp_btf("faults_user_btf", "exceptions", "page_fault_user")
+            .raw_tp("faults_user_raw", "exceptions", "page_fault_user")
+            .tracepoint("faults_user_tp", "exceptions", "page_fault_user")
+            .perf_page_faults("faults_perf"),
+        // The perf event above sees both modes; where it is used this one adds nothing.
+        Probe::new("kernel page faults")
+            .tp_btf("faults_kernel_btf", "exceptions", "page_fault_kernel")
+            .raw_tp("faults_kernel_raw", "exceptions", "page_fault_kernel")
+            .tracepoint("faults_kernel_tp", "exceptions", "page_fault_kernel")
+            .optional(),
+    ]
+}
+
+pub struct Faults {
+    args: Args,
+    total: u64,
+    intervals: u64,
+    /// Everything counted, for the final report in interval mode.
+    seen: u64,
+}
+
+impl Faults {
+    pub fn new(a: &Args) -> Result<Self> {
+        if a.by_mapping && a.common.pid.is_none() && a.common.command.is_none() {
+            return Err(Error::Usage("--by-mapping needs -p PID or -c CMD".into()));
+        }
+        if (a.folded || a.kernel_stacks) && !a.stacks && !a.kernel_stacks {
+            return Err(Error::Usage("--folded needs --stacks or --kernel-stacks".into()));
+        }
+        Ok(Faults {
+            args: a.clone(),
+            total: 0,
+            intervals: 0,
+            seen: 0,
+        })
+    }
+
+    fn mode(&self) -> u32 {
+        let mut m = 0;
+        if self.args.stacks {
+            m |= stack_mode::USER;
+        }
+        if self.args.kernel_stacks {
+            m |= stack_mode::KERNEL;
+        }
+        m
+    }
+
+    /// Reads (and with `clear`, empties) the per-CPU counters.
+    fn collect(&mut self, s: &mut Session, clear: bool) -> Result<Vec<(FaultKey, u64, String)>> {
+        let map = s
+            .bpf
+            .map_mut("FAULTS")
+            .ok_or_else(|| Error::Runtime("FAULTS map missing".into()))?;
+        let mut m: PerCpuHashMap<_, FaultKey, FaultVal> =
+            PerCpuHashMap::try_from(map).map_err(|e| Error::Runtime(e.to_string()))?;
+        let mut out = Vec::new();
+        for item in m.iter() {
+            let Ok((k, vals)) = item else { continue };
+            let count: u64 = vals.iter().map(|v| v.count).sum();
+            let name = vals
+                .iter()
+                .map(|v| comm(&v.comm))
+                .find(|c| !c.is_empty())
+                .unwrap_or_default();
+            out.push((k, count, name));
+        }
+        if clear {
+            for (k, _, _) in &out {
+                let _ = m.remove(k);
+            }
+        }
+        let n: u64 = out.iter().map(|(_, c, _)| c).sum();
+        if clear {
+            self.total += n;
+            self.seen = self.total;
+        } else {
+            self.seen = self.total + n;
+        }
+        Ok(out)
+    }
+
+    fn report(&mut self, s: &mut Session, out: &mut dyn Printer, clear: bool) -> Result<()> {
+        let data = self.collect(s, clear)?;
+        let title = if self.args.interval.interval.is_some() {
+            format!("{} page faults", clock())
+        } else {
+            String::new()
+        };
+        if self.args.by_mapping {
+            return self.by_mapping(s, out, &data, &title);
+        }
+        if self.args.stacks || self.args.kernel_stacks {
+            let mut agg: HashMap<(u32, i32, i32), (u64, String)> = HashMap::new();
+            for (k, c, n) in &data {
+                let e = agg.entry((k.tgid, k.ustack, k.kstack)).or_insert((0, n.clone()));
+                e.0 += c;
+            }
+            let mut v: Vec<_> = agg.into_iter().collect();
+            v.sort_by(|a, b| b.1.0.cmp(&a.1.0));
+            v.truncate(self.args.top);
+            let mode = self.mode();
+            let reports: Vec<StackReport> = v
+                .into_iter()
+                .map(|((pid, u, k), (c, n))| stack_report(s, pid, n, (u, k), mode, c, None))
+                .collect();
+            out.stacks("fault_stack", &title, &reports);
+            return Ok(());
+        }
+        let mut agg: HashMap<u32, (u64, u64, String)> = HashMap::new();
+        for (k, c, n) in &data {
+            let e = agg.entry(k.tgid).or_insert((0, 0, n.clone()));
+            if k.kernel_mode == 0 {
+                e.0 += c;
+            } else {
+                e.1 += c;
+            }
+        }
+        let mut v: Vec<_> = agg.into_iter().collect();
+        v.sort_by(|a, b| (b.1.0 + b.1.1).cmp(&(a.1.0 + a.1.1)).then(a.0.cmp(&b.0)));
+        v.truncate(self.args.top);
+        let cols = [
+            Col::num("pid", "PID", 7),
+            Col::text("comm", "COMM", 16),
+            Col::num("user", "USER", 10),
+            Col::num("kernel", "KERNEL", 10),
+            Col::num("total", "TOTAL", 10),
+        ];
+        let rows: Vec<Row> = v
+            .into_iter()
+            .map(|(pid, (u, k, n))| {
+                Row(vec![pid.into(), n.into(), u.into(), k.into(), (u + k).into()])
+            })
+            .collect();
+        out.table("faults", &title, &cols, &rows);
+        Ok(())
+    }
+
+    fn by_mapping(
+        &self,
+        s: &mut Session,
+        out: &mut dyn Printer,
+        data: &[(FaultKey, u64, String)],
+        title: &str,
+    ) -> Result<()> {
+        let maps_cache = s.sym.maps.lock().unwrap();
+        let mut agg: HashMap<(u32, String, u64, u64), u64> = HashMap::new();
+        for (k, c, _) in data {
+            let label = maps_cache
+                .maps(k.tgid)
+                .and_then(|maps| maps.iter().find(|m| m.start <= k.page && k.page < m.end))
+                .map(|m| (label(m), m.start, m.end))
+                .unwrap_or_else(|| ("[unmapped or unmapped since]".to_string(), 0, 0));
+            *agg.entry((k.tgid, label.0, label.1, label.2)).or_default() += c;
+        }
+        drop(maps_cache);
+        let mut v: Vec<_> = agg.into_iter().collect();
+        v.sort_by(|a, b| b.1.cmp(&a.1));
+        v.truncate(self.args.top);
+        let cols = [
+            Col::num("pid", "PID", 7),
+            Col::num("faults", "FAULTS", 10),
+            Col::text("start", "START", 14),
+            Col::text("end", "END", 14),
+            Col::text("mapping", "MAPPING", 10),
+        ];
+        let rows: Vec<Row> = v
+            .into_iter()
+            .map(|((pid, l, a, b), c)| {
+                Row(vec![
+                    pid.into(),
+                    c.into(),
+                    format!("{a:x}").into(),
+                    format!("{b:x}").into(),
+                    Value::S(l),
+                ])
+            })
+            .collect();
+        out.table("fault_mapping", title, &cols, &rows);
+        Ok(())
+    }
+}
+
+/// "[heap]", "[stack]", a file path, or "[anon]" for anonymous regions.
+pub fn label(m: &Mapping) -> String {
+    if m.path.is_empty() {
+        "[anon]".into()
+    } else {
+        m.path.clone()
+    }
+}
+
+impl Tool for Faults {
+    fn name(&self) -> &'static str {
+        "faults"
+    }
+    fn what(&self) -> String {
+        "page faults".into()
+    }
+    fn probes(&self) -> Vec<Probe> {
+        probes()
+    }
+    fn stack_mode(&self) -> u32 {
+        self.mode()
+    }
+    fn folded(&self) -> bool {
+        self.args.folded
+    }
+    fn interval(&self) -> Option<Duration> {
+        self.args.interval.interval
+    }
+
+    fn prepare(&mut self, k: &mut Prep) -> Result<()> {
+        let mut cfg = FaultConfig {
+            by_page: self.args.by_mapping as u32,
+            ..Default::default()
+        };
+        if let Ok(f) = k.format("exceptions", "page_fault_user") {
+            cfg.tp_address = f.offset("address")?;
+            cfg.tp_error_code = f.offset("error_code")?;
+        }
+        k.loader.global("FAULT_CFG", &cfg);
+        k.loader
+            .max_entries("FAULTS", if self.args.by_mapping { 262_144 } else { 16_384 });
+        Ok(())
+    }
+
+    fn on_interval(&mut self, s: &mut Session, out: &mut dyn Printer) -> Result<bool> {
+        self.report(s, out, true)?;
+        self.intervals += 1;
+        Ok(self.args.interval.count.is_none_or(|c| self.intervals < c))
+    }
+
+    fn finish(&mut self, s: &mut Session, out: &mut dyn Printer) -> Result<()> {
+        let interval = self.args.interval.interval.is_some();
+        self.report(s, out, interval)
+    }
+
+    fn events(&self) -> u64 {
+        self.seen
+    }
+}

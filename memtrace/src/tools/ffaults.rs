@@ -1,0 +1,211 @@
+//! `memtrace ffaults`: file-backed page faults by file. The kernel counts by
+//! (process, device, inode); the first fault of a process on a file is sent
+//! up so the file is named from that process's maps while it is alive.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use aya::maps::PerCpuHashMap;
+use memtrace_common::{
+    ffaults::{FfaultsConfig, FileKey, FileSeen},
+    kind,
+};
+
+use crate::attach::Probe;
+use crate::error::{Error, Result};
+use crate::output::{Col, Printer, Row, clock};
+use crate::run::{Prep, Tool};
+use crate::session::Session;
+use crate::symbolize::read_maps;
+use crate::tools::{IntervalArgs, comm, record};
+
+#[derive(Debug, Clone, clap::Args)]
+pub struct Args {
+    #[command(flatten)]
+    pub common: crate::cli::Common,
+    #[command(flatten)]
+    pub interval: IntervalArgs,
+    /// Show only the N files with the most faults.
+    #[arg(long, default_value_t = 20)]
+    pub top: usize,
+    /// One row per (process, file) instead of per file.
+    #[arg(short = 'P', long)]
+    pub per_process: bool,
+}
+
+pub fn probes() -> Vec<Probe> {
+    vec![
+        Probe::new("file page faults")
+            .tracepoint("ffaults_tp", "filemap", "mm_filemap_fault")
+            .kprobe("ffaults_kprobe", "filemap_fault")
+            .fentry("ffaults_fentry", "filemap_fault"),
+    ]
+}
+
+pub struct Ffaults {
+    args: Args,
+    names: HashMap<(u32, u64), String>,
+    comms: HashMap<u32, String>,
+    faults: u64,
+    intervals: u64,
+}
+
+/// Kernel dev_t (major << 20 | minor) as /proc/PID/maps prints it.
+fn split_dev(dev: u32) -> (u32, u32) {
+    (dev >> 20, dev & 0xfffff)
+}
+
+impl Ffaults {
+    pub fn new(a: &Args) -> Result<Self> {
+        Ok(Ffaults {
+            args: a.clone(),
+            names: HashMap::new(),
+            comms: HashMap::new(),
+            faults: 0,
+            intervals: 0,
+        })
+    }
+
+    fn name(&self, dev: u32, ino: u64) -> String {
+        self.names.get(&(dev, ino)).cloned().unwrap_or_else(|| {
+            let (ma, mi) = split_dev(dev);
+            format!("[dev {ma}:{mi} inode {ino}]")
+        })
+    }
+
+    fn report(&mut self, s: &mut Session, out: &mut dyn Printer, clear: bool) -> Result<()> {
+        let map = s
+            .bpf
+            .map_mut("FILE_FAULTS")
+            .ok_or_else(|| Error::Runtime("FILE_FAULTS map missing".into()))?;
+        let mut m: PerCpuHashMap<_, FileKey, u64> =
+            PerCpuHashMap::try_from(map).map_err(|e| Error::Runtime(e.to_string()))?;
+        let mut raw = Vec::new();
+        for item in m.iter() {
+            let Ok((k, vals)) = item else { continue };
+            raw.push((k, vals.iter().sum::<u64>()));
+        }
+        if clear {
+            for (k, _) in &raw {
+                let _ = m.remove(k);
+            }
+        }
+        let n: u64 = raw.iter().map(|(_, c)| c).sum();
+        self.faults = if clear { self.faults + n } else { n };
+        let per = self.args.per_process;
+        let mut agg: HashMap<(u32, u32, u64), u64> = HashMap::new();
+        for (k, c) in raw {
+            *agg.entry((if per { k.tgid } else { 0 }, k.dev, k.ino)).or_default() += c;
+        }
+        let mut v: Vec<_> = agg.into_iter().collect();
+        v.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
+        v.truncate(self.args.top);
+        let title = if self.args.interval.interval.is_some() {
+            format!("{} file faults", clock())
+        } else {
+            String::new()
+        };
+        let mut cols = vec![Col::num("faults", "FAULTS", 10)];
+        if per {
+            cols.push(Col::num("pid", "PID", 7));
+            cols.push(Col::text("comm", "COMM", 16));
+        }
+        cols.push(Col::text("file", "FILE", 10));
+        let rows: Vec<Row> = v
+            .into_iter()
+            .map(|((pid, dev, ino), c)| {
+                let mut r = vec![c.into()];
+                if per {
+                    r.push(pid.into());
+                    r.push(self.comms.get(&pid).cloned().unwrap_or_default().into());
+                }
+                r.push(self.name(dev, ino).into());
+                Row(r)
+            })
+            .collect();
+        out.table("file_faults", &title, &cols, &rows);
+        Ok(())
+    }
+}
+
+impl Tool for Ffaults {
+    fn name(&self) -> &'static str {
+        "ffaults"
+    }
+    fn what(&self) -> String {
+        "file-backed page faults".into()
+    }
+    fn probes(&self) -> Vec<Probe> {
+        probes()
+    }
+    fn interval(&self) -> Option<Duration> {
+        self.args.interval.interval
+    }
+
+    fn prepare(&mut self, k: &mut Prep) -> Result<()> {
+        let mut cfg = FfaultsConfig::default();
+        if let Ok(f) = k.format("filemap", "mm_filemap_fault") {
+            cfg.tp_ino = f.offset("i_ino")?;
+            cfg.tp_dev = f.offset("s_dev")?;
+        }
+        // Offsets for the kprobe/fentry fallback; absent BTF only disables those.
+        if let Ok(b) = k.btf() {
+            let o = |s: &str, m: &str| b.offset(s, m).unwrap_or(0);
+            cfg.vmf_vma = o("vm_fault", "vma");
+            cfg.vma_file = o("vm_area_struct", "vm_file");
+            cfg.file_inode = o("file", "f_inode");
+            cfg.inode_ino = o("inode", "i_ino");
+            cfg.inode_sb = o("inode", "i_sb");
+            cfg.sb_dev = o("super_block", "s_dev");
+        }
+        k.loader.global("FFAULT_CFG", &cfg);
+        k.loader.max_entries("FILE_FAULTS", 16384);
+        k.loader.max_entries("FILES_SEEN", 16384);
+        Ok(())
+    }
+
+    fn on_record(&mut self, data: &[u8], _s: &mut Session, _out: &mut dyn Printer) -> Result<()> {
+        let Some(ev) = record::<FileSeen>(data) else {
+            return Ok(());
+        };
+        if ev.kind != kind::FILE_SEEN {
+            return Ok(());
+        }
+        self.comms.entry(ev.key.tgid).or_insert_with(|| comm(&ev.comm));
+        let key = (ev.key.dev, ev.key.ino);
+        if self.names.contains_key(&key) {
+            return Ok(());
+        }
+        let dev = split_dev(ev.key.dev);
+        if let Some(maps) = read_maps(ev.key.tgid) {
+            if let Some(m) = maps.iter().find(|m| m.dev == dev && m.inode == ev.key.ino) {
+                self.names.insert(key, m.path.clone());
+            }
+        }
+        Ok(())
+    }
+
+    fn on_interval(&mut self, s: &mut Session, out: &mut dyn Printer) -> Result<bool> {
+        self.report(s, out, true)?;
+        self.intervals += 1;
+        Ok(self.args.interval.count.is_none_or(|c| self.intervals < c))
+    }
+
+    fn finish(&mut self, s: &mut Session, out: &mut dyn Printer) -> Result<()> {
+        let clear = self.args.interval.interval.is_some();
+        self.report(s, out, clear)
+    }
+
+    fn events(&self) -> u64 {
+        self.faults
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn dev_t_split() {
+        // 254:1 (virtio disk) as the kernel encodes it.
+        assert_eq!(super::split_dev((254 << 20) | 1), (254, 1));
+    }
+}

@@ -1,0 +1,104 @@
+//! One module per tool. Each declares its probes (with fallbacks), sets the
+//! globals its kernel programs need, aggregates, and hands rows to a printer.
+
+pub mod brkstack;
+pub mod drsnoop;
+pub mod faults;
+pub mod ffaults;
+pub mod oomkill;
+pub mod swapin;
+pub mod vmscan;
+
+use crate::cli::{Cli, Command};
+use crate::error::Result;
+use crate::run::{Tool, run};
+
+pub fn dispatch(cli: Cli) -> Result<i32> {
+    match cli.cmd {
+        Command::Oomkill(a) => run_tool(oomkill::Oomkill::new(&a)?, &a.common),
+        Command::Faults(a) => run_tool(faults::Faults::new(&a)?, &a.common),
+        Command::Ffaults(a) => run_tool(ffaults::Ffaults::new(&a)?, &a.common),
+        Command::Brkstack(a) => run_tool(brkstack::Brkstack::new(&a)?, &a.common),
+        Command::Vmscan(a) => run_tool(vmscan::Vmscan::new(&a)?, &a.common),
+        Command::Drsnoop(a) => run_tool(drsnoop::Drsnoop::new(&a)?, &a.common),
+        Command::Swapin(a) => run_tool(swapin::Swapin::new(&a)?, &a.common),
+        Command::Doctor => crate::doctor::doctor(),
+    }
+}
+
+fn run_tool<T: Tool>(mut t: T, common: &crate::cli::Common) -> Result<i32> {
+    run(&mut t, common)
+}
+
+/// Every tool with default arguments, for `doctor`.
+pub fn all_probes() -> Vec<(&'static str, Vec<crate::attach::Probe>)> {
+    vec![
+        ("oomkill", oomkill::probes()),
+        ("faults", faults::probes()),
+        ("ffaults", ffaults::probes()),
+        ("brkstack", brkstack::probes()),
+        ("vmscan", vmscan::probes()),
+        ("drsnoop", drsnoop::probes()),
+        ("swapin", swapin::probes()),
+    ]
+}
+
+/// A C string from a fixed-size kernel buffer.
+pub fn comm(b: &[u8]) -> String {
+    let end = b.iter().position(|&c| c == 0).unwrap_or(b.len());
+    String::from_utf8_lossy(&b[..end]).into_owned()
+}
+
+/// Reads a `#[repr(C)]` record from ring-buffer bytes.
+pub fn record<T: Copy>(data: &[u8]) -> Option<T> {
+    if data.len() < std::mem::size_of::<T>() {
+        return None;
+    }
+    // SAFETY: length checked; T is plain data written by the kernel program.
+    Some(unsafe { std::ptr::read_unaligned(data.as_ptr() as *const T) })
+}
+
+/// Common interval arguments: `-i SECS` and a count.
+#[derive(Debug, Clone, clap::Args)]
+pub struct IntervalArgs {
+    /// Print every this many seconds (e.g. 1, 500ms) instead of only at the end.
+    #[arg(short = 'i', long = "interval", value_parser = crate::cli::parse_duration)]
+    pub interval: Option<std::time::Duration>,
+    /// Stop after this many intervals.
+    #[arg(long = "count")]
+    pub count: Option<u64>,
+}
+
+/// A stack-keyed count, symbolized, for any tool that counts by stack.
+pub fn stack_report(
+    s: &mut crate::session::Session,
+    pid: u32,
+    comm: String,
+    ids: (i32, i32),
+    mode: u32,
+    count: u64,
+    bytes: Option<u64>,
+) -> crate::output::StackReport {
+    use memtrace_common::stack_mode;
+    let (ustack, kstack) = ids;
+    let user = s.user_frames(pid, ustack);
+    let kernel = s.kernel_frames(kstack);
+    let wanted_user = mode & stack_mode::USER != 0;
+    let wanted_kernel = mode & stack_mode::KERNEL != 0;
+    let note = if (wanted_user && ustack < 0) || (wanted_kernel && kstack < 0) {
+        Some("stack capture failed (counted in stack_fail)".to_string())
+    } else if wanted_user && user.is_empty() && ustack >= 0 {
+        Some("stack id no longer in the stack map".to_string())
+    } else {
+        None
+    };
+    crate::output::StackReport {
+        pid,
+        comm,
+        count,
+        bytes,
+        user,
+        kernel,
+        note,
+    }
+}

@@ -1,0 +1,203 @@
+//! `memtrace oomkill`: one line per OOM kill, as BCC's oomkill prints, with
+//! the victim's RSS split, its memory cgroup and the pages considered.
+
+use memtrace_common::{TASK_COMM_LEN, kind, method, oom::*, stack_mode};
+
+use crate::attach::Probe;
+use crate::error::Result;
+use crate::kernel::{btf::page_size, cgroup};
+use crate::output::{Col, Printer, Row, StackReport, Value, clock};
+use crate::run::{Prep, Tool};
+use crate::session::Session;
+use crate::tools::{comm, record};
+
+#[derive(Debug, Clone, clap::Args)]
+pub struct Args {
+    #[command(flatten)]
+    pub common: crate::cli::Common,
+    /// Add the triggering task's kernel and user stacks.
+    #[arg(long)]
+    pub stack: bool,
+}
+
+pub fn probes() -> Vec<Probe> {
+    vec![
+        Probe::new("oom kill")
+            .kprobe("oom_kprobe", "oom_kill_process")
+            .fentry("oom_fentry", "oom_kill_process")
+            .tp_btf("oom_tp_btf", "oom", "mark_victim")
+            .tracepoint("oom_tracepoint", "oom", "mark_victim"),
+    ]
+}
+
+const COLS: [Col; 15] = [
+    Col::text("time", "TIME", 8),
+    Col::num("trigger_pid", "TPID", 7),
+    Col::text("trigger_comm", "TCOMM", 15),
+    Col::num("victim_pid", "VPID", 7),
+    Col::text("victim_comm", "VCOMM", 15),
+    Col::num("anon_rss_kb", "ANON_KB", 9),
+    Col::num("file_rss_kb", "FILE_KB", 8),
+    Col::num("shmem_rss_kb", "SHMEM_KB", 8),
+    Col::num("total_vm_kb", "TOTALVM_KB", 10),
+    Col::num("uid", "UID", 5),
+    Col::num("oom_score_adj", "ADJ", 5),
+    Col::num("pages", "PAGES", 9),
+    Col::text("pages_source", "PAGES_FROM", 11),
+    Col::text("memcg", "MEMCG", 20),
+    Col::text("loadavg", "LOADAVG", 10),
+];
+
+pub struct Oomkill {
+    stack: bool,
+    kills: u64,
+}
+
+impl Oomkill {
+    pub fn new(a: &Args) -> Result<Self> {
+        Ok(Oomkill {
+            stack: a.stack,
+            kills: 0,
+        })
+    }
+}
+
+fn method_name(m: u32) -> &'static str {
+    match m {
+        method::KPROBE => "kprobe",
+        method::FENTRY => "fentry",
+        method::TP_BTF => "tp_btf",
+        _ => "tracepoint",
+    }
+}
+
+fn mem_total_pages() -> u64 {
+    let s = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
+    s.lines()
+        .find_map(|l| l.strip_prefix("MemTotal:"))
+        .and_then(|v| v.split_whitespace().next()?.parse::<u64>().ok())
+        .map(|kb| kb * 1024 / page_size())
+        .unwrap_or(0)
+}
+
+impl Tool for Oomkill {
+    fn name(&self) -> &'static str {
+        "oomkill"
+    }
+
+    fn what(&self) -> String {
+        "OOM kills".into()
+    }
+
+    fn probes(&self) -> Vec<Probe> {
+        probes()
+    }
+
+    fn stack_mode(&self) -> u32 {
+        if self.stack {
+            stack_mode::USER | stack_mode::KERNEL
+        } else {
+            0
+        }
+    }
+
+    fn prepare(&mut self, k: &mut Prep) -> Result<()> {
+        k.task_offsets()?;
+        let btf = k.btf()?;
+        let oc = OomKprobeOffsets {
+            totalpages: btf.offset("oom_control", "totalpages").unwrap_or(0),
+            chosen: btf.offset("oom_control", "chosen").unwrap_or(0),
+            memcg: btf.offset("oom_control", "memcg").unwrap_or(0),
+            memcg_css: btf.offset("mem_cgroup", "css").unwrap_or(0),
+        };
+        k.loader.global("OOM_CONTROL", &oc);
+        // The classic tracepoint is the last resort; without it the others may still work.
+        if let Ok(f) = k.format("oom", "mark_victim") {
+            let o = |n| f.offset(n).unwrap_or(0);
+            let tp = OomTpOffsets {
+                pid: o("pid"),
+                comm: o("comm"),
+                total_vm: o("total_vm"),
+                anon_rss: o("anon_rss"),
+                file_rss: o("file_rss"),
+                shmem_rss: o("shmem_rss"),
+                uid: o("uid"),
+                oom_score_adj: o("oom_score_adj"),
+                has_rss: f.field("anon_rss").is_some() as u32,
+            };
+            k.loader.global("OOM_TP", &tp);
+        }
+        Ok(())
+    }
+
+    fn on_record(&mut self, data: &[u8], s: &mut Session, out: &mut dyn Printer) -> Result<()> {
+        let Some(ev) = record::<OomEvent>(data) else {
+            return Ok(());
+        };
+        if ev.kind != kind::OOM {
+            return Ok(());
+        }
+        self.kills += 1;
+        let mut victim_comm = comm(&ev.victim_comm);
+        if victim_comm.is_empty() {
+            victim_comm = std::fs::read_to_string(format!("/proc/{}/comm", ev.victim_pid))
+                .map(|c| c.trim().to_string())
+                .unwrap_or_default();
+        }
+        let memcg = cgroup::path_of(ev.memcg_id);
+        let limit = memcg
+            .as_ref()
+            .filter(|(_, p)| p != "/")
+            .and_then(|(root, p)| cgroup::memory_limit(&root.join(p.trim_start_matches('/'))));
+        let (pages, source) = if ev.totalpages > 0 {
+            (ev.totalpages, "oom_control")
+        } else if let Some(l) = limit {
+            (l / page_size(), "memcg_limit")
+        } else {
+            (mem_total_pages(), "system")
+        };
+        let loadavg = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
+        let loadavg: Vec<&str> = loadavg.split_whitespace().take(4).collect();
+        let row = Row(vec![
+            clock().into(),
+            ev.trigger_pid.into(),
+            comm(&ev.trigger_comm).into(),
+            ev.victim_pid.into(),
+            victim_comm.into(),
+            ev.anon_rss_kb.into(),
+            ev.file_rss_kb.into(),
+            ev.shmem_rss_kb.into(),
+            ev.total_vm_kb.into(),
+            ev.uid.into(),
+            ev.oom_score_adj.into(),
+            pages.into(),
+            format!("{source}").into(),
+            memcg.map(|(_, p)| Value::S(p)).unwrap_or(Value::Null),
+            loadavg.join(" ").into(),
+        ]);
+        out.event("oom_kill", &COLS, &row);
+        let _ = method_name(ev.method);
+        if self.stack {
+            let report = StackReport {
+                pid: ev.trigger_pid,
+                comm: comm(&ev.trigger_comm),
+                count: 1,
+                kernel: s.kernel_frames(ev.kstack),
+                user: s.user_frames(ev.trigger_pid, ev.ustack),
+                note: (ev.ustack < 0 && ev.kstack < 0).then(|| "stack capture failed".to_string()),
+                ..Default::default()
+            };
+            out.stacks("oom_stack", "", &[report]);
+        }
+        let _ = TASK_COMM_LEN;
+        Ok(())
+    }
+
+    fn finish(&mut self, _s: &mut Session, _out: &mut dyn Printer) -> Result<()> {
+        Ok(())
+    }
+
+    fn events(&self) -> u64 {
+        self.kills
+    }
+}

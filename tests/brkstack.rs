@@ -1,0 +1,94 @@
+//! `memtrace brkstack`: brk calls by stack, heap growth, -c and --children.
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+
+fn stacks(stdout: &str) -> Vec<serde_json::Value> {
+    json_of(stdout, "brk_stack")
+}
+
+fn totals(stdout: &str) -> (u64, u64) {
+    stacks(stdout).iter().fold((0, 0), |(c, b), s| {
+        (c + s["count"].as_u64().unwrap(), b + s["bytes"].as_u64().unwrap())
+    })
+}
+
+fn traced(work: &[&str], extra: &[&str]) -> String {
+    let mut w = Workload::start(work);
+    let pid = w.pid.to_string();
+    let mut args = vec!["brkstack", "-p", &pid, "--json"];
+    args.extend_from_slice(extra);
+    let t = Tracer::start(&args);
+    w.go();
+    assert!(w.wait().success());
+    let out = t.wait(Duration::from_secs(20));
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    out.stdout
+}
+
+#[test]
+fn counts_each_sbrk_and_the_heap_growth() {
+    const N: u64 = 250;
+    const SIZE: u64 = 8192;
+    // What libc does by itself after the workload starts, measured, not guessed.
+    let (base_calls, base_bytes) = totals(&traced(&["sbrk", "0", "0"], &[]));
+    let out = traced(&["sbrk", &N.to_string(), &SIZE.to_string()], &[]);
+    let (calls, bytes) = totals(&out);
+    assert_eq!(calls, N + base_calls, "{out}");
+    assert_eq!(bytes, N * SIZE + base_bytes, "{out}");
+    // The loop's stack is the top one, named.
+    let top = &stacks(&out)[0];
+    assert_eq!(top["count"], N);
+    let frames: Vec<&str> = top["user_stack"].as_array().unwrap().iter().map(|f| f.as_str().unwrap()).collect();
+    assert!(frames.iter().any(|f| f.contains("grow_heap_with_sbrk")), "{frames:?}");
+}
+
+#[test]
+fn command_stacks_symbolize_after_the_command_exited() {
+    let cmd = format!("{} sbrk 40 4096", workload_bin().display());
+    let out = run(&["brkstack", "--json", "-c", &cmd]);
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    let s = stacks(&out.stdout);
+    let top = s.iter().find(|s| s["count"] == 40).unwrap_or_else(|| panic!("{}", out.stdout));
+    let frames: Vec<&str> = top["user_stack"].as_array().unwrap().iter().map(|f| f.as_str().unwrap()).collect();
+    assert!(frames.iter().any(|f| f.contains("grow_heap_with_sbrk")), "{frames:?}");
+}
+
+#[test]
+fn children_are_followed_and_strangers_are_not() {
+    const N: u64 = 30;
+    let mut w = Workload::start(&["fork-sbrk", &N.to_string()]);
+    let pid = w.pid.to_string();
+    let t = Tracer::start(&["brkstack", "-p", &pid, "--children", "--json"]);
+    // An unrelated process doing the same meanwhile.
+    let stranger = std::process::Command::new(workload_bin()).args(["sbrk", "77", "4096"]).status().unwrap();
+    assert!(stranger.success());
+    w.go();
+    assert!(w.wait().success());
+    let out = t.wait(Duration::from_secs(20));
+    let s = stacks(&out.stdout);
+    assert!(s.iter().any(|s| s["count"] == N && s["pid"] != w_pid(&pid)), "{}", out.stdout);
+    assert!(!s.iter().any(|s| s["count"] == 77), "stranger counted: {}", out.stdout);
+}
+
+fn w_pid(p: &str) -> serde_json::Value {
+    serde_json::json!(p.parse::<u64>().unwrap())
+}
+
+#[test]
+fn folded_output_is_one_stack_per_line() {
+    let cmd = format!("{} sbrk 12 4096", workload_bin().display());
+    let out = run(&["brkstack", "--folded", "-c", &cmd]);
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    let lines: Vec<&str> = out.stdout.lines().collect();
+    assert!(!lines.is_empty());
+    for l in &lines {
+        let (stack, count) = l.rsplit_once(' ').expect("count");
+        assert!(count.parse::<u64>().is_ok(), "{l}");
+        assert!(stack.starts_with("memtrace-worklo;"), "{l}");
+    }
+    assert!(lines.iter().any(|l| l.contains("grow_heap_with_sbrk") && l.ends_with(" 12")), "{}", out.stdout);
+}

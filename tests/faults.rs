@@ -1,0 +1,87 @@
+//! `memtrace faults` and `ffaults` against workloads with known fault counts.
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+
+/// Runs the workload under `faults -p` with `extra` options; returns stdout.
+fn traced(work: &[&str], extra: &[&str]) -> String {
+    let mut w = Workload::start(work);
+    let pid = w.pid.to_string();
+    let mut args = vec!["faults", "-p", &pid, "--json"];
+    args.extend_from_slice(extra);
+    let t = Tracer::start(&args);
+    w.go();
+    assert!(w.wait().success());
+    let out = t.wait(Duration::from_secs(20));
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    assert!(out.stdout.contains("\"lost_total\":0"), "events lost: {}", out.stdout);
+    out.stdout
+}
+
+fn user_faults(stdout: &str) -> u64 {
+    json_of(stdout, "faults").iter().map(|r| r["user"].as_u64().unwrap()).sum()
+}
+
+#[test]
+fn counts_exactly_the_pages_touched() {
+    const N: u64 = 5000;
+    // The workload's own faults outside the loop (stack, exit path), measured.
+    let base = user_faults(&traced(&["touch", "0"], &[]));
+    let got = user_faults(&traced(&["touch", &N.to_string()], &[]));
+    assert!(got >= N, "got {got} < {N}");
+    assert!(got <= N + base + 2, "got {got}, expected {N} + baseline {base}");
+}
+
+#[test]
+fn exact_with_threads_on_both_cpus() {
+    const T: u64 = 4;
+    const N: u64 = 20000;
+    let base = user_faults(&traced(&["threads", &T.to_string(), "0"], &[]));
+    let got = user_faults(&traced(&["threads", &T.to_string(), &N.to_string()], &[]));
+    assert!(got >= T * N, "got {got} < {}", T * N);
+    assert!(got <= T * N + base + 8, "got {got}, expected {} + baseline {base}", T * N);
+}
+
+#[test]
+fn stacks_put_the_touching_function_on_top() {
+    let out = traced(&["touch", "3000"], &["--stacks"]);
+    let stacks = json_of(&out, "fault_stack");
+    let top = stacks.first().expect("stacks");
+    assert!(top["count"].as_u64().unwrap() >= 3000, "{top}");
+    let frames: Vec<&str> = top["user_stack"].as_array().unwrap().iter().map(|f| f.as_str().unwrap()).collect();
+    assert!(frames.iter().any(|f| f.starts_with("memtrace_workload::touch_fresh_pages")), "{frames:?}");
+}
+
+#[test]
+fn by_mapping_attributes_the_faults_to_the_anonymous_region() {
+    let out = traced(&["touch", "4000"], &["--by-mapping"]);
+    let rows = json_of(&out, "fault_mapping");
+    let anon: u64 = rows
+        .iter()
+        .filter(|r| r["mapping"] == "[anon]")
+        .map(|r| r["faults"].as_u64().unwrap())
+        .max()
+        .unwrap_or(0);
+    assert!(anon >= 4000, "{rows:?}");
+}
+
+#[test]
+fn ffaults_names_the_file_with_its_faults() {
+    const K: u64 = 300;
+    let path = std::env::temp_dir().join(format!("memtrace-ffaults-{}", std::process::id()));
+    std::fs::write(&path, vec![7u8; (K as usize + 10) * 4096]).unwrap();
+    let p = path.to_str().unwrap();
+    let mut w = Workload::start(&["readfile", p, &K.to_string()]);
+    let pid = w.pid.to_string();
+    let t = Tracer::start(&["ffaults", "-p", &pid, "--json"]);
+    w.go();
+    assert!(w.wait().success());
+    let out = t.wait(Duration::from_secs(20));
+    std::fs::remove_file(&path).unwrap();
+    let rows = json_of(&out.stdout, "file_faults");
+    let ours = rows.iter().find(|r| r["file"] == p).unwrap_or_else(|| panic!("{p} not in {rows:?}"));
+    assert!(ours["faults"].as_u64().unwrap() >= K, "{ours}");
+}

@@ -1,0 +1,94 @@
+//! Session life cycle: nothing stays attached, bad input exits 2.
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+
+/// Other tests are serial (--test-threads=1), but other tools on the host may
+/// load programs; retry the comparison a few times.
+fn assert_programs_back_to(before: usize) {
+    for _ in 0..20 {
+        if loaded_programs() == before {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    panic!("BPF programs before: {before}, after: {}", loaded_programs());
+}
+
+#[test]
+fn nothing_stays_loaded_after_duration_sigint_sigterm_sighup() {
+    let before = loaded_programs();
+    let out = run(&["faults", "-d", "300ms"]);
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    assert_programs_back_to(before);
+
+    for sig in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP] {
+        let t = Tracer::start(&["oomkill"]);
+        // While tracing, memtrace's programs are loaded.
+        assert!(loaded_programs() > before, "no program loaded while tracing");
+        t.signal(sig);
+        let out = t.wait(Duration::from_secs(10));
+        assert_eq!(out.code, 0, "signal {sig}: {}", out.stderr);
+        assert!(out.stderr.contains("memtrace oomkill:"), "no summary: {}", out.stderr);
+        assert_programs_back_to(before);
+    }
+}
+
+#[test]
+fn attach_error_exits_2_naming_missing_kprobes_and_leaves_nothing() {
+    let before = loaded_programs();
+    let out = run(&["oomkill", "--attach", "kprobe"]);
+    assert_eq!(out.code, 2, "{}", out.stderr);
+    assert!(out.stderr.contains("kprobe"), "{}", out.stderr);
+    assert_eq!(out.stderr.trim().lines().count(), 1, "one line: {}", out.stderr);
+    assert_programs_back_to(before);
+}
+
+#[test]
+fn bad_input_exits_2_with_one_clear_line() {
+    let before = loaded_programs();
+    let cases: [(&[&str], &str); 5] = [
+        (&["faults", "-p", "999999999"], "no process with pid 999999999"),
+        (&["faults", "-p", "0"], "pid must be greater than 0"),
+        (&["faults", "-d", "soon"], "not a duration"),
+        (&["nosuchtool"], "unrecognized subcommand"),
+        (&["faults", "--by-mapping"], "needs -p"),
+    ];
+    for (args, want) in cases {
+        let out = run(args);
+        assert_eq!(out.code, 2, "{args:?}: {}", out.stderr);
+        assert!(out.stderr.contains(want), "{args:?}: {}", out.stderr);
+        assert_programs_back_to(before);
+    }
+}
+
+#[test]
+fn trace_ends_when_the_target_process_exits() {
+    let mut w = Workload::start(&["sleep", "300"]);
+    let t = Tracer::start(&["faults", "-p", &w.pid.to_string(), "--json"]);
+    w.go();
+    w.wait();
+    let out = t.wait(Duration::from_secs(10));
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    let s = json_of(&out.stdout, "summary");
+    assert_eq!(s.len(), 1, "{}", out.stdout);
+    // Loss counters are always reported, even at zero.
+    for k in ["ringbuf_full", "stack_fail", "map_full", "read_fail"] {
+        assert!(s[0]["lost"][k].is_u64(), "{k} missing: {}", s[0]);
+    }
+}
+
+#[test]
+fn command_runs_traced_and_its_exit_status_is_reported() {
+    let cmd = format!("{} exit 7", workload_bin().display());
+    let out = run(&["faults", "--json", "-c", &cmd]);
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    let s = json_of(&out.stdout, "summary");
+    assert_eq!(s[0]["command_status"], 7, "{}", out.stdout);
+    let rows = json_of(&out.stdout, "faults");
+    assert!(rows.iter().all(|r| r["comm"] == "memtrace-worklo"), "{rows:?}");
+    assert!(!rows.is_empty());
+}

@@ -1,0 +1,72 @@
+//! `memtrace oomkill` against a real memcg OOM kill.
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+
+fn oom_in_memcg(
+    extra: &[&str],
+) -> (serde_json::Value, Vec<serde_json::Value>, u32, String, String) {
+    let cg = Memcg::new("oom", "64M");
+    let mut args = vec!["oomkill", "--json"];
+    args.extend_from_slice(extra);
+    let tracer = Tracer::start(&args);
+    let mut child = cg
+        .command(&workload_bin())
+        .args(["alloc", "200"])
+        .spawn()
+        .unwrap();
+    let victim = child.id();
+    let st = child.wait().unwrap();
+    use std::os::unix::process::ExitStatusExt;
+    assert_eq!(st.signal(), Some(libc::SIGKILL), "workload was not OOM-killed: {st:?}");
+    std::thread::sleep(Duration::from_millis(500));
+    let out = tracer.interrupt();
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    let kills = json_of(&out.stdout, "oom_kill");
+    let summary = json_of(&out.stdout, "summary").pop().expect("summary");
+    (summary, kills, victim, cg.name.clone(), out.stdout)
+}
+
+fn check_kill(kills: &[serde_json::Value], victim: u32, cg: &str) {
+    let ours: Vec<_> = kills.iter().filter(|k| k["victim_pid"] == victim).collect();
+    assert_eq!(ours.len(), 1, "expected exactly one kill of {victim}: {kills:?}");
+    let k = ours[0];
+    assert_eq!(k["victim_comm"], "memtrace-worklo");
+    assert!(k["anon_rss_kb"].as_u64().unwrap() > 32 * 1024, "{k}");
+    assert_eq!(k["memcg"], format!("/{cg}"));
+    // 64 MiB limit in 4 KiB pages.
+    assert_eq!(k["pages"], 16384, "{k}");
+    assert!(k["loadavg"].as_str().unwrap().split(' ').count() == 4);
+}
+
+#[test]
+fn reports_one_memcg_kill_with_victim_rss_and_cgroup() {
+    let (summary, kills, victim, cg, _) = oom_in_memcg(&[]);
+    check_kill(&kills, victim, &cg);
+    assert_eq!(summary["lost_total"], 0);
+    assert!(summary["attached"][0]["method"].is_string());
+}
+
+#[test]
+fn classic_tracepoint_fallback_reports_the_same() {
+    let (summary, kills, victim, cg, _) = oom_in_memcg(&["--attach", "tracepoint"]);
+    assert_eq!(summary["attached"][0]["method"], "tracepoint");
+    check_kill(&kills, victim, &cg);
+}
+
+#[test]
+fn stack_option_symbolizes_the_triggering_kernel_path() {
+    let (_, kills, victim, cg, stdout) = oom_in_memcg(&["--stack"]);
+    check_kill(&kills, victim, &cg);
+    let stacks = json_of(&stdout, "oom_stack");
+    assert_eq!(stacks.len(), kills.len(), "{stdout}");
+    let s = stacks.iter().find(|s| s["pid"] == victim).expect("stack of our kill");
+    let kernel: Vec<&str> = s["kernel_stack"].as_array().unwrap().iter().map(|f| f.as_str().unwrap()).collect();
+    // The trigger is the allocating workload: the kernel path runs through the OOM killer.
+    assert!(kernel.iter().any(|f| f.starts_with("out_of_memory") || f.contains("oom_kill")), "{kernel:?}");
+    let user: Vec<&str> = s["user_stack"].as_array().unwrap().iter().map(|f| f.as_str().unwrap()).collect();
+    assert!(user.iter().any(|f| f.contains("allocate_and_touch_mib")), "{user:?}");
+}

@@ -1,0 +1,140 @@
+//! Workloads with known counts for memtrace's integration tests and benches.
+//! Built with frame pointers (see .cargo/config.toml) so stacks walk.
+//!
+//! `memtrace-workload [--wait] COMMAND ARGS`: with --wait, prints its pid and
+//! waits for a line on stdin before it works, so a tracer can attach first.
+
+use std::io::{BufRead, Write};
+use std::hint::black_box;
+
+const PAGE: usize = 4096;
+
+#[inline(never)]
+fn grow_heap_with_sbrk(n: usize, size: isize) {
+    for _ in 0..n {
+        // SAFETY: sbrk only moves the break; nothing uses the memory.
+        unsafe { black_box(libc::sbrk(size)) };
+    }
+}
+
+fn map_anon(len: usize) -> *mut u8 {
+    // SAFETY: anonymous private mapping.
+    let p = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        )
+    };
+    assert!(p != libc::MAP_FAILED, "mmap failed");
+    // Exact counts need one fault per 4 KiB page.
+    unsafe { libc::madvise(p, len, libc::MADV_NOHUGEPAGE) };
+    p as *mut u8
+}
+
+#[inline(never)]
+fn touch_fresh_pages(n: usize) {
+    if n == 0 {
+        return;
+    }
+    let p = map_anon(n * PAGE);
+    for i in 0..n {
+        // SAFETY: inside the mapping.
+        unsafe { std::ptr::write_volatile(p.add(i * PAGE), 1) };
+    }
+}
+
+#[inline(never)]
+fn allocate_and_touch_mib(mib: usize) {
+    let len = mib << 20;
+    let p = map_anon(len);
+    for i in (0..len).step_by(PAGE) {
+        unsafe { std::ptr::write_volatile(p.add(i), 1) };
+    }
+}
+
+#[inline(never)]
+fn read_file_pages(path: &str, k: usize) {
+    use std::os::fd::AsRawFd;
+    let f = std::fs::File::open(path).expect("open");
+    let len = f.metadata().unwrap().len() as usize;
+    assert!(len >= k * PAGE, "file too small");
+    // Drop this file's pages from the page cache so every read faults to disk.
+    unsafe { libc::posix_fadvise(f.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
+    let p = unsafe {
+        libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ, libc::MAP_PRIVATE, f.as_raw_fd(), 0)
+    };
+    assert!(p != libc::MAP_FAILED);
+    // No readahead: one fault per page read.
+    unsafe { libc::madvise(p, len, libc::MADV_RANDOM) };
+    let p = p as *const u8;
+    let mut sum = 0u64;
+    for i in 0..k {
+        sum += unsafe { std::ptr::read_volatile(p.add(i * PAGE)) } as u64;
+    }
+    black_box(sum);
+}
+
+fn arg<T: std::str::FromStr>(args: &[String], i: usize, default: T) -> T {
+    args.get(i).and_then(|s| s.parse().ok()).unwrap_or(default)
+}
+
+fn main() {
+    let mut args: Vec<String> = std::env::args().skip(1).collect();
+    if args.first().map(|s| s.as_str()) == Some("--wait") {
+        args.remove(0);
+        println!("{}", std::process::id());
+        std::io::stdout().flush().unwrap();
+        let mut line = String::new();
+        std::io::stdin().lock().read_line(&mut line).unwrap();
+    }
+    let cmd = args.first().cloned().unwrap_or_default();
+    match cmd.as_str() {
+        // sbrk N SIZE: N calls of sbrk(SIZE).
+        "sbrk" => grow_heap_with_sbrk(arg(&args, 1, 10), arg(&args, 2, 4096)),
+        // touch N: touch N fresh anonymous pages.
+        "touch" => touch_fresh_pages(arg(&args, 1, 0)),
+        // threads T N: T threads each touch N fresh pages.
+        "threads" => {
+            let (t, n) = (arg(&args, 1, 2usize), arg(&args, 2, 1000usize));
+            let hs: Vec<_> = (0..t).map(|_| std::thread::spawn(move || touch_fresh_pages(n))).collect();
+            for h in hs {
+                h.join().unwrap();
+            }
+        }
+        // alloc MIB: allocate and touch MIB MiB (for OOM tests).
+        "alloc" => allocate_and_touch_mib(arg(&args, 1, 200)),
+        // readfile PATH K: map PATH and read K distinct pages, uncached.
+        "readfile" => read_file_pages(&args[1], arg(&args, 2, 100)),
+        // fork-sbrk N: a forked child calls sbrk N times; the parent none.
+        "fork-sbrk" => {
+            let n = arg(&args, 1, 10usize);
+            let pid = unsafe { libc::fork() };
+            if pid == 0 {
+                grow_heap_with_sbrk(n, 4096);
+                unsafe { libc::_exit(0) };
+            }
+            let mut st = 0;
+            unsafe { libc::waitpid(pid, &mut st, 0) };
+        }
+        // reread PATH MIB ROUNDS: read a file again and again (reclaim tests).
+        "reread" => {
+            use std::io::Read;
+            let rounds = arg(&args, 2, 3usize);
+            let mut buf = vec![0u8; 1 << 20];
+            for _ in 0..rounds {
+                let mut f = std::fs::File::open(&args[1]).expect("open");
+                while f.read(&mut buf).unwrap() > 0 {}
+            }
+        }
+        "exit" => std::process::exit(arg(&args, 1, 0)),
+        "sleep" => std::thread::sleep(std::time::Duration::from_millis(arg(&args, 1, 1000))),
+        _ => {
+            eprintln!("unknown workload '{cmd}'");
+            std::process::exit(2);
+        }
+    }
+}

@@ -1,0 +1,213 @@
+//! Project tasks: `cargo xtask setup|build|run|test|bench`.
+//!
+//! Set-up is idempotent and says what it installs: the nightly toolchain's
+//! rust-src (for `-Z build-std=core`) and bpf-linker, built against the
+//! nightly's own LLVM.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use anyhow::{Context, Result, bail};
+use clap::{Parser, Subcommand};
+
+mod bench;
+
+#[derive(Parser)]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Install what building memtrace needs (nightly rust-src, bpf-linker).
+    Setup,
+    /// Build memtrace (release) with its eBPF object embedded.
+    Build,
+    /// Build and run memtrace as root: `cargo xtask run -- oomkill`.
+    Run {
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
+    /// Set up, build, and run every test (unit and integration, as root).
+    Test {
+        /// Extra arguments for the test binaries (e.g. a test name filter).
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
+    /// Benchmarks against the peer tools; writes bench/RESULTS.md.
+    Bench {
+        /// Runs per configuration (medians are reported).
+        #[arg(long, default_value_t = 5)]
+        runs: usize,
+    },
+}
+
+pub fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_path_buf()
+}
+
+pub fn sh(cmd: &mut Command) -> Result<()> {
+    let st = cmd.status().with_context(|| format!("running {cmd:?}"))?;
+    if !st.success() {
+        bail!("{cmd:?} failed with {st}");
+    }
+    Ok(())
+}
+
+fn output(cmd: &mut Command) -> Option<String> {
+    let o = cmd.output().ok()?;
+    o.status
+        .success()
+        .then(|| String::from_utf8_lossy(&o.stdout).into_owned())
+}
+
+fn setup() -> Result<()> {
+    let have_nightly = output(Command::new("rustup").args(["toolchain", "list"]))
+        .is_some_and(|s| s.lines().any(|l| l.starts_with("nightly")));
+    if !have_nightly {
+        eprintln!("xtask: installing the nightly toolchain (builds the eBPF programs)");
+        sh(Command::new("rustup").args(["toolchain", "install", "nightly", "--profile", "minimal"]))?;
+    }
+    let have_src = output(Command::new("rustup").args([
+        "component",
+        "list",
+        "--toolchain",
+        "nightly",
+        "--installed",
+    ]))
+    .is_some_and(|s| s.lines().any(|l| l.starts_with("rust-src")));
+    if !have_src {
+        eprintln!("xtask: installing rust-src for nightly (needed by -Z build-std=core)");
+        sh(Command::new("rustup").args(["component", "add", "rust-src", "--toolchain", "nightly"]))?;
+    }
+    let linker_ok = Command::new("rustup")
+        .args(["run", "nightly", "bpf-linker", "--version"])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !linker_ok {
+        eprintln!("xtask: installing bpf-linker, built against the nightly's LLVM (about a minute)");
+        let sysroot = output(Command::new("rustc").args(["+nightly", "--print", "sysroot"]))
+            .context("rustc +nightly --print sysroot")?;
+        let lib = Path::new(sysroot.trim()).join("lib");
+        let llvm = std::fs::read_dir(&lib)?
+            .flatten()
+            .map(|e| e.path())
+            .find(|p| {
+                p.file_name()
+                    .and_then(|n| n.to_str())
+                    .is_some_and(|n| n.starts_with("libLLVM.so") || n.starts_with("libLLVM-"))
+            })
+            .with_context(|| format!("no libLLVM in {}", lib.display()))?;
+        let major = output(Command::new("rustc").args(["+nightly", "-vV"]))
+            .and_then(|v| {
+                v.lines()
+                    .find_map(|l| l.strip_prefix("LLVM version: "))
+                    .and_then(|s| s.split('.').next().map(str::to_string))
+            })
+            .context("nightly LLVM version")?;
+        let prefix = root().join("target/xtask-llvm");
+        std::fs::create_dir_all(prefix.join("lib"))?;
+        let link = prefix.join("lib/libLLVM.so");
+        let _ = std::fs::remove_file(&link);
+        std::os::unix::fs::symlink(&llvm, &link)?;
+        sh(Command::new("cargo")
+            .args([
+                "install",
+                "bpf-linker",
+                "--locked",
+                "--no-default-features",
+                "--features",
+                &format!("llvm-{major}"),
+            ])
+            .env("LLVM_PREFIX", &prefix))?;
+    }
+    Ok(())
+}
+
+fn build() -> Result<()> {
+    setup()?;
+    sh(Command::new("cargo")
+        .current_dir(root())
+        .args(["build", "--release"]))
+}
+
+fn is_root() -> bool {
+    output(Command::new("id").arg("-u")).is_some_and(|s| s.trim() == "0")
+}
+
+/// Runs `cmd` as root, through `sudo -E` when needed.
+fn as_root(program: &Path, args: &[String]) -> Command {
+    if is_root() {
+        let mut c = Command::new(program);
+        c.args(args);
+        c
+    } else {
+        let mut c = Command::new("sudo");
+        c.arg("-E").arg(program).args(args);
+        c
+    }
+}
+
+fn main() -> Result<()> {
+    match Cli::parse().cmd {
+        Cmd::Setup => setup(),
+        Cmd::Build => build(),
+        Cmd::Run { args } => {
+            build()?;
+            let bin = root().join("target/release/memtrace");
+            let st = as_root(&bin, &args).status()?;
+            std::process::exit(st.code().unwrap_or(1));
+        }
+        Cmd::Test { args } => {
+            build()?;
+            test(&args)
+        }
+        Cmd::Bench { runs } => {
+            build()?;
+            bench::run(runs)
+        }
+    }
+}
+
+/// Runs every test with the paths of the built binaries in the environment.
+/// Integration tests load eBPF programs and create cgroups, so they run as
+/// root and one at a time.
+fn test(args: &[String]) -> Result<()> {
+    let env = [
+        ("MEMTRACE_WORKLOAD", root().join("target/release/memtrace-workload")),
+        ("MEMTRACE_BIN", root().join("target/release/memtrace")),
+    ];
+    let mut targs = vec!["--test-threads=1".to_string()];
+    targs.extend(args.iter().cloned());
+    if is_root() {
+        let mut c = Command::new("cargo");
+        c.current_dir(root())
+            .args(["test", "--release", "--"])
+            .args(&targs)
+            .envs(env.clone());
+        return sh(&mut c);
+    }
+    // Not root: build as the user, run each test binary through sudo.
+    let out = Command::new("cargo")
+        .current_dir(root())
+        .args(["test", "--release", "--no-run", "--message-format=json"])
+        .output()?;
+    if !out.status.success() {
+        bail!("building the tests failed: {}", String::from_utf8_lossy(&out.stderr));
+    }
+    let mut failed = 0;
+    for line in String::from_utf8_lossy(&out.stdout).lines() {
+        let Ok(v) = serde_json::from_str::<serde_json::Value>(line) else { continue };
+        if v["reason"] != "compiler-artifact" || v["profile"]["test"] != true {
+            continue;
+        }
+        let Some(exe) = v["executable"].as_str() else { continue };
+        let st = as_root(Path::new(exe), &targs).envs(env.clone()).current_dir(root()).status()?;
+        failed += (!st.success()) as usize;
+    }
+    if failed > 0 {
+        bail!("{failed} test binaries failed");
+    }
+    Ok(())
+}
