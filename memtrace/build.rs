@@ -1,4 +1,4 @@
-use anyhow::{Context as _, anyhow};
+use anyhow::{anyhow, Context as _};
 use aya_build::{Package, Toolchain};
 
 /// Builds the kernel programs (memtrace-ebpf) for the BPF target with the

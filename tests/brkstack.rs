@@ -12,7 +12,10 @@ fn stacks(stdout: &str) -> Vec<serde_json::Value> {
 
 fn totals(stdout: &str) -> (u64, u64) {
     stacks(stdout).iter().fold((0, 0), |(c, b), s| {
-        (c + s["count"].as_u64().unwrap(), b + s["bytes"].as_u64().unwrap())
+        (
+            c + s["count"].as_u64().unwrap(),
+            b + s["bytes"].as_u64().unwrap(),
+        )
     })
 }
 
@@ -39,22 +42,63 @@ fn counts_each_sbrk_and_the_heap_growth() {
     let (calls, bytes) = totals(&out);
     assert_eq!(calls, N + base_calls, "{out}");
     assert_eq!(bytes, N * SIZE + base_bytes, "{out}");
-    // The loop's stack is the top one, named.
+    // The loop's stack is the top one; glibc has no frame pointers, so a
+    // frame-pointer stack ends in its __brk (see README: stacks through glibc).
     let top = &stacks(&out)[0];
     assert_eq!(top["count"], N);
-    let frames: Vec<&str> = top["user_stack"].as_array().unwrap().iter().map(|f| f.as_str().unwrap()).collect();
-    assert!(frames.iter().any(|f| f.contains("grow_heap_with_sbrk")), "{frames:?}");
+    let frames: Vec<&str> = top["user_stack"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| f.as_str().unwrap())
+        .collect();
+    assert!(
+        frames.first().is_some_and(|f| f.starts_with("__brk")),
+        "{frames:?}"
+    );
+}
+
+#[test]
+fn raw_brk_calls_are_counted_with_their_named_stack() {
+    const N: u64 = 60;
+    let out = traced(&["rawbrk", &N.to_string(), "4096"], &[]);
+    let s = stacks(&out);
+    // The loop's call site: N calls of 4 KiB each (the brk(0) before it is another site).
+    let top = s
+        .iter()
+        .find(|s| s["count"] == N)
+        .unwrap_or_else(|| panic!("{out}"));
+    assert_eq!(top["bytes"], N * 4096);
+    let frames: Vec<&str> = top["user_stack"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| f.as_str().unwrap())
+        .collect();
+    assert!(frames[0].contains("grow_heap_with_raw_brk"), "{frames:?}");
+    assert!(
+        frames.iter().any(|f| f.contains("memtrace_workload::main")),
+        "{frames:?}"
+    );
 }
 
 #[test]
 fn command_stacks_symbolize_after_the_command_exited() {
-    let cmd = format!("{} sbrk 40 4096", workload_bin().display());
+    let cmd = format!("{} rawbrk 40 4096", workload_bin().display());
     let out = run(&["brkstack", "--json", "-c", &cmd]);
     assert_eq!(out.code, 0, "{}", out.stderr);
     let s = stacks(&out.stdout);
-    let top = s.iter().find(|s| s["count"] == 40).unwrap_or_else(|| panic!("{}", out.stdout));
-    let frames: Vec<&str> = top["user_stack"].as_array().unwrap().iter().map(|f| f.as_str().unwrap()).collect();
-    assert!(frames.iter().any(|f| f.contains("grow_heap_with_sbrk")), "{frames:?}");
+    let top = s
+        .iter()
+        .find(|s| s["count"] == 40)
+        .unwrap_or_else(|| panic!("{}", out.stdout));
+    let frames: Vec<&str> = top["user_stack"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| f.as_str().unwrap())
+        .collect();
+    assert!(frames[0].contains("grow_heap_with_raw_brk"), "{frames:?}");
 }
 
 #[test]
@@ -64,14 +108,25 @@ fn children_are_followed_and_strangers_are_not() {
     let pid = w.pid.to_string();
     let t = Tracer::start(&["brkstack", "-p", &pid, "--children", "--json"]);
     // An unrelated process doing the same meanwhile.
-    let stranger = std::process::Command::new(workload_bin()).args(["sbrk", "77", "4096"]).status().unwrap();
+    let stranger = std::process::Command::new(workload_bin())
+        .args(["sbrk", "77", "4096"])
+        .status()
+        .unwrap();
     assert!(stranger.success());
     w.go();
     assert!(w.wait().success());
     let out = t.wait(Duration::from_secs(20));
     let s = stacks(&out.stdout);
-    assert!(s.iter().any(|s| s["count"] == N && s["pid"] != w_pid(&pid)), "{}", out.stdout);
-    assert!(!s.iter().any(|s| s["count"] == 77), "stranger counted: {}", out.stdout);
+    assert!(
+        s.iter().any(|s| s["count"] == N && s["pid"] != w_pid(&pid)),
+        "{}",
+        out.stdout
+    );
+    assert!(
+        !s.iter().any(|s| s["count"] == 77),
+        "stranger counted: {}",
+        out.stdout
+    );
 }
 
 fn w_pid(p: &str) -> serde_json::Value {
@@ -80,7 +135,7 @@ fn w_pid(p: &str) -> serde_json::Value {
 
 #[test]
 fn folded_output_is_one_stack_per_line() {
-    let cmd = format!("{} sbrk 12 4096", workload_bin().display());
+    let cmd = format!("{} rawbrk 11 4096", workload_bin().display());
     let out = run(&["brkstack", "--folded", "-c", &cmd]);
     assert_eq!(out.code, 0, "{}", out.stderr);
     let lines: Vec<&str> = out.stdout.lines().collect();
@@ -90,5 +145,11 @@ fn folded_output_is_one_stack_per_line() {
         assert!(count.parse::<u64>().is_ok(), "{l}");
         assert!(stack.starts_with("memtrace-worklo;"), "{l}");
     }
-    assert!(lines.iter().any(|l| l.contains("grow_heap_with_sbrk") && l.ends_with(" 12")), "{}", out.stdout);
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.contains("grow_heap_with_raw_brk") && l.ends_with(" 11")),
+        "{}",
+        out.stdout
+    );
 }

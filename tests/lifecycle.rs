@@ -10,12 +10,16 @@ use common::*;
 /// load programs; retry the comparison a few times.
 fn assert_programs_back_to(before: usize) {
     for _ in 0..20 {
-        if loaded_programs() == before {
+        // Fewer is fine: programs of an earlier test may still be freed (RCU).
+        if loaded_programs() <= before {
             return;
         }
         std::thread::sleep(Duration::from_millis(100));
     }
-    panic!("BPF programs before: {before}, after: {}", loaded_programs());
+    panic!(
+        "BPF programs before: {before}, after: {}",
+        loaded_programs()
+    );
 }
 
 #[test]
@@ -28,11 +32,18 @@ fn nothing_stays_loaded_after_duration_sigint_sigterm_sighup() {
     for sig in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP] {
         let t = Tracer::start(&["oomkill"]);
         // While tracing, memtrace's programs are loaded.
-        assert!(loaded_programs() > before, "no program loaded while tracing");
+        assert!(
+            loaded_programs() > before,
+            "no program loaded while tracing"
+        );
         t.signal(sig);
         let out = t.wait(Duration::from_secs(10));
         assert_eq!(out.code, 0, "signal {sig}: {}", out.stderr);
-        assert!(out.stderr.contains("memtrace oomkill:"), "no summary: {}", out.stderr);
+        assert!(
+            out.stderr.contains("memtrace oomkill:"),
+            "no summary: {}",
+            out.stderr
+        );
         assert_programs_back_to(before);
     }
 }
@@ -43,7 +54,12 @@ fn attach_error_exits_2_naming_missing_kprobes_and_leaves_nothing() {
     let out = run(&["oomkill", "--attach", "kprobe"]);
     assert_eq!(out.code, 2, "{}", out.stderr);
     assert!(out.stderr.contains("kprobe"), "{}", out.stderr);
-    assert_eq!(out.stderr.trim().lines().count(), 1, "one line: {}", out.stderr);
+    assert_eq!(
+        out.stderr.trim().lines().count(),
+        1,
+        "one line: {}",
+        out.stderr
+    );
     assert_programs_back_to(before);
 }
 
@@ -51,7 +67,10 @@ fn attach_error_exits_2_naming_missing_kprobes_and_leaves_nothing() {
 fn bad_input_exits_2_with_one_clear_line() {
     let before = loaded_programs();
     let cases: [(&[&str], &str); 5] = [
-        (&["faults", "-p", "999999999"], "no process with pid 999999999"),
+        (
+            &["faults", "-p", "999999999"],
+            "no process with pid 999999999",
+        ),
         (&["faults", "-p", "0"], "pid must be greater than 0"),
         (&["faults", "-d", "soon"], "not a duration"),
         (&["nosuchtool"], "unrecognized subcommand"),
@@ -89,6 +108,9 @@ fn command_runs_traced_and_its_exit_status_is_reported() {
     let s = json_of(&out.stdout, "summary");
     assert_eq!(s[0]["command_status"], 7, "{}", out.stdout);
     let rows = json_of(&out.stdout, "faults");
-    assert!(rows.iter().all(|r| r["comm"] == "memtrace-worklo"), "{rows:?}");
+    assert!(
+        rows.iter().all(|r| r["comm"] == "memtrace-worklo"),
+        "{rows:?}"
+    );
     assert!(!rows.is_empty());
 }

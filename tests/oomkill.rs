@@ -8,7 +8,13 @@ use common::*;
 
 fn oom_in_memcg(
     extra: &[&str],
-) -> (serde_json::Value, Vec<serde_json::Value>, u32, String, String) {
+) -> (
+    serde_json::Value,
+    Vec<serde_json::Value>,
+    u32,
+    String,
+    String,
+) {
     let cg = Memcg::new("oom", "64M");
     let mut args = vec!["oomkill", "--json"];
     args.extend_from_slice(extra);
@@ -21,7 +27,11 @@ fn oom_in_memcg(
     let victim = child.id();
     let st = child.wait().unwrap();
     use std::os::unix::process::ExitStatusExt;
-    assert_eq!(st.signal(), Some(libc::SIGKILL), "workload was not OOM-killed: {st:?}");
+    assert_eq!(
+        st.signal(),
+        Some(libc::SIGKILL),
+        "workload was not OOM-killed: {st:?}"
+    );
     std::thread::sleep(Duration::from_millis(500));
     let out = tracer.interrupt();
     assert_eq!(out.code, 0, "{}", out.stderr);
@@ -32,7 +42,11 @@ fn oom_in_memcg(
 
 fn check_kill(kills: &[serde_json::Value], victim: u32, cg: &str) {
     let ours: Vec<_> = kills.iter().filter(|k| k["victim_pid"] == victim).collect();
-    assert_eq!(ours.len(), 1, "expected exactly one kill of {victim}: {kills:?}");
+    assert_eq!(
+        ours.len(),
+        1,
+        "expected exactly one kill of {victim}: {kills:?}"
+    );
     let k = ours[0];
     assert_eq!(k["victim_comm"], "memtrace-worklo");
     assert!(k["anon_rss_kb"].as_u64().unwrap() > 32 * 1024, "{k}");
@@ -63,10 +77,31 @@ fn stack_option_symbolizes_the_triggering_kernel_path() {
     check_kill(&kills, victim, &cg);
     let stacks = json_of(&stdout, "oom_stack");
     assert_eq!(stacks.len(), kills.len(), "{stdout}");
-    let s = stacks.iter().find(|s| s["pid"] == victim).expect("stack of our kill");
-    let kernel: Vec<&str> = s["kernel_stack"].as_array().unwrap().iter().map(|f| f.as_str().unwrap()).collect();
+    let s = stacks
+        .iter()
+        .find(|s| s["pid"] == victim)
+        .expect("stack of our kill");
+    let kernel: Vec<&str> = s["kernel_stack"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| f.as_str().unwrap())
+        .collect();
     // The trigger is the allocating workload: the kernel path runs through the OOM killer.
-    assert!(kernel.iter().any(|f| f.starts_with("out_of_memory") || f.contains("oom_kill")), "{kernel:?}");
-    let user: Vec<&str> = s["user_stack"].as_array().unwrap().iter().map(|f| f.as_str().unwrap()).collect();
-    assert!(user.iter().any(|f| f.contains("allocate_and_touch_mib")), "{user:?}");
+    assert!(
+        kernel
+            .iter()
+            .any(|f| f.starts_with("out_of_memory") || f.contains("oom_kill")),
+        "{kernel:?}"
+    );
+    let user: Vec<&str> = s["user_stack"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| f.as_str().unwrap())
+        .collect();
+    assert!(
+        user.iter().any(|f| f.contains("allocate_and_touch_mib")),
+        "{user:?}"
+    );
 }

@@ -26,8 +26,16 @@ fn drsnoop_reports_memcg_reclaim_stalls_of_the_workload() {
     let ours: Vec<_> = stalls.iter().filter(|s| s["pid"] == pid).collect();
     assert!(!ours.is_empty(), "no stall for {pid}: {}", out.stdout);
     assert!(ours.iter().all(|s| s["kind"] == "memcg"), "{ours:?}");
-    assert!(ours.iter().map(|s| s["pages"].as_u64().unwrap()).sum::<u64>() > 0);
-    assert!(ours.iter().any(|s| s["memcg"] == format!("/{}", cg.name)), "{ours:?}");
+    assert!(
+        ours.iter()
+            .map(|s| s["pages"].as_u64().unwrap())
+            .sum::<u64>()
+            > 0
+    );
+    assert!(
+        ours.iter().any(|s| s["memcg"] == format!("/{}", cg.name)),
+        "{ours:?}"
+    );
 }
 
 #[test]
@@ -47,16 +55,29 @@ fn vmscan_rows_show_memcg_reclaim_time() {
     let out = t.interrupt();
     std::fs::remove_file(&path).unwrap();
     let rows = json_of(&out.stdout, "vmscan");
-    let pages: u64 = rows.iter().map(|r| r["memcg_pages"].as_u64().unwrap()).sum();
+    let pages: u64 = rows
+        .iter()
+        .map(|r| r["memcg_pages"].as_u64().unwrap())
+        .sum();
     assert!(pages > 0, "{}", out.stdout);
     let procs = json_of(&out.stdout, "vmscan_process");
-    assert!(procs.iter().any(|p| p["pid"] == pid && p["kind"] == "memcg"), "{}", out.stdout);
+    assert!(
+        procs
+            .iter()
+            .any(|p| p["pid"] == pid && p["kind"] == "memcg"),
+        "{}",
+        out.stdout
+    );
 }
 
 #[test]
 fn swapin_exits_2_naming_kprobe_and_fentry() {
     let out = run(&["swapin"]);
     assert_eq!(out.code, 2, "{}", out.stderr);
-    assert!(out.stderr.contains("kprobe") && out.stderr.contains("fentry"), "{}", out.stderr);
+    assert!(
+        out.stderr.contains("kprobe") && out.stderr.contains("fentry"),
+        "{}",
+        out.stderr
+    );
     assert!(out.stderr.contains("swap_read_folio"), "{}", out.stderr);
 }

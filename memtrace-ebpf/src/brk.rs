@@ -3,18 +3,19 @@
 //! sys_enter) against the one the call returned.
 
 use aya_ebpf::{
-    Global,
     helpers::{bpf_get_current_comm, bpf_get_current_pid_tgid},
     macros::{map, tracepoint},
     maps::{HashMap, PerCpuHashMap},
     programs::TracePointContext,
+    Global,
 };
 use memtrace_common::{
-    TASK_COMM_LEN, loss,
+    loss,
     stacks::{BrkConfig, StackKey, StackVal},
+    TASK_COMM_LEN,
 };
 
-use crate::helpers::{TASK, count_loss, current_task, current_tgid, read, stack_ids, wanted};
+use crate::helpers::{count_loss, current_task, current_tgid, read, stack_ids, wanted, TASK};
 
 #[unsafe(no_mangle)]
 static BRK_CFG: Global<BrkConfig> = Global::new(BrkConfig { tp_ret: 0, _pad: 0 });
@@ -32,9 +33,8 @@ pub fn brk_enter(_ctx: TracePointContext) -> u32 {
         return 0;
     }
     let t = TASK.load();
-    let old = unsafe {
-        read::<*const u8>(current_task(), t.mm).and_then(|mm| read::<u64>(mm, t.mm_brk))
-    };
+    let old =
+        unsafe { read::<*const u8>(current_task(), t.mm).and_then(|mm| read::<u64>(mm, t.mm_brk)) };
     let tid = bpf_get_current_pid_tgid() as u32;
     match old {
         Ok(old) => {

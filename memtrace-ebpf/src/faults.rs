@@ -4,23 +4,22 @@
 //! page-fault perf event covers architectures without `exceptions:*`.
 
 use aya_ebpf::{
-    EbpfContext, Global,
     bindings::bpf_perf_event_data,
     helpers::bpf_get_current_comm,
     macros::{btf_tracepoint, map, perf_event, raw_tracepoint, tracepoint},
     maps::PerCpuHashMap,
     programs::{
-        BtfTracePointContext, PerfEventContext, RawTracePointContext, TracePointContext,
-        tracing::StackIdContext,
+        tracing::StackIdContext, BtfTracePointContext, PerfEventContext, RawTracePointContext,
+        TracePointContext,
     },
+    EbpfContext, Global,
 };
 use memtrace_common::{
-    TASK_COMM_LEN,
     faults::{FaultConfig, FaultKey, FaultVal},
-    loss,
+    loss, TASK_COMM_LEN,
 };
 
-use crate::helpers::{count_loss, current_tgid, stack_ids, wanted};
+use crate::helpers::{capturing, count_loss, current_tgid, stack_ids, wanted};
 
 #[unsafe(no_mangle)]
 static FAULT_CFG: Global<FaultConfig> = Global::new(FaultConfig {
@@ -35,7 +34,7 @@ static FAULTS: PerCpuHashMap<FaultKey, FaultVal> = PerCpuHashMap::with_max_entri
 #[inline(always)]
 fn count<C: StackIdContext>(ctx: &C, addr: u64, kernel_mode: u32) {
     let tgid = current_tgid();
-    if !wanted(tgid) {
+    if !wanted(tgid) || capturing() {
         return;
     }
     let cfg = FAULT_CFG.load();

@@ -3,17 +3,16 @@
 //! file from the process's maps while the process is alive.
 
 use aya_ebpf::{
-    Global,
     bindings::BPF_NOEXIST,
     helpers::bpf_get_current_comm,
     macros::{fentry, kprobe, map, tracepoint},
     maps::{HashMap, PerCpuHashMap},
     programs::{FEntryContext, ProbeContext, TracePointContext},
+    Global,
 };
 use memtrace_common::{
-    TASK_COMM_LEN,
     ffaults::{FfaultsConfig, FileKey, FileSeen},
-    kind, loss,
+    kind, loss, TASK_COMM_LEN,
 };
 
 use crate::helpers::{count_loss, current_tgid, emit, read, wanted};

@@ -2,13 +2,13 @@
 //! stack capture, and reads at offsets resolved by userspace.
 
 use aya_ebpf::{
-    EbpfContext, Global,
     helpers::{bpf_get_current_pid_tgid, bpf_get_current_task, bpf_probe_read_kernel},
     macros::{map, tracepoint},
     maps::{HashMap, PerCpuArray, RingBuf, StackTrace},
-    programs::{TracePointContext, tracing::StackIdContext},
+    programs::{tracing::StackIdContext, TracePointContext},
+    EbpfContext, Global,
 };
-use memtrace_common::{Filter, TaskOffsets, loss, stack_mode};
+use memtrace_common::{loss, stack_mode, Filter, TaskOffsets};
 
 #[unsafe(no_mangle)]
 pub static FILTER: Global<Filter> = Global::new(Filter {
@@ -88,6 +88,23 @@ pub fn emit<T>(rec: &T) {
     }
 }
 
+/// Set while this CPU captures a stack: the walk itself can fault (reading
+/// user memory), and those faults are memtrace's, not the workload's.
+#[map]
+pub static BUSY: PerCpuArray<u32> = PerCpuArray::with_max_entries(1, 0);
+
+#[inline(always)]
+pub fn capturing() -> bool {
+    BUSY.get(0).is_some_and(|b| *b != 0)
+}
+
+#[inline(always)]
+fn set_busy(v: u32) {
+    if let Some(p) = BUSY.get_ptr_mut(0) {
+        unsafe { *p = v };
+    }
+}
+
 /// Stack ids for the current task, as configured by `FILTER.stacks`; -1 when
 /// not captured, and every failed capture is counted.
 #[inline(always)]
@@ -95,6 +112,10 @@ pub fn stack_ids<C: StackIdContext>(ctx: &C) -> (i32, i32) {
     let mode = FILTER.load().stacks;
     let mut user = -1;
     let mut kern = -1;
+    if mode == 0 {
+        return (user, kern);
+    }
+    set_busy(1);
     if mode & stack_mode::USER != 0 {
         match ctx.get_stackid(&STACKS, aya_ebpf::bindings::BPF_F_USER_STACK as u64) {
             Ok(id) => user = id as i32,
@@ -107,6 +128,7 @@ pub fn stack_ids<C: StackIdContext>(ctx: &C) -> (i32, i32) {
             Err(_) => count_loss(loss::STACK),
         }
     }
+    set_busy(0);
     (user, kern)
 }
 

@@ -3,17 +3,21 @@
 //! tp_btf and the classic tracepoint on `mark_victim` see only the victim.
 
 use aya_ebpf::{
-    EbpfContext, Global,
-    helpers::{bpf_get_current_comm, bpf_probe_read_kernel_str_bytes, bpf_get_current_pid_tgid, bpf_ktime_get_ns},
+    helpers::{
+        bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_ktime_get_ns,
+        bpf_probe_read_kernel_str_bytes,
+    },
     macros::{btf_tracepoint, fentry, kprobe, tracepoint},
     programs::{BtfTracePointContext, FEntryContext, ProbeContext, TracePointContext},
+    EbpfContext, Global,
 };
 use memtrace_common::{
-    TASK_COMM_LEN, kind, method,
+    kind, method,
     oom::{OomEvent, OomKprobeOffsets, OomTpOffsets},
+    TASK_COMM_LEN,
 };
 
-use crate::helpers::{TASK, css_cgroup_id, current_task, emit, memcg_id, read, stack_ids};
+use crate::helpers::{css_cgroup_id, current_task, emit, memcg_id, read, stack_ids, TASK};
 
 #[unsafe(no_mangle)]
 static OOM_TP: Global<OomTpOffsets> = Global::new(OomTpOffsets {
@@ -93,7 +97,11 @@ unsafe fn fill_victim(ev: &mut OomEvent, task: *const u8) {
                     let off = t.mm_rss_stat + i * t.percpu_counter_size + t.percpu_counter_count;
                     let v = read::<i64>(mm, off).unwrap_or(0);
                     // The kernel reports the shared counter, clamped at 0, like get_mm_counter().
-                    if v < 0 { 0 } else { v as u64 * t.page_kb as u64 }
+                    if v < 0 {
+                        0
+                    } else {
+                        v as u64 * t.page_kb as u64
+                    }
                 };
                 ev.file_rss_kb = counter(MM_FILEPAGES);
                 ev.anon_rss_kb = counter(MM_ANONPAGES);

@@ -3,18 +3,19 @@
 //! one record per stall for drsnoop.
 
 use aya_ebpf::{
-    Global,
     helpers::{bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_ktime_get_ns},
     macros::{map, tracepoint},
     maps::{HashMap, PerCpuArray, PerCpuHashMap},
     programs::TracePointContext,
+    Global,
 };
 use memtrace_common::{
-    TASK_COMM_LEN, kind, loss,
+    kind, loss,
     reclaim::{
-        KIND_DIRECT, KIND_MEMCG, ProcReclaimKey, ProcReclaimVal, ReclaimConfig, ReclaimEvent,
-        ReclaimTotals, total,
+        total, ProcReclaimKey, ProcReclaimVal, ReclaimConfig, ReclaimEvent, ReclaimTotals,
+        KIND_DIRECT, KIND_MEMCG,
     },
+    TASK_COMM_LEN,
 };
 
 use crate::helpers::{count_loss, current_task, current_tgid, emit, memcg_id, wanted};
@@ -128,7 +129,11 @@ pub fn reclaim_end(ctx: TracePointContext) -> u32 {
         };
         emit(&ReclaimEvent {
             kind: kind::RECLAIM,
-            reclaim: if kind_ == KIND_DIRECT { KIND_DIRECT } else { KIND_MEMCG },
+            reclaim: if kind_ == KIND_DIRECT {
+                KIND_DIRECT
+            } else {
+                KIND_MEMCG
+            },
             pid: tgid,
             tid: id,
             lat_ns: lat,
@@ -155,7 +160,10 @@ pub fn shrink_slab_end(_ctx: TracePointContext) -> u32 {
     let id = tid();
     if let Some(start) = unsafe { SLAB_START.get(id) }.copied() {
         let _ = SLAB_START.remove(id);
-        add(total::SLAB_NS, unsafe { bpf_ktime_get_ns() }.saturating_sub(start));
+        add(
+            total::SLAB_NS,
+            unsafe { bpf_ktime_get_ns() }.saturating_sub(start),
+        );
     }
     0
 }

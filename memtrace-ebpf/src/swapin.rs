@@ -7,7 +7,7 @@ use aya_ebpf::{
     maps::PerCpuHashMap,
     programs::{FEntryContext, ProbeContext},
 };
-use memtrace_common::{TASK_COMM_LEN, faults::FaultVal, loss};
+use memtrace_common::{faults::FaultVal, loss, TASK_COMM_LEN};
 
 use crate::helpers::{count_loss, current_tgid, wanted};
 

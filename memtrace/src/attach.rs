@@ -138,7 +138,12 @@ mod tests {
         let order: Vec<Method> = p.candidates(None).iter().map(|w| w.method).collect();
         assert_eq!(
             order,
-            [Method::Kprobe, Method::Fentry, Method::TpBtf, Method::Tracepoint]
+            [
+                Method::Kprobe,
+                Method::Fentry,
+                Method::TpBtf,
+                Method::Tracepoint
+            ]
         );
     }
 

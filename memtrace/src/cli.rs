@@ -89,7 +89,9 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
         (s, 1000.0)
     };
     match num.trim().parse::<f64>() {
-        Ok(v) if v > 0.0 && v.is_finite() => Ok(Duration::from_micros((v * mult_ms * 1000.0) as u64)),
+        Ok(v) if v > 0.0 && v.is_finite() => {
+            Ok(Duration::from_micros((v * mult_ms * 1000.0) as u64))
+        }
         _ => Err(format!("'{s}' is not a duration (try 10, 10s, 500ms, 2m)")),
     }
 }

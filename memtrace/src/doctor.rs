@@ -31,7 +31,17 @@ pub fn doctor() -> Result<i32> {
     add("kernel", yes(true, uname.trim()));
     // SAFETY: no preconditions.
     let root = unsafe { libc::geteuid() } == 0;
-    add("root", yes(root, if root { "" } else { "run as root to load programs" }));
+    add(
+        "root",
+        yes(
+            root,
+            if root {
+                ""
+            } else {
+                "run as root to load programs"
+            },
+        ),
+    );
     match crate::kernel::tracefs::root() {
         Ok(p) => add("tracefs", yes(true, p.display().to_string())),
         Err(e) => add("tracefs", yes(false, e.to_string())),
@@ -44,12 +54,22 @@ pub fn doctor() -> Result<i32> {
         yes(kprobe, if kprobe { "" } else { "CONFIG_KPROBES is off" }),
     );
     let v1 = Path::new("/sys/fs/cgroup/memory/memory.limit_in_bytes").exists();
-    let v2 = ["/sys/fs/cgroup/cgroup.controllers", "/sys/fs/cgroup/unified/cgroup.controllers"]
-        .iter()
-        .any(|p| Path::new(p).exists());
+    let v2 = [
+        "/sys/fs/cgroup/cgroup.controllers",
+        "/sys/fs/cgroup/unified/cgroup.controllers",
+    ]
+    .iter()
+    .any(|p| Path::new(p).exists());
     add(
         "memory cgroup",
-        yes(v1 || v2, format!("v1: {}, v2: {}", if v1 { "yes" } else { "no" }, if v2 { "yes" } else { "no" })),
+        yes(
+            v1 || v2,
+            format!(
+                "v1: {}, v2: {}",
+                if v1 { "yes" } else { "no" },
+                if v2 { "yes" } else { "no" }
+            ),
+        ),
     );
 
     let mut tool_rows = Vec::new();
@@ -58,11 +78,21 @@ pub fn doctor() -> Result<i32> {
             Ok(mut s) => {
                 add("bpf + ring buffer", yes(true, "object loaded"));
                 let probes = [
-                    ("fentry", Probe::new("fentry").fentry("oom_fentry", "oom_kill_process")),
-                    ("tp_btf", Probe::new("tp_btf").tp_btf("oom_tp_btf", "oom", "mark_victim")),
+                    (
+                        "fentry",
+                        Probe::new("fentry").fentry("oom_fentry", "oom_kill_process"),
+                    ),
+                    (
+                        "tp_btf",
+                        Probe::new("tp_btf").tp_btf("oom_tp_btf", "oom", "mark_victim"),
+                    ),
                     (
                         "raw_tp",
-                        Probe::new("raw_tp").raw_tp("faults_user_raw", "exceptions", "page_fault_user"),
+                        Probe::new("raw_tp").raw_tp(
+                            "faults_user_raw",
+                            "exceptions",
+                            "page_fault_user",
+                        ),
                     ),
                 ];
                 for (name, p) in probes {

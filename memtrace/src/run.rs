@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use memtrace_common::Filter;
 use tokio::io::unix::AsyncFd;
-use tokio::signal::unix::{SignalKind, signal};
+use tokio::signal::unix::{signal, SignalKind};
 
 use crate::attach::Probe;
 use crate::cli::Common;
@@ -224,11 +224,12 @@ fn fork_probe() -> Probe {
 pub fn run(tool: &mut dyn Tool, common: &Common) -> Result<i32> {
     check_root()?;
     crate::kernel::tracefs::root()?;
-    if let Some(pid) = common.pid {
-        if !std::path::Path::new(&format!("/proc/{pid}")).exists() {
-            return Err(Error::NoSuchPid(pid));
-        }
-    }
+    // Opened before anything else: it proves the pid exists, and the target's
+    // exit is seen even if it comes before the event loop starts.
+    let pidfd = match common.pid {
+        Some(pid) => Some(pidfd_open(pid).ok_or(Error::NoSuchPid(pid))?),
+        None => None,
+    };
     let mut traced = match &common.command {
         Some(cmd) => Some(spawn_traced(cmd)?),
         None => None,
@@ -278,6 +279,20 @@ pub fn run(tool: &mut dyn Tool, common: &Common) -> Result<i32> {
         (None, Some(p)) => format!(" of pid {p}"),
         _ => String::new(),
     };
+    // Signal handlers go in before the banner: whoever waits for the banner may
+    // signal at once.
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(Error::Io)?;
+    let signals = {
+        let _guard = rt.enter();
+        Signals {
+            int: signal(SignalKind::interrupt())?,
+            term: signal(SignalKind::terminate())?,
+            hup: signal(SignalKind::hangup())?,
+        }
+    };
     eprintln!("Tracing {}{scope}... Hit Ctrl-C to end.", tool.what());
     let _ = std::io::stderr().flush();
 
@@ -292,11 +307,15 @@ pub fn run(tool: &mut dyn Tool, common: &Common) -> Result<i32> {
     }
 
     let started = Instant::now();
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .map_err(Error::Io)?;
-    let status = rt.block_on(event_loop(tool, &mut session, out.as_mut(), common, exited))?;
+    let status = rt.block_on(event_loop(
+        tool,
+        &mut session,
+        out.as_mut(),
+        common,
+        signals,
+        pidfd,
+        exited,
+    ))?;
     tool.finish(&mut session, out.as_mut())?;
     let summary = Summary {
         tool: tool.name(),
@@ -314,30 +333,33 @@ pub fn run(tool: &mut dyn Tool, common: &Common) -> Result<i32> {
     Ok(tool.exit_code())
 }
 
+struct Signals {
+    int: tokio::signal::unix::Signal,
+    term: tokio::signal::unix::Signal,
+    hup: tokio::signal::unix::Signal,
+}
+
+#[allow(clippy::too_many_arguments)]
 async fn event_loop(
     tool: &mut dyn Tool,
     session: &mut Session,
     out: &mut dyn Printer,
     common: &Common,
+    mut sig: Signals,
+    pidfd: Option<OwnedFd>,
     mut exited: Option<&mut tokio::sync::oneshot::Receiver<i32>>,
 ) -> Result<Option<i32>> {
     let rb = session.ring_buffer()?;
     // SAFETY: the ring buffer owns its map fd for as long as the AsyncFd lives.
     let mut rb = unsafe { AsyncFd::register(rb) }.map_err(std::io::Error::from)?;
-    let mut sigint = signal(SignalKind::interrupt())?;
-    let mut sigterm = signal(SignalKind::terminate())?;
-    let mut sighup = signal(SignalKind::hangup())?;
     let far = Duration::from_secs(86400 * 365);
     let deadline = tokio::time::Instant::now() + common.duration.unwrap_or(far);
     let mut interval = tokio::time::interval(tool.interval().unwrap_or(far));
     interval.tick().await;
     let mut housekeeping = tokio::time::interval(Duration::from_millis(250));
-    let pidfd = match common.pid {
+    let pidfd = match pidfd {
         // SAFETY: `Fd` owns the pidfd for as long as the AsyncFd lives.
-        Some(p) => match pidfd_open(p) {
-            Some(fd) => Some(unsafe { AsyncFd::register(Fd(fd)) }.map_err(std::io::Error::from)?),
-            None => None,
-        },
+        Some(fd) => Some(unsafe { AsyncFd::register(Fd(fd)) }.map_err(std::io::Error::from)?),
         None => None,
     };
     let mut warned_loss = 0u64;
@@ -353,9 +375,9 @@ async fn event_loop(
                 }
                 guard.clear_ready();
             }
-            _ = sigint.recv() => break,
-            _ = sigterm.recv() => break,
-            _ = sighup.recv() => break,
+            _ = sig.int.recv() => break,
+            _ = sig.term.recv() => break,
+            _ = sig.hup.recv() => break,
             _ = tokio::time::sleep_until(deadline) => break,
             _ = interval.tick() => {
                 if !tool.on_interval(session, out)? {

@@ -5,13 +5,13 @@ use std::collections::HashSet;
 use std::path::Path;
 
 use aya::{
-    Btf, Ebpf, EbpfLoader, Pod,
     maps::{MapData, PerCpuArray, RingBuf, StackTraceMap},
     programs::{
-        BtfTracePoint, FEntry, KProbe, PerfEvent, RawTracePoint, TracePoint,
         perf_event::{PerfEventConfig, PerfEventScope, SamplePolicy, SoftwareEvent},
+        BtfTracePoint, FEntry, KProbe, PerfEvent, RawTracePoint, TracePoint,
     },
     util::online_cpus,
+    Btf, Ebpf, EbpfLoader, Pod,
 };
 use memtrace_common::loss;
 
@@ -317,7 +317,9 @@ fn precheck(way: &Way) -> std::result::Result<(), String> {
 
 /// Puts the kernel's terse answers into words.
 fn explain(way: &Way, msg: String) -> String {
-    if way.method == Method::Fentry && (msg.contains("Operation not permitted") || msg.contains("EPERM")) {
+    if way.method == Method::Fentry
+        && (msg.contains("Operation not permitted") || msg.contains("EPERM"))
+    {
         return format!("the kernel refused to load an fentry program ({msg})");
     }
     msg

@@ -10,8 +10,8 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
 use blazesym::symbolize::{
-    Input, Symbolized, Symbolizer as Blaze,
     source::{Elf, Kernel, Source},
+    Input, Symbolized, Symbolizer as Blaze,
 };
 
 #[derive(Debug, Clone)]
@@ -209,10 +209,12 @@ impl Symbolizer {
             .filter(|a| !self.kcache.contains_key(a))
             .collect();
         if !missing.is_empty() {
-            let mut k = Kernel::default();
             // kallsyms only: no vmlinux with DWARF on most hosts, and looking for one is slow.
-            k.vmlinux = blazesym::MaybeDefault::None;
-            k.kaslr_offset = Some(0);
+            let k = Kernel {
+                vmlinux: blazesym::MaybeDefault::None,
+                kaslr_offset: Some(0),
+                ..Default::default()
+            };
             let src = Source::Kernel(k);
             let syms = self
                 .blaze

@@ -17,7 +17,11 @@ pub fn workload_bin() -> PathBuf {
         .unwrap_or_else(|| {
             PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target/release/memtrace-workload")
         });
-    assert!(p.exists(), "workload binary {} missing: run `cargo xtask test`", p.display());
+    assert!(
+        p.exists(),
+        "workload binary {} missing: run `cargo xtask test`",
+        p.display()
+    );
     p
 }
 
@@ -90,7 +94,12 @@ impl Tracer {
         loop {
             if let Some(st) = self.child.try_wait().unwrap() {
                 let mut stdout = String::new();
-                self.child.stdout.take().unwrap().read_to_string(&mut stdout).unwrap();
+                self.child
+                    .stdout
+                    .take()
+                    .unwrap()
+                    .read_to_string(&mut stdout)
+                    .unwrap();
                 let mut stderr = self.early_stderr.clone();
                 // The reader thread ends with the pipe.
                 while let Ok(l) = self.stderr.recv_timeout(Duration::from_secs(2)) {
@@ -105,7 +114,12 @@ impl Tracer {
             }
             if Instant::now() > deadline {
                 let _ = self.child.kill();
-                panic!("memtrace did not exit in {timeout:?}");
+                let mut stderr = self.early_stderr.clone();
+                while let Ok(l) = self.stderr.recv_timeout(Duration::from_millis(500)) {
+                    stderr.push_str(&l);
+                    stderr.push('\n');
+                }
+                panic!("memtrace did not exit in {timeout:?}; stderr: {stderr}");
             }
             std::thread::sleep(Duration::from_millis(20));
         }
@@ -120,7 +134,10 @@ impl Tracer {
 
 /// Runs memtrace to completion.
 pub fn run(args: &[&str]) -> Output {
-    let o = Command::new(memtrace_bin()).args(args).output().expect("run memtrace");
+    let o = Command::new(memtrace_bin())
+        .args(args)
+        .output()
+        .expect("run memtrace");
     Output {
         stdout: String::from_utf8_lossy(&o.stdout).into_owned(),
         stderr: String::from_utf8_lossy(&o.stderr).into_owned(),
@@ -142,7 +159,10 @@ impl Workload {
 
     pub fn start_with(args: &[&str], f: impl FnOnce(&mut Command)) -> Workload {
         let mut c = Command::new(workload_bin());
-        c.arg("--wait").args(args).stdin(Stdio::piped()).stdout(Stdio::piped());
+        c.arg("--wait")
+            .args(args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped());
         f(&mut c);
         let mut child = c.spawn().expect("spawn workload");
         let mut line = String::new();
@@ -166,7 +186,26 @@ impl Workload {
 
 /// Number of BPF programs loaded in the kernel right now.
 pub fn loaded_programs() -> usize {
-    aya::programs::loaded_programs().filter(|p| p.is_ok()).count()
+    // BPF_PROG_GET_NEXT_ID needs no fd per program, so it counts every one.
+    const BPF_PROG_GET_NEXT_ID: libc::c_long = 11;
+    let mut attr = [0u32; 32];
+    let mut n = 0;
+    loop {
+        let r = unsafe {
+            libc::syscall(
+                libc::SYS_bpf,
+                BPF_PROG_GET_NEXT_ID,
+                attr.as_mut_ptr(),
+                std::mem::size_of_val(&attr),
+            )
+        };
+        if r != 0 {
+            return n;
+        }
+        // attr.start_id = attr.next_id
+        attr[0] = attr[1];
+        n += 1;
+    }
 }
 
 /// JSON lines of a given "type".

@@ -4,8 +4,8 @@
 //! `memtrace-workload [--wait] COMMAND ARGS`: with --wait, prints its pid and
 //! waits for a line on stdin before it works, so a tracer can attach first.
 
-use std::io::{BufRead, Write};
 use std::hint::black_box;
+use std::io::{BufRead, Write};
 
 const PAGE: usize = 4096;
 
@@ -15,6 +15,26 @@ fn grow_heap_with_sbrk(n: usize, size: isize) {
         // SAFETY: sbrk only moves the break; nothing uses the memory.
         unsafe { black_box(libc::sbrk(size)) };
     }
+}
+
+/// brk(2) issued from this function itself (inline asm), so a frame-pointer
+/// stack starts here rather than inside glibc, which has no frame pointers.
+#[inline(never)]
+fn grow_heap_with_raw_brk(n: usize, size: u64) {
+    let brk = |addr: u64| -> u64 {
+        let ret: u64;
+        // SAFETY: brk only moves the program break.
+        unsafe {
+            std::arch::asm!("syscall", inlateout("rax") libc::SYS_brk as u64 => ret,
+                in("rdi") addr, lateout("rcx") _, lateout("r11") _, options(nostack));
+        }
+        ret
+    };
+    let mut cur = brk(0);
+    for _ in 0..n {
+        cur = brk(cur + size);
+    }
+    black_box(cur);
 }
 
 fn map_anon(len: usize) -> *mut u8 {
@@ -62,10 +82,19 @@ fn read_file_pages(path: &str, k: usize) {
     let f = std::fs::File::open(path).expect("open");
     let len = f.metadata().unwrap().len() as usize;
     assert!(len >= k * PAGE, "file too small");
-    // Drop this file's pages from the page cache so every read faults to disk.
+    // Drop this file's pages from the page cache (written back first, or dirty
+    // pages stay) so every read faults to disk.
+    unsafe { libc::fsync(f.as_raw_fd()) };
     unsafe { libc::posix_fadvise(f.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
     let p = unsafe {
-        libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ, libc::MAP_PRIVATE, f.as_raw_fd(), 0)
+        libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ,
+            libc::MAP_PRIVATE,
+            f.as_raw_fd(),
+            0,
+        )
     };
     assert!(p != libc::MAP_FAILED);
     // No readahead: one fault per page read.
@@ -95,12 +124,16 @@ fn main() {
     match cmd.as_str() {
         // sbrk N SIZE: N calls of sbrk(SIZE).
         "sbrk" => grow_heap_with_sbrk(arg(&args, 1, 10), arg(&args, 2, 4096)),
+        // rawbrk N SIZE: N brk(2) calls growing the heap by SIZE, without glibc.
+        "rawbrk" => grow_heap_with_raw_brk(arg(&args, 1, 10), arg(&args, 2, 4096)),
         // touch N: touch N fresh anonymous pages.
         "touch" => touch_fresh_pages(arg(&args, 1, 0)),
         // threads T N: T threads each touch N fresh pages.
         "threads" => {
             let (t, n) = (arg(&args, 1, 2usize), arg(&args, 2, 1000usize));
-            let hs: Vec<_> = (0..t).map(|_| std::thread::spawn(move || touch_fresh_pages(n))).collect();
+            let hs: Vec<_> = (0..t)
+                .map(|_| std::thread::spawn(move || touch_fresh_pages(n)))
+                .collect();
             for h in hs {
                 h.join().unwrap();
             }

@@ -7,7 +7,7 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use anyhow::{Context, Result, bail};
+use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand};
 
 mod bench;
@@ -44,7 +44,10 @@ enum Cmd {
 }
 
 pub fn root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_path_buf()
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .unwrap()
+        .to_path_buf()
 }
 
 pub fn sh(cmd: &mut Command) -> Result<()> {
@@ -67,7 +70,13 @@ fn setup() -> Result<()> {
         .is_some_and(|s| s.lines().any(|l| l.starts_with("nightly")));
     if !have_nightly {
         eprintln!("xtask: installing the nightly toolchain (builds the eBPF programs)");
-        sh(Command::new("rustup").args(["toolchain", "install", "nightly", "--profile", "minimal"]))?;
+        sh(Command::new("rustup").args([
+            "toolchain",
+            "install",
+            "nightly",
+            "--profile",
+            "minimal",
+        ]))?;
     }
     let have_src = output(Command::new("rustup").args([
         "component",
@@ -79,14 +88,22 @@ fn setup() -> Result<()> {
     .is_some_and(|s| s.lines().any(|l| l.starts_with("rust-src")));
     if !have_src {
         eprintln!("xtask: installing rust-src for nightly (needed by -Z build-std=core)");
-        sh(Command::new("rustup").args(["component", "add", "rust-src", "--toolchain", "nightly"]))?;
+        sh(Command::new("rustup").args([
+            "component",
+            "add",
+            "rust-src",
+            "--toolchain",
+            "nightly",
+        ]))?;
     }
     let linker_ok = Command::new("rustup")
         .args(["run", "nightly", "bpf-linker", "--version"])
         .output()
         .is_ok_and(|o| o.status.success());
     if !linker_ok {
-        eprintln!("xtask: installing bpf-linker, built against the nightly's LLVM (about a minute)");
+        eprintln!(
+            "xtask: installing bpf-linker, built against the nightly's LLVM (about a minute)"
+        );
         let sysroot = output(Command::new("rustc").args(["+nightly", "--print", "sysroot"]))
             .context("rustc +nightly --print sysroot")?;
         let lib = Path::new(sysroot.trim()).join("lib");
@@ -175,7 +192,10 @@ fn main() -> Result<()> {
 /// root and one at a time.
 fn test(args: &[String]) -> Result<()> {
     let env = [
-        ("MEMTRACE_WORKLOAD", root().join("target/release/memtrace-workload")),
+        (
+            "MEMTRACE_WORKLOAD",
+            root().join("target/release/memtrace-workload"),
+        ),
         ("MEMTRACE_BIN", root().join("target/release/memtrace")),
     ];
     let mut targs = vec!["--test-threads=1".to_string()];
@@ -194,16 +214,26 @@ fn test(args: &[String]) -> Result<()> {
         .args(["test", "--release", "--no-run", "--message-format=json"])
         .output()?;
     if !out.status.success() {
-        bail!("building the tests failed: {}", String::from_utf8_lossy(&out.stderr));
+        bail!(
+            "building the tests failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
     }
     let mut failed = 0;
     for line in String::from_utf8_lossy(&out.stdout).lines() {
-        let Ok(v) = serde_json::from_str::<serde_json::Value>(line) else { continue };
+        let Ok(v) = serde_json::from_str::<serde_json::Value>(line) else {
+            continue;
+        };
         if v["reason"] != "compiler-artifact" || v["profile"]["test"] != true {
             continue;
         }
-        let Some(exe) = v["executable"].as_str() else { continue };
-        let st = as_root(Path::new(exe), &targs).envs(env.clone()).current_dir(root()).status()?;
+        let Some(exe) = v["executable"].as_str() else {
+            continue;
+        };
+        let st = as_root(Path::new(exe), &targs)
+            .envs(env.clone())
+            .current_dir(root())
+            .status()?;
         failed += (!st.success()) as usize;
     }
     if failed > 0 {

@@ -135,7 +135,11 @@ impl KernelBtf {
 pub fn page_size() -> u64 {
     // SAFETY: sysconf has no preconditions.
     let v = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
-    if v > 0 { v as u64 } else { 4096 }
+    if v > 0 {
+        v as u64
+    } else {
+        4096
+    }
 }
 
 #[cfg(test)]

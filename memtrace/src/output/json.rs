@@ -1,6 +1,6 @@
 use std::io::Write;
 
-use serde_json::{Map, Value as J, json};
+use serde_json::{json, Map, Value as J};
 
 use super::{Col, Hist, Printer, Row, StackReport, Summary, Value};
 
@@ -89,11 +89,17 @@ impl Printer for JsonPrinter {
                 json!({"min": lo, "max": hi, "count": n})
             })
             .collect();
-        self.emit(json!({"type": "histogram", "title": h.title, "unit": h.unit, "buckets": buckets}));
+        self.emit(
+            json!({"type": "histogram", "title": h.title, "unit": h.unit, "buckets": buckets}),
+        );
     }
 
     fn summary(&mut self, s: &Summary) {
-        let lost: Map<String, J> = s.lost.iter().map(|(k, n)| ((*k).into(), json!(n))).collect();
+        let lost: Map<String, J> = s
+            .lost
+            .iter()
+            .map(|(k, n)| ((*k).into(), json!(n)))
+            .collect();
         let attached: Vec<J> = s
             .attached
             .iter()

@@ -150,7 +150,11 @@ impl Hist {
 
     /// [low, high) of bucket i.
     pub fn range(i: usize) -> (u64, u64) {
-        if i == 0 { (0, 1) } else { (1 << (i - 1), 1 << i) }
+        if i == 0 {
+            (0, 1)
+        } else {
+            (1 << (i - 1), 1 << i)
+        }
     }
 }
 

@@ -1,6 +1,6 @@
 use std::io::Write;
 
-use super::{Col, Hist, Printer, Row, StackReport, Summary, clock};
+use super::{clock, Col, Hist, Printer, Row, StackReport, Summary};
 
 pub struct TextPrinter {
     out: Box<dyn Write>,
@@ -150,9 +150,14 @@ impl Printer for TextPrinter {
 
 /// 1024 -> "1K", as bpftrace labels histogram buckets.
 pub fn human(v: u64) -> String {
-    const UNITS: [(u64, &str); 4] = [(1 << 40, "T"), (1 << 30, "G"), (1 << 20, "M"), (1 << 10, "K")];
+    const UNITS: [(u64, &str); 4] = [
+        (1 << 40, "T"),
+        (1 << 30, "G"),
+        (1 << 20, "M"),
+        (1 << 10, "K"),
+    ];
     for (n, u) in UNITS {
-        if v >= n && v % n == 0 {
+        if v >= n && v.is_multiple_of(n) {
             return format!("{}{u}", v / n);
         }
     }
@@ -200,7 +205,11 @@ mod tests {
         let s = String::from_utf8(buf.0.lock().unwrap().clone()).unwrap();
         assert!(s.contains("[1K, 2K)"), "{s}");
         assert!(s.contains("[2K, 4K)"), "{s}");
-        assert!(s.lines().any(|l| l.starts_with("[1K, 2K)") && l.contains(" 2 |")), "{s}");
+        assert!(
+            s.lines()
+                .any(|l| l.starts_with("[1K, 2K)") && l.contains(" 2 |")),
+            "{s}"
+        );
     }
 
     #[test]

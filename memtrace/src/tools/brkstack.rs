@@ -12,10 +12,10 @@ use memtrace_common::{
 
 use crate::attach::Probe;
 use crate::error::{Error, Result};
-use crate::output::{Printer, StackReport, clock};
+use crate::output::{clock, Printer, StackReport};
 use crate::run::{Prep, Tool};
 use crate::session::Session;
-use crate::tools::{IntervalArgs, comm, stack_report};
+use crate::tools::{comm, stack_report, IntervalArgs};
 
 #[derive(Debug, Clone, clap::Args)]
 pub struct Args {
@@ -83,12 +83,14 @@ impl Brkstack {
         let calls: u64 = agg.values().map(|v| v.0).sum();
         self.calls = if clear { self.calls + calls } else { calls };
         let mut v: Vec<_> = agg.into_iter().collect();
-        v.sort_by(|a, b| b.1.0.cmp(&a.1.0).then(b.1.1.cmp(&a.1.1)));
+        v.sort_by(|a, b| b.1 .0.cmp(&a.1 .0).then(b.1 .1.cmp(&a.1 .1)));
         v.truncate(self.args.top);
         let mode = self.stack_mode();
         let reports: Vec<StackReport> = v
             .into_iter()
-            .map(|(k, (c, b, n))| stack_report(s, k.tgid, n, (k.ustack, k.kstack), mode, c, Some(b)))
+            .map(|(k, (c, b, n))| {
+                stack_report(s, k.tgid, n, (k.ustack, k.kstack), mode, c, Some(b))
+            })
             .collect();
         let title = if self.args.interval.interval.is_some() {
             format!("{} brk calls by stack", clock())
@@ -111,7 +113,12 @@ impl Tool for Brkstack {
         probes()
     }
     fn stack_mode(&self) -> u32 {
-        stack_mode::USER | if self.args.kernel_stacks { stack_mode::KERNEL } else { 0 }
+        stack_mode::USER
+            | if self.args.kernel_stacks {
+                stack_mode::KERNEL
+            } else {
+                0
+            }
     }
     fn folded(&self) -> bool {
         self.args.folded

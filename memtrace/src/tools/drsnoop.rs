@@ -3,13 +3,13 @@
 
 use memtrace_common::{
     kind,
-    reclaim::{KIND_DIRECT, ReclaimConfig, ReclaimEvent},
+    reclaim::{ReclaimConfig, ReclaimEvent, KIND_DIRECT},
 };
 
 use crate::attach::Probe;
 use crate::error::Result;
 use crate::kernel::cgroup;
-use crate::output::{Col, Hist, Printer, Row, Value, clock};
+use crate::output::{clock, Col, Hist, Printer, Row, Value};
 use crate::run::{Prep, Tool};
 use crate::session::Session;
 use crate::tools::{comm, record, vmscan};
@@ -95,7 +95,12 @@ impl Tool for Drsnoop {
             comm(&ev.comm).into(),
             Value::F(ev.lat_ns as f64 / 1e6, 3),
             ev.pages.into(),
-            if ev.reclaim == KIND_DIRECT { "direct" } else { "memcg" }.into(),
+            if ev.reclaim == KIND_DIRECT {
+                "direct"
+            } else {
+                "memcg"
+            }
+            .into(),
             memcg,
         ]);
         out.event("reclaim_stall", &COLS, &row);

@@ -12,11 +12,11 @@ use memtrace_common::{
 
 use crate::attach::Probe;
 use crate::error::{Error, Result};
-use crate::output::{Col, Printer, Row, StackReport, Value, clock};
+use crate::output::{clock, Col, Printer, Row, StackReport, Value};
 use crate::run::{Prep, Tool};
 use crate::session::Session;
 use crate::symbolize::Mapping;
-use crate::tools::{IntervalArgs, comm, stack_report};
+use crate::tools::{comm, stack_report, IntervalArgs};
 
 #[derive(Debug, Clone, clap::Args)]
 pub struct Args {
@@ -70,8 +70,10 @@ impl Faults {
         if a.by_mapping && a.common.pid.is_none() && a.common.command.is_none() {
             return Err(Error::Usage("--by-mapping needs -p PID or -c CMD".into()));
         }
-        if (a.folded || a.kernel_stacks) && !a.stacks && !a.kernel_stacks {
-            return Err(Error::Usage("--folded needs --stacks or --kernel-stacks".into()));
+        if a.folded && !a.stacks && !a.kernel_stacks {
+            return Err(Error::Usage(
+                "--folded needs --stacks or --kernel-stacks".into(),
+            ));
         }
         Ok(Faults {
             args: a.clone(),
@@ -139,11 +141,13 @@ impl Faults {
         if self.args.stacks || self.args.kernel_stacks {
             let mut agg: HashMap<(u32, i32, i32), (u64, String)> = HashMap::new();
             for (k, c, n) in &data {
-                let e = agg.entry((k.tgid, k.ustack, k.kstack)).or_insert((0, n.clone()));
+                let e = agg
+                    .entry((k.tgid, k.ustack, k.kstack))
+                    .or_insert((0, n.clone()));
                 e.0 += c;
             }
             let mut v: Vec<_> = agg.into_iter().collect();
-            v.sort_by(|a, b| b.1.0.cmp(&a.1.0));
+            v.sort_by_key(|e| std::cmp::Reverse(e.1 .0));
             v.truncate(self.args.top);
             let mode = self.mode();
             let reports: Vec<StackReport> = v
@@ -163,7 +167,11 @@ impl Faults {
             }
         }
         let mut v: Vec<_> = agg.into_iter().collect();
-        v.sort_by(|a, b| (b.1.0 + b.1.1).cmp(&(a.1.0 + a.1.1)).then(a.0.cmp(&b.0)));
+        v.sort_by(|a, b| {
+            (b.1 .0 + b.1 .1)
+                .cmp(&(a.1 .0 + a.1 .1))
+                .then(a.0.cmp(&b.0))
+        });
         v.truncate(self.args.top);
         let cols = [
             Col::num("pid", "PID", 7),
@@ -175,7 +183,13 @@ impl Faults {
         let rows: Vec<Row> = v
             .into_iter()
             .map(|(pid, (u, k, n))| {
-                Row(vec![pid.into(), n.into(), u.into(), k.into(), (u + k).into()])
+                Row(vec![
+                    pid.into(),
+                    n.into(),
+                    u.into(),
+                    k.into(),
+                    (u + k).into(),
+                ])
             })
             .collect();
         out.table("faults", &title, &cols, &rows);
@@ -201,7 +215,7 @@ impl Faults {
         }
         drop(maps_cache);
         let mut v: Vec<_> = agg.into_iter().collect();
-        v.sort_by(|a, b| b.1.cmp(&a.1));
+        v.sort_by_key(|e| std::cmp::Reverse(e.1));
         v.truncate(self.args.top);
         let cols = [
             Col::num("pid", "PID", 7),
@@ -266,8 +280,14 @@ impl Tool for Faults {
             cfg.tp_error_code = f.offset("error_code")?;
         }
         k.loader.global("FAULT_CFG", &cfg);
-        k.loader
-            .max_entries("FAULTS", if self.args.by_mapping { 262_144 } else { 16_384 });
+        k.loader.max_entries(
+            "FAULTS",
+            if self.args.by_mapping {
+                262_144
+            } else {
+                16_384
+            },
+        );
         Ok(())
     }
 

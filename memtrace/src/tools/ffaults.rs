@@ -13,11 +13,11 @@ use memtrace_common::{
 
 use crate::attach::Probe;
 use crate::error::{Error, Result};
-use crate::output::{Col, Printer, Row, clock};
+use crate::output::{clock, Col, Printer, Row};
 use crate::run::{Prep, Tool};
 use crate::session::Session;
 use crate::symbolize::read_maps;
-use crate::tools::{IntervalArgs, comm, record};
+use crate::tools::{comm, record, IntervalArgs};
 
 #[derive(Debug, Clone, clap::Args)]
 pub struct Args {
@@ -34,12 +34,10 @@ pub struct Args {
 }
 
 pub fn probes() -> Vec<Probe> {
-    vec![
-        Probe::new("file page faults")
-            .tracepoint("ffaults_tp", "filemap", "mm_filemap_fault")
-            .kprobe("ffaults_kprobe", "filemap_fault")
-            .fentry("ffaults_fentry", "filemap_fault"),
-    ]
+    vec![Probe::new("file page faults")
+        .tracepoint("ffaults_tp", "filemap", "mm_filemap_fault")
+        .kprobe("ffaults_kprobe", "filemap_fault")
+        .fentry("ffaults_fentry", "filemap_fault")]
 }
 
 pub struct Ffaults {
@@ -95,7 +93,8 @@ impl Ffaults {
         let per = self.args.per_process;
         let mut agg: HashMap<(u32, u32, u64), u64> = HashMap::new();
         for (k, c) in raw {
-            *agg.entry((if per { k.tgid } else { 0 }, k.dev, k.ino)).or_default() += c;
+            *agg.entry((if per { k.tgid } else { 0 }, k.dev, k.ino))
+                .or_default() += c;
         }
         let mut v: Vec<_> = agg.into_iter().collect();
         v.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
@@ -171,7 +170,9 @@ impl Tool for Ffaults {
         if ev.kind != kind::FILE_SEEN {
             return Ok(());
         }
-        self.comms.entry(ev.key.tgid).or_insert_with(|| comm(&ev.comm));
+        self.comms
+            .entry(ev.key.tgid)
+            .or_insert_with(|| comm(&ev.comm));
         let key = (ev.key.dev, ev.key.ino);
         if self.names.contains_key(&key) {
             return Ok(());

@@ -11,7 +11,7 @@ pub mod vmscan;
 
 use crate::cli::{Cli, Command};
 use crate::error::Result;
-use crate::run::{Tool, run};
+use crate::run::{run, Tool};
 
 pub fn dispatch(cli: Cli) -> Result<i32> {
     match cli.cmd {

@@ -1,12 +1,12 @@
 //! `memtrace oomkill`: one line per OOM kill, as BCC's oomkill prints, with
 //! the victim's RSS split, its memory cgroup and the pages considered.
 
-use memtrace_common::{TASK_COMM_LEN, kind, method, oom::*, stack_mode};
+use memtrace_common::{kind, method, oom::*, stack_mode, TASK_COMM_LEN};
 
 use crate::attach::Probe;
 use crate::error::Result;
 use crate::kernel::{btf::page_size, cgroup};
-use crate::output::{Col, Printer, Row, StackReport, Value, clock};
+use crate::output::{clock, Col, Printer, Row, StackReport, Value};
 use crate::run::{Prep, Tool};
 use crate::session::Session;
 use crate::tools::{comm, record};
@@ -21,16 +21,14 @@ pub struct Args {
 }
 
 pub fn probes() -> Vec<Probe> {
-    vec![
-        Probe::new("oom kill")
-            .kprobe("oom_kprobe", "oom_kill_process")
-            .fentry("oom_fentry", "oom_kill_process")
-            .tp_btf("oom_tp_btf", "oom", "mark_victim")
-            .tracepoint("oom_tracepoint", "oom", "mark_victim"),
-    ]
+    vec![Probe::new("oom kill")
+        .kprobe("oom_kprobe", "oom_kill_process")
+        .fentry("oom_fentry", "oom_kill_process")
+        .tp_btf("oom_tp_btf", "oom", "mark_victim")
+        .tracepoint("oom_tracepoint", "oom", "mark_victim")]
 }
 
-const COLS: [Col; 15] = [
+const COLS: [Col; 16] = [
     Col::text("time", "TIME", 8),
     Col::num("trigger_pid", "TPID", 7),
     Col::text("trigger_comm", "TCOMM", 15),
@@ -45,7 +43,8 @@ const COLS: [Col; 15] = [
     Col::num("pages", "PAGES", 9),
     Col::text("pages_source", "PAGES_FROM", 11),
     Col::text("memcg", "MEMCG", 20),
-    Col::text("loadavg", "LOADAVG", 10),
+    Col::text("loadavg", "LOADAVG", 22),
+    Col::text("method", "VIA", 10),
 ];
 
 pub struct Oomkill {
@@ -171,12 +170,12 @@ impl Tool for Oomkill {
             ev.uid.into(),
             ev.oom_score_adj.into(),
             pages.into(),
-            format!("{source}").into(),
+            source.into(),
             memcg.map(|(_, p)| Value::S(p)).unwrap_or(Value::Null),
             loadavg.join(" ").into(),
+            method_name(ev.method).into(),
         ]);
         out.event("oom_kill", &COLS, &row);
-        let _ = method_name(ev.method);
         if self.stack {
             let report = StackReport {
                 pid: ev.trigger_pid,
@@ -189,7 +188,6 @@ impl Tool for Oomkill {
             };
             out.stacks("oom_stack", "", &[report]);
         }
-        let _ = TASK_COMM_LEN;
         Ok(())
     }
 

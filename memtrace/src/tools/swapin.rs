@@ -11,7 +11,7 @@ use memtrace_common::faults::FaultVal;
 
 use crate::attach::Probe;
 use crate::error::{Error, Result};
-use crate::output::{Col, Printer, Row, clock};
+use crate::output::{clock, Col, Printer, Row};
 use crate::run::{Prep, Tool};
 use crate::session::Session;
 use crate::tools::comm;
@@ -27,13 +27,11 @@ pub struct Args {
 }
 
 pub fn probes() -> Vec<Probe> {
-    vec![
-        Probe::new("swap-ins")
-            .kprobe("swapin_kprobe", "swap_read_folio")
-            .kprobe("swapin_kprobe", "swap_readpage")
-            .fentry("swapin_fentry", "swap_read_folio")
-            .fentry("swapin_fentry", "swap_readpage"),
-    ]
+    vec![Probe::new("swap-ins")
+        .kprobe("swapin_kprobe", "swap_read_folio")
+        .kprobe("swapin_kprobe", "swap_readpage")
+        .fentry("swapin_fentry", "swap_read_folio")
+        .fentry("swapin_fentry", "swap_readpage")]
 }
 
 pub struct Swapin {
@@ -92,8 +90,8 @@ impl Tool for Swapin {
             let _ = m.remove(k);
         }
         let mut v: Vec<_> = agg.into_iter().collect();
-        v.sort_by(|a, b| b.1.0.cmp(&a.1.0));
-        self.total += v.iter().map(|x| x.1.0).sum::<u64>();
+        v.sort_by_key(|e| std::cmp::Reverse(e.1 .0));
+        self.total += v.iter().map(|x| x.1 .0).sum::<u64>();
         let cols = [
             Col::num("pid", "PID", 7),
             Col::text("comm", "COMM", 16),

@@ -6,12 +6,12 @@ use std::time::Duration;
 
 use aya::maps::{PerCpuArray, PerCpuHashMap};
 use memtrace_common::reclaim::{
-    KIND_DIRECT, ProcReclaimKey, ProcReclaimVal, ReclaimConfig, ReclaimTotals, total,
+    total, ProcReclaimKey, ProcReclaimVal, ReclaimConfig, ReclaimTotals, KIND_DIRECT,
 };
 
 use crate::attach::Probe;
 use crate::error::{Error, Result};
-use crate::output::{Col, Printer, Row, Value, clock};
+use crate::output::{clock, Col, Printer, Row, Value};
 use crate::run::{Prep, Tool};
 use crate::session::Session;
 use crate::tools::comm;
@@ -44,7 +44,11 @@ pub fn reclaim_probes() -> Vec<Probe> {
             "mm_vmscan_direct_reclaim_end",
         ),
         Probe::new("memcg reclaim begin")
-            .tracepoint("memcg_reclaim_begin", "vmscan", "mm_vmscan_memcg_reclaim_begin")
+            .tracepoint(
+                "memcg_reclaim_begin",
+                "vmscan",
+                "mm_vmscan_memcg_reclaim_begin",
+            )
             .optional(),
         Probe::new("memcg reclaim end")
             .tracepoint("reclaim_end", "vmscan", "mm_vmscan_memcg_reclaim_end")
@@ -182,7 +186,7 @@ impl Vmscan {
             return Ok(());
         }
         let mut v: Vec<_> = agg.into_iter().collect();
-        v.sort_by(|a, b| b.1.0.cmp(&a.1.0));
+        v.sort_by_key(|e| std::cmp::Reverse(e.1 .0));
         let cols = [
             Col::num("pid", "PID", 7),
             Col::text("comm", "COMM", 16),
@@ -197,7 +201,12 @@ impl Vmscan {
                 Row(vec![
                     k.tgid.into(),
                     c.into(),
-                    if k.kind == KIND_DIRECT { "direct" } else { "memcg" }.into(),
+                    if k.kind == KIND_DIRECT {
+                        "direct"
+                    } else {
+                        "memcg"
+                    }
+                    .into(),
                     st.into(),
                     Value::F(ns as f64 / 1e6, 2),
                     pg.into(),
