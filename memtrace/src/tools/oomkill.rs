@@ -1,7 +1,7 @@
 //! `memtrace oomkill`: one line per OOM kill, as BCC's oomkill prints, with
 //! the victim's RSS split, its memory cgroup and the pages considered.
 
-use memtrace_common::{kind, method, oom::*, stack_mode, TASK_COMM_LEN};
+use memtrace_common::{kind, method, oom::*, stack_mode};
 
 use crate::attach::Probe;
 use crate::error::Result;
