@@ -110,3 +110,10 @@ pub fn faults_perf(ctx: PerfEventContext) -> u32 {
     count(&ctx, addr, if cs & 3 == 0 { 1 } else { 0 });
     0
 }
+
+/// Does nothing: the floor for benchmarks (`faults --floor`), the cost of
+/// running any program on this tracepoint.
+#[btf_tracepoint(function = "page_fault_user")]
+pub fn faults_floor_btf(_ctx: BtfTracePointContext) -> i32 {
+    0
+}

@@ -128,6 +128,18 @@ fn main() {
         "rawbrk" => grow_heap_with_raw_brk(arg(&args, 1, 10), arg(&args, 2, 4096)),
         // touch N: touch N fresh anonymous pages.
         "touch" => touch_fresh_pages(arg(&args, 1, 0)),
+        // touch-timed N: the same, printing the loop's time in ns (benchmarks).
+        "touch-timed" => {
+            let t = std::time::Instant::now();
+            touch_fresh_pages(arg(&args, 1, 0));
+            println!("elapsed_ns {}", t.elapsed().as_nanos());
+        }
+        // rawbrk-timed N: N brk calls, printing the loop's time in ns.
+        "rawbrk-timed" => {
+            let t = std::time::Instant::now();
+            grow_heap_with_raw_brk(arg(&args, 1, 10), 4096);
+            println!("elapsed_ns {}", t.elapsed().as_nanos());
+        }
         // threads T N: T threads each touch N fresh pages.
         "threads" => {
             let (t, n) = (arg(&args, 1, 2usize), arg(&args, 2, 1000usize));

@@ -1,6 +1,354 @@
-//! `cargo xtask bench`: filled in below.
-use anyhow::Result;
+//! `cargo xtask bench`: memtrace against the peer tools on the same
+//! workloads, alternating tools, medians of several runs. Writes
+//! bench/RESULTS.md.
 
-pub fn run(_runs: usize) -> Result<()> {
-    anyhow::bail!("bench: not built yet")
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+
+use crate::root;
+
+const PAGES: u64 = 100_000;
+const BRKS: u64 = 200_000;
+
+fn memtrace() -> String {
+    root().join("target/release/memtrace").display().to_string()
+}
+
+fn workload() -> String {
+    root()
+        .join("target/release/memtrace-workload")
+        .display()
+        .to_string()
+}
+
+fn have(cmd: &str) -> bool {
+    Command::new("sh")
+        .args(["-c", &format!("command -v {cmd}")])
+        .output()
+        .is_ok_and(|o| o.status.success())
+}
+
+fn ensure_peers() {
+    if !have("bpftrace") {
+        eprintln!("bench: installing bpftrace with apt (a peer tool)");
+        let _ = Command::new("sh")
+            .args(["-c", "apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bpftrace"])
+            .status();
+    }
+}
+
+/// A tracer started and attached (its "ready" line seen), to be stopped by SIGINT.
+struct Tracer {
+    child: Child,
+    startup: Duration,
+}
+
+fn start(argv: &[String], ready: &str) -> Result<Tracer> {
+    let t0 = Instant::now();
+    let mut child = Command::new("/usr/bin/time")
+        .arg("-f")
+        .arg("maxrss_kb %M")
+        .args(argv)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .with_context(|| format!("{argv:?}"))?;
+    // bpftrace says "Attaching N probes..." on stdout, memtrace "Tracing" on stderr.
+    let (tx, rx) = std::sync::mpsc::channel();
+    for pipe in [
+        Box::new(child.stdout.take().unwrap()) as Box<dyn std::io::Read + Send>,
+        Box::new(child.stderr.take().unwrap()),
+    ] {
+        let tx = tx.clone();
+        std::thread::spawn(move || {
+            for l in BufReader::new(pipe).lines().map_while(Result::ok) {
+                let _ = tx.send(l);
+            }
+        });
+    }
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        match rx.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
+            Ok(l) if l.contains(ready) => break,
+            Ok(_) => {}
+            Err(_) => {
+                let _ = child.kill();
+                bail!("{argv:?} did not attach");
+            }
+        }
+    }
+    let startup = t0.elapsed();
+    // Keep draining, and hand the maxrss line back on stop.
+    std::thread::spawn(move || while rx.recv().is_ok() {});
+    Ok(Tracer { child, startup })
+}
+
+impl Tracer {
+    fn stop(mut self) {
+        // SIGINT to the tracer itself (the child of /usr/bin/time).
+        let pid = self.child.id();
+        let _ = Command::new("pkill")
+            .args(["-INT", "-P", &pid.to_string()])
+            .status();
+        let t0 = Instant::now();
+        while t0.elapsed() < Duration::from_secs(15) {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let _ = Command::new("pkill")
+            .args(["-KILL", "-P", &pid.to_string()])
+            .status();
+        let _ = self.child.wait();
+    }
+}
+
+/// Time of the workload's own loop, in ns.
+fn run_workload(args: &[&str]) -> Result<u64> {
+    let o = Command::new(workload()).args(args).output()?;
+    let s = String::from_utf8_lossy(&o.stdout);
+    s.lines()
+        .find_map(|l| l.strip_prefix("elapsed_ns "))
+        .and_then(|v| v.trim().parse().ok())
+        .context("workload printed no time")
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    if v.is_empty() {
+        f64::NAN
+    } else {
+        v[v.len() / 2]
+    }
+}
+
+struct Config {
+    name: &'static str,
+    argv: Option<Vec<String>>,
+    ready: &'static str,
+}
+
+fn s(v: &[&str]) -> Vec<String> {
+    v.iter().map(|x| x.to_string()).collect()
+}
+
+/// Per-event cost: each config runs the workload `runs` times, alternating.
+fn per_event(
+    title: &str,
+    work: &[&str],
+    events: u64,
+    configs: &[Config],
+    runs: usize,
+    out: &mut String,
+) -> Result<()> {
+    let mut times: Vec<Vec<f64>> = vec![Vec::new(); configs.len()];
+    let mut errors: Vec<Option<String>> = vec![None; configs.len()];
+    for _ in 0..runs {
+        for (i, c) in configs.iter().enumerate() {
+            if errors[i].is_some() {
+                continue;
+            }
+            let tracer = match &c.argv {
+                Some(a) => match start(a, c.ready) {
+                    Ok(t) => Some(t),
+                    Err(e) => {
+                        errors[i] = Some(e.to_string());
+                        continue;
+                    }
+                },
+                None => None,
+            };
+            eprintln!("bench: {title}: {}", c.name);
+            let ns = run_workload(work)?;
+            if let Some(t) = tracer {
+                t.stop();
+            }
+            times[i].push(ns as f64 / events as f64);
+        }
+    }
+    let base = median(times[0].clone());
+    out.push_str(&format!("\n### {title}\n\n| tracer | ns per event (median) | added ns | runs |\n|---|---:|---:|---:|\n"));
+    for (i, c) in configs.iter().enumerate() {
+        if let Some(e) = &errors[i] {
+            out.push_str(&format!("| {} | failed: {e} | | |\n", c.name));
+            continue;
+        }
+        let m = median(times[i].clone());
+        out.push_str(&format!(
+            "| {} | {m:.0} | {:+.0} | {} |\n",
+            c.name,
+            m - base,
+            times[i].len()
+        ));
+    }
+    Ok(())
+}
+
+/// Start-up (launch to attached) and peak RSS over a few seconds with load.
+fn startup_rss(configs: &[Config], runs: usize, out: &mut String) -> Result<()> {
+    out.push_str("\n### Start-up and peak RSS\n\n| tracer | start-up ms (median) | peak RSS MiB (median) |\n|---|---:|---:|\n");
+    for c in configs {
+        let argv = c.argv.clone().unwrap();
+        let mut st = Vec::new();
+        let mut rss = Vec::new();
+        let mut err = None;
+        for _ in 0..runs {
+            match start(&argv, c.ready) {
+                Ok(t) => {
+                    st.push(t.startup.as_secs_f64() * 1000.0);
+                    let _ = run_workload(&["touch-timed", "50000"]);
+                    std::thread::sleep(Duration::from_millis(500));
+                    let pid = t.child.id();
+                    // /usr/bin/time's child: the tracer.
+                    let kids = Command::new("pgrep")
+                        .args(["-P", &pid.to_string()])
+                        .output()?;
+                    let kid = String::from_utf8_lossy(&kids.stdout).trim().to_string();
+                    let status =
+                        std::fs::read_to_string(format!("/proc/{kid}/status")).unwrap_or_default();
+                    if let Some(kb) = status.lines().find_map(|l| l.strip_prefix("VmHWM:")) {
+                        let kb: f64 = kb
+                            .trim()
+                            .trim_end_matches("kB")
+                            .trim()
+                            .parse()
+                            .unwrap_or(0.0);
+                        rss.push(kb / 1024.0);
+                    }
+                    t.stop();
+                }
+                Err(e) => {
+                    err = Some(e.to_string());
+                    break;
+                }
+            }
+        }
+        match err {
+            Some(e) => out.push_str(&format!("| {} | failed: {e} | |\n", c.name)),
+            None => out.push_str(&format!(
+                "| {} | {:.1} | {:.1} |\n",
+                c.name,
+                median(st),
+                median(rss)
+            )),
+        }
+    }
+    Ok(())
+}
+
+pub fn run(runs: usize) -> Result<()> {
+    ensure_peers();
+    let m = memtrace();
+    let bpftrace = have("bpftrace");
+    let bt = |prog: &str| bpftrace.then(|| s(&["bpftrace", "-e", prog]));
+    let mut out = String::new();
+    let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+    let cpu = std::fs::read_to_string("/proc/cpuinfo")
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix("model name\t: ").map(str::to_string))
+        .unwrap_or_default();
+    let date = Command::new("date").arg("-u").arg("+%Y-%m-%d").output()?;
+    out.push_str(&format!(
+        "# memtrace benchmarks\n\n{} UTC, kernel {}, {} ({} CPUs), {runs} runs each, alternating; medians.\n",
+        String::from_utf8_lossy(&date.stdout).trim(),
+        kernel.trim(),
+        cpu,
+        std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0)
+    ));
+    let pages = PAGES.to_string();
+    let none = |name| Config {
+        name,
+        argv: None,
+        ready: "",
+    };
+    let bt_missing = "bpftrace not installed";
+    let cfg = |name, argv: Option<Vec<String>>, ready| Config { name, argv, ready };
+    per_event(
+        &format!("Page faults, count by process ({PAGES} fresh pages)"),
+        &["touch-timed", &pages],
+        PAGES,
+        &[
+            none("untraced"),
+            cfg(
+                "empty tp_btf program (floor)",
+                Some(s(&[&m, "faults", "--floor"])),
+                "Tracing",
+            ),
+            cfg("memtrace faults", Some(s(&[&m, "faults"])), "Tracing"),
+            cfg(
+                "bpftrace @[pid] = count()",
+                bt("tracepoint:exceptions:page_fault_user { @[pid] = count(); }"),
+                "Attaching",
+            ),
+        ],
+        runs,
+        &mut out,
+    )?;
+    per_event(
+        &format!("Page faults, count by user stack ({PAGES} fresh pages)"),
+        &["touch-timed", &pages],
+        PAGES,
+        &[
+            none("untraced"),
+            cfg("memtrace faults --stacks", Some(s(&[&m, "faults", "--stacks"])), "Tracing"),
+            cfg(
+                "bpftrace @[ustack] = count()",
+                // The predicate keeps bpftrace from symbolizing every stack on the host at exit.
+                bt("tracepoint:exceptions:page_fault_user /comm == \"memtrace-worklo\"/ { @[ustack] = count(); }"),
+                "Attaching",
+            ),
+        ],
+        runs,
+        &mut out,
+    )?;
+    let brks = BRKS.to_string();
+    per_event(
+        &format!("brk calls by user stack ({BRKS} calls)"),
+        &["rawbrk-timed", &brks],
+        BRKS,
+        &[
+            none("untraced"),
+            cfg("memtrace brkstack", Some(s(&[&m, "brkstack"])), "Tracing"),
+            cfg(
+                "bpftrace brkstack.bt",
+                bt("tracepoint:syscalls:sys_enter_brk /comm == \"memtrace-worklo\"/ { @[ustack, comm] = count(); }"),
+                "Attaching",
+            ),
+        ],
+        runs,
+        &mut out,
+    )?;
+    startup_rss(
+        &[
+            cfg("memtrace oomkill", Some(s(&[&m, "oomkill"])), "Tracing"),
+            cfg("memtrace faults", Some(s(&[&m, "faults"])), "Tracing"),
+            cfg("memtrace brkstack", Some(s(&[&m, "brkstack"])), "Tracing"),
+            cfg(
+                "bpftrace oom:mark_victim",
+                bt("tracepoint:oom:mark_victim { printf(\"%d\\n\", args.pid); }"),
+                "Attaching",
+            ),
+            cfg(
+                "bpftrace faults by pid",
+                bt("tracepoint:exceptions:page_fault_user { @[pid] = count(); }"),
+                "Attaching",
+            ),
+        ],
+        runs,
+        &mut out,
+    )?;
+    if !bpftrace {
+        out.push_str(&format!("\nbpftrace: {bt_missing}\n"));
+    }
+    print!("{out}");
+    let dir = root().join("bench");
+    std::fs::create_dir_all(&dir)?;
+    std::fs::write(dir.join("RESULTS.md"), &out)?;
+    eprintln!("bench: wrote bench/RESULTS.md");
+    Ok(())
 }

@@ -39,6 +39,9 @@ pub struct Args {
     /// Which mappings of the traced process take the faults (needs -p or -c).
     #[arg(long)]
     pub by_mapping: bool,
+    /// Attach an empty program instead (benchmark floor).
+    #[arg(long, hide = true)]
+    pub floor: bool,
 }
 
 pub fn probes() -> Vec<Probe> {
@@ -258,6 +261,13 @@ impl Tool for Faults {
         "page faults".into()
     }
     fn probes(&self) -> Vec<Probe> {
+        if self.args.floor {
+            return vec![Probe::new("empty program").tp_btf(
+                "faults_floor_btf",
+                "exceptions",
+                "page_fault_user",
+            )];
+        }
         probes()
     }
     fn stack_mode(&self) -> u32 {
