@@ -6,6 +6,21 @@ use std::time::Duration;
 
 use common::*;
 
+/// The count once programs of earlier processes are freed (the kernel frees
+/// them after an RCU grace period, not at once).
+fn settled_programs() -> usize {
+    let mut last = loaded_programs();
+    for _ in 0..25 {
+        std::thread::sleep(Duration::from_millis(200));
+        let now = loaded_programs();
+        if now == last {
+            return now;
+        }
+        last = now;
+    }
+    last
+}
+
 /// Other tests are serial (--test-threads=1), but other tools on the host may
 /// load programs; retry the comparison a few times.
 fn assert_programs_back_to(before: usize) {
@@ -24,7 +39,7 @@ fn assert_programs_back_to(before: usize) {
 
 #[test]
 fn nothing_stays_loaded_after_duration_sigint_sigterm_sighup() {
-    let before = loaded_programs();
+    let before = settled_programs();
     let out = run(&["faults", "-d", "300ms"]);
     assert_eq!(out.code, 0, "{}", out.stderr);
     assert_programs_back_to(before);
@@ -50,7 +65,7 @@ fn nothing_stays_loaded_after_duration_sigint_sigterm_sighup() {
 
 #[test]
 fn attach_error_exits_2_naming_missing_kprobes_and_leaves_nothing() {
-    let before = loaded_programs();
+    let before = settled_programs();
     let out = run(&["oomkill", "--attach", "kprobe"]);
     assert_eq!(out.code, 2, "{}", out.stderr);
     assert!(out.stderr.contains("kprobe"), "{}", out.stderr);
@@ -65,7 +80,7 @@ fn attach_error_exits_2_naming_missing_kprobes_and_leaves_nothing() {
 
 #[test]
 fn bad_input_exits_2_with_one_clear_line() {
-    let before = loaded_programs();
+    let before = settled_programs();
     let cases: [(&[&str], &str); 5] = [
         (
             &["faults", "-p", "999999999"],
