@@ -72,34 +72,65 @@ fn classic_tracepoint_fallback_reports_the_same() {
 }
 
 #[test]
-fn stack_option_symbolizes_the_triggering_kernel_path() {
-    let (_, kills, victim, cg, stdout) = oom_in_memcg(&["--stack"]);
-    check_kill(&kills, victim, &cg);
-    let stacks = json_of(&stdout, "oom_stack");
-    assert_eq!(stacks.len(), kills.len(), "{stdout}");
-    let s = stacks
-        .iter()
-        .find(|s| s["pid"] == victim)
-        .expect("stack of our kill");
-    let kernel: Vec<&str> = s["kernel_stack"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|f| f.as_str().unwrap())
-        .collect();
-    // The trigger is the allocating workload: the kernel path runs through the OOM killer.
-    assert!(
-        kernel
+fn stack_option_symbolizes_the_trigger_of_another_process_kill() {
+    use std::io::BufRead;
+    use std::os::unix::process::CommandExt;
+    // The victim holds 40 MiB and volunteers (oom_score_adj 1000); the trigger
+    // then allocates 40 MiB more in the same 64 MiB memcg and survives.
+    let cg = Memcg::new("oomstack", "64M");
+    let tracer = Tracer::start(&["oomkill", "--json", "--stack"]);
+    let mut holder = cg.command(&workload_bin());
+    holder
+        .args(["hold", "40"])
+        .stdout(std::process::Stdio::piped());
+    unsafe {
+        holder.pre_exec(|| std::fs::write("/proc/self/oom_score_adj", "1000"));
+    }
+    let mut holder = holder.spawn().unwrap();
+    let mut line = String::new();
+    std::io::BufReader::new(holder.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    assert_eq!(line.trim(), "ready");
+    // The trigger stays alive after the kill, as a server would.
+    let mut trigger = cg
+        .command(&workload_bin())
+        .args(["hold", "40"])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let trigger_pid = trigger.id();
+    let mut line = String::new();
+    std::io::BufReader::new(trigger.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    assert_eq!(line.trim(), "ready", "the trigger was killed instead");
+    let _ = holder.wait();
+    std::thread::sleep(Duration::from_millis(300));
+    let out = tracer.interrupt();
+    let _ = trigger.kill();
+    let _ = trigger.wait();
+    let kills = json_of(&out.stdout, "oom_kill");
+    assert_eq!(kills.len(), 1, "{}", out.stdout);
+    assert_eq!(kills[0]["victim_pid"], holder.id());
+    assert_eq!(kills[0]["trigger_pid"], trigger_pid);
+    let stacks = json_of(&out.stdout, "oom_stack");
+    assert_eq!(stacks.len(), 1, "{}", out.stdout);
+    let frames = |k: &str| -> Vec<String> {
+        stacks[0][k]
+            .as_array()
+            .unwrap()
             .iter()
-            .any(|f| f.starts_with("out_of_memory") || f.contains("oom_kill")),
+            .map(|f| f.as_str().unwrap().to_string())
+            .collect()
+    };
+    let kernel = frames("kernel_stack");
+    // The kernel path runs through the OOM killer.
+    assert!(
+        kernel.iter().any(|f| f.starts_with("out_of_memory")),
         "{kernel:?}"
     );
-    let user: Vec<&str> = s["user_stack"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|f| f.as_str().unwrap())
-        .collect();
+    let user = frames("user_stack");
     assert!(
         user.iter().any(|f| f.contains("allocate_and_touch_mib")),
         "{user:?}"

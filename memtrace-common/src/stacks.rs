@@ -5,8 +5,8 @@ use crate::TASK_COMM_LEN;
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
 pub struct BrkConfig {
-    /// `syscalls:sys_exit_brk` offset of `ret`.
-    pub tp_ret: u32,
+    /// `syscalls:sys_enter_brk` offset of `brk`.
+    pub tp_brk: u32,
     pub _pad: u32,
 }
 

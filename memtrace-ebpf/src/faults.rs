@@ -113,7 +113,7 @@ pub fn faults_perf(ctx: PerfEventContext) -> u32 {
 
 /// Does nothing: the floor for benchmarks (`faults --floor`), the cost of
 /// running any program on this tracepoint.
-#[btf_tracepoint(function = "page_fault_user")]
-pub fn faults_floor_btf(_ctx: BtfTracePointContext) -> i32 {
+#[raw_tracepoint(tracepoint = "page_fault_user")]
+pub fn faults_floor_raw(_ctx: RawTracePointContext) -> i32 {
     0
 }

@@ -15,7 +15,7 @@ use memtrace_common::{
     kind, loss, TASK_COMM_LEN,
 };
 
-use crate::helpers::{count_loss, current_tgid, emit, read, wanted};
+use crate::helpers::{count_loss, current_tgid, emit, read, wanted, NO_PREALLOC};
 
 #[unsafe(no_mangle)]
 static FFAULT_CFG: Global<FfaultsConfig> = Global::new(FfaultsConfig {
@@ -30,11 +30,12 @@ static FFAULT_CFG: Global<FfaultsConfig> = Global::new(FfaultsConfig {
 });
 
 #[map]
-static FILE_FAULTS: PerCpuHashMap<FileKey, u64> = PerCpuHashMap::with_max_entries(16384, 0);
+static FILE_FAULTS: PerCpuHashMap<FileKey, u64> =
+    PerCpuHashMap::with_max_entries(16384, NO_PREALLOC);
 
 /// Files already announced to userspace.
 #[map]
-static FILES_SEEN: HashMap<FileKey, u8> = HashMap::with_max_entries(16384, 0);
+static FILES_SEEN: HashMap<FileKey, u8> = HashMap::with_max_entries(16384, NO_PREALLOC);
 
 #[inline(always)]
 fn count(tgid: u32, dev: u32, ino: u64) {

@@ -43,6 +43,10 @@ pub static TASK: Global<TaskOffsets> = Global::new(TaskOffsets {
     valid: 0,
 });
 
+/// For maps filled lazily: a preallocated map costs start-up time and locked
+/// memory for entries that are mostly never used.
+pub const NO_PREALLOC: u32 = aya_ebpf::bindings::BPF_F_NO_PREALLOC as u32;
+
 /// Per-event records; userspace sizes it per tool.
 #[map]
 pub static EVENTS: RingBuf = RingBuf::with_byte_size(256 * 1024, 0);
@@ -56,7 +60,7 @@ pub static STACKS: StackTrace = StackTrace::with_max_entries(8192, 0);
 
 /// Processes forked from the traced one (`--children`).
 #[map]
-pub static FOLLOWED: HashMap<u32, u8> = HashMap::with_max_entries(8192, 0);
+pub static FOLLOWED: HashMap<u32, u8> = HashMap::with_max_entries(8192, NO_PREALLOC);
 
 #[inline(always)]
 pub fn count_loss(what: u32) {

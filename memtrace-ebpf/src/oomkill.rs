@@ -7,8 +7,10 @@ use aya_ebpf::{
         bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_ktime_get_ns,
         bpf_probe_read_kernel_str_bytes,
     },
-    macros::{btf_tracepoint, fentry, kprobe, tracepoint},
-    programs::{BtfTracePointContext, FEntryContext, ProbeContext, TracePointContext},
+    macros::{btf_tracepoint, fentry, kprobe, raw_tracepoint, tracepoint},
+    programs::{
+        BtfTracePointContext, FEntryContext, ProbeContext, RawTracePointContext, TracePointContext,
+    },
     EbpfContext, Global,
 };
 use memtrace_common::{
@@ -151,6 +153,17 @@ pub fn oom_kprobe(ctx: ProbeContext) -> u32 {
 pub fn oom_fentry(ctx: FEntryContext) -> i32 {
     let oc: *const u8 = ctx.arg(0);
     unsafe { on_oom_control(&ctx, oc, method::FENTRY) };
+    0
+}
+
+/// `mark_victim(struct task_struct *task, uid_t uid)` as a raw tracepoint:
+/// the same argument as tp_btf, without needing kernel BTF to attach.
+#[raw_tracepoint(tracepoint = "mark_victim")]
+pub fn oom_raw_tp(ctx: RawTracePointContext) -> i32 {
+    let task = ctx.arg::<u64>(0) as *const u8;
+    let mut ev = new_event(&ctx, method::RAW_TP);
+    unsafe { fill_victim(&mut ev, task) };
+    emit(&ev);
     0
 }
 

@@ -18,7 +18,7 @@ use memtrace_common::{
     TASK_COMM_LEN,
 };
 
-use crate::helpers::{count_loss, current_task, current_tgid, emit, memcg_id, wanted};
+use crate::helpers::{count_loss, current_task, current_tgid, emit, memcg_id, wanted, NO_PREALLOC};
 
 #[unsafe(no_mangle)]
 static RECLAIM_CFG: Global<ReclaimConfig> = Global::new(ReclaimConfig {
@@ -41,7 +41,7 @@ static RECLAIM_TOTALS: PerCpuArray<ReclaimTotals> = PerCpuArray::with_max_entrie
 
 #[map]
 static PROC_RECLAIM: PerCpuHashMap<ProcReclaimKey, ProcReclaimVal> =
-    PerCpuHashMap::with_max_entries(4096, 0);
+    PerCpuHashMap::with_max_entries(4096, NO_PREALLOC);
 
 #[inline(always)]
 fn tid() -> u32 {

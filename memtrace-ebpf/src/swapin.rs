@@ -9,10 +9,10 @@ use aya_ebpf::{
 };
 use memtrace_common::{faults::FaultVal, loss, TASK_COMM_LEN};
 
-use crate::helpers::{count_loss, current_tgid, wanted};
+use crate::helpers::{count_loss, current_tgid, wanted, NO_PREALLOC};
 
 #[map]
-static SWAPINS: PerCpuHashMap<u32, FaultVal> = PerCpuHashMap::with_max_entries(8192, 0);
+static SWAPINS: PerCpuHashMap<u32, FaultVal> = PerCpuHashMap::with_max_entries(8192, NO_PREALLOC);
 
 #[inline(always)]
 fn count() {

@@ -221,7 +221,22 @@ fn fork_probe() -> Probe {
     Probe::new("process forks").tracepoint("follow_fork", "sched", "sched_process_fork")
 }
 
+/// With MEMTRACE_TIMING set, prints how long each start-up phase took.
+struct Phases(Option<Instant>);
+
+impl Phases {
+    fn mark(&mut self, what: &str) {
+        if let Some(t) = self.0 {
+            eprintln!(
+                "memtrace: timing: {what}: {:.1} ms",
+                t.elapsed().as_secs_f64() * 1e3
+            );
+        }
+    }
+}
+
 pub fn run(tool: &mut dyn Tool, common: &Common) -> Result<i32> {
+    let mut phases = Phases(std::env::var_os("MEMTRACE_TIMING").map(|_| Instant::now()));
     check_root()?;
     crate::kernel::tracefs::root()?;
     // Opened before anything else: it proves the pid exists, and the target's
@@ -258,14 +273,18 @@ pub fn run(tool: &mut dyn Tool, common: &Common) -> Result<i32> {
         btf: None,
     };
     tool.prepare(&mut prep)?;
+    drop(prep);
+    phases.mark("offsets");
 
     let mut session = Session::load(&loader, common.attach, common.verbose)?;
+    phases.mark("object loaded");
     if follow {
         session.attach(&fork_probe())?;
     }
     for p in tool.probes() {
         session.attach(&p)?;
     }
+    phases.mark("attached");
     let format = if common.json {
         OutFormat::Json
     } else if tool.folded() {

@@ -47,13 +47,12 @@ impl Loader {
 }
 
 /// Maps every tool would otherwise pay for; a tool raises the ones it uses.
-const SHRINKABLE: [&str; 11] = [
+const SHRINKABLE: [&str; 10] = [
     "STACKS",
     "FAULTS",
     "FILE_FAULTS",
     "FILES_SEEN",
     "BRK_STACKS",
-    "BRK_PENDING",
     "SWAPINS",
     "RECLAIM_START",
     "SLAB_START",

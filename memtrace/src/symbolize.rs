@@ -182,6 +182,9 @@ impl Symbolizer {
         }
         let maps = self.maps.lock().unwrap();
         let s = match maps.locate(pid, addr) {
+            None if !maps.has(pid) => {
+                format!("{addr:#x} [process exited before its maps were read]")
+            }
             None => format!("{addr:#x} [unknown]"),
             Some((m, off, file)) => {
                 let module = module_name(&m.path).to_string();

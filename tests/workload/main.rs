@@ -152,6 +152,13 @@ fn main() {
         }
         // alloc MIB: allocate and touch MIB MiB (for OOM tests).
         "alloc" => allocate_and_touch_mib(arg(&args, 1, 200)),
+        // hold MIB: allocate and touch MIB MiB, say "ready", then sleep.
+        "hold" => {
+            allocate_and_touch_mib(arg(&args, 1, 40));
+            println!("ready");
+            std::io::stdout().flush().unwrap();
+            std::thread::sleep(std::time::Duration::from_secs(60));
+        }
         // readfile PATH K: map PATH and read K distinct pages, uncached.
         "readfile" => read_file_pages(&args[1], arg(&args, 2, 100)),
         // fork-sbrk N: a forked child calls sbrk N times; the parent none.
@@ -168,7 +175,13 @@ fn main() {
         // reread PATH MIB ROUNDS: read a file again and again (reclaim tests).
         "reread" => {
             use std::io::Read;
+            use std::os::fd::AsRawFd;
             let rounds = arg(&args, 2, 3usize);
+            // Pages cached by whoever wrote the file are charged to that
+            // writer's cgroup: drop them so our reads are charged to ours.
+            let f = std::fs::File::open(&args[1]).expect("open");
+            unsafe { libc::fsync(f.as_raw_fd()) };
+            unsafe { libc::posix_fadvise(f.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
             let mut buf = vec![0u8; 1 << 20];
             for _ in 0..rounds {
                 let mut f = std::fs::File::open(&args[1]).expect("open");

@@ -275,7 +275,7 @@ pub fn run(runs: usize) -> Result<()> {
         &[
             none("untraced"),
             cfg(
-                "empty tp_btf program (floor)",
+                "empty raw_tp program (floor)",
                 Some(s(&[&m, "faults", "--floor"])),
                 "Tracing",
             ),

@@ -1,61 +1,187 @@
 //! Kernel struct offsets from BTF. Rust BPF code has no CO-RE relocations,
 //! so userspace resolves offsets here and passes them to the programs.
 
-use btf_rs::{Btf, Type};
+use std::collections::HashMap;
+
 use memtrace_common::TaskOffsets;
 
 use crate::error::Error;
 
 pub const VMLINUX: &str = "/sys/kernel/btf/vmlinux";
 
+// BTF kinds (include/uapi/linux/btf.h).
+const INT: u32 = 1;
+const ARRAY: u32 = 3;
+const STRUCT: u32 = 4;
+const UNION: u32 = 5;
+const ENUM: u32 = 6;
+const TYPEDEF: u32 = 8;
+const VOLATILE: u32 = 9;
+const CONST: u32 = 10;
+const RESTRICT: u32 = 11;
+const FUNC: u32 = 12;
+const FUNC_PROTO: u32 = 13;
+const VAR: u32 = 14;
+const DATASEC: u32 = 15;
+const DECL_TAG: u32 = 17;
+const TYPE_TAG: u32 = 18;
+const ENUM64: u32 = 19;
+
+/// A minimal reader of kernel BTF: one pass indexes where each type starts
+/// and which types have names; member offsets are read on demand. A full
+/// parser (btf-rs) took about 200 ms and 60 MiB for the few offsets memtrace
+/// needs; this takes a few ms and keeps only the raw blob and an index.
 pub struct KernelBtf {
-    btf: Btf,
+    data: Vec<u8>,
+    strs: usize,
+    str_len: usize,
+    /// Byte offset of type id i (index 0 is void).
+    types: Vec<u32>,
+    /// Name offset -> ids of the named structs, unions and enums (the kinds
+    /// looked up by name often; functions and typedefs are scanned).
+    names: HashMap<String, Vec<u32>>,
+}
+
+fn u32_at(d: &[u8], off: usize) -> Option<u32> {
+    d.get(off..off + 4)
+        .map(|b| u32::from_le_bytes(b.try_into().unwrap()))
 }
 
 impl KernelBtf {
     pub fn load() -> Result<Self, Error> {
-        Btf::from_file(VMLINUX)
-            .map(|btf| KernelBtf { btf })
-            .map_err(|e| Error::NoBtf(format!("{VMLINUX}: {e}")))
+        let data = std::fs::read(VMLINUX).map_err(|e| Error::NoBtf(format!("{VMLINUX}: {e}")))?;
+        Self::from_vec(data)
     }
 
-    pub fn from_bytes(bytes: &[u8]) -> Result<Self, Error> {
-        Btf::from_bytes(bytes)
-            .map(|btf| KernelBtf { btf })
-            .map_err(|e| Error::NoBtf(e.to_string()))
+    pub fn from_vec(d: Vec<u8>) -> Result<Self, Error> {
+        let bad = |what: &str| Error::NoBtf(format!("malformed BTF: {what}"));
+        if d.len() < 24 || u16::from_le_bytes([d[0], d[1]]) != 0xeb9f {
+            return Err(bad("no BTF magic (only little-endian BTF is read)"));
+        }
+        let hdr = u32_at(&d, 4).ok_or_else(|| bad("header"))? as usize;
+        let type_off = u32_at(&d, 8).ok_or_else(|| bad("header"))? as usize + hdr;
+        let type_len = u32_at(&d, 12).ok_or_else(|| bad("header"))? as usize;
+        let strs = u32_at(&d, 16).ok_or_else(|| bad("header"))? as usize + hdr;
+        let str_len = u32_at(&d, 20).ok_or_else(|| bad("header"))? as usize;
+        if type_off + type_len > d.len() || strs + str_len > d.len() {
+            return Err(bad("sections out of bounds"));
+        }
+        let mut types = vec![0u32];
+        let mut named: Vec<(u32, u32)> = Vec::new();
+        let mut off = type_off;
+        let end = type_off + type_len;
+        while off + 12 <= end {
+            let id = types.len() as u32;
+            types.push(off as u32);
+            let name_off = u32_at(&d, off).unwrap();
+            let info = u32_at(&d, off + 4).unwrap();
+            let vlen = (info & 0xffff) as usize;
+            let kind = (info >> 24) & 0x1f;
+            if name_off != 0 && matches!(kind, STRUCT | UNION | ENUM) {
+                named.push((name_off, id));
+            }
+            off += 12
+                + match kind {
+                    INT | VAR | DECL_TAG => 4,
+                    ARRAY => 12,
+                    STRUCT | UNION | DATASEC | ENUM64 => 12 * vlen,
+                    ENUM | FUNC_PROTO => 8 * vlen,
+                    _ => 0,
+                };
+        }
+        let mut btf = KernelBtf {
+            data: d,
+            strs,
+            str_len,
+            types,
+            names: HashMap::with_capacity(named.len()),
+        };
+        for (off, id) in named {
+            let name = btf.str_at(off).to_string();
+            btf.names.entry(name).or_default().push(id);
+        }
+        Ok(btf)
     }
 
-    fn named_struct(&self, name: &str) -> Option<btf_rs::Struct> {
-        self.btf
-            .resolve_types_by_name(name)
-            .ok()?
-            .into_iter()
-            .find_map(|t| match t {
-                Type::Struct(s) if !s.members.is_empty() => Some(s),
-                _ => None,
-            })
+    fn str_at(&self, off: u32) -> &str {
+        let start = self.strs + off as usize;
+        let end = self.strs + self.str_len;
+        let s = &self.data[start.min(end)..end];
+        let n = s.iter().position(|&b| b == 0).unwrap_or(s.len());
+        std::str::from_utf8(&s[..n]).unwrap_or("")
+    }
+
+    /// (kind, vlen, size_or_type) of type `id`.
+    fn head(&self, id: u32) -> Option<(u32, usize, u32)> {
+        let off = *self.types.get(id as usize)? as usize;
+        if id == 0 {
+            return None;
+        }
+        let info = u32_at(&self.data, off + 4)?;
+        Some((
+            (info >> 24) & 0x1f,
+            (info & 0xffff) as usize,
+            u32_at(&self.data, off + 8)?,
+        ))
+    }
+
+    /// Whether a type of `kind` is called `name`, by a scan of every type.
+    fn scan(&self, name: &str, kind: u32) -> bool {
+        (1..self.types.len() as u32).any(|id| {
+            let off = self.types[id as usize] as usize;
+            let info = u32_at(&self.data, off + 4).unwrap_or(0);
+            (info >> 24) & 0x1f == kind && self.str_at(u32_at(&self.data, off).unwrap_or(0)) == name
+        })
+    }
+
+    /// Ids of the structs, unions and enums called `name`.
+    fn ids<'a>(&'a self, name: &'a str) -> impl Iterator<Item = u32> + 'a {
+        self.names.get(name).into_iter().flatten().copied()
+    }
+
+    fn named_struct(&self, name: &str) -> Option<u32> {
+        self.ids(name)
+            .find(|&id| matches!(self.head(id), Some((STRUCT | UNION, vlen, _)) if vlen > 0))
+    }
+
+    /// Follows typedefs and qualifiers to the underlying type.
+    fn resolve(&self, mut id: u32) -> Option<u32> {
+        for _ in 0..32 {
+            match self.head(id)? {
+                (TYPEDEF | VOLATILE | CONST | RESTRICT | TYPE_TAG, _, t) => id = t,
+                _ => return Some(id),
+            }
+        }
+        None
     }
 
     /// Byte offset of `member` in `struct name`, looking through anonymous
     /// structs and unions.
     pub fn offset(&self, name: &str, member: &str) -> Option<u32> {
-        let s = self.named_struct(name)?;
-        self.find_member(&s, member).map(|bits| bits / 8)
+        let id = self.named_struct(name)?;
+        self.find_member(id, member, 0).map(|bits| bits / 8)
     }
 
-    fn find_member(&self, s: &btf_rs::Struct, member: &str) -> Option<u32> {
-        for m in &s.members {
-            let mname = self.btf.resolve_name(m).unwrap_or_default();
-            if mname == member {
-                return Some(m.bit_offset());
-            }
-            if mname.is_empty() {
-                if let Ok(Type::Struct(inner) | Type::Union(inner)) =
-                    self.btf.resolve_chained_type(m)
-                {
-                    if let Some(off) = self.find_member(&inner, member) {
-                        return Some(m.bit_offset() + off);
-                    }
+    fn find_member(&self, id: u32, member: &str, depth: usize) -> Option<u32> {
+        let (kind, vlen, _) = self.head(id)?;
+        if !matches!(kind, STRUCT | UNION) || depth > 8 {
+            return None;
+        }
+        let kind_flag = u32_at(&self.data, self.types[id as usize] as usize + 4)? >> 31;
+        let base = self.types[id as usize] as usize + 12;
+        for i in 0..vlen {
+            let m = base + 12 * i;
+            let name_off = u32_at(&self.data, m)?;
+            let ty = u32_at(&self.data, m + 4)?;
+            let raw = u32_at(&self.data, m + 8)?;
+            let bits = if kind_flag == 1 { raw & 0xffffff } else { raw };
+            if name_off != 0 {
+                if self.str_at(name_off) == member {
+                    return Some(bits);
+                }
+            } else if let Some(inner) = self.resolve(ty) {
+                if let Some(off) = self.find_member(inner, member, depth + 1) {
+                    return Some(bits + off);
                 }
             }
         }
@@ -63,17 +189,22 @@ impl KernelBtf {
     }
 
     pub fn size(&self, name: &str) -> Option<u32> {
-        self.named_struct(name).map(|s| s.size() as u32)
+        self.named_struct(name)
+            .and_then(|id| self.head(id))
+            .map(|(_, _, size)| size)
     }
 
-    /// Looks `name` up among the members of every enum named `enum_name`.
+    /// Value of enumerator `name` in the enum `enum_name`.
     pub fn enumerator(&self, enum_name: &str, name: &str) -> Option<u32> {
-        for t in self.btf.resolve_types_by_name(enum_name).ok()? {
-            if let Type::Enum(e) = t {
-                for m in &e.members {
-                    if self.btf.resolve_name(m).ok()? == name {
-                        return Some(m.val());
-                    }
+        for id in self.ids(enum_name) {
+            let Some((ENUM, vlen, _)) = self.head(id) else {
+                continue;
+            };
+            let base = self.types[id as usize] as usize + 12;
+            for i in 0..vlen {
+                let m = base + 8 * i;
+                if self.str_at(u32_at(&self.data, m)?) == name {
+                    return u32_at(&self.data, m + 4);
                 }
             }
         }
@@ -82,18 +213,12 @@ impl KernelBtf {
 
     /// Whether the kernel has a function `name` (a kprobe/fentry target).
     pub fn has_func(&self, name: &str) -> bool {
-        self.btf
-            .resolve_types_by_name(name)
-            .map(|ts| ts.iter().any(|t| matches!(t, Type::Func(_))))
-            .unwrap_or(false)
+        self.scan(name, FUNC)
     }
 
     /// Whether tp_btf can attach to tracepoint `name` (its `btf_trace_` typedef exists).
     pub fn has_btf_tracepoint(&self, name: &str) -> bool {
-        self.btf
-            .resolve_types_by_name(&format!("btf_trace_{name}"))
-            .map(|ts| !ts.is_empty())
-            .unwrap_or(false)
+        self.scan(&format!("btf_trace_{name}"), TYPEDEF)
     }
 
     /// The task, mm and cgroup offsets every tool reads through.
@@ -151,7 +276,7 @@ mod tests {
         let gz = include_bytes!("../../tests/data/vmlinux-6.18.btf.gz");
         let mut raw = Vec::new();
         std::io::Read::read_to_end(&mut flate2::read::GzDecoder::new(&gz[..]), &mut raw).unwrap();
-        KernelBtf::from_bytes(&raw).unwrap()
+        KernelBtf::from_vec(raw).unwrap()
     }
 
     #[test]

@@ -35,10 +35,7 @@ pub struct Args {
 }
 
 pub fn probes() -> Vec<Probe> {
-    vec![
-        Probe::new("brk entry").tracepoint("brk_enter", "syscalls", "sys_enter_brk"),
-        Probe::new("brk return").tracepoint("brk_exit", "syscalls", "sys_exit_brk"),
-    ]
+    vec![Probe::new("brk calls").tracepoint("brk_enter", "syscalls", "sys_enter_brk")]
 }
 
 pub struct Brkstack {
@@ -129,16 +126,15 @@ impl Tool for Brkstack {
 
     fn prepare(&mut self, k: &mut Prep) -> Result<()> {
         k.task_offsets()?;
-        let f = k.format("syscalls", "sys_exit_brk")?;
+        let f = k.format("syscalls", "sys_enter_brk")?;
         k.loader.global(
             "BRK_CFG",
             &BrkConfig {
-                tp_ret: f.offset("ret")?,
+                tp_brk: f.offset("brk")?,
                 _pad: 0,
             },
         );
         k.loader.max_entries("BRK_STACKS", 8192);
-        k.loader.max_entries("BRK_PENDING", 4096);
         Ok(())
     }
 

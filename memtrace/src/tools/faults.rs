@@ -47,14 +47,16 @@ pub struct Args {
 pub fn probes() -> Vec<Probe> {
     vec![
         Probe::new("user page faults")
-            .tp_btf("faults_user_btf", "exceptions", "page_fault_user")
+            // raw_tp first: as cheap per fault as tp_btf, and it attaches
+            // without parsing kernel BTF (tens of ms at start-up).
             .raw_tp("faults_user_raw", "exceptions", "page_fault_user")
+            .tp_btf("faults_user_btf", "exceptions", "page_fault_user")
             .tracepoint("faults_user_tp", "exceptions", "page_fault_user")
             .perf_page_faults("faults_perf"),
         // The perf event above sees both modes; where it is used this one adds nothing.
         Probe::new("kernel page faults")
-            .tp_btf("faults_kernel_btf", "exceptions", "page_fault_kernel")
             .raw_tp("faults_kernel_raw", "exceptions", "page_fault_kernel")
+            .tp_btf("faults_kernel_btf", "exceptions", "page_fault_kernel")
             .tracepoint("faults_kernel_tp", "exceptions", "page_fault_kernel")
             .optional(),
     ]
@@ -262,8 +264,8 @@ impl Tool for Faults {
     }
     fn probes(&self) -> Vec<Probe> {
         if self.args.floor {
-            return vec![Probe::new("empty program").tp_btf(
-                "faults_floor_btf",
+            return vec![Probe::new("empty program").raw_tp(
+                "faults_floor_raw",
                 "exceptions",
                 "page_fault_user",
             )];

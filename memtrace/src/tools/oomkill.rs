@@ -24,6 +24,9 @@ pub fn probes() -> Vec<Probe> {
     vec![Probe::new("oom kill")
         .kprobe("oom_kprobe", "oom_kill_process")
         .fentry("oom_fentry", "oom_kill_process")
+        // raw_tp before tp_btf: the same data, and it attaches without
+        // parsing kernel BTF (tens of ms at start-up).
+        .raw_tp("oom_raw_tp", "oom", "mark_victim")
         .tp_btf("oom_tp_btf", "oom", "mark_victim")
         .tracepoint("oom_tracepoint", "oom", "mark_victim")]
 }
@@ -66,6 +69,7 @@ fn method_name(m: u32) -> &'static str {
         method::KPROBE => "kprobe",
         method::FENTRY => "fentry",
         method::TP_BTF => "tp_btf",
+        method::RAW_TP => "raw_tp",
         _ => "tracepoint",
     }
 }
