@@ -7,6 +7,7 @@ pub mod faults;
 pub mod ffaults;
 pub mod oom;
 pub mod reclaim;
+pub mod rss;
 pub mod stacks;
 
 pub const TASK_COMM_LEN: usize = 16;
@@ -31,6 +32,7 @@ pub mod kind {
     pub const OOM: u32 = 1;
     pub const FILE_SEEN: u32 = 2;
     pub const RECLAIM: u32 = 3;
+    pub const RSS_CROSS: u32 = 4;
 }
 
 /// Which attach method a program ran under; reported in records so userspace
@@ -111,4 +113,6 @@ mod pod {
     unsafe impl aya::Pod for super::stacks::StackKey {}
     unsafe impl aya::Pod for super::stacks::StackVal {}
     unsafe impl aya::Pod for super::stacks::BrkConfig {}
+    unsafe impl aya::Pod for super::rss::RssConfig {}
+    unsafe impl aya::Pod for super::rss::RssVal {}
 }

@@ -9,6 +9,7 @@ mod faults;
 mod ffaults;
 mod oomkill;
 mod reclaim;
+mod rss;
 mod swapin;
 
 #[cfg(not(test))]

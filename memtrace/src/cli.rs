@@ -34,6 +34,8 @@ pub enum Command {
     Drsnoop(crate::tools::drsnoop::Args),
     /// Swap-ins by process (needs kprobe or fentry).
     Swapin(crate::tools::swapin::Args),
+    /// RSS of a process from the kernel's counter changes, with a threshold guard.
+    Rss(crate::tools::rss::Args),
     /// What this kernel supports and how each tool would attach here.
     Doctor,
 }

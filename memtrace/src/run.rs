@@ -34,6 +34,10 @@ pub trait Tool {
     fn interval(&self) -> Option<Duration> {
         None
     }
+    /// Once attached, before the banner: initial state the kernel needs.
+    fn on_start(&mut self, _s: &mut Session) -> Result<()> {
+        Ok(())
+    }
     /// A ring-buffer record.
     fn on_record(&mut self, _data: &[u8], _s: &mut Session, _out: &mut dyn Printer) -> Result<()> {
         Ok(())
@@ -284,6 +288,7 @@ pub fn run(tool: &mut dyn Tool, common: &Common) -> Result<i32> {
     for p in tool.probes() {
         session.attach(&p)?;
     }
+    tool.on_start(&mut session)?;
     phases.mark("attached");
     let format = if common.json {
         OutFormat::Json

@@ -47,7 +47,7 @@ impl Loader {
 }
 
 /// Maps every tool would otherwise pay for; a tool raises the ones it uses.
-const SHRINKABLE: [&str; 10] = [
+const SHRINKABLE: [&str; 13] = [
     "STACKS",
     "FAULTS",
     "FILE_FAULTS",
@@ -58,6 +58,9 @@ const SHRINKABLE: [&str; 10] = [
     "SLAB_START",
     "PROC_RECLAIM",
     "FOLLOWED",
+    "RSS",
+    "RSS_OWNER",
+    "RSS_EXCLUDED",
 ];
 
 pub struct Session {

@@ -169,7 +169,9 @@ impl Symbolizer {
     pub fn user(&mut self, pid: u32, addrs: &[u64]) -> Vec<String> {
         {
             let mut maps = self.maps.lock().unwrap();
-            if !maps.has(pid) {
+            // Read the maps again if an address falls outside the copy (a
+            // library mapped since, e.g. after an early snapshot at exec).
+            if !maps.has(pid) || addrs.iter().any(|&a| maps.locate(pid, a).is_none()) {
                 maps.snapshot(pid);
             }
         }

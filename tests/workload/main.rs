@@ -113,6 +113,28 @@ fn arg<T: std::str::FromStr>(args: &[String], i: usize, default: T) -> T {
 
 fn main() {
     let mut args: Vec<String> = std::env::args().skip(1).collect();
+    // An extra touched region of exactly N MiB, mapped before --wait (what a
+    // VMM's guest memory is to an RSS guard).
+    if args.first().map(|s| s.as_str()) == Some("--extra-mib") {
+        let len = args[1].parse::<usize>().unwrap() << 20;
+        args.drain(..2);
+        // Shared, so the kernel never merges it with the private heap
+        // regions next to it: it stays one mapping of exactly that size.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        assert!(p != libc::MAP_FAILED);
+        for i in (0..len).step_by(PAGE) {
+            unsafe { std::ptr::write_volatile((p as *mut u8).add(i), 1) };
+        }
+    }
     if args.first().map(|s| s.as_str()) == Some("--wait") {
         args.remove(0);
         println!("{}", std::process::id());
@@ -152,6 +174,22 @@ fn main() {
         }
         // alloc MIB: allocate and touch MIB MiB (for OOM tests).
         "alloc" => allocate_and_touch_mib(arg(&args, 1, 200)),
+        // steps STEP_MIB N PAUSE_MS [EXTRA_MIB]: with --wait, first maps and
+        // touches EXTRA_MIB (a region to exclude) before waiting; then N
+        // steps of STEP_MIB, printing "step I" after each, pausing between.
+        "steps" => {
+            let (step, n, pause) = (
+                arg(&args, 1, 8usize),
+                arg(&args, 2, 4usize),
+                arg(&args, 3, 300u64),
+            );
+            for i in 0..n {
+                allocate_and_touch_mib(step);
+                println!("step {i}");
+                std::io::stdout().flush().unwrap();
+                std::thread::sleep(std::time::Duration::from_millis(pause));
+            }
+        }
         // hold MIB: allocate and touch MIB MiB, say "ready", then sleep.
         "hold" => {
             allocate_and_touch_mib(arg(&args, 1, 40));

@@ -6,6 +6,7 @@ pub mod drsnoop;
 pub mod faults;
 pub mod ffaults;
 pub mod oomkill;
+pub mod rss;
 pub mod swapin;
 pub mod vmscan;
 
@@ -22,6 +23,7 @@ pub fn dispatch(cli: Cli) -> Result<i32> {
         Command::Vmscan(a) => run_tool(vmscan::Vmscan::new(&a)?, &a.common),
         Command::Drsnoop(a) => run_tool(drsnoop::Drsnoop::new(&a)?, &a.common),
         Command::Swapin(a) => run_tool(swapin::Swapin::new(&a)?, &a.common),
+        Command::Rss(a) => run_tool(rss::Rss::new(&a)?, &a.common),
         Command::Doctor => crate::doctor::doctor(),
     }
 }
@@ -40,6 +42,7 @@ pub fn all_probes() -> Vec<(&'static str, Vec<crate::attach::Probe>)> {
         ("vmscan", vmscan::probes()),
         ("drsnoop", drsnoop::probes()),
         ("swapin", swapin::probes()),
+        ("rss", rss::probes()),
     ]
 }
 

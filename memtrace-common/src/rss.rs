@@ -1,0 +1,51 @@
+//! `rss`: a process's RSS counters as the kernel changes them (kmem:rss_stat).
+
+use crate::TASK_COMM_LEN;
+
+/// mm counter indexes (`MM_FILEPAGES`...), as `kmem:rss_stat` reports them.
+pub const FILE: usize = 0;
+pub const ANON: usize = 1;
+pub const SWAP: usize = 2;
+pub const SHMEM: usize = 3;
+pub const NR: usize = 4;
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct RssConfig {
+    pub tp_mm_id: u32,
+    pub tp_curr: u32,
+    pub tp_member: u32,
+    pub tp_size: u32,
+    /// Bytes; 0: no threshold.
+    pub threshold: u64,
+}
+
+/// Latest counters of one process, in bytes.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct RssVal {
+    pub bytes: [i64; NR],
+    /// Peak of file + anon + shmem, in bytes.
+    pub peak: u64,
+    /// Set once the threshold was crossed (the event is sent once).
+    pub crossed: u64,
+    pub comm: [u8; TASK_COMM_LEN],
+}
+
+/// Sent when a process's RSS (less its excluded mappings) crosses the threshold.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct RssCross {
+    pub kind: u32,
+    pub pid: u32,
+    /// The task whose counter change crossed it (may be another process, e.g. reclaim).
+    pub task_pid: u32,
+    pub task_tid: u32,
+    pub bytes: [i64; NR],
+    pub excluded: u64,
+    pub ustack: i32,
+    pub kstack: i32,
+    pub ts_ns: u64,
+    pub comm: [u8; TASK_COMM_LEN],
+    pub task_comm: [u8; TASK_COMM_LEN],
+}

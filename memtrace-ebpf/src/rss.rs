@@ -1,0 +1,127 @@
+//! `rss`: every change of a traced process's RSS counters (kmem:rss_stat),
+//! kept per process with its peak; the threshold is checked here, at the
+//! change that crosses it, so the stack is the allocating task's.
+
+use aya_ebpf::{
+    helpers::{bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_ktime_get_ns},
+    macros::{map, tracepoint},
+    maps::HashMap,
+    programs::TracePointContext,
+    Global,
+};
+use memtrace_common::{
+    kind, loss,
+    rss::{RssConfig, RssCross, RssVal, NR},
+    TASK_COMM_LEN,
+};
+
+use crate::helpers::{count_loss, current_tgid, emit, stack_ids, wanted, NO_PREALLOC};
+
+#[unsafe(no_mangle)]
+static RSS_CFG: Global<RssConfig> = Global::new(RssConfig {
+    tp_mm_id: 0,
+    tp_curr: 0,
+    tp_member: 0,
+    tp_size: 0,
+    threshold: 0,
+});
+
+/// mm_id (a hash of the mm pointer) -> the process that owns it, learnt from
+/// events where the mm is current's; other tasks (reclaim, kswapd) change it too.
+#[map]
+static RSS_OWNER: HashMap<u32, u32> = HashMap::with_max_entries(4096, NO_PREALLOC);
+
+#[map]
+static RSS: HashMap<u32, RssVal> = HashMap::with_max_entries(4096, NO_PREALLOC);
+
+/// Bytes of excluded mappings per process, kept current by userspace.
+#[map]
+static RSS_EXCLUDED: HashMap<u32, u64> = HashMap::with_max_entries(4096, NO_PREALLOC);
+
+#[tracepoint]
+pub fn rss_stat(ctx: TracePointContext) -> u32 {
+    let c = RSS_CFG.load();
+    let (Ok(mm_id), Ok(curr), Ok(member), Ok(size)) = (unsafe {
+        (
+            ctx.read_at::<u32>(c.tp_mm_id as usize),
+            ctx.read_at::<u32>(c.tp_curr as usize),
+            ctx.read_at::<i32>(c.tp_member as usize),
+            ctx.read_at::<i64>(c.tp_size as usize),
+        )
+    }) else {
+        count_loss(loss::READ);
+        return 0;
+    };
+    let tgid = if curr != 0 {
+        let me = current_tgid();
+        if wanted(me) && RSS_OWNER.insert(mm_id, me, 0).is_err() {
+            count_loss(loss::MAP_FULL);
+        }
+        me
+    } else {
+        match unsafe { RSS_OWNER.get(mm_id) } {
+            Some(t) => *t,
+            None => return 0,
+        }
+    };
+    if !wanted(tgid) || member < 0 || member as usize >= NR {
+        return 0;
+    }
+    let slot = member as usize;
+    let Some(v) = RSS.get_ptr_mut(tgid) else {
+        let mut v = RssVal {
+            bytes: [0; NR],
+            peak: 0,
+            crossed: 0,
+            comm: [0; TASK_COMM_LEN],
+        };
+        if slot < NR {
+            v.bytes[slot] = size;
+        }
+        if curr != 0 {
+            v.comm = bpf_get_current_comm().unwrap_or([0; TASK_COMM_LEN]);
+        }
+        if RSS.insert(tgid, v, 0).is_err() {
+            count_loss(loss::MAP_FULL);
+        }
+        return 0;
+    };
+    // One CPU at a time per process is not guaranteed; a racing update can
+    // only leave an older absolute value, which the next event replaces.
+    let v = unsafe { &mut *v };
+    if slot < NR {
+        v.bytes[slot] = size;
+    }
+    let total = (v.bytes[0] + v.bytes[1] + v.bytes[3]).max(0) as u64;
+    if total > v.peak {
+        v.peak = total;
+    }
+    if c.threshold == 0 || v.crossed != 0 {
+        return 0;
+    }
+    // Read through a pointer: an Option<u64> here let LLVM read an uninitialized register.
+    let excluded = RSS_EXCLUDED
+        .get_ptr(tgid)
+        .map(|p| unsafe { *p })
+        .unwrap_or(0);
+    if total.saturating_sub(excluded) <= c.threshold {
+        return 0;
+    }
+    v.crossed = 1;
+    let (ustack, kstack) = stack_ids(&ctx);
+    let id = bpf_get_current_pid_tgid();
+    emit(&RssCross {
+        kind: kind::RSS_CROSS,
+        pid: tgid,
+        task_pid: (id >> 32) as u32,
+        task_tid: id as u32,
+        bytes: v.bytes,
+        excluded,
+        ustack,
+        kstack,
+        ts_ns: unsafe { bpf_ktime_get_ns() },
+        comm: v.comm,
+        task_comm: bpf_get_current_comm().unwrap_or([0; TASK_COMM_LEN]),
+    });
+    0
+}

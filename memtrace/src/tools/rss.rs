@@ -1,0 +1,503 @@
+//! `memtrace rss`: a process's RSS from the kernel's own counter changes
+//! (kmem:rss_stat) instead of polling pmap: per interval anon, file, shmem
+//! and swap with peaks, and a threshold checked in the kernel at the change
+//! that crosses it, with the allocating stack and a pmap-like breakdown.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use aya::maps::HashMap as BpfHashMap;
+use memtrace_common::{
+    kind,
+    rss::{RssConfig, RssCross, RssVal, ANON, FILE, SHMEM, SWAP},
+    stack_mode,
+};
+
+use crate::attach::Probe;
+use crate::error::{Error, Result};
+use crate::output::{clock, Col, Printer, Row, Value};
+use crate::run::{Prep, Tool};
+use crate::session::Session;
+use crate::tools::{comm, record};
+
+#[derive(Debug, Clone, clap::Args)]
+pub struct Args {
+    #[command(flatten)]
+    pub common: crate::cli::Common,
+    /// Seconds between reports.
+    #[arg(short = 'i', long = "interval", default_value = "1", value_parser = crate::cli::parse_duration)]
+    pub interval: Duration,
+    /// Stop after this many reports.
+    #[arg(long)]
+    pub count: Option<u64>,
+    /// Report the moment RSS (less excluded mappings) exceeds this (e.g. 512M, 5MiB, 1G).
+    #[arg(long, value_parser = parse_size)]
+    pub threshold: Option<u64>,
+    /// Leave mappings out of the threshold sum: by name (substring of the
+    /// path, e.g. guest_mem or [heap]) or by exact size (e.g. 128MiB). Repeatable.
+    #[arg(long)]
+    pub exclude: Vec<String>,
+    /// Exit with code 3 if the threshold was crossed.
+    #[arg(long)]
+    pub fail: bool,
+}
+
+/// "512M", "5MiB", "1G", "4096" (bytes); K/M/G are powers of 1024.
+pub fn parse_size(s: &str) -> std::result::Result<u64, String> {
+    let t = s.trim();
+    let lower = t.to_ascii_lowercase();
+    let num_end = lower
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(lower.len());
+    let (num, unit) = lower.split_at(num_end);
+    let mult: u64 = match unit.trim() {
+        "" | "b" => 1,
+        "k" | "kb" | "kib" => 1 << 10,
+        "m" | "mb" | "mib" => 1 << 20,
+        "g" | "gb" | "gib" => 1 << 30,
+        "t" | "tb" | "tib" => 1 << 40,
+        _ => return Err(format!("'{s}' is not a size (try 512M, 5MiB, 1G)")),
+    };
+    match num.parse::<f64>() {
+        Ok(v) if v > 0.0 => Ok((v * mult as f64) as u64),
+        _ => Err(format!("'{s}' is not a size (try 512M, 5MiB, 1G)")),
+    }
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum Exclude {
+    Name(String),
+    Size(u64),
+}
+
+impl Exclude {
+    fn parse(s: &str) -> Exclude {
+        match parse_size(s) {
+            Ok(n) if s.chars().next().is_some_and(|c| c.is_ascii_digit()) => Exclude::Size(n),
+            _ => Exclude::Name(s.to_string()),
+        }
+    }
+}
+
+/// One mapping of /proc/PID/smaps with its Rss and Pss.
+#[derive(Debug, Clone, Default)]
+pub struct SmapsEntry {
+    pub start: u64,
+    pub end: u64,
+    pub perms: String,
+    pub name: String,
+    pub rss: u64,
+    pub pss: u64,
+}
+
+pub fn parse_smaps(text: &str) -> Vec<SmapsEntry> {
+    let mut out: Vec<SmapsEntry> = Vec::new();
+    for line in text.lines() {
+        let mut it = line.split_whitespace();
+        let Some(first) = it.next() else { continue };
+        if let Some((s, e)) = first.split_once('-') {
+            if let (Ok(start), Ok(end)) = (u64::from_str_radix(s, 16), u64::from_str_radix(e, 16)) {
+                let perms = it.next().unwrap_or("").to_string();
+                let name = it.skip(3).collect::<Vec<_>>().join(" ");
+                out.push(SmapsEntry {
+                    start,
+                    end,
+                    perms,
+                    name,
+                    ..Default::default()
+                });
+                continue;
+            }
+        }
+        let kb = || {
+            it.clone()
+                .next()
+                .and_then(|v| v.parse::<u64>().ok())
+                .unwrap_or(0)
+                * 1024
+        };
+        match (first, out.last_mut()) {
+            ("Rss:", Some(m)) => m.rss = kb(),
+            ("Pss:", Some(m)) => m.pss = kb(),
+            _ => {}
+        }
+    }
+    out
+}
+
+fn excluded_bytes(maps: &[SmapsEntry], ex: &[Exclude]) -> u64 {
+    maps.iter()
+        .filter(|m| {
+            ex.iter().any(|e| match e {
+                Exclude::Name(n) => m.name.contains(n.as_str()),
+                Exclude::Size(s) => m.end - m.start == *s,
+            })
+        })
+        .map(|m| m.rss)
+        .sum()
+}
+
+fn smaps(pid: u32) -> Vec<SmapsEntry> {
+    std::fs::read_to_string(format!("/proc/{pid}/smaps"))
+        .map(|t| parse_smaps(&t))
+        .unwrap_or_default()
+}
+
+/// The counters of `pid` now, from /proc/PID/status, as the kernel keeps them.
+fn seed(pid: u32) -> Option<RssVal> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let kb = |field: &str| -> i64 {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(field))
+            .and_then(|v| v.split_whitespace().next()?.parse::<i64>().ok())
+            .unwrap_or(0)
+            * 1024
+    };
+    let mut v = RssVal::default();
+    v.bytes[FILE] = kb("RssFile:");
+    v.bytes[ANON] = kb("RssAnon:");
+    v.bytes[SHMEM] = kb("RssShmem:");
+    v.bytes[SWAP] = kb("VmSwap:");
+    v.peak = (v.bytes[FILE] + v.bytes[ANON] + v.bytes[SHMEM]).max(0) as u64;
+    let name = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
+    for (d, s) in v.comm.iter_mut().zip(name.trim().bytes().take(15)) {
+        *d = s;
+    }
+    Some(v)
+}
+
+/// `BPF_NOEXIST` (uapi/linux/bpf.h): insert only if the key is absent.
+const BPF_NOEXIST: u64 = 1;
+
+pub fn probes() -> Vec<Probe> {
+    vec![Probe::new("rss changes").tracepoint("rss_stat", "kmem", "rss_stat")]
+}
+
+pub struct Rss {
+    args: Args,
+    excludes: Vec<Exclude>,
+    crossed: bool,
+    reports: u64,
+    target: u32,
+}
+
+impl Rss {
+    pub fn new(a: &Args) -> Result<Self> {
+        if a.common.pid.is_none() && a.common.command.is_none() {
+            return Err(Error::Usage("rss needs -p PID or -c CMD".into()));
+        }
+        if a.fail && a.threshold.is_none() {
+            return Err(Error::Usage("--fail needs --threshold".into()));
+        }
+        Ok(Rss {
+            excludes: a.exclude.iter().map(|s| Exclude::parse(s)).collect(),
+            args: a.clone(),
+            crossed: false,
+            reports: 0,
+            target: 0,
+        })
+    }
+
+    fn read(&self, s: &Session) -> Result<Vec<(u32, RssVal)>> {
+        let m = s
+            .bpf
+            .map("RSS")
+            .ok_or_else(|| Error::Runtime("RSS map missing".into()))?;
+        let m: BpfHashMap<_, u32, RssVal> =
+            BpfHashMap::try_from(m).map_err(|e| Error::Runtime(e.to_string()))?;
+        let mut v: Vec<(u32, RssVal)> = m.iter().filter_map(|r| r.ok()).collect();
+        v.sort_by_key(|(p, _)| *p);
+        Ok(v)
+    }
+
+    /// Recomputes the excluded bytes of each traced process for the kernel.
+    fn refresh_excluded(&self, s: &mut Session, pids: &[u32]) -> Result<HashMap<u32, u64>> {
+        let mut out = HashMap::new();
+        if self.excludes.is_empty() {
+            return Ok(out);
+        }
+        let m = s
+            .bpf
+            .map_mut("RSS_EXCLUDED")
+            .ok_or_else(|| Error::Runtime("RSS_EXCLUDED map missing".into()))?;
+        let mut m: BpfHashMap<_, u32, u64> =
+            BpfHashMap::try_from(m).map_err(|e| Error::Runtime(e.to_string()))?;
+        for &pid in pids {
+            let ex = excluded_bytes(&smaps(pid), &self.excludes);
+            let _ = m.insert(pid, ex, 0);
+            out.insert(pid, ex);
+        }
+        Ok(out)
+    }
+
+    fn report(&mut self, s: &mut Session, out: &mut dyn Printer) -> Result<()> {
+        let rows = self.read(s)?;
+        let pids: Vec<u32> = rows.iter().map(|(p, _)| *p).collect();
+        let excluded = self.refresh_excluded(s, &pids)?;
+        let cols = [
+            Col::text("time", "TIME", 8),
+            Col::num("pid", "PID", 7),
+            Col::text("comm", "COMM", 16),
+            Col::num("rss_kb", "RSS_KB", 10),
+            Col::num("anon_kb", "ANON_KB", 10),
+            Col::num("file_kb", "FILE_KB", 10),
+            Col::num("shmem_kb", "SHMEM_KB", 9),
+            Col::num("swap_kb", "SWAP_KB", 9),
+            Col::num("peak_kb", "PEAK_KB", 10),
+            Col::num("counted_kb", "COUNTED_KB", 10),
+        ];
+        let kb = |b: i64| Value::U(b.max(0) as u64 / 1024);
+        let now = clock();
+        let mut table: Vec<Row> = Vec::new();
+        let mut sum = [0i64; 5];
+        for (pid, v) in &rows {
+            let rss = v.bytes[FILE] + v.bytes[ANON] + v.bytes[SHMEM];
+            let counted = rss - excluded.get(pid).copied().unwrap_or(0) as i64;
+            for (i, x) in [
+                rss,
+                v.bytes[ANON],
+                v.bytes[FILE],
+                v.bytes[SHMEM],
+                v.bytes[SWAP],
+            ]
+            .iter()
+            .enumerate()
+            {
+                sum[i] += x;
+            }
+            table.push(Row(vec![
+                now.clone().into(),
+                (*pid).into(),
+                comm(&v.comm).into(),
+                kb(rss),
+                kb(v.bytes[ANON]),
+                kb(v.bytes[FILE]),
+                kb(v.bytes[SHMEM]),
+                kb(v.bytes[SWAP]),
+                kb(v.peak as i64),
+                kb(counted),
+            ]));
+        }
+        if rows.len() > 1 {
+            table.push(Row(vec![
+                now.into(),
+                Value::Null,
+                "TOTAL".into(),
+                kb(sum[0]),
+                kb(sum[1]),
+                kb(sum[2]),
+                kb(sum[3]),
+                kb(sum[4]),
+                Value::Null,
+                Value::Null,
+            ]));
+        }
+        out.table("rss", "", &cols, &table);
+        Ok(())
+    }
+}
+
+impl Tool for Rss {
+    fn name(&self) -> &'static str {
+        "rss"
+    }
+    fn what(&self) -> String {
+        "RSS changes".into()
+    }
+    fn probes(&self) -> Vec<Probe> {
+        probes()
+    }
+    fn interval(&self) -> Option<Duration> {
+        Some(self.args.interval)
+    }
+    fn stack_mode(&self) -> u32 {
+        if self.args.threshold.is_some() {
+            stack_mode::USER | stack_mode::KERNEL
+        } else {
+            0
+        }
+    }
+
+    fn prepare(&mut self, k: &mut Prep) -> Result<()> {
+        self.target = k.filter.tgid;
+        let f = k.format("kmem", "rss_stat")?;
+        let cfg = RssConfig {
+            tp_mm_id: f.offset("mm_id")?,
+            tp_curr: f.offset("curr")?,
+            tp_member: f.offset("member")?,
+            tp_size: f.offset("size")?,
+            threshold: self.args.threshold.unwrap_or(0),
+        };
+        k.loader.global("RSS_CFG", &cfg);
+        for m in ["RSS", "RSS_OWNER", "RSS_EXCLUDED"] {
+            k.loader.max_entries(m, 4096);
+        }
+        Ok(())
+    }
+
+    fn on_record(&mut self, data: &[u8], s: &mut Session, out: &mut dyn Printer) -> Result<()> {
+        let Some(ev) = record::<RssCross>(data) else {
+            return Ok(());
+        };
+        if ev.kind != kind::RSS_CROSS {
+            return Ok(());
+        }
+        self.crossed = true;
+        let rss = ev.bytes[FILE] + ev.bytes[ANON] + ev.bytes[SHMEM];
+        let cols = [
+            Col::text("time", "TIME", 8),
+            Col::num("pid", "PID", 7),
+            Col::text("comm", "COMM", 16),
+            Col::num("threshold_kb", "THRESH_KB", 10),
+            Col::num("rss_kb", "RSS_KB", 10),
+            Col::num("anon_kb", "ANON_KB", 10),
+            Col::num("file_kb", "FILE_KB", 10),
+            Col::num("shmem_kb", "SHMEM_KB", 9),
+            Col::num("excluded_kb", "EXCL_KB", 9),
+            Col::num("task_pid", "BY_PID", 7),
+            Col::text("task_comm", "BY_COMM", 16),
+        ];
+        let kb = |b: i64| Value::U(b.max(0) as u64 / 1024);
+        let row = Row(vec![
+            clock().into(),
+            ev.pid.into(),
+            comm(&ev.comm).into(),
+            Value::U(self.args.threshold.unwrap_or(0) / 1024),
+            kb(rss),
+            kb(ev.bytes[ANON]),
+            kb(ev.bytes[FILE]),
+            kb(ev.bytes[SHMEM]),
+            Value::U(ev.excluded / 1024),
+            ev.task_pid.into(),
+            comm(&ev.task_comm).into(),
+        ]);
+        out.event("rss_threshold", &cols, &row);
+        let stack = crate::tools::stack_report(
+            s,
+            ev.task_pid,
+            comm(&ev.task_comm),
+            (ev.ustack, ev.kstack),
+            self.stack_mode(),
+            1,
+            None,
+        );
+        out.stacks("rss_threshold_stack", "", &[stack]);
+        // pmap-like: the largest mappings by RSS, at the moment it was seen.
+        let mut maps = smaps(ev.pid);
+        maps.sort_by_key(|m| std::cmp::Reverse(m.rss));
+        let mcols = [
+            Col::text("start", "ADDRESS", 12),
+            Col::num("size_kb", "KBYTES", 9),
+            Col::num("rss_kb", "RSS", 9),
+            Col::num("pss_kb", "PSS", 9),
+            Col::text("perms", "MODE", 4),
+            Col::text("mapping", "MAPPING", 10),
+        ];
+        let rows: Vec<Row> = maps
+            .iter()
+            .take(10)
+            .map(|m| {
+                Row(vec![
+                    format!("{:012x}", m.start).into(),
+                    ((m.end - m.start) / 1024).into(),
+                    (m.rss / 1024).into(),
+                    (m.pss / 1024).into(),
+                    m.perms.clone().into(),
+                    if m.name.is_empty() {
+                        "[anon]".to_string()
+                    } else {
+                        m.name.clone()
+                    }
+                    .into(),
+                ])
+            })
+            .collect();
+        out.table("rss_mapping", "Largest mappings by RSS:", &mcols, &rows);
+        Ok(())
+    }
+
+    fn on_start(&mut self, s: &mut Session) -> Result<()> {
+        // The kernel only reports changes: seed the counters with what the
+        // process already has, read from /proc at the same moment.
+        if let Some(seed) = seed(self.target) {
+            let m = s
+                .bpf
+                .map_mut("RSS")
+                .ok_or_else(|| Error::Runtime("RSS map missing".into()))?;
+            let mut m: BpfHashMap<_, u32, RssVal> =
+                BpfHashMap::try_from(m).map_err(|e| Error::Runtime(e.to_string()))?;
+            // NOEXIST: a change seen since attach is newer than this.
+            let _ = m.insert(self.target, seed, BPF_NOEXIST);
+        }
+        // Exclusions known before the first change, so the threshold never
+        // counts an excluded mapping that is already there.
+        self.refresh_excluded(s, &[self.target]).map(|_| ())
+    }
+
+    fn on_interval(&mut self, s: &mut Session, out: &mut dyn Printer) -> Result<bool> {
+        self.report(s, out)?;
+        self.reports += 1;
+        Ok(self.args.count.is_none_or(|c| self.reports < c))
+    }
+
+    fn finish(&mut self, s: &mut Session, out: &mut dyn Printer) -> Result<()> {
+        self.report(s, out)
+    }
+
+    /// Threshold crossings: the counter changes themselves are not sent up.
+    fn events(&self) -> u64 {
+        self.crossed as u64
+    }
+
+    fn summary_extra(&self) -> Vec<(&'static str, Value)> {
+        vec![("threshold_crossed", Value::U(self.crossed as u64))]
+    }
+
+    fn exit_code(&self) -> i32 {
+        if self.args.fail && self.crossed {
+            3
+        } else {
+            0
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes() {
+        assert_eq!(parse_size("5MiB").unwrap(), 5 << 20);
+        assert_eq!(parse_size("512M").unwrap(), 512 << 20);
+        assert_eq!(parse_size("1G").unwrap(), 1 << 30);
+        assert_eq!(parse_size("4096").unwrap(), 4096);
+        assert!(parse_size("lots").is_err());
+        assert_eq!(Exclude::parse("24MiB"), Exclude::Size(24 << 20));
+        assert_eq!(
+            Exclude::parse("guest_mem"),
+            Exclude::Name("guest_mem".into())
+        );
+    }
+
+    #[test]
+    fn smaps_rss_and_pss() {
+        let t = "7f0000000000-7f0000400000 rw-p 00000000 00:00 0 \n\
+                 Size:               4096 kB\n\
+                 Rss:                1024 kB\n\
+                 Pss:                 512 kB\n\
+                 55d1c0a00000-55d1c0a21000 r-xp 00001000 fe:01 1234567 /usr/bin/prog\n\
+                 Rss:                  12 kB\n\
+                 Pss:                  12 kB\n";
+        let m = parse_smaps(t);
+        assert_eq!(m.len(), 2);
+        assert_eq!((m[0].rss, m[0].pss), (1024 * 1024, 512 * 1024));
+        assert_eq!(m[1].name, "/usr/bin/prog");
+        assert_eq!(excluded_bytes(&m, &[Exclude::Size(4 << 20)]), 1024 * 1024);
+        assert_eq!(
+            excluded_bytes(&m, &[Exclude::Name("prog".into())]),
+            12 * 1024
+        );
+    }
+}

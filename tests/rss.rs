@@ -1,0 +1,153 @@
+//! `memtrace rss`: figures agree with /proc, the threshold fires once at the
+//! crossing step with the allocating stack, --fail exits 3, --exclude works.
+
+mod common;
+
+use std::io::BufRead;
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use common::*;
+
+const MIB: u64 = 1 << 20;
+
+/// Starts the workload (pid printed, then waiting), memtrace on it, then lets
+/// it run; returns memtrace's output and the workload's step lines.
+fn traced(pre: &[&str], work: &[&str], extra: &[&str], on_step: impl Fn(u32, &str)) -> Output {
+    let mut c = Command::new(workload_bin());
+    c.args(pre)
+        .arg("--wait")
+        .args(work)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped());
+    let mut child = c.spawn().unwrap();
+    let mut lines = std::io::BufReader::new(child.stdout.take().unwrap()).lines();
+    let pid: u32 = lines.next().unwrap().unwrap().trim().parse().unwrap();
+    let pid_s = pid.to_string();
+    let mut args = vec!["rss", "-p", &pid_s, "--json", "-i", "200ms"];
+    args.extend_from_slice(extra);
+    let t = Tracer::start(&args);
+    use std::io::Write;
+    child.stdin.take().unwrap().write_all(b"go\n").unwrap();
+    for l in lines.map_while(Result::ok) {
+        on_step(pid, &l);
+    }
+    child.wait().unwrap();
+    t.wait(Duration::from_secs(20))
+}
+
+fn status_kb(pid: u32, field: &str) -> u64 {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    s.lines()
+        .find_map(|l| l.strip_prefix(field))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .unwrap()
+}
+
+#[test]
+fn threshold_fires_once_at_the_crossing_step_with_the_allocating_stack() {
+    // Four steps of 16 MiB: 40 MiB is crossed during the third.
+    let out = traced(
+        &[],
+        &["steps", "16", "4", "300"],
+        &["--threshold", "40MiB", "--fail"],
+        |_, _| {},
+    );
+    assert_eq!(out.code, 3, "--fail must exit 3: {}", out.stderr);
+    let ev = json_of(&out.stdout, "rss_threshold");
+    assert_eq!(ev.len(), 1, "{}", out.stdout);
+    let rss = ev[0]["rss_kb"].as_u64().unwrap() * 1024;
+    assert!(
+        rss > 40 * MIB && rss < 48 * MIB + 8 * MIB,
+        "crossed at {rss}: {}",
+        ev[0]
+    );
+    let st = json_of(&out.stdout, "rss_threshold_stack");
+    let user: Vec<&str> = st[0]["user_stack"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| f.as_str().unwrap())
+        .collect();
+    assert!(
+        user.iter().any(|f| f.contains("allocate_and_touch_mib")),
+        "{user:?}"
+    );
+    assert!(
+        !json_of(&out.stdout, "rss_mapping").is_empty(),
+        "no pmap-like breakdown"
+    );
+}
+
+#[test]
+fn no_threshold_no_exit_3_and_anon_matches_proc_status() {
+    let seen = std::sync::Mutex::new(0u64);
+    let out = traced(
+        &[],
+        &["steps", "16", "3", "1200"],
+        &["--fail", "--threshold", "1G"],
+        |pid, l| {
+            if l == "step 2" {
+                // In the final pause: memory is still and memtrace reports every 200 ms.
+                std::thread::sleep(Duration::from_millis(500));
+                *seen.lock().unwrap() = status_kb(pid, "RssAnon:");
+            }
+        },
+    );
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    let proc_anon = *seen.lock().unwrap();
+    assert!(proc_anon > 48 * 1024, "{proc_anon}");
+    let rows = json_of(&out.stdout, "rss");
+    let best = rows
+        .iter()
+        .map(|r| r["anon_kb"].as_u64().unwrap())
+        .min_by_key(|a| a.abs_diff(proc_anon))
+        .unwrap();
+    assert!(
+        best.abs_diff(proc_anon) * 100 <= proc_anon,
+        "memtrace anon {best} kB vs /proc RssAnon {proc_anon} kB"
+    );
+    let peak = rows
+        .iter()
+        .map(|r| r["peak_kb"].as_u64().unwrap())
+        .max()
+        .unwrap();
+    assert!(peak >= proc_anon, "peak {peak} < {proc_anon}");
+}
+
+#[test]
+fn exclude_by_size_leaves_that_mapping_out_of_the_threshold() {
+    // 24 MiB mapped and touched before tracing, then 3 x 8 MiB: about 50 MiB
+    // in all, but under 30 MiB without the 24 MiB region.
+    let work = ["steps", "8", "3", "300"];
+    let with = traced(
+        &["--extra-mib", "24"],
+        &work,
+        &["--threshold", "30MiB", "--exclude", "24MiB"],
+        |_, _| {},
+    );
+    assert_eq!(
+        json_of(&with.stdout, "rss_threshold").len(),
+        0,
+        "{}",
+        with.stdout
+    );
+    let rows = json_of(&with.stdout, "rss");
+    assert!(
+        rows.iter().any(|r| r["rss_kb"].as_u64().unwrap() >= r["counted_kb"].as_u64().unwrap() + 24 * 1024),
+        "{}",
+        with.stdout
+    );
+    let without = traced(
+        &["--extra-mib", "24"],
+        &work,
+        &["--threshold", "30MiB"],
+        |_, _| {},
+    );
+    assert_eq!(
+        json_of(&without.stdout, "rss_threshold").len(),
+        1,
+        "{}",
+        without.stdout
+    );
+}
