@@ -19,7 +19,7 @@ use memtrace_common::{
     loss, TASK_COMM_LEN,
 };
 
-use crate::helpers::{capturing, count_loss, current_tgid, stack_ids, wanted};
+use crate::helpers::{capturing, count_loss, current_tgid, stack_ids, wanted, FILTER};
 
 #[unsafe(no_mangle)]
 static FAULT_CFG: Global<FaultConfig> = Global::new(FaultConfig {
@@ -34,7 +34,8 @@ static FAULTS: PerCpuHashMap<FaultKey, FaultVal> = PerCpuHashMap::with_max_entri
 #[inline(always)]
 fn count<C: StackIdContext>(ctx: &C, addr: u64, kernel_mode: u32) {
     let tgid = current_tgid();
-    if !wanted(tgid) || capturing() {
+    // Only a stack walk of ours can fault under us: skip the lookup otherwise.
+    if !wanted(tgid) || (FILTER.load().stacks != 0 && capturing()) {
         return;
     }
     let cfg = FAULT_CFG.load();

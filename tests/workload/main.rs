@@ -68,6 +68,17 @@ fn touch_fresh_pages(n: usize) {
 }
 
 #[inline(never)]
+fn read_zero_pages(n: usize) {
+    let p = map_anon(n * PAGE);
+    let mut sum = 0u64;
+    for i in 0..n {
+        sum += unsafe { std::ptr::read_volatile(p.add(i * PAGE)) } as u64;
+    }
+    black_box(sum);
+    unsafe { libc::munmap(p as *mut libc::c_void, n * PAGE) };
+}
+
+#[inline(never)]
 fn allocate_and_touch_mib(mib: usize) {
     let len = mib << 20;
     let p = map_anon(len);
@@ -154,6 +165,18 @@ fn main() {
         "touch-timed" => {
             let t = std::time::Instant::now();
             touch_fresh_pages(arg(&args, 1, 0));
+            println!("elapsed_ns {}", t.elapsed().as_nanos());
+        }
+        // zero-faults N ROUNDS: read one byte of each of N fresh anonymous
+        // pages, ROUNDS times: each read maps the shared zero page, a fault
+        // with no allocation or zeroing, so a tracer's cost per fault shows
+        // clearly. Prints the loop's time.
+        "zero-faults" => {
+            let (n, rounds) = (arg(&args, 1, 10000usize), arg(&args, 2, 10usize));
+            let t = std::time::Instant::now();
+            for _ in 0..rounds {
+                read_zero_pages(n);
+            }
             println!("elapsed_ns {}", t.elapsed().as_nanos());
         }
         // rawbrk-timed N: N brk calls, printing the loop's time in ns.

@@ -241,6 +241,8 @@ fn startup_rss(configs: &[Config], runs: usize, out: &mut String) -> Result<()> 
 }
 
 pub fn run(runs: usize) -> Result<()> {
+    // A warm-up run: the first runs after a build page in binaries.
+    let _ = run_workload(&["zero-faults", "10000", "2"]);
     ensure_peers();
     let m = memtrace();
     let bpftrace = have("bpftrace");
@@ -261,6 +263,7 @@ pub fn run(runs: usize) -> Result<()> {
         std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0)
     ));
     let pages = PAGES.to_string();
+    let zero_n = (PAGES / 10).to_string();
     let none = |name| Config {
         name,
         argv: None,
@@ -269,8 +272,8 @@ pub fn run(runs: usize) -> Result<()> {
     let bt_missing = "bpftrace not installed";
     let cfg = |name, argv: Option<Vec<String>>, ready| Config { name, argv, ready };
     per_event(
-        &format!("Page faults, count by process ({PAGES} fresh pages)"),
-        &["touch-timed", &pages],
+        &format!("Page faults, count by process ({PAGES} zero-page read faults)"),
+        &["zero-faults", &zero_n, "10"],
         PAGES,
         &[
             none("untraced"),
@@ -290,8 +293,8 @@ pub fn run(runs: usize) -> Result<()> {
         &mut out,
     )?;
     per_event(
-        &format!("Page faults, count by user stack ({PAGES} fresh pages)"),
-        &["touch-timed", &pages],
+        &format!("Page faults, count by user stack ({PAGES} zero-page read faults)"),
+        &["zero-faults", &zero_n, "10"],
         PAGES,
         &[
             none("untraced"),
