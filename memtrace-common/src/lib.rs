@@ -7,6 +7,7 @@ pub mod faults;
 pub mod ffaults;
 pub mod oom;
 pub mod reclaim;
+pub mod snoop;
 pub mod stacks;
 
 pub const TASK_COMM_LEN: usize = 16;
@@ -31,6 +32,10 @@ pub mod kind {
     pub const OOM: u32 = 1;
     pub const FILE_SEEN: u32 = 2;
     pub const RECLAIM: u32 = 3;
+    /// mmap, munmap, mremap or brk (`snoop::SyscallEvent`).
+    pub const MMAP_CALL: u32 = 4;
+    /// shmget, shmat, shmdt or shmctl (`snoop::SyscallEvent`).
+    pub const SHM_CALL: u32 = 5;
 }
 
 /// Which attach method a program ran under; reported in records so userspace
@@ -111,4 +116,7 @@ mod pod {
     unsafe impl aya::Pod for super::stacks::StackKey {}
     unsafe impl aya::Pod for super::stacks::StackVal {}
     unsafe impl aya::Pod for super::stacks::BrkConfig {}
+    unsafe impl aya::Pod for super::snoop::MmapSnoopConfig {}
+    unsafe impl aya::Pod for super::snoop::ShmSnoopConfig {}
+    unsafe impl aya::Pod for super::snoop::FdFileOffsets {}
 }

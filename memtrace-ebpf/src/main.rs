@@ -7,8 +7,10 @@ mod helpers;
 mod brk;
 mod faults;
 mod ffaults;
+mod mmapsnoop;
 mod oomkill;
 mod reclaim;
+mod shmsnoop;
 mod swapin;
 
 #[cfg(not(test))]

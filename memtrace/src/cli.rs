@@ -34,6 +34,10 @@ pub enum Command {
     Drsnoop(crate::tools::drsnoop::Args),
     /// Swap-ins by process (needs kprobe or fentry).
     Swapin(crate::tools::swapin::Args),
+    /// One line per mmap, munmap, mremap and brk call, with its result.
+    Mmapsnoop(crate::tools::mmapsnoop::Args),
+    /// One line per SysV shm call (shmget, shmat, shmdt, shmctl).
+    Shmsnoop(crate::tools::shmsnoop::Args),
     /// What this kernel supports and how each tool would attach here.
     Doctor,
 }

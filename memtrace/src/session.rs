@@ -47,7 +47,7 @@ impl Loader {
 }
 
 /// Maps every tool would otherwise pay for; a tool raises the ones it uses.
-const SHRINKABLE: [&str; 11] = [
+const SHRINKABLE: [&str; 12] = [
     "STACKS",
     "FAULTS",
     "FILE_FAULTS",
@@ -59,6 +59,7 @@ const SHRINKABLE: [&str; 11] = [
     "SLAB_START",
     "PROC_RECLAIM",
     "FOLLOWED",
+    "SNOOP_PENDING",
 ];
 
 pub struct Session {

@@ -2,10 +2,13 @@
 //! globals its kernel programs need, aggregates, and hands rows to a printer.
 
 pub mod brkstack;
+pub mod decode;
 pub mod drsnoop;
 pub mod faults;
 pub mod ffaults;
+pub mod mmapsnoop;
 pub mod oomkill;
+pub mod shmsnoop;
 pub mod swapin;
 pub mod vmscan;
 
@@ -22,6 +25,8 @@ pub fn dispatch(cli: Cli) -> Result<i32> {
         Command::Vmscan(a) => run_tool(vmscan::Vmscan::new(&a)?, &a.common),
         Command::Drsnoop(a) => run_tool(drsnoop::Drsnoop::new(&a)?, &a.common),
         Command::Swapin(a) => run_tool(swapin::Swapin::new(&a)?, &a.common),
+        Command::Mmapsnoop(a) => run_tool(mmapsnoop::Mmapsnoop::new(&a)?, &a.common),
+        Command::Shmsnoop(a) => run_tool(shmsnoop::Shmsnoop::new(&a)?, &a.common),
         Command::Doctor => crate::doctor::doctor(),
     }
 }
@@ -40,6 +45,8 @@ pub fn all_probes() -> Vec<(&'static str, Vec<crate::attach::Probe>)> {
         ("vmscan", vmscan::probes()),
         ("drsnoop", drsnoop::probes()),
         ("swapin", swapin::probes()),
+        ("mmapsnoop", mmapsnoop::probes()),
+        ("shmsnoop", shmsnoop::probes()),
     ]
 }
 
