@@ -8,6 +8,7 @@ pub mod ffaults;
 pub mod oom;
 pub mod reclaim;
 pub mod rss;
+pub mod snoop;
 pub mod stacks;
 
 pub const TASK_COMM_LEN: usize = 16;
@@ -33,6 +34,10 @@ pub mod kind {
     pub const FILE_SEEN: u32 = 2;
     pub const RECLAIM: u32 = 3;
     pub const RSS_CROSS: u32 = 4;
+    /// mmap, munmap, mremap or brk (`snoop::SyscallEvent`).
+    pub const MMAP_CALL: u32 = 5;
+    /// shmget, shmat, shmdt or shmctl (`snoop::SyscallEvent`).
+    pub const SHM_CALL: u32 = 6;
 }
 
 /// Which attach method a program ran under; reported in records so userspace
@@ -115,4 +120,7 @@ mod pod {
     unsafe impl aya::Pod for super::stacks::BrkConfig {}
     unsafe impl aya::Pod for super::rss::RssConfig {}
     unsafe impl aya::Pod for super::rss::RssVal {}
+    unsafe impl aya::Pod for super::snoop::MmapSnoopConfig {}
+    unsafe impl aya::Pod for super::snoop::ShmSnoopConfig {}
+    unsafe impl aya::Pod for super::snoop::FdFileOffsets {}
 }

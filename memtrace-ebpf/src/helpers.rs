@@ -2,13 +2,20 @@
 //! stack capture, and reads at offsets resolved by userspace.
 
 use aya_ebpf::{
-    helpers::{bpf_get_current_pid_tgid, bpf_get_current_task, bpf_probe_read_kernel},
+    helpers::{
+        bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_get_current_task, bpf_ktime_get_ns,
+        bpf_probe_read_kernel,
+    },
     macros::{map, tracepoint},
     maps::{HashMap, PerCpuArray, RingBuf, StackTrace},
     programs::{tracing::StackIdContext, TracePointContext},
     EbpfContext, Global,
 };
-use memtrace_common::{loss, stack_mode, Filter, TaskOffsets};
+use memtrace_common::{
+    loss,
+    snoop::{failed, FdFileOffsets, PendingCall, SyscallEvent, MAX_ARGS},
+    stack_mode, Filter, TaskOffsets, TASK_COMM_LEN,
+};
 
 #[unsafe(no_mangle)]
 pub static FILTER: Global<Filter> = Global::new(Filter {
@@ -196,4 +203,118 @@ pub fn follow_fork(ctx: TracePointContext) -> u32 {
     }
     let _ = ctx.as_ptr();
     0
+}
+
+/// Calls between sys_enter and sys_exit, by thread id (mmapsnoop, shmsnoop):
+/// the arguments are only in the enter tracepoint, the result only in the exit one.
+#[map]
+pub static SNOOP_PENDING: HashMap<u32, PendingCall> = HashMap::with_max_entries(4096, 0);
+
+/// sys_enter of a snooped call: keeps its arguments, read at the offsets the
+/// format file gave, until its sys_exit.
+#[inline(always)]
+pub fn syscall_enter(ctx: &TracePointContext, op: u32, offsets: &[u32], self_tgid: u32) {
+    let tgid = current_tgid();
+    if tgid == self_tgid || !wanted(tgid) {
+        return;
+    }
+    let mut call = PendingCall {
+        op,
+        _pad: 0,
+        args: [0; MAX_ARGS],
+    };
+    // zip, not indexing: no bounds check for the verifier to see.
+    for (arg, off) in call.args.iter_mut().zip(offsets) {
+        match unsafe { ctx.read_at::<u64>(*off as usize) } {
+            Ok(v) => *arg = v,
+            Err(_) => count_loss(loss::READ),
+        }
+    }
+    let tid = bpf_get_current_pid_tgid() as u32;
+    if SNOOP_PENDING.insert(tid, call, 0).is_err() {
+        count_loss(loss::MAP_FULL);
+    }
+}
+
+/// sys_exit of a snooped call: one record with the arguments and the result.
+/// Only threads whose entry was kept have an entry, so this filters by pid too.
+#[inline(always)]
+pub fn syscall_exit(
+    ctx: &TracePointContext,
+    kind: u32,
+    op: u32,
+    ret_off: u32,
+    failed_only: u32,
+    file_of: impl Fn(&PendingCall) -> (u32, u64),
+) {
+    let id = bpf_get_current_pid_tgid();
+    let tid = id as u32;
+    let call = match SNOOP_PENDING.get_ptr(tid) {
+        Some(p) => unsafe { *p },
+        None => return,
+    };
+    let _ = SNOOP_PENDING.remove(tid);
+    // A different op: the entry of this call was missed (attached mid-call).
+    if call.op != op {
+        return;
+    }
+    let ret = match unsafe { ctx.read_at::<i64>(ret_off as usize) } {
+        Ok(r) => r,
+        Err(_) => {
+            count_loss(loss::READ);
+            return;
+        }
+    };
+    if failed_only != 0 && !failed(op, call.args[0], ret) {
+        return;
+    }
+    let (ustack, kstack) = stack_ids(ctx);
+    let (file_dev, file_ino) = file_of(&call);
+    let ev = SyscallEvent {
+        kind,
+        op,
+        pid: (id >> 32) as u32,
+        tid,
+        ret,
+        ts_ns: unsafe { bpf_ktime_get_ns() },
+        args: call.args,
+        ustack,
+        kstack,
+        file_dev,
+        _pad: 0,
+        file_ino,
+        comm: bpf_get_current_comm().unwrap_or([0; TASK_COMM_LEN]),
+    };
+    emit(&ev);
+}
+
+/// Device and inode of the current task's file `fd`, or (0, 0).
+#[inline(always)]
+pub fn fd_file(o: &FdFileOffsets, fd: u64) -> (u32, u64) {
+    let fd = fd as i32;
+    if o.valid == 0 || fd < 0 {
+        return (0, 0);
+    }
+    let r = unsafe {
+        read::<*const u8>(current_task(), o.task_files).and_then(|files| {
+            let fdt = read::<*const u8>(files, o.files_fdt)?;
+            let max = read::<u32>(fdt, o.fdt_max_fds)?;
+            if fd as u32 >= max {
+                return Err(0);
+            }
+            let fds = read::<*const u8>(fdt, o.fdt_fd)?;
+            let file = read::<*const u8>(fds, fd as u32 * 8)?;
+            let inode = read::<*const u8>(file, o.file_inode)?;
+            let ino = read::<u64>(inode, o.inode_ino)?;
+            let sb = read::<*const u8>(inode, o.inode_sb)?;
+            Ok((read::<u32>(sb, o.sb_dev)?, ino))
+        })
+    };
+    match r {
+        Ok(v) => v,
+        Err(_) => {
+            count_loss(loss::READ);
+            (0, 0)
+        }
+    }
 }

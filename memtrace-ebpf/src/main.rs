@@ -7,9 +7,11 @@ mod helpers;
 mod brk;
 mod faults;
 mod ffaults;
+mod mmapsnoop;
 mod oomkill;
 mod reclaim;
 mod rss;
+mod shmsnoop;
 mod swapin;
 
 #[cfg(not(test))]

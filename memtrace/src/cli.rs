@@ -36,6 +36,10 @@ pub enum Command {
     Swapin(crate::tools::swapin::Args),
     /// RSS of a process from the kernel's counter changes, with a threshold guard.
     Rss(crate::tools::rss::Args),
+    /// One line per mmap, munmap, mremap and brk call, with its result.
+    Mmapsnoop(crate::tools::mmapsnoop::Args),
+    /// One line per SysV shm call (shmget, shmat, shmdt, shmctl).
+    Shmsnoop(crate::tools::shmsnoop::Args),
     /// What this kernel supports and how each tool would attach here.
     Doctor,
 }

@@ -47,7 +47,7 @@ impl Loader {
 }
 
 /// Maps every tool would otherwise pay for; a tool raises the ones it uses.
-const SHRINKABLE: [&str; 13] = [
+const SHRINKABLE: [&str; 14] = [
     "STACKS",
     "FAULTS",
     "FILE_FAULTS",
@@ -61,6 +61,7 @@ const SHRINKABLE: [&str; 13] = [
     "RSS",
     "RSS_OWNER",
     "RSS_EXCLUDED",
+    "SNOOP_PENDING",
 ];
 
 pub struct Session {

@@ -150,6 +150,8 @@ pub struct Workload {
     pub child: Child,
     pub pid: u32,
     stdin: Option<ChildStdin>,
+    /// The rest of its stdout, kept open so that what it prints after `go` can be read.
+    stdout: BufReader<std::process::ChildStdout>,
 }
 
 impl Workload {
@@ -166,12 +168,16 @@ impl Workload {
         f(&mut c);
         let mut child = c.spawn().expect("spawn workload");
         let mut line = String::new();
-        BufReader::new(child.stdout.take().unwrap())
-            .read_line(&mut line)
-            .unwrap();
+        let mut stdout = BufReader::new(child.stdout.take().unwrap());
+        stdout.read_line(&mut line).unwrap();
         let pid = line.trim().parse().expect("workload pid");
         let stdin = child.stdin.take();
-        Workload { child, pid, stdin }
+        Workload {
+            child,
+            pid,
+            stdin,
+            stdout,
+        }
     }
 
     pub fn go(&mut self) {
@@ -181,6 +187,13 @@ impl Workload {
 
     pub fn wait(mut self) -> std::process::ExitStatus {
         self.child.wait().unwrap()
+    }
+
+    /// Waits for it to exit and returns what it printed after its pid.
+    pub fn wait_output(mut self) -> (std::process::ExitStatus, String) {
+        let mut out = String::new();
+        self.stdout.read_to_string(&mut out).unwrap();
+        (self.child.wait().unwrap(), out)
     }
 }
 

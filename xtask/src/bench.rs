@@ -262,7 +262,6 @@ pub fn run(runs: usize) -> Result<()> {
         cpu,
         std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0)
     ));
-    let pages = PAGES.to_string();
     let zero_n = (PAGES / 10).to_string();
     let none = |name| Config {
         name,

@@ -34,6 +34,9 @@ impl Printer for FoldedPrinter {
     fn event(&mut self, kind: &'static str, cols: &[Col], row: &Row) {
         self.text.event(kind, cols, row)
     }
+    fn event_stack(&mut self, kind: &'static str, cols: &[Col], row: &Row, stack: &[String]) {
+        self.text.event_stack(kind, cols, row, stack)
+    }
     fn table(&mut self, kind: &'static str, title: &str, cols: &[Col], rows: &[Row]) {
         self.text.table(kind, title, cols, rows)
     }

@@ -54,6 +54,13 @@ impl Printer for JsonPrinter {
         let _ = self.out.flush();
     }
 
+    fn event_stack(&mut self, kind: &'static str, cols: &[Col], row: &Row, stack: &[String]) {
+        let mut v = object(kind, cols, row);
+        v["user_stack"] = json!(stack);
+        self.emit(v);
+        let _ = self.out.flush();
+    }
+
     fn table(&mut self, kind: &'static str, _title: &str, cols: &[Col], rows: &[Row]) {
         for r in rows {
             let v = object(kind, cols, r);

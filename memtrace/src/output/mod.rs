@@ -182,6 +182,12 @@ impl Summary {
 pub trait Printer {
     /// One event line. Text printers print the header before the first.
     fn event(&mut self, kind: &'static str, cols: &[Col], row: &Row);
+    /// One event line with its user stack (innermost first), for per-event
+    /// stacks (mmapsnoop --stack).
+    fn event_stack(&mut self, kind: &'static str, cols: &[Col], row: &Row, stack: &[String]) {
+        let _ = stack;
+        self.event(kind, cols, row);
+    }
     /// A table printed every interval or at the end.
     fn table(&mut self, kind: &'static str, title: &str, cols: &[Col], rows: &[Row]);
     fn stacks(&mut self, kind: &'static str, title: &str, stacks: &[StackReport]);

@@ -68,6 +68,15 @@ impl Printer for TextPrinter {
         let _ = self.out.flush();
     }
 
+    fn event_stack(&mut self, kind: &'static str, cols: &[Col], row: &Row, stack: &[String]) {
+        self.event(kind, cols, row);
+        // Frames under their event, indented, as BCC's tools print them.
+        for f in stack {
+            let _ = writeln!(self.out, "        {f}");
+        }
+        let _ = self.out.flush();
+    }
+
     fn table(&mut self, _kind: &'static str, title: &str, cols: &[Col], rows: &[Row]) {
         if !title.is_empty() {
             let _ = writeln!(self.out, "{title}");

@@ -49,7 +49,7 @@ pub struct Ffaults {
 }
 
 /// Kernel dev_t (major << 20 | minor) as /proc/PID/maps prints it.
-fn split_dev(dev: u32) -> (u32, u32) {
+pub(crate) fn split_dev(dev: u32) -> (u32, u32) {
     (dev >> 20, dev & 0xfffff)
 }
 

@@ -2,11 +2,14 @@
 //! globals its kernel programs need, aggregates, and hands rows to a printer.
 
 pub mod brkstack;
+pub mod decode;
 pub mod drsnoop;
 pub mod faults;
 pub mod ffaults;
+pub mod mmapsnoop;
 pub mod oomkill;
 pub mod rss;
+pub mod shmsnoop;
 pub mod swapin;
 pub mod vmscan;
 
@@ -24,6 +27,8 @@ pub fn dispatch(cli: Cli) -> Result<i32> {
         Command::Drsnoop(a) => run_tool(drsnoop::Drsnoop::new(&a)?, &a.common),
         Command::Swapin(a) => run_tool(swapin::Swapin::new(&a)?, &a.common),
         Command::Rss(a) => run_tool(rss::Rss::new(&a)?, &a.common),
+        Command::Mmapsnoop(a) => run_tool(mmapsnoop::Mmapsnoop::new(&a)?, &a.common),
+        Command::Shmsnoop(a) => run_tool(shmsnoop::Shmsnoop::new(&a)?, &a.common),
         Command::Doctor => crate::doctor::doctor(),
     }
 }
@@ -43,6 +48,8 @@ pub fn all_probes() -> Vec<(&'static str, Vec<crate::attach::Probe>)> {
         ("drsnoop", drsnoop::probes()),
         ("swapin", swapin::probes()),
         ("rss", rss::probes()),
+        ("mmapsnoop", mmapsnoop::probes()),
+        ("shmsnoop", shmsnoop::probes()),
     ]
 }
 
