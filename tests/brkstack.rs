@@ -152,4 +152,14 @@ fn folded_output_is_one_stack_per_line() {
         "{}",
         out.stdout
     );
+    // inferno (the Rust flamegraph.pl) reads it and draws the function.
+    let mut svg = Vec::new();
+    let mut opts = inferno::flamegraph::Options::default();
+    inferno::flamegraph::from_lines(&mut opts, lines.iter().copied(), &mut svg)
+        .expect("inferno rejects the folded output");
+    let svg = String::from_utf8(svg).unwrap();
+    assert!(
+        svg.contains("grow_heap_with_raw_brk"),
+        "not in the flame graph"
+    );
 }
