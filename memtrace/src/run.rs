@@ -297,7 +297,9 @@ pub fn run(tool: &mut dyn Tool, common: &Common) -> Result<i32> {
     } else {
         OutFormat::Text
     };
-    let mut out = output::printer(format, common.timestamps, Box::new(std::io::stdout()));
+    // Buffered: one write per drained batch of events, not one per line.
+    let stdout = std::io::BufWriter::with_capacity(1 << 16, std::io::stdout());
+    let mut out = output::printer(format, common.timestamps, Box::new(stdout));
     let scope = match (&common.command, target) {
         (Some(c), _) => format!(" of '{c}'"),
         (None, Some(p)) => format!(" of pid {p}"),
@@ -397,6 +399,7 @@ async fn event_loop(
                 while let Some(item) = ring.next() {
                     tool.on_record(&item, session, out)?;
                 }
+                out.flush();
                 guard.clear_ready();
             }
             _ = sig.int.recv() => break,

@@ -281,6 +281,33 @@ fn main() {
             println!("elapsed_ns {}", t.elapsed().as_nanos());
         }
         // rawbrk-timed N: N brk calls, printing the loop's time in ns.
+        // mmap-loop T N: T threads, started together, each mmap and munmap
+        // a page N times (2N calls). Prints the time of the whole loop.
+        "mmap-loop" => {
+            let (t, n) = (arg(&args, 1, 2usize), arg(&args, 2, 100000usize));
+            let barrier = std::sync::Arc::new(std::sync::Barrier::new(t + 1));
+            let hs: Vec<_> = (0..t)
+                .map(|_| {
+                    let b = barrier.clone();
+                    std::thread::spawn(move || {
+                        b.wait();
+                        for _ in 0..n {
+                            let p = unsafe {
+                                libc::mmap(std::ptr::null_mut(), PAGE, libc::PROT_READ,
+                                    libc::MAP_PRIVATE | libc::MAP_ANONYMOUS, -1, 0)
+                            };
+                            unsafe { libc::munmap(p, PAGE) };
+                        }
+                    })
+                })
+                .collect();
+            barrier.wait();
+            let start = std::time::Instant::now();
+            for h in hs {
+                h.join().unwrap();
+            }
+            println!("elapsed_ns {}", start.elapsed().as_nanos());
+        }
         "rawbrk-timed" => {
             let t = std::time::Instant::now();
             grow_heap_with_raw_brk(arg(&args, 1, 10), 4096);

@@ -136,6 +136,81 @@ fn s(v: &[&str]) -> Vec<String> {
     v.iter().map(|x| x.to_string()).collect()
 }
 
+/// Runs `memtrace mmapsnoop -c` on an mmap/munmap loop of `threads` threads
+/// and returns (calls per second, records delivered, records reported lost).
+fn stream_once(threads: usize, n: usize) -> Result<(f64, u64, u64, u64)> {
+    let cmd = format!("{} mmap-loop {threads} {n}", workload());
+    let mut child = Command::new(memtrace())
+        .args(["mmapsnoop", "-c", &cmd])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()?;
+    let out = child.stdout.take().unwrap();
+    // Drain stdout as fast as memtrace writes it; keep only the workload's time.
+    let reader = std::thread::spawn(move || {
+        let mut ns = 0u64;
+        for l in BufReader::new(out).lines().map_while(Result::ok) {
+            if let Some(v) = l.strip_prefix("elapsed_ns ") {
+                ns = v.trim().parse().unwrap_or(0);
+            }
+        }
+        ns
+    });
+    let mut summary = String::new();
+    for l in BufReader::new(child.stderr.take().unwrap()).lines().map_while(Result::ok) {
+        if l.starts_with("memtrace mmapsnoop:") {
+            summary = l;
+        }
+    }
+    child.wait()?;
+    let ns = reader.join().unwrap();
+    // "memtrace mmapsnoop: 2.1s, 800012 events, 0 lost, ..." or "N LOST (ringbuf_full=N)".
+    let num_before = |word: &str| -> u64 {
+        summary
+            .split(", ")
+            .find(|p| p.ends_with(word) || p.contains(&format!(" {word} ")))
+            .and_then(|p| p.split_whitespace().next()?.parse().ok())
+            .unwrap_or(0)
+    };
+    let events = num_before("events");
+    let lost = if summary.contains(" LOST") {
+        num_before("LOST")
+    } else {
+        0
+    };
+    let calls = (2 * threads * n) as f64;
+    Ok((calls / (ns as f64 / 1e9), events, lost, ns))
+}
+
+/// Streaming capacity: records delivered without loss, and whether reported
+/// losses match the calls made.
+fn streaming(runs: usize, out: &mut String) -> Result<()> {
+    out.push_str("\n### Streaming (mmapsnoop -c on an mmap/munmap loop)\n\n| threads | calls | calls/s (median) | delivered | reported lost | delivered + lost - calls |\n|---:|---:|---:|---:|---:|---:|\n");
+    for threads in [1usize, 2, 4] {
+        // What the command does besides the loop (loader, thread stacks), measured.
+        let (_, base, base_lost, _) = stream_once(threads, 0)?;
+        let n = 200_000 / threads;
+        let mut rates = Vec::new();
+        let mut last = (0, 0);
+        for _ in 0..runs.min(3) {
+            eprintln!("bench: streaming {threads} threads");
+            let (rate, ev, lost, _) = stream_once(threads, n)?;
+            rates.push(rate);
+            last = (ev, lost);
+        }
+        let calls = (2 * threads * n) as u64;
+        let diff = (last.0 + last.1) as i64 - (calls + base + base_lost) as i64;
+        out.push_str(&format!(
+            "| {threads} | {calls} | {:.0} | {} | {} | {diff:+} |\n",
+            median(rates),
+            last.0,
+            last.1
+        ));
+    }
+    out.push_str("\n(The last column subtracts the calls the command makes outside the loop, measured with an empty loop at the same thread count: 0 means every call was either delivered or reported lost.)\n");
+    Ok(())
+}
+
 /// Per-event cost: each config runs the workload `runs` times, alternating.
 fn per_event(
     title: &str,
@@ -325,6 +400,7 @@ pub fn run(runs: usize) -> Result<()> {
         runs,
         &mut out,
     )?;
+    streaming(runs, &mut out)?;
     startup_rss(
         &[
             cfg("memtrace oomkill", Some(s(&[&m, "oomkill"])), "Tracing"),

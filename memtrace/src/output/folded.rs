@@ -52,6 +52,10 @@ impl Printer for FoldedPrinter {
     fn summary(&mut self, s: &Summary) {
         self.text.summary(s)
     }
+    fn flush(&mut self) {
+        self.text.flush();
+        let _ = self.out.flush();
+    }
 }
 
 #[cfg(test)]

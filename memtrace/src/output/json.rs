@@ -49,9 +49,9 @@ fn unix_time() -> f64 {
 
 impl Printer for JsonPrinter {
     fn event(&mut self, kind: &'static str, cols: &[Col], row: &Row) {
+        // No flush per event: the session flushes after each batch it drains.
         let v = object(kind, cols, row);
         self.emit(v);
-        let _ = self.out.flush();
     }
 
     fn event_stack(&mut self, kind: &'static str, cols: &[Col], row: &Row, stack: &[String]) {

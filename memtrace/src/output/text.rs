@@ -64,8 +64,8 @@ impl Printer for TextPrinter {
             self.render(cols, &Row::default(), true);
             self.header_done = true;
         }
+        // No flush per event: the session flushes after each batch it drains.
         self.render(cols, row, false);
-        let _ = self.out.flush();
     }
 
     fn event_stack(&mut self, kind: &'static str, cols: &[Col], row: &Row, stack: &[String]) {
@@ -74,7 +74,7 @@ impl Printer for TextPrinter {
         for f in stack {
             let _ = writeln!(self.out, "        {f}");
         }
-        let _ = self.out.flush();
+        // Flushed by the session after each drained batch.
     }
 
     fn table(&mut self, _kind: &'static str, title: &str, cols: &[Col], rows: &[Row]) {

@@ -307,7 +307,9 @@ impl Tool for Mmapsnoop {
         k.loader.global("MMAP_SNOOP", &cfg);
         k.loader.max_entries("SNOOP_PENDING", 4096);
         // One record per call: room for bursts (a process start maps dozens).
-        k.loader.max_entries("EVENTS", 1 << 20);
+        // Bursts of calls (an allocator warming up) outrun any consumer for a
+        // moment: 8 MiB holds about 70k records.
+        k.loader.max_entries("EVENTS", 8 << 20);
         Ok(())
     }
 
