@@ -132,6 +132,16 @@ impl Tracer {
     }
 }
 
+impl Drop for Tracer {
+    /// A failed assertion must not leave memtrace attached for the next test.
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
 /// Runs memtrace to completion.
 pub fn run(args: &[&str]) -> Output {
     let o = Command::new(memtrace_bin())

@@ -293,8 +293,14 @@ fn main() {
                         b.wait();
                         for _ in 0..n {
                             let p = unsafe {
-                                libc::mmap(std::ptr::null_mut(), PAGE, libc::PROT_READ,
-                                    libc::MAP_PRIVATE | libc::MAP_ANONYMOUS, -1, 0)
+                                libc::mmap(
+                                    std::ptr::null_mut(),
+                                    PAGE,
+                                    libc::PROT_READ,
+                                    libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                                    -1,
+                                    0,
+                                )
                             };
                             unsafe { libc::munmap(p, PAGE) };
                         }

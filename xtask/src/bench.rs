@@ -32,10 +32,10 @@ fn have(cmd: &str) -> bool {
 }
 
 fn ensure_peers() {
-    if !have("bpftrace") {
-        eprintln!("bench: installing bpftrace with apt (a peer tool)");
+    if !have("bpftrace") || !have("oomkill-bpfcc") || !have("drsnoop") {
+        eprintln!("bench: installing the peer tools with apt: bpftrace bpfcc-tools libbpf-tools");
         let _ = Command::new("sh")
-            .args(["-c", "apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bpftrace"])
+            .args(["-c", "apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bpftrace bpfcc-tools libbpf-tools"])
             .status();
     }
 }
@@ -70,13 +70,38 @@ fn start(argv: &[String], ready: &str) -> Result<Tracer> {
         });
     }
     let deadline = Instant::now() + Duration::from_secs(30);
+    let mut last = String::new();
     loop {
-        match rx.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
+        match rx.recv_timeout(Duration::from_millis(50)) {
             Ok(l) if l.contains(ready) => break,
-            Ok(_) => {}
+            Ok(l) => {
+                if !l.trim().is_empty()
+                    && !l.starts_with("maxrss_kb")
+                    && !l.starts_with("Command exited")
+                {
+                    last = l;
+                }
+            }
             Err(_) => {
-                let _ = child.kill();
-                bail!("{argv:?} did not attach");
+                // A tool that cannot attach here exits: say why, in its words.
+                let exited = child.try_wait().ok().flatten().is_some();
+                if exited || Instant::now() > deadline {
+                    while let Ok(l) = rx.try_recv() {
+                        if !l.trim().is_empty()
+                            && !l.starts_with("maxrss_kb")
+                            && !l.starts_with("Command exited")
+                        {
+                            last = l;
+                        }
+                    }
+                    let _ = child.kill();
+                    let why = if last.is_empty() {
+                        "no output".to_string()
+                    } else {
+                        last
+                    };
+                    bail!("{}", why.replace('|', "/"));
+                }
             }
         }
     }
@@ -157,7 +182,10 @@ fn stream_once(threads: usize, n: usize) -> Result<(f64, u64, u64, u64)> {
         ns
     });
     let mut summary = String::new();
-    for l in BufReader::new(child.stderr.take().unwrap()).lines().map_while(Result::ok) {
+    for l in BufReader::new(child.stderr.take().unwrap())
+        .lines()
+        .map_while(Result::ok)
+    {
         if l.starts_with("memtrace mmapsnoop:") {
             summary = l;
         }
@@ -267,7 +295,10 @@ fn per_event(
 fn startup_rss(configs: &[Config], runs: usize, out: &mut String) -> Result<()> {
     out.push_str("\n### Start-up and peak RSS\n\n| tracer | start-up ms (median) | peak RSS MiB (median) |\n|---|---:|---:|\n");
     for c in configs {
-        let argv = c.argv.clone().unwrap();
+        let Some(argv) = c.argv.clone() else {
+            out.push_str(&format!("| {} | not installed | |\n", c.name));
+            continue;
+        };
         let mut st = Vec::new();
         let mut rss = Vec::new();
         let mut err = None;
@@ -322,6 +353,11 @@ pub fn run(runs: usize) -> Result<()> {
     let m = memtrace();
     let bpftrace = have("bpftrace");
     let bt = |prog: &str| bpftrace.then(|| s(&["bpftrace", "-e", prog]));
+    // A peer that is not installed is listed as such.
+    let tool = |name: &str| -> Option<Vec<String>> {
+        // Line-buffered, or a C tool's banner stays in its stdio buffer.
+        have(name).then(|| s(&["stdbuf", "-oL", "-eL", name]))
+    };
     let mut out = String::new();
     let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
     let cpu = std::fs::read_to_string("/proc/cpuinfo")
@@ -393,7 +429,23 @@ pub fn run(runs: usize) -> Result<()> {
             cfg("memtrace brkstack", Some(s(&[&m, "brkstack"])), "Tracing"),
             cfg(
                 "bpftrace brkstack.bt",
-                bt("tracepoint:syscalls:sys_enter_brk /comm == \"memtrace-worklo\"/ { @[ustack, comm] = count(); }"),
+                bt("tracepoint:syscalls:sys_enter_brk { @[ustack, comm] = count(); }"),
+                "Attaching",
+            ),
+        ],
+        runs,
+        &mut out,
+    )?;
+    per_event(
+        "mmap + munmap streamed one record per call (100000 pairs, one thread)",
+        &["mmap-loop", "1", "100000"],
+        200_000,
+        &[
+            none("untraced"),
+            cfg("memtrace mmapsnoop", Some(s(&[&m, "mmapsnoop"])), "Tracing"),
+            cfg(
+                "bpftrace printf",
+                bt("tracepoint:syscalls:sys_exit_mmap,tracepoint:syscalls:sys_exit_munmap { printf(\"%d %s %d\\n\", pid, comm, args->ret); }"),
                 "Attaching",
             ),
         ],
@@ -406,9 +458,20 @@ pub fn run(runs: usize) -> Result<()> {
             cfg("memtrace oomkill", Some(s(&[&m, "oomkill"])), "Tracing"),
             cfg("memtrace faults", Some(s(&[&m, "faults"])), "Tracing"),
             cfg("memtrace brkstack", Some(s(&[&m, "brkstack"])), "Tracing"),
+            cfg("memtrace drsnoop", Some(s(&[&m, "drsnoop"])), "Tracing"),
+            cfg("memtrace mmapsnoop", Some(s(&[&m, "mmapsnoop"])), "Tracing"),
+            cfg("libbpf-tools oomkill", tool("oomkill"), "Tracing"),
+            cfg("libbpf-tools drsnoop", tool("drsnoop"), "LAT(ms)"),
+            cfg("BCC oomkill", tool("oomkill-bpfcc"), "Tracing"),
+            cfg("BCC stackcount -U t:syscalls:sys_enter_brk", tool("stackcount-bpfcc").map(|mut v| { v.extend(s(&["-U", "t:syscalls:sys_enter_brk"])); v }), "Tracing"),
+            cfg(
+                "bpftrace brkstack.bt",
+                bt("tracepoint:syscalls:sys_enter_brk /comm == \"memtrace-worklo\"/ { @[ustack, comm] = count(); }"),
+                "Attaching",
+            ),
             cfg(
                 "bpftrace oom:mark_victim",
-                bt("tracepoint:oom:mark_victim { printf(\"%d\\n\", args.pid); }"),
+                bt("tracepoint:oom:mark_victim { printf(\"%d\\n\", args->pid); }"),
                 "Attaching",
             ),
             cfg(
