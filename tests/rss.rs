@@ -151,3 +151,30 @@ fn exclude_by_size_leaves_that_mapping_out_of_the_threshold() {
         without.stdout
     );
 }
+
+#[test]
+fn children_are_reported_per_process_and_summed() {
+    let out = traced(&[], &["fork-alloc", "24"], &["--children"], |_, _| {});
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    let rows = json_of(&out.stdout, "rss");
+    // The child's row, while it held its 24 MiB.
+    let child = rows
+        .iter()
+        .filter(|r| r["pid"].is_u64() && r["anon_kb"].as_u64().unwrap() >= 24 * 1024)
+        .max_by_key(|r| r["anon_kb"].as_u64().unwrap())
+        .unwrap_or_else(|| panic!("no child row: {}", out.stdout));
+    let child_pid = child["pid"].clone();
+    let parents: Vec<_> = rows
+        .iter()
+        .filter(|r| r["pid"].is_u64() && r["pid"] != child_pid)
+        .collect();
+    assert!(!parents.is_empty(), "no parent row: {}", out.stdout);
+    let totals: Vec<_> = rows.iter().filter(|r| r["comm"] == "TOTAL").collect();
+    assert!(
+        totals
+            .iter()
+            .any(|t| t["anon_kb"].as_u64().unwrap() >= 24 * 1024),
+        "no TOTAL row with the child's memory: {}",
+        out.stdout
+    );
+}

@@ -356,6 +356,19 @@ fn main() {
         }
         // readfile PATH K: map PATH and read K distinct pages, uncached.
         "readfile" => read_file_pages(&args[1], arg(&args, 2, 100)),
+        // fork-alloc MIB: a forked child allocates and touches MIB MiB, holds
+        // it for a second and exits; the parent waits for it.
+        "fork-alloc" => {
+            let mib = arg(&args, 1, 16usize);
+            let pid = unsafe { libc::fork() };
+            if pid == 0 {
+                allocate_and_touch_mib(mib);
+                std::thread::sleep(std::time::Duration::from_millis(1000));
+                unsafe { libc::_exit(0) };
+            }
+            let mut st = 0;
+            unsafe { libc::waitpid(pid, &mut st, 0) };
+        }
         // fork-sbrk N: a forked child calls sbrk N times; the parent none.
         "fork-sbrk" => {
             let n = arg(&args, 1, 10usize);
