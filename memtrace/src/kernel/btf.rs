@@ -44,22 +44,42 @@ impl KernelBtf {
     }
 
     fn find_member(&self, s: &btf_rs::Struct, member: &str) -> Option<u32> {
+        self.find(s, member).map(|(bits, _)| bits)
+    }
+
+    /// Bit offset and type of `member`, looking through anonymous members.
+    fn find(&self, s: &btf_rs::Struct, member: &str) -> Option<(u32, Type)> {
         for m in &s.members {
             let mname = self.btf.resolve_name(m).unwrap_or_default();
             if mname == member {
-                return Some(m.bit_offset());
+                return Some((m.bit_offset(), self.btf.resolve_chained_type(m).ok()?));
             }
             if mname.is_empty() {
                 if let Ok(Type::Struct(inner) | Type::Union(inner)) =
                     self.btf.resolve_chained_type(m)
                 {
-                    if let Some(off) = self.find_member(&inner, member) {
-                        return Some(m.bit_offset() + off);
+                    if let Some((off, t)) = self.find(&inner, member) {
+                        return Some((m.bit_offset() + off, t));
                     }
                 }
             }
         }
         None
+    }
+
+    /// (stride, offset of the count) of the RSS counters in `mm->rss_stat`:
+    /// an array of `struct percpu_counter` since 6.2, before it a
+    /// `struct mm_rss_stat` holding `atomic_long_t count[]`.
+    fn rss_layout(&self) -> Option<(u32, u32)> {
+        let mm = self.named_struct("mm_struct")?;
+        match self.find(&mm, "rss_stat")?.1 {
+            Type::Array(_) => Some((
+                self.size("percpu_counter")?,
+                self.offset("percpu_counter", "count")?,
+            )),
+            Type::Struct(s) => Some((8, self.find_member(&s, "count")? / 8)),
+            _ => None,
+        }
     }
 
     pub fn size(&self, name: &str) -> Option<u32> {
@@ -101,6 +121,7 @@ impl KernelBtf {
         let page_kb = (page_size() / 1024) as u32;
         let get = |s: &str, m: &str| self.offset(s, m);
         let r = (|| {
+            let rss = self.rss_layout()?;
             Some(TaskOffsets {
                 pid: get("task_struct", "pid")?,
                 tgid: get("task_struct", "tgid")?,
@@ -115,8 +136,8 @@ impl KernelBtf {
                 mm_rss_stat: get("mm_struct", "rss_stat")?,
                 mm_total_vm: get("mm_struct", "total_vm")?,
                 mm_brk: get("mm_struct", "brk")?,
-                percpu_counter_size: self.size("percpu_counter")?,
-                percpu_counter_count: get("percpu_counter", "count")?,
+                rss_stride: rss.0,
+                rss_count: rss.1,
                 task_cred: get("task_struct", "cred")?,
                 cred_uid: get("cred", "uid")?,
                 task_signal: get("task_struct", "signal")?,
@@ -173,6 +194,8 @@ mod tests {
         assert_eq!(t.valid, 1);
         // Member inside an anonymous union/struct of mm_struct.
         assert!(t.mm_brk > 0 && t.mm_rss_stat > 0);
+        // 6.18: struct percpu_counter rss_stat[], the shared count at 8.
+        assert_eq!((t.rss_stride, t.rss_count), (40, 8));
         assert!(b.enumerator("cgroup_subsys_id", "memory_cgrp_id").is_some());
         assert!(b.has_func("oom_kill_process"));
         assert!(b.has_btf_tracepoint("mark_victim"));
