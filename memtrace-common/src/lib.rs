@@ -87,8 +87,11 @@ pub struct TaskOffsets {
     pub mm_rss_stat: u32,
     pub mm_total_vm: u32,
     pub mm_brk: u32,
-    pub percpu_counter_size: u32,
-    pub percpu_counter_count: u32,
+    /// Counter `i` of `mm->rss_stat` is a `long` at `mm_rss_stat + i *
+    /// rss_stride + rss_count`: `struct percpu_counter rss_stat[]` (its
+    /// shared count) since 6.2, `atomic_long_t rss_stat.count[]` before.
+    pub rss_stride: u32,
+    pub rss_count: u32,
     pub task_cred: u32,
     pub cred_uid: u32,
     pub task_signal: u32,

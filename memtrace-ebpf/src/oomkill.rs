@@ -96,7 +96,7 @@ unsafe fn fill_victim(ev: &mut OomEvent, task: *const u8) {
         if let Ok(mm) = read::<*const u8>(task, t.mm) {
             if !mm.is_null() {
                 let counter = |i: u32| -> u64 {
-                    let off = t.mm_rss_stat + i * t.percpu_counter_size + t.percpu_counter_count;
+                    let off = t.mm_rss_stat + i * t.rss_stride + t.rss_count;
                     let v = read::<i64>(mm, off).unwrap_or(0);
                     // The kernel reports the shared counter, clamped at 0, like get_mm_counter().
                     if v < 0 {

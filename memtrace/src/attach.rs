@@ -4,13 +4,18 @@
 use std::fmt;
 
 /// How a program is attached, best (richest, cheapest) first in most chains.
+/// `--attach` takes the names memtrace prints (`tp_btf`, `raw_tp`,
+/// `perf_event`), and the kebab-case spellings too.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, clap::ValueEnum)]
 pub enum Method {
     Kprobe,
     Fentry,
+    #[value(name = "tp_btf", alias = "tp-btf")]
     TpBtf,
+    #[value(name = "raw_tp", alias = "raw-tp")]
     RawTp,
     Tracepoint,
+    #[value(name = "perf_event", alias = "perf")]
     Perf,
 }
 
@@ -154,5 +159,21 @@ mod tests {
         assert_eq!(c.len(), 1);
         assert_eq!(c[0].prog, "d");
         assert!(p.candidates(Some(Method::Perf)).is_empty());
+    }
+
+    #[test]
+    fn attach_option_takes_the_printed_names() {
+        use clap::ValueEnum;
+        for m in [
+            Method::Kprobe,
+            Method::Fentry,
+            Method::TpBtf,
+            Method::RawTp,
+            Method::Tracepoint,
+            Method::Perf,
+        ] {
+            assert_eq!(Method::from_str(m.name(), false), Ok(m));
+        }
+        assert_eq!(Method::from_str("tp-btf", false), Ok(Method::TpBtf));
     }
 }

@@ -319,13 +319,13 @@ pub fn run(tool: &mut dyn Tool, common: &Common) -> Result<i32> {
             hup: signal(SignalKind::hangup())?,
         }
     };
-    eprintln!("Tracing {}{scope}... Hit Ctrl-C to end.", tool.what());
-    let _ = std::io::stderr().flush();
-
-    // Snapshot the target's maps now, so its stacks symbolize after it exits.
+    // Snapshot the target's maps now, so its stacks symbolize after it
+    // exits; before saying "Tracing", which tells callers we are ready.
     if let Some(p) = common.pid {
         session.sym.maps.lock().unwrap().snapshot(p);
     }
+    eprintln!("Tracing {}{scope}... Hit Ctrl-C to end.", tool.what());
+    let _ = std::io::stderr().flush();
     let mut exited = None;
     if let Some(t) = traced.as_mut() {
         let _ = t.go.send(session.sym.maps.clone());

@@ -8,18 +8,18 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 
-use crate::root;
+use crate::{root, target_dir};
 
 const PAGES: u64 = 100_000;
 const BRKS: u64 = 200_000;
 
 fn memtrace() -> String {
-    root().join("target/release/memtrace").display().to_string()
+    target_dir().join("release/memtrace").display().to_string()
 }
 
 fn workload() -> String {
-    root()
-        .join("target/release/memtrace-workload")
+    target_dir()
+        .join("release/memtrace-workload")
         .display()
         .to_string()
 }

@@ -11,6 +11,7 @@ use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand};
 
 mod bench;
+mod kernels;
 
 #[derive(Parser)]
 struct Cli {
@@ -29,8 +30,13 @@ enum Cmd {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<String>,
     },
-    /// Set up, build, and run every test (unit and integration, as root).
+    /// Set up, build, and run every test (unit and integration, as root),
+    /// then the kernel matrix when its kernels can be fetched.
     Test {
+        /// Only the kernel matrix: memtrace on Debian 6.1 and 6.12 under
+        /// qemu, where kprobes and fentry work (fails if it cannot run).
+        #[arg(long)]
+        kernels: bool,
         /// Extra arguments for the test binaries (e.g. a test name filter).
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<String>,
@@ -48,6 +54,14 @@ pub fn root() -> PathBuf {
         .parent()
         .unwrap()
         .to_path_buf()
+}
+
+/// Cargo's target directory: `CARGO_TARGET_DIR` when set, else `<repo>/target`.
+pub fn target_dir() -> PathBuf {
+    match std::env::var_os("CARGO_TARGET_DIR") {
+        Some(d) if !d.is_empty() => std::path::absolute(&d).unwrap_or_else(|_| d.into()),
+        _ => root().join("target"),
+    }
 }
 
 pub fn sh(cmd: &mut Command) -> Result<()> {
@@ -123,7 +137,7 @@ fn setup() -> Result<()> {
                     .and_then(|s| s.split('.').next().map(str::to_string))
             })
             .context("nightly LLVM version")?;
-        let prefix = root().join("target/xtask-llvm");
+        let prefix = target_dir().join("xtask-llvm");
         std::fs::create_dir_all(prefix.join("lib"))?;
         let link = prefix.join("lib/libLLVM.so");
         let _ = std::fs::remove_file(&link);
@@ -172,13 +186,17 @@ fn main() -> Result<()> {
         Cmd::Build => build(),
         Cmd::Run { args } => {
             build()?;
-            let bin = root().join("target/release/memtrace");
+            let bin = target_dir().join("release/memtrace");
             let st = as_root(&bin, &args).status()?;
             std::process::exit(st.code().unwrap_or(1));
         }
-        Cmd::Test { args } => {
+        Cmd::Test { kernels, args } => {
             build()?;
-            test(&args)
+            if kernels {
+                return kernels::run(true);
+            }
+            test(&args)?;
+            kernels::run(false)
         }
         Cmd::Bench { runs } => {
             build()?;
@@ -194,9 +212,9 @@ fn test(args: &[String]) -> Result<()> {
     let env = [
         (
             "MEMTRACE_WORKLOAD",
-            root().join("target/release/memtrace-workload"),
+            target_dir().join("release/memtrace-workload"),
         ),
-        ("MEMTRACE_BIN", root().join("target/release/memtrace")),
+        ("MEMTRACE_BIN", target_dir().join("release/memtrace")),
     ];
     let mut targs = vec!["--test-threads=1".to_string()];
     targs.extend(args.iter().cloned());

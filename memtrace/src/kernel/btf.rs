@@ -163,6 +163,11 @@ impl KernelBtf {
     }
 
     fn find_member(&self, id: u32, member: &str, depth: usize) -> Option<u32> {
+        self.find(id, member, depth).map(|(bits, _)| bits)
+    }
+
+    /// Bit offset and type id of `member`, looking through anonymous members.
+    fn find(&self, id: u32, member: &str, depth: usize) -> Option<(u32, u32)> {
         let (kind, vlen, _) = self.head(id)?;
         if !matches!(kind, STRUCT | UNION) || depth > 8 {
             return None;
@@ -177,15 +182,32 @@ impl KernelBtf {
             let bits = if kind_flag == 1 { raw & 0xffffff } else { raw };
             if name_off != 0 {
                 if self.str_at(name_off) == member {
-                    return Some(bits);
+                    return Some((bits, ty));
                 }
             } else if let Some(inner) = self.resolve(ty) {
-                if let Some(off) = self.find_member(inner, member, depth + 1) {
-                    return Some(bits + off);
+                if let Some((off, t)) = self.find(inner, member, depth + 1) {
+                    return Some((bits + off, t));
                 }
             }
         }
         None
+    }
+
+    /// (stride, offset of the count) of the RSS counters in `mm->rss_stat`:
+    /// an array of `struct percpu_counter` since 6.2, before it a
+    /// `struct mm_rss_stat` holding `atomic_long_t count[]`.
+    fn rss_layout(&self) -> Option<(u32, u32)> {
+        let mm = self.named_struct("mm_struct")?;
+        let (_, ty) = self.find(mm, "rss_stat", 0)?;
+        let ty = self.resolve(ty)?;
+        match self.head(ty)? {
+            (ARRAY, _, _) => Some((
+                self.size("percpu_counter")?,
+                self.offset("percpu_counter", "count")?,
+            )),
+            (STRUCT, _, _) => Some((8, self.find_member(ty, "count", 0)? / 8)),
+            _ => None,
+        }
     }
 
     pub fn size(&self, name: &str) -> Option<u32> {
@@ -226,6 +248,7 @@ impl KernelBtf {
         let page_kb = (page_size() / 1024) as u32;
         let get = |s: &str, m: &str| self.offset(s, m);
         let r = (|| {
+            let rss = self.rss_layout()?;
             Some(TaskOffsets {
                 pid: get("task_struct", "pid")?,
                 tgid: get("task_struct", "tgid")?,
@@ -240,8 +263,8 @@ impl KernelBtf {
                 mm_rss_stat: get("mm_struct", "rss_stat")?,
                 mm_total_vm: get("mm_struct", "total_vm")?,
                 mm_brk: get("mm_struct", "brk")?,
-                percpu_counter_size: self.size("percpu_counter")?,
-                percpu_counter_count: get("percpu_counter", "count")?,
+                rss_stride: rss.0,
+                rss_count: rss.1,
                 task_cred: get("task_struct", "cred")?,
                 cred_uid: get("cred", "uid")?,
                 task_signal: get("task_struct", "signal")?,
@@ -298,6 +321,8 @@ mod tests {
         assert_eq!(t.valid, 1);
         // Member inside an anonymous union/struct of mm_struct.
         assert!(t.mm_brk > 0 && t.mm_rss_stat > 0);
+        // 6.18: struct percpu_counter rss_stat[], the shared count at 8.
+        assert_eq!((t.rss_stride, t.rss_count), (40, 8));
         assert!(b.enumerator("cgroup_subsys_id", "memory_cgrp_id").is_some());
         assert!(b.has_func("oom_kill_process"));
         assert!(b.has_btf_tracepoint("mark_victim"));

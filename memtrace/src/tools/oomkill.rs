@@ -141,6 +141,14 @@ impl Tool for Oomkill {
             return Ok(());
         }
         self.kills += 1;
+        // The trigger is often the victim and dies right after: read its
+        // maps (in user_frames) before anything slower, or its user stack
+        // cannot be symbolized.
+        let user = if self.stack {
+            s.user_frames(ev.trigger_pid, ev.ustack)
+        } else {
+            Vec::new()
+        };
         let mut victim_comm = comm(&ev.victim_comm);
         if victim_comm.is_empty() {
             victim_comm = std::fs::read_to_string(format!("/proc/{}/comm", ev.victim_pid))
@@ -186,7 +194,7 @@ impl Tool for Oomkill {
                 comm: comm(&ev.trigger_comm),
                 count: 1,
                 kernel: s.kernel_frames(ev.kstack),
-                user: s.user_frames(ev.trigger_pid, ev.ustack),
+                user,
                 note: (ev.ustack < 0 && ev.kstack < 0).then(|| "stack capture failed".to_string()),
                 ..Default::default()
             };
