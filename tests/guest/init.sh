@@ -67,7 +67,8 @@ run_case() {
     [ "$rc" = 0 ] || FAILED=1
 }
 
-# A memcg OOM kill traced by `memtrace oomkill --json -v ARGS`: CASE ARGS...
+# A memcg OOM kill traced by `memtrace TOOL --json -v ARGS` (TOOL defaults
+# to oomkill): CASE ARGS...
 oom_case() {
     name=$1
     shift
@@ -79,7 +80,7 @@ oom_case() {
         echo 64M >"$cg/memory.max"
     fi
     t0=$(now_ms)
-    memtrace oomkill --json -v "$@" >/tmp/$name.out 2>/tmp/$name.err &
+    memtrace ${TOOL:-oomkill} --json -v "$@" >/tmp/$name.out 2>/tmp/$name.err &
     tp=$!
     # Attached once it says "Tracing"; program loads are slow under emulation.
     i=0
@@ -121,6 +122,8 @@ oom_case oom-best
 oom_case oom-fentry --attach fentry
 oom_case oom-tp_btf --attach tp_btf
 oom_case oom-tracepoint --attach tracepoint
+# The memcg reclaim the kernel tries before that OOM kill, seen by drsnoop.
+TOOL=drsnoop oom_case drsnoop
 run_case faults 300 faults -c 'memtrace-workload touch 2000' --json -v
 run_case brkstack 300 brkstack -c 'memtrace-workload rawbrk 50 4096' --json -v
 

@@ -567,7 +567,8 @@ fn check(g: &Guest, case: &str) -> (String, Vec<String>) {
     let v = json(out);
     let probe = match case {
         "faults" => "user page faults",
-        "brkstack" => "brk entry",
+        "brkstack" => "brk calls",
+        "drsnoop" => "memcg reclaim end",
         _ => "oom kill",
     };
     let mut method = summary_method(&v, probe);
@@ -651,6 +652,27 @@ fn check(g: &Guest, case: &str) -> (String, Vec<String>) {
                 why.push(format!("{user} user faults < 2000"));
             }
         }
+        "drsnoop" => {
+            // The kernel reclaims in the memcg before it kills: stalls of the
+            // workload, memcg kind, in its cgroup.
+            let wpid = st.get("wpid").copied().unwrap_or(0);
+            if st.get("wrc") != Some(&137) {
+                why.push(format!("workload not OOM-killed: {:?}", st.get("wrc")));
+            }
+            let stalls: Vec<_> = of_type(&v, "reclaim_stall")
+                .into_iter()
+                .filter(|s| s["pid"] == wpid)
+                .collect();
+            if stalls.is_empty() {
+                why.push(format!("no reclaim stall of {wpid}"));
+            }
+            if !stalls
+                .iter()
+                .all(|s| s["kind"] == "memcg" && s["memcg"] == "/mt-drsnoop")
+            {
+                why.push(format!("stalls not in /mt-drsnoop: {stalls:?}"));
+            }
+        }
         "brkstack" => {
             let hit = of_type(&v, "brk_stack")
                 .iter()
@@ -672,12 +694,13 @@ fn check(g: &Guest, case: &str) -> (String, Vec<String>) {
     (method, why)
 }
 
-const CASES: [&str; 7] = [
+const CASES: [&str; 8] = [
     "doctor",
     "oom-best",
     "oom-fentry",
     "oom-tp_btf",
     "oom-tracepoint",
+    "drsnoop",
     "faults",
     "brkstack",
 ];
