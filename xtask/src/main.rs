@@ -195,8 +195,11 @@ fn main() -> Result<()> {
             if kernels {
                 return kernels::run(true);
             }
-            test(&args)?;
-            kernels::run(false)
+            let (passed, failed) = test(&args)?;
+            kernels::run(false)?;
+            // One plain closing line with the whole count.
+            println!("tests: {passed} passed, {failed} failed");
+            Ok(())
         }
         Cmd::Bench { runs } => {
             build()?;
@@ -208,7 +211,28 @@ fn main() -> Result<()> {
 /// Runs every test with the paths of the built binaries in the environment.
 /// Integration tests load eBPF programs and create cgroups, so they run as
 /// root and one at a time.
-fn test(args: &[String]) -> Result<()> {
+/// Runs `cmd`, echoing its stdout, and adds up cargo's "test result" lines.
+fn run_counting(cmd: &mut Command) -> Result<(u64, u64, bool)> {
+    use std::io::BufRead;
+    let mut child = cmd.stdout(std::process::Stdio::piped()).spawn()?;
+    let (mut passed, mut failed) = (0, 0);
+    let out = child.stdout.take().unwrap();
+    for line in std::io::BufReader::new(out).lines().map_while(Result::ok) {
+        println!("{line}");
+        if let Some(rest) = line.strip_prefix("test result: ") {
+            let num = |word: &str| -> u64 {
+                rest.split([';', '.'])
+                    .find_map(|p| p.trim().strip_suffix(word)?.trim().parse().ok())
+                    .unwrap_or(0)
+            };
+            passed += num("passed");
+            failed += num("failed");
+        }
+    }
+    Ok((passed, failed, child.wait()?.success()))
+}
+
+fn test(args: &[String]) -> Result<(u64, u64)> {
     let env = [
         (
             "MEMTRACE_WORKLOAD",
@@ -224,7 +248,12 @@ fn test(args: &[String]) -> Result<()> {
             .args(["test", "--release", "--"])
             .args(&targs)
             .envs(env.clone());
-        return sh(&mut c);
+        let (passed, failed, ok) = run_counting(&mut c)?;
+        if !ok || failed > 0 {
+            println!("tests: {passed} passed, {failed} failed");
+            bail!("tests failed");
+        }
+        return Ok((passed, failed));
     }
     // Not root: build as the user, run each test binary through sudo.
     let out = Command::new("cargo")
@@ -237,7 +266,7 @@ fn test(args: &[String]) -> Result<()> {
             String::from_utf8_lossy(&out.stderr)
         );
     }
-    let mut failed = 0;
+    let (mut passed, mut failed, mut bad) = (0, 0, 0);
     for line in String::from_utf8_lossy(&out.stdout).lines() {
         let Ok(v) = serde_json::from_str::<serde_json::Value>(line) else {
             continue;
@@ -248,14 +277,18 @@ fn test(args: &[String]) -> Result<()> {
         let Some(exe) = v["executable"].as_str() else {
             continue;
         };
-        let st = as_root(Path::new(exe), &targs)
-            .envs(env.clone())
-            .current_dir(root())
-            .status()?;
-        failed += (!st.success()) as usize;
+        let (p, f, ok) = run_counting(
+            as_root(Path::new(exe), &targs)
+                .envs(env.clone())
+                .current_dir(root()),
+        )?;
+        passed += p;
+        failed += f;
+        bad += (!ok) as usize;
     }
-    if failed > 0 {
-        bail!("{failed} test binaries failed");
+    if bad > 0 || failed > 0 {
+        println!("tests: {passed} passed, {failed} failed");
+        bail!("{bad} test binaries failed");
     }
-    Ok(())
+    Ok((passed, failed))
 }
