@@ -47,7 +47,9 @@ pub trait Tool {
         Ok(true)
     }
     /// The final report.
-    fn finish(&mut self, s: &mut Session, out: &mut dyn Printer) -> Result<()>;
+    fn finish(&mut self, _s: &mut Session, _out: &mut dyn Printer) -> Result<()> {
+        Ok(())
+    }
     /// Events seen, for the summary.
     fn events(&self) -> u64;
     fn summary_extra(&self) -> Vec<(&'static str, Value)> {

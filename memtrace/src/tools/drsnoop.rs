@@ -78,12 +78,9 @@ impl Tool for Drsnoop {
     }
 
     fn on_record(&mut self, data: &[u8], _s: &mut Session, out: &mut dyn Printer) -> Result<()> {
-        let Some(ev) = record::<ReclaimEvent>(data) else {
+        let Some(ev) = record::<ReclaimEvent>(data, kind::RECLAIM) else {
             return Ok(());
         };
-        if ev.kind != kind::RECLAIM {
-            return Ok(());
-        }
         self.stalls += 1;
         self.hist.add(ev.lat_ns / 1000);
         let memcg = cgroup::path_of(ev.memcg_id)

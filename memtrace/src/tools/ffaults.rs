@@ -164,12 +164,9 @@ impl Tool for Ffaults {
     }
 
     fn on_record(&mut self, data: &[u8], _s: &mut Session, _out: &mut dyn Printer) -> Result<()> {
-        let Some(ev) = record::<FileSeen>(data) else {
+        let Some(ev) = record::<FileSeen>(data, kind::FILE_SEEN) else {
             return Ok(());
         };
-        if ev.kind != kind::FILE_SEEN {
-            return Ok(());
-        }
         self.comms
             .entry(ev.key.tgid)
             .or_insert_with(|| comm(&ev.comm));

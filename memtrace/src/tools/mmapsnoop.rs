@@ -306,20 +306,16 @@ impl Tool for Mmapsnoop {
         };
         k.loader.global("MMAP_SNOOP", &cfg);
         k.loader.max_entries("SNOOP_PENDING", 4096);
-        // One record per call: room for bursts (a process start maps dozens).
-        // Bursts of calls (an allocator warming up) outrun any consumer for a
+        // One record per call. Bursts of calls (an allocator warming up) outrun any consumer for a
         // moment: 8 MiB holds about 70k records.
         k.loader.max_entries("EVENTS", 8 << 20);
         Ok(())
     }
 
     fn on_record(&mut self, data: &[u8], s: &mut Session, out: &mut dyn Printer) -> Result<()> {
-        let Some(ev) = record::<SyscallEvent>(data) else {
+        let Some(ev) = record::<SyscallEvent>(data, kind::MMAP_CALL) else {
             return Ok(());
         };
-        if ev.kind != kind::MMAP_CALL {
-            return Ok(());
-        }
         self.calls += 1;
         if snoop::failed(ev.op, ev.args[0], ev.ret) {
             self.failed += 1;
@@ -334,10 +330,6 @@ impl Tool for Mmapsnoop {
         } else {
             out.event("mmap_call", &COLS, &row);
         }
-        Ok(())
-    }
-
-    fn finish(&mut self, _s: &mut Session, _out: &mut dyn Printer) -> Result<()> {
         Ok(())
     }
 

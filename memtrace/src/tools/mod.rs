@@ -59,9 +59,10 @@ pub fn comm(b: &[u8]) -> String {
     String::from_utf8_lossy(&b[..end]).into_owned()
 }
 
-/// Reads a `#[repr(C)]` record from ring-buffer bytes.
-pub fn record<T: Copy>(data: &[u8]) -> Option<T> {
-    if data.len() < std::mem::size_of::<T>() {
+/// Reads a `#[repr(C)]` record of `kind` (its first field, as in every
+/// record) from ring-buffer bytes; None for other kinds or short data.
+pub fn record<T: Copy>(data: &[u8], kind: u32) -> Option<T> {
+    if data.len() < std::mem::size_of::<T>() || data[..4] != kind.to_ne_bytes() {
         return None;
     }
     // SAFETY: length checked; T is plain data written by the kernel program.

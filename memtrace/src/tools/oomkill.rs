@@ -134,12 +134,9 @@ impl Tool for Oomkill {
     }
 
     fn on_record(&mut self, data: &[u8], s: &mut Session, out: &mut dyn Printer) -> Result<()> {
-        let Some(ev) = record::<OomEvent>(data) else {
+        let Some(ev) = record::<OomEvent>(data, kind::OOM) else {
             return Ok(());
         };
-        if ev.kind != kind::OOM {
-            return Ok(());
-        }
         self.kills += 1;
         // The trigger is often the victim and dies right after: read its
         // maps (in user_frames) before anything slower, or its user stack
@@ -200,10 +197,6 @@ impl Tool for Oomkill {
             };
             out.stacks("oom_stack", "", &[report]);
         }
-        Ok(())
-    }
-
-    fn finish(&mut self, _s: &mut Session, _out: &mut dyn Printer) -> Result<()> {
         Ok(())
     }
 

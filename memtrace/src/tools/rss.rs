@@ -337,12 +337,9 @@ impl Tool for Rss {
     }
 
     fn on_record(&mut self, data: &[u8], s: &mut Session, out: &mut dyn Printer) -> Result<()> {
-        let Some(ev) = record::<RssCross>(data) else {
+        let Some(ev) = record::<RssCross>(data, kind::RSS_CROSS) else {
             return Ok(());
         };
-        if ev.kind != kind::RSS_CROSS {
-            return Ok(());
-        }
         self.crossed = true;
         let rss = ev.bytes[FILE] + ev.bytes[ANON] + ev.bytes[SHMEM];
         let cols = [

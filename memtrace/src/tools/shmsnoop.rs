@@ -138,12 +138,9 @@ impl Tool for Shmsnoop {
     }
 
     fn on_record(&mut self, data: &[u8], _s: &mut Session, out: &mut dyn Printer) -> Result<()> {
-        let Some(ev) = record::<SyscallEvent>(data) else {
+        let Some(ev) = record::<SyscallEvent>(data, kind::SHM_CALL) else {
             return Ok(());
         };
-        if ev.kind != kind::SHM_CALL {
-            return Ok(());
-        }
         self.calls += 1;
         if snoop::failed(ev.op, ev.args[0], ev.ret) {
             self.failed += 1;
@@ -158,10 +155,6 @@ impl Tool for Shmsnoop {
             args.into(),
         ]);
         out.event("shm_call", &COLS, &row);
-        Ok(())
-    }
-
-    fn finish(&mut self, _s: &mut Session, _out: &mut dyn Printer) -> Result<()> {
         Ok(())
     }
 

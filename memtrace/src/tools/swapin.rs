@@ -106,10 +106,6 @@ impl Tool for Swapin {
         Ok(self.args.count.is_none_or(|c| self.rows < c))
     }
 
-    fn finish(&mut self, _s: &mut Session, _out: &mut dyn Printer) -> Result<()> {
-        Ok(())
-    }
-
     fn events(&self) -> u64 {
         self.total
     }
