@@ -41,10 +41,38 @@ static RSS_EXCLUDED: HashMap<u32, u64> = HashMap::with_max_entries(4096, NO_PREA
 #[tracepoint]
 pub fn rss_stat(ctx: TracePointContext) -> u32 {
     let c = RSS_CFG.load();
-    let (Ok(mm_id), Ok(curr), Ok(member), Ok(size)) = (unsafe {
+    // This fires on every RSS change on the host: decide on the process
+    // first, read the rest only for traced ones.
+    let (Ok(mm_id), Ok(curr)) = (unsafe {
         (
             ctx.read_at::<u32>(c.tp_mm_id as usize),
             ctx.read_at::<u32>(c.tp_curr as usize),
+        )
+    }) else {
+        count_loss(loss::READ);
+        return 0;
+    };
+    let tgid = if curr != 0 {
+        current_tgid()
+    } else {
+        match unsafe { RSS_OWNER.get(mm_id) } {
+            Some(t) => *t,
+            None => return 0,
+        }
+    };
+    if !wanted(tgid) {
+        return 0;
+    }
+    // Learn (or correct: mm ids are hashes and get reused) the owner, with
+    // a write only when it changes, not at every RSS change.
+    if curr != 0
+        && unsafe { RSS_OWNER.get(mm_id) }.is_none_or(|o| *o != tgid)
+        && RSS_OWNER.insert(mm_id, tgid, 0).is_err()
+    {
+        count_loss(loss::MAP_FULL);
+    }
+    let (Ok(member), Ok(size)) = (unsafe {
+        (
             ctx.read_at::<i32>(c.tp_member as usize),
             ctx.read_at::<i64>(c.tp_size as usize),
         )
@@ -52,22 +80,12 @@ pub fn rss_stat(ctx: TracePointContext) -> u32 {
         count_loss(loss::READ);
         return 0;
     };
-    let tgid = if curr != 0 {
-        let me = current_tgid();
-        if wanted(me) && RSS_OWNER.insert(mm_id, me, 0).is_err() {
-            count_loss(loss::MAP_FULL);
-        }
-        me
-    } else {
-        match unsafe { RSS_OWNER.get(mm_id) } {
-            Some(t) => *t,
-            None => return 0,
-        }
-    };
-    if !wanted(tgid) || member < 0 || member as usize >= NR {
+    // One unsigned check on the value used as the index (a negative member
+    // wraps above NR): with two checks LLVM indexed with an unchecked copy.
+    let slot = core::hint::black_box(member as u32) as usize;
+    if slot >= NR {
         return 0;
     }
-    let slot = member as usize;
     let Some(v) = RSS.get_ptr_mut(tgid) else {
         let mut v = RssVal {
             bytes: [0; NR],

@@ -5,7 +5,7 @@ use std::collections::HashSet;
 use std::path::Path;
 
 use aya::{
-    maps::{MapData, PerCpuArray, RingBuf, StackTraceMap},
+    maps::{MapData, PerCpuArray, PerCpuHashMap, RingBuf, StackTraceMap},
     programs::{
         perf_event::{PerfEventConfig, PerfEventScope, SamplePolicy, SoftwareEvent},
         BtfTracePoint, FEntry, KProbe, PerfEvent, RawTracePoint, TracePoint,
@@ -261,6 +261,32 @@ impl Session {
             .take_map("EVENTS")
             .ok_or_else(|| Error::Runtime("EVENTS map missing".into()))?;
         RingBuf::try_from(m).map_err(|e| Error::Runtime(chain(&e)))
+    }
+
+    /// Every key of per-CPU hash map `name` with its per-CPU values. With
+    /// `clear`, the keys read are deleted (interval reports start afresh).
+    pub fn read_percpu<K: Pod, V: Pod>(
+        &mut self,
+        name: &str,
+        clear: bool,
+    ) -> Result<Vec<(K, Vec<V>)>> {
+        let map = self
+            .bpf
+            .map_mut(name)
+            .ok_or_else(|| Error::Runtime(format!("{name} map missing")))?;
+        let mut m: PerCpuHashMap<_, K, V> =
+            PerCpuHashMap::try_from(map).map_err(|e| Error::Runtime(chain(&e)))?;
+        let out: Vec<(K, Vec<V>)> = m
+            .iter()
+            .filter_map(|item| item.ok())
+            .map(|(k, vals)| (k, vals.iter().copied().collect()))
+            .collect();
+        if clear {
+            for (k, _) in &out {
+                let _ = m.remove(k);
+            }
+        }
+        Ok(out)
     }
 
     /// Events lost in the kernel so far, by reason, summed over CPUs.

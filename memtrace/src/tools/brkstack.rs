@@ -4,18 +4,17 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use aya::maps::PerCpuHashMap;
 use memtrace_common::{
     stack_mode,
     stacks::{BrkConfig, StackKey, StackVal},
 };
 
 use crate::attach::Probe;
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::output::{clock, Printer, StackReport};
 use crate::run::{Prep, Tool};
 use crate::session::Session;
-use crate::tools::{comm, stack_report, IntervalArgs};
+use crate::tools::{first_comm, stack_report, IntervalArgs};
 
 #[derive(Debug, Clone, clap::Args)]
 pub struct Args {
@@ -54,29 +53,15 @@ impl Brkstack {
     }
 
     fn report(&mut self, s: &mut Session, out: &mut dyn Printer, clear: bool) -> Result<()> {
-        let map = s
-            .bpf
-            .map_mut("BRK_STACKS")
-            .ok_or_else(|| Error::Runtime("BRK_STACKS map missing".into()))?;
-        let mut m: PerCpuHashMap<_, StackKey, StackVal> =
-            PerCpuHashMap::try_from(map).map_err(|e| Error::Runtime(e.to_string()))?;
-        let mut agg: HashMap<StackKey, (u64, u64, String)> = HashMap::new();
-        for item in m.iter() {
-            let Ok((k, vals)) = item else { continue };
-            let e = agg.entry(k).or_insert((0, 0, String::new()));
-            for v in vals.iter() {
-                e.0 += v.count;
-                e.1 += v.bytes;
-                if e.2.is_empty() {
-                    e.2 = comm(&v.comm);
-                }
-            }
-        }
-        if clear {
-            for k in agg.keys() {
-                let _ = m.remove(k);
-            }
-        }
+        let agg: HashMap<StackKey, (u64, u64, String)> = s
+            .read_percpu::<StackKey, StackVal>("BRK_STACKS", clear)?
+            .into_iter()
+            .map(|(k, vals)| {
+                let count = vals.iter().map(|v| v.count).sum();
+                let bytes = vals.iter().map(|v| v.bytes).sum();
+                (k, (count, bytes, first_comm(vals.iter().map(|v| &v.comm))))
+            })
+            .collect();
         let calls: u64 = agg.values().map(|v| v.0).sum();
         self.calls = if clear { self.calls + calls } else { calls };
         let mut v: Vec<_> = agg.into_iter().collect();

@@ -4,7 +4,6 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use aya::maps::PerCpuHashMap;
 use memtrace_common::{
     faults::{FaultConfig, FaultKey, FaultVal},
     stack_mode,
@@ -16,7 +15,7 @@ use crate::output::{clock, Col, Printer, Row, StackReport, Value};
 use crate::run::{Prep, Tool};
 use crate::session::Session;
 use crate::symbolize::Mapping;
-use crate::tools::{comm, stack_report, IntervalArgs};
+use crate::tools::{first_comm, stack_report, IntervalArgs};
 
 #[derive(Debug, Clone, clap::Args)]
 pub struct Args {
@@ -101,28 +100,14 @@ impl Faults {
 
     /// Reads (and with `clear`, empties) the per-CPU counters.
     fn collect(&mut self, s: &mut Session, clear: bool) -> Result<Vec<(FaultKey, u64, String)>> {
-        let map = s
-            .bpf
-            .map_mut("FAULTS")
-            .ok_or_else(|| Error::Runtime("FAULTS map missing".into()))?;
-        let mut m: PerCpuHashMap<_, FaultKey, FaultVal> =
-            PerCpuHashMap::try_from(map).map_err(|e| Error::Runtime(e.to_string()))?;
-        let mut out = Vec::new();
-        for item in m.iter() {
-            let Ok((k, vals)) = item else { continue };
-            let count: u64 = vals.iter().map(|v| v.count).sum();
-            let name = vals
-                .iter()
-                .map(|v| comm(&v.comm))
-                .find(|c| !c.is_empty())
-                .unwrap_or_default();
-            out.push((k, count, name));
-        }
-        if clear {
-            for (k, _, _) in &out {
-                let _ = m.remove(k);
-            }
-        }
+        let out: Vec<(FaultKey, u64, String)> = s
+            .read_percpu::<FaultKey, FaultVal>("FAULTS", clear)?
+            .into_iter()
+            .map(|(k, vals)| {
+                let count = vals.iter().map(|v| v.count).sum();
+                (k, count, first_comm(vals.iter().map(|v| &v.comm)))
+            })
+            .collect();
         let n: u64 = out.iter().map(|(_, c, _)| c).sum();
         if clear {
             self.total += n;

@@ -5,14 +5,13 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use aya::maps::PerCpuHashMap;
 use memtrace_common::{
     ffaults::{FfaultsConfig, FileKey, FileSeen},
     kind,
 };
 
 use crate::attach::Probe;
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::output::{clock, Col, Printer, Row};
 use crate::run::{Prep, Tool};
 use crate::session::Session;
@@ -72,22 +71,11 @@ impl Ffaults {
     }
 
     fn report(&mut self, s: &mut Session, out: &mut dyn Printer, clear: bool) -> Result<()> {
-        let map = s
-            .bpf
-            .map_mut("FILE_FAULTS")
-            .ok_or_else(|| Error::Runtime("FILE_FAULTS map missing".into()))?;
-        let mut m: PerCpuHashMap<_, FileKey, u64> =
-            PerCpuHashMap::try_from(map).map_err(|e| Error::Runtime(e.to_string()))?;
-        let mut raw = Vec::new();
-        for item in m.iter() {
-            let Ok((k, vals)) = item else { continue };
-            raw.push((k, vals.iter().sum::<u64>()));
-        }
-        if clear {
-            for (k, _) in &raw {
-                let _ = m.remove(k);
-            }
-        }
+        let raw: Vec<(FileKey, u64)> = s
+            .read_percpu::<FileKey, u64>("FILE_FAULTS", clear)?
+            .into_iter()
+            .map(|(k, vals)| (k, vals.iter().sum()))
+            .collect();
         let n: u64 = raw.iter().map(|(_, c)| c).sum();
         self.faults = if clear { self.faults + n } else { n };
         let per = self.args.per_process;

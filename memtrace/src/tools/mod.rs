@@ -59,6 +59,17 @@ pub fn comm(b: &[u8]) -> String {
     String::from_utf8_lossy(&b[..end]).into_owned()
 }
 
+/// The command name of per-CPU values: the first CPU's that has one.
+pub fn first_comm<'a>(
+    comms: impl IntoIterator<Item = &'a [u8; memtrace_common::TASK_COMM_LEN]>,
+) -> String {
+    comms
+        .into_iter()
+        .map(|c| comm(c))
+        .find(|c| !c.is_empty())
+        .unwrap_or_default()
+}
+
 /// Reads a `#[repr(C)]` record of `kind` (its first field, as in every
 /// record) from ring-buffer bytes; None for other kinds or short data.
 pub fn record<T: Copy>(data: &[u8], kind: u32) -> Option<T> {

@@ -3,18 +3,16 @@
 //! tracepoint, and major faults are not a substitute, so without either the
 //! tool refuses to run.
 
-use std::collections::HashMap;
 use std::time::Duration;
 
-use aya::maps::PerCpuHashMap;
 use memtrace_common::faults::FaultVal;
 
 use crate::attach::Probe;
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::output::{clock, Col, Printer, Row};
 use crate::run::{Prep, Tool};
 use crate::session::Session;
-use crate::tools::comm;
+use crate::tools::first_comm;
 
 #[derive(Debug, Clone, clap::Args)]
 pub struct Args {
@@ -69,26 +67,14 @@ impl Tool for Swapin {
     }
 
     fn on_interval(&mut self, s: &mut Session, out: &mut dyn Printer) -> Result<bool> {
-        let map = s
-            .bpf
-            .map_mut("SWAPINS")
-            .ok_or_else(|| Error::Runtime("SWAPINS map missing".into()))?;
-        let mut m: PerCpuHashMap<_, u32, FaultVal> =
-            PerCpuHashMap::try_from(map).map_err(|e| Error::Runtime(e.to_string()))?;
-        let mut agg: HashMap<u32, (u64, String)> = HashMap::new();
-        for item in m.iter() {
-            let Ok((pid, vals)) = item else { continue };
-            let e = agg.entry(pid).or_default();
-            for v in vals.iter() {
-                e.0 += v.count;
-                if e.1.is_empty() {
-                    e.1 = comm(&v.comm);
-                }
-            }
-        }
-        for k in agg.keys() {
-            let _ = m.remove(k);
-        }
+        let agg: Vec<(u32, (u64, String))> = s
+            .read_percpu::<u32, FaultVal>("SWAPINS", true)?
+            .into_iter()
+            .map(|(pid, vals)| {
+                let count = vals.iter().map(|v| v.count).sum();
+                (pid, (count, first_comm(vals.iter().map(|v| &v.comm))))
+            })
+            .collect();
         let mut v: Vec<_> = agg.into_iter().collect();
         v.sort_by_key(|e| std::cmp::Reverse(e.1 .0));
         self.total += v.iter().map(|x| x.1 .0).sum::<u64>();

@@ -1,10 +1,9 @@
 //! `memtrace vmscan [INTERVAL [COUNT]]`: the reclaim dashboard of bpftrace's
 //! vmscan.bt, one row per interval, with times measured in the kernel.
 
-use std::collections::HashMap;
 use std::time::Duration;
 
-use aya::maps::{PerCpuArray, PerCpuHashMap};
+use aya::maps::PerCpuArray;
 use memtrace_common::reclaim::{
     total, ProcReclaimKey, ProcReclaimVal, ReclaimConfig, ReclaimTotals, KIND_DIRECT,
 };
@@ -14,7 +13,7 @@ use crate::error::{Error, Result};
 use crate::output::{clock, Col, Printer, Row, Value};
 use crate::run::{Prep, Tool};
 use crate::session::Session;
-use crate::tools::comm;
+use crate::tools::first_comm;
 
 #[derive(Debug, Clone, clap::Args)]
 pub struct Args {
@@ -160,28 +159,19 @@ impl Vmscan {
     }
 
     fn per_process(&self, s: &mut Session, out: &mut dyn Printer) -> Result<()> {
-        let map = s
-            .bpf
-            .map_mut("PROC_RECLAIM")
-            .ok_or_else(|| Error::Runtime("PROC_RECLAIM map missing".into()))?;
-        let mut m: PerCpuHashMap<_, ProcReclaimKey, ProcReclaimVal> =
-            PerCpuHashMap::try_from(map).map_err(|e| Error::Runtime(e.to_string()))?;
-        let mut agg: HashMap<ProcReclaimKey, (u64, u64, u64, String)> = HashMap::new();
-        for item in m.iter() {
-            let Ok((k, vals)) = item else { continue };
-            let e = agg.entry(k).or_default();
-            for v in vals.iter() {
-                e.0 += v.ns;
-                e.1 += v.stalls;
-                e.2 += v.pages;
-                if e.3.is_empty() {
-                    e.3 = comm(&v.comm);
-                }
-            }
-        }
-        for k in agg.keys() {
-            let _ = m.remove(k);
-        }
+        let agg: Vec<(ProcReclaimKey, (u64, u64, u64, String))> = s
+            .read_percpu::<ProcReclaimKey, ProcReclaimVal>("PROC_RECLAIM", true)?
+            .into_iter()
+            .map(|(k, vals)| {
+                let ns = vals.iter().map(|v| v.ns).sum();
+                let stalls = vals.iter().map(|v| v.stalls).sum();
+                let pages = vals.iter().map(|v| v.pages).sum();
+                (
+                    k,
+                    (ns, stalls, pages, first_comm(vals.iter().map(|v| &v.comm))),
+                )
+            })
+            .collect();
         if agg.is_empty() {
             return Ok(());
         }
