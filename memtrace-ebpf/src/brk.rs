@@ -16,13 +16,16 @@ use memtrace_common::{
     TASK_COMM_LEN,
 };
 
-use crate::helpers::{count_loss, current_task, current_tgid, read, stack_ids, wanted, TASK};
+use crate::helpers::{
+    count_loss, current_task, current_tgid, read, stack_ids, wanted, NO_PREALLOC, TASK,
+};
 
 #[unsafe(no_mangle)]
 static BRK_CFG: Global<BrkConfig> = Global::new(BrkConfig { tp_brk: 0, _pad: 0 });
 
 #[map]
-static BRK_STACKS: PerCpuHashMap<StackKey, StackVal> = PerCpuHashMap::with_max_entries(8192, 0);
+static BRK_STACKS: PerCpuHashMap<StackKey, StackVal> =
+    PerCpuHashMap::with_max_entries(8192, NO_PREALLOC);
 
 #[tracepoint]
 pub fn brk_enter(ctx: TracePointContext) -> u32 {

@@ -19,7 +19,7 @@ use memtrace_common::{
     loss, TASK_COMM_LEN,
 };
 
-use crate::helpers::{capturing, count_loss, current_tgid, stack_ids, wanted, FILTER};
+use crate::helpers::{capturing, count_loss, current_tgid, stack_ids, wanted, FILTER, NO_PREALLOC};
 
 #[unsafe(no_mangle)]
 static FAULT_CFG: Global<FaultConfig> = Global::new(FaultConfig {
@@ -28,11 +28,24 @@ static FAULT_CFG: Global<FaultConfig> = Global::new(FaultConfig {
     tp_error_code: 0,
 });
 
+/// Allocated as keys appear: preallocating tens of thousands of per-CPU
+/// slots took most of the start-up time.
 #[map]
-static FAULTS: PerCpuHashMap<FaultKey, FaultVal> = PerCpuHashMap::with_max_entries(16384, 0);
+static FAULTS: PerCpuHashMap<FaultKey, FaultVal> =
+    PerCpuHashMap::with_max_entries(16384, NO_PREALLOC);
+
+/// The same for the perf-event program: before 6.1 those may only use
+/// preallocated maps. Sized only where that path is taken.
+#[map]
+static FAULTS_PERF: PerCpuHashMap<FaultKey, FaultVal> = PerCpuHashMap::with_max_entries(16384, 0);
 
 #[inline(always)]
-fn count<C: StackIdContext>(ctx: &C, addr: u64, kernel_mode: u32) {
+fn count<C: StackIdContext>(
+    ctx: &C,
+    map: &PerCpuHashMap<FaultKey, FaultVal>,
+    addr: u64,
+    kernel_mode: u32,
+) {
     let tgid = current_tgid();
     // Only a stack walk of ours can fault under us: skip the lookup otherwise.
     if !wanted(tgid) || (FILTER.load().stacks != 0 && capturing()) {
@@ -48,7 +61,7 @@ fn count<C: StackIdContext>(ctx: &C, addr: u64, kernel_mode: u32) {
         page: if cfg.by_page != 0 { addr & !0xfff } else { 0 },
     };
     // Per-CPU values: no other CPU writes this slot, so a plain add is exact.
-    if let Some(v) = FAULTS.get_ptr_mut(&key) {
+    if let Some(v) = map.get_ptr_mut(&key) {
         unsafe { (*v).count += 1 };
         return;
     }
@@ -56,32 +69,32 @@ fn count<C: StackIdContext>(ctx: &C, addr: u64, kernel_mode: u32) {
         count: 1,
         comm: bpf_get_current_comm().unwrap_or([0; TASK_COMM_LEN]),
     };
-    if FAULTS.insert(&key, &v, 0).is_err() {
+    if map.insert(&key, &v, 0).is_err() {
         count_loss(loss::MAP_FULL);
     }
 }
 
 #[btf_tracepoint(function = "page_fault_user")]
 pub fn faults_user_btf(ctx: BtfTracePointContext) -> i32 {
-    count(&ctx, ctx.arg::<u64>(0), 0);
+    count(&ctx, &FAULTS, ctx.arg::<u64>(0), 0);
     0
 }
 
 #[btf_tracepoint(function = "page_fault_kernel")]
 pub fn faults_kernel_btf(ctx: BtfTracePointContext) -> i32 {
-    count(&ctx, ctx.arg::<u64>(0), 1);
+    count(&ctx, &FAULTS, ctx.arg::<u64>(0), 1);
     0
 }
 
 #[raw_tracepoint(tracepoint = "page_fault_user")]
 pub fn faults_user_raw(ctx: RawTracePointContext) -> i32 {
-    count(&ctx, ctx.arg::<u64>(0), 0);
+    count(&ctx, &FAULTS, ctx.arg::<u64>(0), 0);
     0
 }
 
 #[raw_tracepoint(tracepoint = "page_fault_kernel")]
 pub fn faults_kernel_raw(ctx: RawTracePointContext) -> i32 {
-    count(&ctx, ctx.arg::<u64>(0), 1);
+    count(&ctx, &FAULTS, ctx.arg::<u64>(0), 1);
     0
 }
 
@@ -92,13 +105,13 @@ fn tp_address(ctx: &TracePointContext) -> u64 {
 
 #[tracepoint]
 pub fn faults_user_tp(ctx: TracePointContext) -> u32 {
-    count(&ctx, tp_address(&ctx), 0);
+    count(&ctx, &FAULTS, tp_address(&ctx), 0);
     0
 }
 
 #[tracepoint]
 pub fn faults_kernel_tp(ctx: TracePointContext) -> u32 {
-    count(&ctx, tp_address(&ctx), 1);
+    count(&ctx, &FAULTS, tp_address(&ctx), 1);
     0
 }
 
@@ -108,7 +121,7 @@ pub fn faults_kernel_tp(ctx: TracePointContext) -> u32 {
 pub fn faults_perf(ctx: PerfEventContext) -> u32 {
     let data = ctx.as_ptr() as *const bpf_perf_event_data;
     let (addr, cs) = unsafe { ((*data).addr, (*data).regs.cs) };
-    count(&ctx, addr, if cs & 3 == 0 { 1 } else { 0 });
+    count(&ctx, &FAULTS_PERF, addr, if cs & 3 == 0 { 1 } else { 0 });
     0
 }
 

@@ -11,7 +11,7 @@ use memtrace_common::Filter;
 use tokio::io::unix::AsyncFd;
 use tokio::signal::unix::{signal, SignalKind};
 
-use crate::attach::Probe;
+use crate::attach::{Method, Probe};
 use crate::cli::Common;
 use crate::error::{Error, Result};
 use crate::kernel::{Format, KernelBtf};
@@ -68,15 +68,13 @@ pub trait Tool {
 pub struct Prep<'a> {
     pub loader: &'a mut Loader,
     pub filter: Filter,
-    btf: Option<KernelBtf>,
+    /// The attach method forced by `--attach`, if any.
+    pub forced: Option<Method>,
 }
 
 impl Prep<'_> {
-    pub fn btf(&mut self) -> Result<&KernelBtf> {
-        if self.btf.is_none() {
-            self.btf = Some(KernelBtf::load()?);
-        }
-        Ok(self.btf.as_ref().unwrap())
+    pub fn btf(&mut self) -> Result<&'static KernelBtf> {
+        KernelBtf::shared()
     }
 
     /// The task/mm/cgroup offsets, set as the `TASK` global.
@@ -276,10 +274,9 @@ pub fn run(tool: &mut dyn Tool, common: &Common) -> Result<i32> {
     let mut prep = Prep {
         loader: &mut loader,
         filter,
-        btf: None,
+        forced: common.attach,
     };
     tool.prepare(&mut prep)?;
-    drop(prep);
     phases.mark("offsets");
 
     let mut session = Session::load(&loader, common.attach, common.verbose)?;

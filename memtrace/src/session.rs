@@ -47,9 +47,10 @@ impl Loader {
 }
 
 /// Maps every tool would otherwise pay for; a tool raises the ones it uses.
-const SHRINKABLE: [&str; 14] = [
+const SHRINKABLE: [&str; 15] = [
     "STACKS",
     "FAULTS",
+    "FAULTS_PERF",
     "FILE_FAULTS",
     "FILES_SEEN",
     "BRK_STACKS",
@@ -89,10 +90,58 @@ fn chain(e: &dyn std::error::Error) -> String {
     s
 }
 
+/// aya's `EbpfLoader::new` parses all of vmlinux BTF (a third of start-up
+/// time and most of the peak memory), though memtrace resolves its offsets
+/// itself and needs kernel BTF only for tp_btf and fentry (parsed then, in
+/// `Session::btf`). So the loader is made in a thread whose own mount
+/// namespace hides `/sys/kernel/btf`. Where that is not allowed, it pays.
+fn loader_without_kernel_btf() -> EbpfLoader<'static> {
+    std::thread::spawn(|| {
+        if let Err(e) = hide_kernel_btf() {
+            if std::env::var_os("MEMTRACE_TIMING").is_some() {
+                eprintln!("memtrace: timing: kernel BTF not hidden from aya: {e}");
+            }
+        }
+        EbpfLoader::new()
+    })
+    .join()
+    .unwrap_or_else(|_| EbpfLoader::new())
+}
+
+/// Only the calling thread changes namespace; the host's mounts are untouched.
+fn hide_kernel_btf() -> std::io::Result<()> {
+    let check = |r: libc::c_int| {
+        if r == 0 {
+            Ok(())
+        } else {
+            Err(std::io::Error::last_os_error())
+        }
+    };
+    // SAFETY: plain syscalls on constant C strings.
+    unsafe {
+        check(libc::unshare(libc::CLONE_NEWNS))?;
+        // Private first: otherwise the mount below would propagate back.
+        check(libc::mount(
+            std::ptr::null(),
+            c"/".as_ptr(),
+            std::ptr::null(),
+            libc::MS_REC | libc::MS_PRIVATE,
+            std::ptr::null(),
+        ))?;
+        check(libc::mount(
+            c"none".as_ptr(),
+            c"/sys/kernel/btf".as_ptr(),
+            c"tmpfs".as_ptr(),
+            libc::MS_RDONLY,
+            std::ptr::null(),
+        ))
+    }
+}
+
 impl Session {
     pub fn load(spec: &Loader, forced: Option<Method>, verbose: bool) -> Result<Session> {
         raise_memlock();
-        let mut loader = EbpfLoader::new();
+        let mut loader = loader_without_kernel_btf();
         // Unused maps cost locked kernel memory; keep them tiny unless asked for.
         for m in SHRINKABLE {
             if !spec.sizes.iter().any(|(n, _)| *n == m) {
@@ -339,6 +388,14 @@ fn precheck(way: &Way) -> std::result::Result<(), String> {
         }
         (Method::Tracepoint, Target::Tp(c, n)) if !crate::kernel::tracefs::exists(c, n) => {
             Err("no such tracepoint on this kernel".into())
+        }
+        (Method::Fentry, Target::Func(f)) => {
+            let btf = crate::kernel::KernelBtf::shared().map_err(|e| e.to_string())?;
+            let id = btf
+                .func_id(f)
+                .ok_or_else(|| format!("no function {f} in kernel BTF"))?;
+            crate::kernel::feature::fentry_loads(id)
+                .map_err(|e| format!("the kernel refused to load an fentry program ({e})"))
         }
         _ => Ok(()),
     }

@@ -32,7 +32,7 @@ const ENUM64: u32 = 19;
 /// parser (btf-rs) took about 200 ms and 60 MiB for the few offsets memtrace
 /// needs; this takes a few ms and keeps only the raw blob and an index.
 pub struct KernelBtf {
-    data: Vec<u8>,
+    data: Blob,
     strs: usize,
     str_len: usize,
     /// Byte offset of type id i (index 0 is void).
@@ -42,18 +42,89 @@ pub struct KernelBtf {
     names: HashMap<String, Vec<u32>>,
 }
 
+/// The BTF bytes: mapped where the kernel allows it (6.16 and later), which
+/// spares copying and faulting in megabytes at every start; read otherwise.
+enum Blob {
+    Owned(Vec<u8>),
+    Mapped(*const u8, usize),
+}
+
+// SAFETY: the mapping is read-only and lives as long as the Blob.
+unsafe impl Send for Blob {}
+unsafe impl Sync for Blob {}
+
+impl Blob {
+    fn map(f: &std::fs::File) -> Option<Blob> {
+        use std::os::fd::AsRawFd;
+        let len = f.metadata().ok()?.len() as usize;
+        if len == 0 {
+            return None;
+        }
+        // SAFETY: a fresh read-only private mapping of an open file.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ,
+                libc::MAP_PRIVATE,
+                f.as_raw_fd(),
+                0,
+            )
+        };
+        (p != libc::MAP_FAILED).then_some(Blob::Mapped(p as *const u8, len))
+    }
+}
+
+impl std::ops::Deref for Blob {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        match self {
+            Blob::Owned(v) => v,
+            // SAFETY: mapped with this length in `map`, unmapped only in drop.
+            Blob::Mapped(p, n) => unsafe { std::slice::from_raw_parts(*p, *n) },
+        }
+    }
+}
+
+impl Drop for Blob {
+    fn drop(&mut self) {
+        if let Blob::Mapped(p, n) = *self {
+            // SAFETY: the mapping made in `map`; nothing borrows it any more.
+            unsafe { libc::munmap(p as *mut libc::c_void, n) };
+        }
+    }
+}
+
 fn u32_at(d: &[u8], off: usize) -> Option<u32> {
     d.get(off..off + 4)
         .map(|b| u32::from_le_bytes(b.try_into().unwrap()))
 }
 
 impl KernelBtf {
+    /// The running kernel's BTF, read once per process.
+    pub fn shared() -> Result<&'static KernelBtf, Error> {
+        static BTF: std::sync::OnceLock<KernelBtf> = std::sync::OnceLock::new();
+        if let Some(b) = BTF.get() {
+            return Ok(b);
+        }
+        let b = Self::load()?;
+        Ok(BTF.get_or_init(|| b))
+    }
+
     pub fn load() -> Result<Self, Error> {
-        let data = std::fs::read(VMLINUX).map_err(|e| Error::NoBtf(format!("{VMLINUX}: {e}")))?;
-        Self::from_vec(data)
+        let err = |e: std::io::Error| Error::NoBtf(format!("{VMLINUX}: {e}"));
+        let f = std::fs::File::open(VMLINUX).map_err(err)?;
+        match Blob::map(&f) {
+            Some(b) => Self::parse(b),
+            None => Self::from_vec(std::fs::read(VMLINUX).map_err(err)?),
+        }
     }
 
     pub fn from_vec(d: Vec<u8>) -> Result<Self, Error> {
+        Self::parse(Blob::Owned(d))
+    }
+
+    fn parse(d: Blob) -> Result<Self, Error> {
         let bad = |what: &str| Error::NoBtf(format!("malformed BTF: {what}"));
         if d.len() < 24 || u16::from_le_bytes([d[0], d[1]]) != 0xeb9f {
             return Err(bad("no BTF magic (only little-endian BTF is read)"));
@@ -125,9 +196,9 @@ impl KernelBtf {
         ))
     }
 
-    /// Whether a type of `kind` is called `name`, by a scan of every type.
-    fn scan(&self, name: &str, kind: u32) -> bool {
-        (1..self.types.len() as u32).any(|id| {
+    /// The id of the type of `kind` called `name`, by a scan of every type.
+    fn scan(&self, name: &str, kind: u32) -> Option<u32> {
+        (1..self.types.len() as u32).find(|&id| {
             let off = self.types[id as usize] as usize;
             let info = u32_at(&self.data, off + 4).unwrap_or(0);
             (info >> 24) & 0x1f == kind && self.str_at(u32_at(&self.data, off).unwrap_or(0)) == name
@@ -235,12 +306,17 @@ impl KernelBtf {
 
     /// Whether the kernel has a function `name` (a kprobe/fentry target).
     pub fn has_func(&self, name: &str) -> bool {
+        self.func_id(name).is_some()
+    }
+
+    /// The BTF id of function `name`: what an fentry program attaches to.
+    pub fn func_id(&self, name: &str) -> Option<u32> {
         self.scan(name, FUNC)
     }
 
     /// Whether tp_btf can attach to tracepoint `name` (its `btf_trace_` typedef exists).
     pub fn has_btf_tracepoint(&self, name: &str) -> bool {
-        self.scan(&format!("btf_trace_{name}"), TYPEDEF)
+        self.scan(&format!("btf_trace_{name}"), TYPEDEF).is_some()
     }
 
     /// The task, mm and cgroup offsets every tool reads through.

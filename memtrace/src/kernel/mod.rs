@@ -2,6 +2,7 @@
 
 pub mod btf;
 pub mod cgroup;
+pub mod feature;
 pub mod tracefs;
 
 pub use btf::KernelBtf;

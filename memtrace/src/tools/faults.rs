@@ -9,7 +9,7 @@ use memtrace_common::{
     stack_mode,
 };
 
-use crate::attach::Probe;
+use crate::attach::{Method, Probe};
 use crate::error::{Error, Result};
 use crate::output::{clock, Col, Printer, Row, StackReport, Value};
 use crate::run::{Prep, Tool};
@@ -100,8 +100,10 @@ impl Faults {
 
     /// Reads (and with `clear`, empties) the per-CPU counters.
     fn collect(&mut self, s: &mut Session, clear: bool) -> Result<Vec<(FaultKey, u64, String)>> {
-        let out: Vec<(FaultKey, u64, String)> = s
-            .read_percpu::<FaultKey, FaultVal>("FAULTS", clear)?
+        // One of the two maps is used, depending on how the probe attached.
+        let mut raw = s.read_percpu::<FaultKey, FaultVal>("FAULTS", clear)?;
+        raw.extend(s.read_percpu::<FaultKey, FaultVal>("FAULTS_PERF", clear)?);
+        let out: Vec<(FaultKey, u64, String)> = raw
             .into_iter()
             .map(|(k, vals)| {
                 let count = vals.iter().map(|v| v.count).sum();
@@ -272,19 +274,23 @@ impl Tool for Faults {
             by_page: self.args.by_mapping as u32,
             ..Default::default()
         };
-        if let Ok(f) = k.format("exceptions", "page_fault_user") {
+        let tp = k.format("exceptions", "page_fault_user");
+        let exceptions = tp.is_ok();
+        if let Ok(f) = tp {
             cfg.tp_address = f.offset("address")?;
             cfg.tp_error_code = f.offset("error_code")?;
         }
+        let size = if self.args.by_mapping {
+            262_144
+        } else {
+            16_384
+        };
         k.loader.global("FAULT_CFG", &cfg);
-        k.loader.max_entries(
-            "FAULTS",
-            if self.args.by_mapping {
-                262_144
-            } else {
-                16_384
-            },
-        );
+        k.loader.max_entries("FAULTS", size);
+        // The perf path preallocates; pay for it only where it will be taken.
+        if !exceptions || k.forced == Some(Method::Perf) {
+            k.loader.max_entries("FAULTS_PERF", size);
+        }
         Ok(())
     }
 
