@@ -24,8 +24,16 @@ pub mod loss {
     pub const MAP_FULL: u32 = 2;
     /// A kernel memory read failed.
     pub const READ: u32 = 3;
-    pub const NR: u32 = 4;
-    pub const NAMES: [&str; NR as usize] = ["ringbuf_full", "stack_fail", "map_full", "read_fail"];
+    /// `--stack-mode dwarf`: not even part of the user stack could be copied.
+    pub const STACK_COPY: u32 = 4;
+    pub const NR: u32 = 5;
+    pub const NAMES: [&str; NR as usize] = [
+        "ringbuf_full",
+        "stack_fail",
+        "map_full",
+        "read_fail",
+        "stack_copy_fail",
+    ];
 }
 
 /// First field of every ring-buffer record, so userspace can dispatch.
@@ -38,6 +46,8 @@ pub mod kind {
     pub const MMAP_CALL: u32 = 5;
     /// shmget, shmat, shmdt or shmctl (`snoop::SyscallEvent`).
     pub const SHM_CALL: u32 = 6;
+    /// Registers and a copy of the user stack (`stacks::StackSample`).
+    pub const STACK_SAMPLE: u32 = 7;
 }
 
 /// Which attach method a program ran under; reported in records so userspace
@@ -68,6 +78,9 @@ pub struct Filter {
 pub mod stack_mode {
     pub const USER: u32 = 1;
     pub const KERNEL: u32 = 2;
+    /// User stacks copied raw for DWARF unwinding in userspace, not walked
+    /// by frame pointers in the kernel.
+    pub const DWARF: u32 = 4;
 }
 
 /// Offsets into `struct task_struct` and friends, read from kernel BTF.
@@ -107,6 +120,7 @@ mod pod {
     // SAFETY: all of these are repr(C) plain data without padding-sensitive invariants.
     unsafe impl aya::Pod for super::Filter {}
     unsafe impl aya::Pod for super::TaskOffsets {}
+    unsafe impl aya::Pod for super::stacks::DwarfConfig {}
     unsafe impl aya::Pod for super::oom::OomTpOffsets {}
     unsafe impl aya::Pod for super::oom::OomKprobeOffsets {}
     unsafe impl aya::Pod for super::faults::FaultConfig {}

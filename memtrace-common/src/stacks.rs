@@ -1,4 +1,5 @@
-//! Stack-keyed counters shared by the stack-counting tools (brkstack).
+//! Stack-keyed counters shared by the stack-counting tools (brkstack), and
+//! the copied user stacks of `--stack-mode dwarf`.
 
 use crate::TASK_COMM_LEN;
 
@@ -27,3 +28,42 @@ pub struct StackVal {
     pub bytes: u64,
     pub comm: [u8; TASK_COMM_LEN],
 }
+
+/// `--stack-mode dwarf`: what the kernel copies for userspace to unwind.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct DwarfConfig {
+    /// Bytes of user stack copied from the stack pointer up.
+    pub stack_bytes: u32,
+    /// Copy one event in this many on each CPU; 1 copies every event.
+    pub sample_every: u32,
+    /// `struct pt_regs` offsets of the instruction, stack and frame pointers.
+    pub regs_ip: u32,
+    pub regs_sp: u32,
+    pub regs_bp: u32,
+    /// `mm_struct.start_stack`: the main thread's stack top, not to copy past.
+    pub mm_start_stack: u32,
+}
+
+/// Header of a `kind::STACK_SAMPLE` record; `size` bytes of the user stack,
+/// from `sp` up, follow it.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct StackSample {
+    pub kind: u32,
+    pub tgid: u32,
+    pub pid: u32,
+    pub kstack: i32,
+    /// The tool's value: bytes the heap grew by (brk), the fault address (faults).
+    pub value: u64,
+    /// The tool's tag: 1 for a fault taken in kernel mode.
+    pub aux: u32,
+    /// Stack bytes copied: fewer than asked where the stack ends sooner.
+    pub size: u32,
+    pub ip: u64,
+    pub sp: u64,
+    pub bp: u64,
+    pub comm: [u8; TASK_COMM_LEN],
+}
+
+pub const STACK_SAMPLE_HDR: usize = core::mem::size_of::<StackSample>();

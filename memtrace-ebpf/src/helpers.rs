@@ -2,9 +2,11 @@
 //! stack capture, and reads at offsets resolved by userspace.
 
 use aya_ebpf::{
+    cty::c_void,
     helpers::{
         bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_get_current_task, bpf_ktime_get_ns,
         bpf_probe_read_kernel,
+        generated::{bpf_get_current_task_btf, bpf_probe_read_user, bpf_task_pt_regs},
     },
     macros::{map, tracepoint},
     maps::{HashMap, PerCpuArray, RingBuf, StackTrace},
@@ -12,9 +14,11 @@ use aya_ebpf::{
     EbpfContext, Global,
 };
 use memtrace_common::{
-    loss,
+    kind, loss,
     snoop::{failed, FdFileOffsets, PendingCall, SyscallEvent, MAX_ARGS},
-    stack_mode, Filter, TaskOffsets, TASK_COMM_LEN,
+    stack_mode,
+    stacks::{DwarfConfig, StackSample, STACK_SAMPLE_HDR},
+    Filter, TaskOffsets, TASK_COMM_LEN,
 };
 
 #[unsafe(no_mangle)]
@@ -116,6 +120,103 @@ fn set_busy(v: u32) {
     }
 }
 
+#[unsafe(no_mangle)]
+pub static DWARF: Global<DwarfConfig> = Global::new(DwarfConfig {
+    stack_bytes: 0,
+    sample_every: 1,
+    regs_ip: 0,
+    regs_sp: 0,
+    regs_bp: 0,
+    mm_start_stack: 0,
+});
+
+/// Events seen on this CPU since the last stack copy (`--sample`).
+#[map]
+static SAMPLE_TICK: PerCpuArray<u32> = PerCpuArray::with_max_entries(1, 0);
+
+/// Whether user stacks are copied for DWARF unwinding instead of walked here.
+#[inline(always)]
+pub fn dwarf_mode() -> bool {
+    FILTER.load().stacks & stack_mode::DWARF != 0
+}
+
+/// `--stack-mode dwarf`: sends the user registers and the top of the user
+/// stack (one event in `sample_every`), for userspace to unwind with the
+/// binaries' .eh_frame. The tool's `value` and `aux` ride along.
+#[inline(always)]
+pub fn sample_user_stack(kstack: i32, value: u64, aux: u32) {
+    let cfg = DWARF.load();
+    if let Some(t) = SAMPLE_TICK.get_ptr_mut(0) {
+        unsafe {
+            *t += 1;
+            if *t < cfg.sample_every {
+                return;
+            }
+            *t = 0;
+        }
+    }
+    // A constant to the verifier: .rodata is frozen before programs load.
+    let size = cfg.stack_bytes as u64;
+    let Some(mut rec) = EVENTS.reserve_bytes(STACK_SAMPLE_HDR + size as usize, 0) else {
+        count_loss(loss::RINGBUF);
+        return;
+    };
+    let regs = unsafe { bpf_task_pt_regs(bpf_get_current_task_btf()) } as *const u8;
+    let reg = |off: u32| unsafe { read::<u64>(regs, off) }.unwrap_or(0);
+    let (ip, sp, bp) = (reg(cfg.regs_ip), reg(cfg.regs_sp), reg(cfg.regs_bp));
+    // The main thread's stack ends at start_stack: copying past it can fail.
+    let top = unsafe {
+        read::<*const u8>(current_task(), TASK.load().mm)
+            .and_then(|mm| read::<u64>(mm, cfg.mm_start_stack))
+    }
+    .unwrap_or(0);
+    let mut want = size;
+    if top > sp && top - sp < want {
+        want = top - sp;
+    }
+    let base = rec.as_mut_ptr();
+    let mut got = 0u64;
+    // A thread's stack may end sooner still: halve until the copy succeeds.
+    set_busy(1);
+    for shift in 0..4 {
+        let n = want >> shift;
+        if n == 0 || n > size {
+            break;
+        }
+        let r = unsafe {
+            bpf_probe_read_user(
+                base.add(STACK_SAMPLE_HDR) as *mut c_void,
+                n as u32,
+                sp as *const c_void,
+            )
+        };
+        if r == 0 {
+            got = n;
+            break;
+        }
+    }
+    set_busy(0);
+    if got == 0 {
+        count_loss(loss::STACK_COPY);
+    }
+    let id = bpf_get_current_pid_tgid();
+    let hdr = StackSample {
+        kind: kind::STACK_SAMPLE,
+        tgid: (id >> 32) as u32,
+        pid: id as u32,
+        kstack,
+        value,
+        aux,
+        size: got as u32,
+        ip,
+        sp,
+        bp,
+        comm: bpf_get_current_comm().unwrap_or([0; TASK_COMM_LEN]),
+    };
+    unsafe { core::ptr::write_unaligned(base as *mut StackSample, hdr) };
+    rec.submit(0);
+}
+
 /// Stack ids for the current task, as configured by `FILTER.stacks`; -1 when
 /// not captured, and every failed capture is counted.
 #[inline(always)]
@@ -127,7 +228,8 @@ pub fn stack_ids<C: StackIdContext>(ctx: &C) -> (i32, i32) {
         return (user, kern);
     }
     set_busy(1);
-    if mode & stack_mode::USER != 0 {
+    // In dwarf mode the tool copies the user stack itself (sample_user_stack).
+    if mode & stack_mode::USER != 0 && mode & stack_mode::DWARF == 0 {
         match ctx.get_stackid(&STACKS, aya_ebpf::bindings::BPF_F_USER_STACK as u64) {
             Ok(id) => user = id as i32,
             Err(_) => count_loss(loss::STACK),

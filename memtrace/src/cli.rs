@@ -80,6 +80,52 @@ pub fn parse_pid(s: &str) -> Result<u32, String> {
     }
 }
 
+/// How user stacks are taken.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum StackMode {
+    /// Walk frame pointers in the kernel: cheap, but stops at code built
+    /// without them (glibc on most distributions).
+    Fp,
+    /// Copy the top of the user stack and unwind it here with the binaries'
+    /// .eh_frame: complete stacks, at a copy per event.
+    Dwarf,
+    /// dwarf where events are rare enough (or sampled), fp otherwise.
+    Auto,
+}
+
+/// User-stack arguments of the tools that print user stacks.
+#[derive(Debug, Clone, Args)]
+pub struct StackArgs {
+    /// How user stacks are taken: fp, dwarf or auto.
+    #[arg(long, value_enum, default_value_t = StackMode::Auto)]
+    pub stack_mode: StackMode,
+    /// dwarf: bytes of user stack copied per event (512 to 65536).
+    #[arg(long, default_value_t = 16384, value_parser = parse_stack_size)]
+    pub stack_size: u32,
+    /// dwarf: copy the stack of one event in N; counts by stack become estimates.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
+    pub sample: u32,
+}
+
+impl StackArgs {
+    /// Whether to unwind with DWARF, given whether the tool's events are
+    /// rare enough to copy a stack for each.
+    pub fn dwarf(&self, rare: bool) -> bool {
+        match self.stack_mode {
+            StackMode::Fp => false,
+            StackMode::Dwarf => true,
+            StackMode::Auto => rare || self.sample > 1,
+        }
+    }
+}
+
+pub fn parse_stack_size(s: &str) -> Result<u32, String> {
+    match s.parse::<u32>() {
+        Ok(n) if (512..=65536).contains(&n) => Ok(n & !7),
+        _ => Err(format!("'{s}' is not a stack size from 512 to 65536 bytes")),
+    }
+}
+
 /// Seconds by default; `ms`, `s`, `m`, `h` suffixes.
 pub fn parse_duration(s: &str) -> Result<Duration, String> {
     let s = s.trim();
@@ -122,5 +168,13 @@ mod tests {
         assert!(parse_pid("0").is_err());
         assert!(parse_pid("abc").is_err());
         assert_eq!(parse_pid("42").unwrap(), 42);
+    }
+
+    #[test]
+    fn stack_sizes() {
+        assert_eq!(parse_stack_size("16384").unwrap(), 16384);
+        assert_eq!(parse_stack_size("1001").unwrap(), 1000);
+        assert!(parse_stack_size("100").is_err());
+        assert!(parse_stack_size("1000000").is_err());
     }
 }

@@ -10,5 +10,6 @@ pub mod run;
 pub mod session;
 pub mod symbolize;
 pub mod tools;
+pub mod unwind;
 
 pub use error::{Error, Result};

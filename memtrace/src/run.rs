@@ -7,7 +7,11 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use memtrace_common::Filter;
+use memtrace_common::{
+    kind, stack_mode,
+    stacks::{DwarfConfig, STACK_SAMPLE_HDR},
+    Filter,
+};
 use tokio::io::unix::AsyncFd;
 use tokio::signal::unix::{signal, SignalKind};
 
@@ -18,6 +22,7 @@ use crate::kernel::{Format, KernelBtf};
 use crate::output::{self, Format as OutFormat, Printer, Summary, Value};
 use crate::session::{Loader, Session};
 use crate::symbolize::SharedMaps;
+use crate::unwind::DwarfStacks;
 
 /// One tool: its probes, its aggregation, its report.
 pub trait Tool {
@@ -28,6 +33,11 @@ pub trait Tool {
     /// `stack_mode` bits the kernel programs should capture.
     fn stack_mode(&self) -> u32 {
         0
+    }
+    /// The user-stack arguments, for tools that print user stacks, and
+    /// whether the tool's events are rare enough to copy every stack.
+    fn user_stacks(&self) -> Option<(&crate::cli::StackArgs, bool)> {
+        None
     }
     /// Sets the globals and map sizes the tool's programs need.
     fn prepare(&mut self, k: &mut Prep) -> Result<()>;
@@ -221,6 +231,60 @@ fn spawn_traced(cmd: &str) -> Result<Traced> {
     }
 }
 
+/// Resolves `--stack-mode`, says which was chosen, and for dwarf sets what
+/// the kernel programs need to copy stacks.
+fn dwarf_setup(
+    tool: &dyn Tool,
+    filter: &mut Filter,
+    loader: &mut Loader,
+) -> Result<Option<DwarfStacks>> {
+    let Some((args, rare)) = tool.user_stacks() else {
+        return Ok(None);
+    };
+    let auto = args.stack_mode == crate::cli::StackMode::Auto;
+    if !args.dwarf(rare) {
+        if auto {
+            eprintln!(
+                "memtrace: user stacks: fp (auto: too many events to copy each stack; \
+                 --stack-mode dwarf --sample N unwinds one in N through code without frame pointers)"
+            );
+        }
+        return Ok(None);
+    }
+    let btf = KernelBtf::shared()?;
+    let need = |s: &str, m: &str| {
+        btf.offset(s, m).ok_or_else(|| {
+            Error::NoBtf(format!(
+                "no {s}.{m} in kernel BTF (needed by --stack-mode dwarf)"
+            ))
+        })
+    };
+    let cfg = DwarfConfig {
+        stack_bytes: args.stack_size,
+        sample_every: args.sample,
+        regs_ip: need("pt_regs", "ip")?,
+        regs_sp: need("pt_regs", "sp")?,
+        regs_bp: need("pt_regs", "bp")?,
+        mm_start_stack: need("mm_struct", "start_stack")?,
+    };
+    filter.stacks |= stack_mode::DWARF;
+    loader.global("DWARF", &cfg);
+    // Room for 128 copied stacks: the reader drains it far more often.
+    let record = (STACK_SAMPLE_HDR as u32 + cfg.stack_bytes).next_power_of_two();
+    loader.max_entries("EVENTS", (record * 128).max(1 << 20));
+    let how = if args.sample > 1 {
+        format!("one event in {} sampled", args.sample)
+    } else {
+        "every event".to_string()
+    };
+    eprintln!(
+        "memtrace: user stacks: dwarf{} ({} bytes of stack copied, {how})",
+        if auto { " (auto)" } else { "" },
+        cfg.stack_bytes
+    );
+    Ok(Some(DwarfStacks::new(args.sample, args.stack_size)))
+}
+
 fn fork_probe() -> Probe {
     Probe::new("process forks").tracepoint("follow_fork", "sched", "sched_process_fork")
 }
@@ -267,6 +331,7 @@ pub fn run(tool: &mut dyn Tool, common: &Common) -> Result<i32> {
         filter.fork_child_pid = Format::load("sched", "sched_process_fork")?.offset("child_pid")?;
         loader.max_entries("FOLLOWED", 8192);
     }
+    let dwarf = dwarf_setup(tool, &mut filter, &mut loader)?;
     if filter.stacks != 0 {
         loader.max_entries("STACKS", 16384);
     }
@@ -280,6 +345,7 @@ pub fn run(tool: &mut dyn Tool, common: &Common) -> Result<i32> {
     phases.mark("offsets");
 
     let mut session = Session::load(&loader, common.attach, common.verbose)?;
+    session.dwarf = dwarf;
     phases.mark("object loaded");
     if follow {
         session.attach(&fork_probe())?;
@@ -342,6 +408,22 @@ pub fn run(tool: &mut dyn Tool, common: &Common) -> Result<i32> {
         exited,
     ))?;
     tool.finish(&mut session, out.as_mut())?;
+    let mut extra = tool.summary_extra();
+    if let Some(d) = &session.dwarf {
+        let u = d.unwinder.stats;
+        extra.extend([
+            ("stack_mode", Value::from("dwarf")),
+            ("stack_sample_every", Value::from(d.every as u64)),
+            ("stacks_unwound", Value::from(u.samples)),
+            ("unwind_complete", Value::from(u.complete)),
+            ("unwind_truncated", Value::from(u.truncated)),
+            ("unwind_no_info", Value::from(u.no_unwind_info)),
+            ("unwind_no_maps", Value::from(u.no_maps)),
+            ("unwind_failed", Value::from(u.failed)),
+        ]);
+    } else if tool.user_stacks().is_some() {
+        extra.push(("stack_mode", Value::from("fp")));
+    }
     let summary = Summary {
         tool: tool.name(),
         duration_s: started.elapsed().as_secs_f64(),
@@ -349,7 +431,7 @@ pub fn run(tool: &mut dyn Tool, common: &Common) -> Result<i32> {
         lost: session.losses(),
         attached: session.attached.clone(),
         command_status: status,
-        extra: tool.summary_extra(),
+        extra,
     };
     out.summary(&summary);
     out.flush();
@@ -396,7 +478,7 @@ async fn event_loop(
                 let mut guard = guard?;
                 let ring = guard.get_inner_mut();
                 while let Some(item) = ring.next() {
-                    tool.on_record(&item, session, out)?;
+                    dispatch(&item, tool, session, out)?;
                 }
                 out.flush();
                 guard.clear_ready();
@@ -434,7 +516,23 @@ async fn event_loop(
     // Whatever is still in the buffer belongs to the report.
     let ring = rb.get_mut();
     while let Some(item) = ring.next() {
-        tool.on_record(&item, session, out)?;
+        dispatch(&item, tool, session, out)?;
     }
     Ok(status)
+}
+
+/// Copied stacks go to the unwinder, every other record to the tool.
+fn dispatch(
+    item: &[u8],
+    tool: &mut dyn Tool,
+    session: &mut Session,
+    out: &mut dyn Printer,
+) -> Result<()> {
+    if item.get(..4) == Some(&kind::STACK_SAMPLE.to_ne_bytes()) {
+        if let Some(d) = session.dwarf.as_mut() {
+            d.add(&mut session.sym.maps.lock().unwrap(), item);
+        }
+        return Ok(());
+    }
+    tool.on_record(item, session, out)
 }

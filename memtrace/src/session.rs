@@ -18,6 +18,7 @@ use memtrace_common::loss;
 use crate::attach::{Method, Probe, Target, Way};
 use crate::error::{Error, Result};
 use crate::symbolize::Symbolizer;
+use crate::unwind::DwarfStacks;
 
 /// The compiled kernel programs, embedded at build time.
 static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/memtrace"));
@@ -74,6 +75,8 @@ pub struct Session {
     /// (probe, method, target) for each probe attached.
     pub attached: Vec<(String, String, String)>,
     pub sym: Symbolizer,
+    /// `--stack-mode dwarf`: the unwinder and the unwound samples.
+    pub dwarf: Option<DwarfStacks>,
 }
 
 fn chain(e: &dyn std::error::Error) -> String {
@@ -163,6 +166,7 @@ impl Session {
             loaded: HashSet::new(),
             attached: Vec::new(),
             sym: Symbolizer::new(),
+            dwarf: None,
         })
     }
 

@@ -85,7 +85,8 @@ pub struct MapsCache {
 impl MapsCache {
     /// Reads (again) the maps of `pid`; false if the process is gone.
     pub fn snapshot(&mut self, pid: u32) -> bool {
-        let Some(maps) = read_maps(pid) else {
+        // An exiting process shows empty maps: keep the last real copy.
+        let Some(maps) = read_maps(pid).filter(|m| !m.is_empty()) else {
             return false;
         };
         for m in &maps {
@@ -108,6 +109,11 @@ impl MapsCache {
 
     pub fn has(&self, pid: u32) -> bool {
         self.procs.contains_key(&pid)
+    }
+
+    /// The open file behind mapping `m`, if it could be opened.
+    pub fn file(&self, m: &Mapping) -> Option<Arc<File>> {
+        self.files.get(&(m.dev, m.inode)).cloned()
     }
 
     pub fn maps(&self, pid: u32) -> Option<&[Mapping]> {

@@ -14,7 +14,7 @@ use crate::error::Result;
 use crate::output::{clock, Printer, StackReport};
 use crate::run::{Prep, Tool};
 use crate::session::Session;
-use crate::tools::{first_comm, stack_report, IntervalArgs};
+use crate::tools::{first_comm, sampled_reports, sampled_title, stack_report, IntervalArgs};
 
 #[derive(Debug, Clone, clap::Args)]
 pub struct Args {
@@ -31,6 +31,8 @@ pub struct Args {
     /// Print stacks folded (`comm;outer;...;inner count`), for flame graphs.
     #[arg(long)]
     pub folded: bool,
+    #[command(flatten)]
+    pub stacks: crate::cli::StackArgs,
 }
 
 pub fn probes() -> Vec<Probe> {
@@ -68,16 +70,19 @@ impl Brkstack {
         v.sort_by(|a, b| b.1 .0.cmp(&a.1 .0).then(b.1 .1.cmp(&a.1 .1)));
         v.truncate(self.args.top);
         let mode = self.stack_mode();
-        let reports: Vec<StackReport> = v
-            .into_iter()
-            .map(|(k, (c, b, n))| {
-                stack_report(s, k.tgid, n, (k.ustack, k.kstack), mode, c, Some(b))
-            })
-            .collect();
-        let title = if self.args.interval.interval.is_some() {
-            format!("{} brk calls by stack", clock())
-        } else {
-            String::new()
+        let reports: Vec<StackReport> = match sampled_reports(s, clear, mode, self.args.top, true) {
+            Some(r) => r,
+            None => v
+                .into_iter()
+                .map(|(k, (c, b, n))| {
+                    stack_report(s, k.tgid, n, (k.ustack, k.kstack), mode, c, Some(b))
+                })
+                .collect(),
+        };
+        let title = match (self.args.interval.interval.is_some(), sampled_title(s)) {
+            (true, t) if t.is_empty() => format!("{} brk calls by stack", clock()),
+            (true, t) => format!("{} brk calls by stack ({t})", clock()),
+            (false, t) => t,
         };
         out.stacks("brk_stack", &title, &reports);
         Ok(())
@@ -104,6 +109,10 @@ impl Tool for Brkstack {
     }
     fn folded(&self) -> bool {
         self.args.folded
+    }
+    fn user_stacks(&self) -> Option<(&crate::cli::StackArgs, bool)> {
+        // brk is called at most thousands of times a second: copy every stack.
+        Some((&self.args.stacks, true))
     }
     fn interval(&self) -> Option<Duration> {
         self.args.interval.interval

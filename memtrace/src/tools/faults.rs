@@ -15,7 +15,7 @@ use crate::output::{clock, Col, Printer, Row, StackReport, Value};
 use crate::run::{Prep, Tool};
 use crate::session::Session;
 use crate::symbolize::Mapping;
-use crate::tools::{first_comm, stack_report, IntervalArgs};
+use crate::tools::{first_comm, sampled_reports, sampled_title, stack_report, IntervalArgs};
 
 #[derive(Debug, Clone, clap::Args)]
 pub struct Args {
@@ -38,6 +38,8 @@ pub struct Args {
     /// Which mappings of the traced process take the faults (needs -p or -c).
     #[arg(long)]
     pub by_mapping: bool,
+    #[command(flatten)]
+    pub stack_args: crate::cli::StackArgs,
     /// Attach an empty program instead (benchmark floor).
     #[arg(long, hide = true)]
     pub floor: bool,
@@ -142,10 +144,19 @@ impl Faults {
             v.sort_by_key(|e| std::cmp::Reverse(e.1 .0));
             v.truncate(self.args.top);
             let mode = self.mode();
-            let reports: Vec<StackReport> = v
-                .into_iter()
-                .map(|((pid, u, k), (c, n))| stack_report(s, pid, n, (u, k), mode, c, None))
-                .collect();
+            let reports: Vec<StackReport> =
+                match sampled_reports(s, clear, mode, self.args.top, false) {
+                    Some(r) => r,
+                    None => v
+                        .into_iter()
+                        .map(|((pid, u, k), (c, n))| stack_report(s, pid, n, (u, k), mode, c, None))
+                        .collect(),
+                };
+            let title = match sampled_title(s) {
+                t if t.is_empty() => title,
+                t if title.is_empty() => t,
+                t => format!("{title} ({t})"),
+            };
             out.stacks("fault_stack", &title, &reports);
             return Ok(());
         }
@@ -264,6 +275,10 @@ impl Tool for Faults {
     }
     fn folded(&self) -> bool {
         self.args.folded
+    }
+    fn user_stacks(&self) -> Option<(&crate::cli::StackArgs, bool)> {
+        // Faults come by the hundred thousand a second: not rare.
+        self.args.stacks.then_some((&self.args.stack_args, false))
     }
     fn interval(&self) -> Option<Duration> {
         self.args.interval.interval

@@ -91,6 +91,53 @@ pub struct IntervalArgs {
     pub count: Option<u64>,
 }
 
+/// In dwarf mode, the unwound samples as stack reports, largest first,
+/// scaled by the sampling rate (estimates when sampled); None in fp mode.
+pub fn sampled_reports(
+    s: &mut crate::session::Session,
+    clear: bool,
+    mode: u32,
+    top: usize,
+    with_value: bool,
+) -> Option<Vec<crate::output::StackReport>> {
+    use memtrace_common::stack_mode;
+    let d = s.dwarf.as_mut()?;
+    let every = d.every as u64;
+    let mut v = d.take(clear);
+    v.sort_by(|a, b| b.1.count.cmp(&a.1.count).then(b.1.value.cmp(&a.1.value)));
+    v.truncate(top);
+    let reports = v
+        .into_iter()
+        .map(|(k, val)| {
+            let user = s.sym.user(k.tgid, &k.user);
+            let kernel = s.kernel_frames(k.kstack);
+            let note = if mode & stack_mode::KERNEL != 0 && k.kstack < 0 {
+                Some("kernel stack capture failed (counted in stack_fail)".to_string())
+            } else {
+                val.end.and_then(|e| e.note()).map(String::from)
+            };
+            crate::output::StackReport {
+                pid: k.tgid,
+                comm: val.comm,
+                count: val.count * every,
+                bytes: with_value.then_some(val.value * every),
+                user,
+                kernel,
+                note,
+            }
+        })
+        .collect();
+    Some(reports)
+}
+
+/// A title note for sampled stacks, empty when every event was unwound.
+pub fn sampled_title(s: &crate::session::Session) -> String {
+    match &s.dwarf {
+        Some(d) if d.every > 1 => format!("stacks sampled 1 in {}: counts are estimates", d.every),
+        _ => String::new(),
+    }
+}
+
 /// A stack-keyed count, symbolized, for any tool that counts by stack.
 pub fn stack_report(
     s: &mut crate::session::Session,

@@ -1,0 +1,359 @@
+//! `--stack-mode dwarf`: user stacks unwound here, from the registers and a
+//! copy of the top of the stack taken in the kernel, with each binary's
+//! `.eh_frame` (framehop), so that they pass through code built without
+//! frame pointers, glibc included. Unwound stacks are then aggregated here
+//! for the counting tools, and symbolized like any other stack.
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::ops::Range;
+use std::sync::Arc;
+
+use framehop::x86_64::{CacheX86_64, UnwindRegsX86_64, UnwinderX86_64};
+use framehop::{Error as UnwindError, ExplicitModuleSectionInfo, FrameAddress, Module, Unwinder};
+use memtrace_common::stacks::{StackSample, STACK_SAMPLE_HDR};
+use object::{Object, ObjectSection, ObjectSegment};
+
+use crate::symbolize::{Mapping, MapsCache};
+
+/// Most frames kept per stack, as the kernel's own walker.
+const MAX_FRAMES: usize = 127;
+
+type Data = Arc<[u8]>;
+type FileId = ((u32, u32), u64);
+
+/// The sections of one binary that unwinding needs, read once per file.
+struct ObjectInfo {
+    text: Option<Range<u64>>,
+    eh_frame: Option<(Range<u64>, Data)>,
+    eh_frame_hdr: Option<(Range<u64>, Data)>,
+    debug_frame: Option<Data>,
+    /// (file offset, file size, virtual address) of each executable segment.
+    segments: Vec<(u64, u64, u64)>,
+}
+
+impl ObjectInfo {
+    fn read(file: &File) -> Option<ObjectInfo> {
+        // Reads only the headers and the sections asked for, not the file.
+        let cache = object::ReadCache::new(file);
+        let obj = object::File::parse(&cache).ok()?;
+        let section = |name: &str| {
+            let s = obj.section_by_name(name)?;
+            let data: Data = Arc::from(s.data().ok()?);
+            Some((s.address()..s.address() + s.size(), data))
+        };
+        let info = ObjectInfo {
+            text: obj
+                .section_by_name(".text")
+                .map(|s| s.address()..s.address() + s.size()),
+            eh_frame: section(".eh_frame"),
+            eh_frame_hdr: section(".eh_frame_hdr"),
+            debug_frame: section(".debug_frame").map(|(_, d)| d),
+            segments: obj
+                .segments()
+                .filter(|s| {
+                    matches!(s.flags(), object::SegmentFlags::Elf { p_flags } if p_flags & object::elf::PF_X != 0)
+                })
+                .map(|s| {
+                    let (off, size) = s.file_range();
+                    (off, size, s.address())
+                })
+                .collect(),
+        };
+        Some(info)
+    }
+
+    fn has_unwind_info(&self) -> bool {
+        self.eh_frame.is_some() || self.debug_frame.is_some()
+    }
+
+    /// Load bias of an executable mapping of this file: the actual address
+    /// minus the address the file states for the same byte. The mapping
+    /// starts at the segment's offset rounded down to a page.
+    fn bias(&self, m: &Mapping) -> Option<u64> {
+        let page = crate::kernel::btf::page_size();
+        let (off, _, vaddr) = self.segments.iter().find(|(off, size, _)| {
+            off / page * page <= m.offset && m.offset < off + (*size).max(1)
+        })?;
+        Some(
+            m.start
+                .wrapping_sub(m.offset)
+                .wrapping_add(*off)
+                .wrapping_sub(*vaddr),
+        )
+    }
+}
+
+/// How unwinding a sample ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum End {
+    /// Reached the outermost frame.
+    Complete,
+    /// Ran off the end of the copied stack (`--stack-size` too small).
+    Truncated,
+    /// Reached code without unwind information.
+    NoUnwindInfo,
+    /// The process's maps were gone before the sample could be unwound.
+    NoMaps,
+    /// Anything else: a bad return address, a frame that did not advance.
+    Failed,
+}
+
+impl End {
+    pub fn note(self) -> Option<&'static str> {
+        match self {
+            End::Complete => None,
+            End::Truncated => {
+                Some("unwinding reached the end of the copied stack (raise --stack-size)")
+            }
+            End::NoUnwindInfo => Some("unwinding reached code without unwind info"),
+            End::NoMaps => Some("the process exited before its maps were read"),
+            End::Failed => Some("unwinding failed part way"),
+        }
+    }
+}
+
+/// Per-sample outcome counts, shown in the summary.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct UnwindStats {
+    pub samples: u64,
+    pub complete: u64,
+    pub truncated: u64,
+    pub no_unwind_info: u64,
+    pub no_maps: u64,
+    pub failed: u64,
+}
+
+struct Proc {
+    unwinder: UnwinderX86_64<Data>,
+    /// Executable ranges with unwind info, to tell where unwinding left it.
+    covered: Vec<Range<u64>>,
+}
+
+#[derive(Default)]
+pub struct DwarfUnwinder {
+    /// By (device, inode); None for files that could not be read.
+    objects: HashMap<FileId, Option<Arc<ObjectInfo>>>,
+    procs: HashMap<u32, Proc>,
+    cache: CacheX86_64,
+    pub stats: UnwindStats,
+}
+
+impl DwarfUnwinder {
+    fn build(&mut self, pid: u32, maps: &MapsCache) -> Option<Proc> {
+        let mut unwinder = UnwinderX86_64::new();
+        let mut covered = Vec::new();
+        for m in maps.maps(pid)? {
+            if !m.perms.contains('x') || !m.path.starts_with('/') {
+                continue;
+            }
+            let info = self
+                .objects
+                .entry((m.dev, m.inode))
+                .or_insert_with(|| {
+                    maps.file(m)
+                        .and_then(|f| ObjectInfo::read(&f))
+                        .map(Arc::new)
+                })
+                .clone();
+            let Some(info) = info else { continue };
+            let Some(bias) = info.bias(m) else { continue };
+            if info.has_unwind_info() {
+                covered.push(m.start..m.end);
+            }
+            let (eh_frame_svma, eh_frame) = split(info.eh_frame.clone());
+            let (eh_frame_hdr_svma, eh_frame_hdr) = split(info.eh_frame_hdr.clone());
+            let sections = ExplicitModuleSectionInfo {
+                base_svma: 0,
+                text_svma: info.text.clone(),
+                eh_frame_svma,
+                eh_frame,
+                eh_frame_hdr_svma,
+                eh_frame_hdr,
+                debug_frame: info.debug_frame.clone(),
+                ..Default::default()
+            };
+            unwinder.add_module(Module::new(m.path.clone(), m.start..m.end, bias, sections));
+        }
+        Some(Proc { unwinder, covered })
+    }
+
+    /// Unwinds one `kind::STACK_SAMPLE` record of `pid`: addresses for
+    /// symbolization (return addresses minus one), innermost first.
+    pub fn unwind(
+        &mut self,
+        maps: &mut MapsCache,
+        s: &StackSample,
+        stack: &[u8],
+    ) -> (Vec<u64>, End) {
+        self.stats.samples += 1;
+        let pid = s.tgid;
+        // New process, or code mapped since the last look (dlopen, exec).
+        let stale = self
+            .procs
+            .get(&pid)
+            .is_none_or(|p| !p.covered.iter().any(|r| r.contains(&s.ip)));
+        if stale && (maps.snapshot(pid) || !self.procs.contains_key(&pid)) {
+            match self.build(pid, maps) {
+                Some(p) => {
+                    self.procs.insert(pid, p);
+                }
+                None => {
+                    self.stats.no_maps += 1;
+                    return (vec![s.ip], End::NoMaps);
+                }
+            }
+        }
+        let proc = self.procs.get(&pid).expect("built above");
+        let sp = s.sp;
+        let mut read_stack = |addr: u64| -> Result<u64, ()> {
+            let off = addr.checked_sub(sp).ok_or(())? as usize;
+            let b = stack.get(off..off + 8).ok_or(())?;
+            Ok(u64::from_le_bytes(b.try_into().unwrap()))
+        };
+        let regs = UnwindRegsX86_64::new(s.ip, s.sp, s.bp);
+        let mut it = proc
+            .unwinder
+            .iter_frames(s.ip, regs, &mut self.cache, &mut read_stack);
+        let mut frames = Vec::new();
+        let mut end = End::Complete;
+        loop {
+            match it.next() {
+                Ok(Some(f)) => {
+                    let a = match f {
+                        FrameAddress::InstructionPointer(ip) => ip,
+                        FrameAddress::ReturnAddress(ra) => ra.get().saturating_sub(1),
+                    };
+                    if !proc.covered.iter().any(|r| r.contains(&a)) {
+                        end = End::NoUnwindInfo;
+                    }
+                    frames.push(a);
+                    if frames.len() >= MAX_FRAMES {
+                        break;
+                    }
+                }
+                Ok(None) => break,
+                Err(UnwindError::CouldNotReadStack(a)) if a >= sp + stack.len() as u64 => {
+                    end = End::Truncated;
+                    break;
+                }
+                // A null return address marks the outermost frame.
+                Err(UnwindError::ReturnAddressIsNull) => break,
+                // framehop walks frame pointers only where a frame has no
+                // CFI (hand-written entry code such as ld.so's _start).
+                Err(UnwindError::FramepointerUnwindingMovedBackwards) => {
+                    end = End::NoUnwindInfo;
+                    break;
+                }
+                Err(e) => {
+                    if std::env::var_os("MEMTRACE_DEBUG_UNWIND").is_some() {
+                        eprintln!("memtrace: unwind of pid {pid} stopped: {e}");
+                    }
+                    if end == End::Complete {
+                        end = End::Failed;
+                    }
+                    break;
+                }
+            }
+        }
+        match end {
+            End::Complete => self.stats.complete += 1,
+            End::Truncated => self.stats.truncated += 1,
+            End::NoUnwindInfo => self.stats.no_unwind_info += 1,
+            End::NoMaps => self.stats.no_maps += 1,
+            End::Failed => self.stats.failed += 1,
+        }
+        (frames, end)
+    }
+
+    /// Forgets a process's modules (it exited, or its maps changed).
+    pub fn forget(&mut self, pid: u32) {
+        self.procs.remove(&pid);
+    }
+}
+
+fn split(s: Option<(Range<u64>, Data)>) -> (Option<Range<u64>>, Option<Data>) {
+    match s {
+        Some((r, d)) => (Some(r), Some(d)),
+        None => (None, None),
+    }
+}
+
+/// Splits a `kind::STACK_SAMPLE` record into its header and stack bytes.
+pub fn parse_sample(data: &[u8]) -> Option<(StackSample, &[u8])> {
+    let hdr: StackSample = crate::tools::record(data, memtrace_common::kind::STACK_SAMPLE)?;
+    let stack = data.get(STACK_SAMPLE_HDR..STACK_SAMPLE_HDR + hdr.size as usize)?;
+    Some((hdr, stack))
+}
+
+/// What samples with the same stack add up to.
+#[derive(Debug, Clone, Default)]
+pub struct SampleVal {
+    pub count: u64,
+    /// Sum of the tool's `value` (bytes for brk).
+    pub value: u64,
+    pub comm: String,
+    pub end: Option<End>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct SampleKey {
+    pub tgid: u32,
+    pub aux: u32,
+    pub kstack: i32,
+    pub user: Vec<u64>,
+}
+
+/// Unwound samples, aggregated by stack: the counting tools' view in dwarf mode.
+pub struct DwarfStacks {
+    pub unwinder: DwarfUnwinder,
+    pub samples: HashMap<SampleKey, SampleVal>,
+    /// One event in this many was copied.
+    pub every: u32,
+    pub stack_bytes: u32,
+}
+
+impl DwarfStacks {
+    pub fn new(every: u32, stack_bytes: u32) -> Self {
+        DwarfStacks {
+            unwinder: DwarfUnwinder::default(),
+            samples: HashMap::new(),
+            every,
+            stack_bytes,
+        }
+    }
+
+    pub fn add(&mut self, maps: &mut MapsCache, data: &[u8]) {
+        let Some((h, stack)) = parse_sample(data) else {
+            return;
+        };
+        let (user, end) = self.unwinder.unwind(maps, &h, stack);
+        let key = SampleKey {
+            tgid: h.tgid,
+            aux: h.aux,
+            kstack: h.kstack,
+            user,
+        };
+        let v = self.samples.entry(key).or_default();
+        v.count += 1;
+        v.value += h.value;
+        if v.comm.is_empty() {
+            v.comm = crate::tools::comm(&h.comm);
+        }
+        if end != End::Complete {
+            v.end = Some(end);
+        }
+    }
+
+    /// The aggregated samples, emptied with `clear`.
+    pub fn take(&mut self, clear: bool) -> Vec<(SampleKey, SampleVal)> {
+        if clear {
+            self.samples.drain().collect()
+        } else {
+            self.samples
+                .iter()
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect()
+        }
+    }
+}
