@@ -1,0 +1,291 @@
+//! `--stack-mode dwarf`: complete user stacks through code built without
+//! frame pointers. The workloads are built here, without frame pointers, from
+//! tests/workload/nofp/: a C one (cc) and a Rust one (plain rustc).
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::OnceLock;
+
+use common::*;
+
+fn src(name: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../tests/workload/nofp")
+        .join(name)
+}
+
+fn build(out: &str, cmd: &mut Command) -> PathBuf {
+    let path = Path::new(env!("CARGO_TARGET_TMPDIR")).join(out);
+    let st = cmd.arg("-o").arg(&path).status().expect("run the compiler");
+    assert!(st.success(), "building {out} failed");
+    path
+}
+
+/// The C workload: sbrk and page touches three named functions deep.
+fn c_workload() -> &'static Path {
+    static BIN: OnceLock<PathBuf> = OnceLock::new();
+    BIN.get_or_init(|| {
+        build(
+            "nofp-c",
+            Command::new("cc")
+                .args([
+                    "-O2",
+                    "-g",
+                    "-fomit-frame-pointer",
+                    "-fno-optimize-sibling-calls",
+                ])
+                .arg(src("nofp.c")),
+        )
+    })
+}
+
+fn rust_workload() -> &'static Path {
+    static BIN: OnceLock<PathBuf> = OnceLock::new();
+    BIN.get_or_init(|| {
+        build(
+            "nofp-rs",
+            Command::new("rustc")
+                .args([
+                    "--edition",
+                    "2021",
+                    "-O",
+                    "-g",
+                    "-C",
+                    "force-frame-pointers=no",
+                ])
+                .arg(src("nofp.rs")),
+        )
+    })
+}
+
+fn trace(args: &[&str]) -> (String, serde_json::Value) {
+    let out = run(args);
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    let summary = json_of(&out.stdout, "summary").pop().expect("a summary");
+    (out.stdout, summary)
+}
+
+fn frames(stack: &serde_json::Value) -> Vec<String> {
+    stack["user_stack"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| f.as_str().unwrap().to_string())
+        .collect()
+}
+
+/// Index of the first frame naming `f`.
+fn at(frames: &[String], f: &str) -> Option<usize> {
+    frames.iter().position(|x| x.contains(f))
+}
+
+/// Asserts `names` appear in `frames` in this order, innermost first.
+fn assert_in_order(frames: &[String], names: &[&str]) {
+    let idx: Vec<Option<usize>> = names.iter().map(|n| at(frames, n)).collect();
+    assert!(
+        idx.iter().all(|i| i.is_some()),
+        "{names:?} not all in {frames:#?}"
+    );
+    assert!(
+        idx.windows(2).all(|w| w[0] < w[1]),
+        "{names:?} out of order in {frames:#?}"
+    );
+}
+
+/// The stacks through `f`, largest first: the workload's loop (glibc's sbrk
+/// takes another path on its first call, so there may be two).
+fn stacks_through(stdout: &str, ty: &str, f: &str) -> Vec<serde_json::Value> {
+    let v: Vec<_> = json_of(stdout, ty)
+        .into_iter()
+        .filter(|s| at(&frames(s), f).is_some())
+        .collect();
+    assert!(!v.is_empty(), "no {ty} through {f} in {stdout}");
+    v
+}
+
+fn sum(stacks: &[serde_json::Value], field: &str) -> u64 {
+    stacks.iter().map(|s| s[field].as_u64().unwrap()).sum()
+}
+
+#[test]
+fn dwarf_brkstack_names_every_c_caller_of_sbrk_in_order() {
+    const N: u64 = 40;
+    let cmd = format!("{} sbrk {N}", c_workload().display());
+    let (out, summary) = trace(&["brkstack", "--stack-mode", "dwarf", "--json", "-c", &cmd]);
+    assert_eq!(summary["stack_mode"], "dwarf", "{summary}");
+    // glibc's first sbrk also asks for the break with brk(0): its own stack.
+    let loop_stacks = stacks_through(&out, "brk_stack", "heap_grow_outer");
+    let s = &loop_stacks[0];
+    assert_eq!(s["count"], N, "{out}");
+    assert_eq!(sum(&loop_stacks, "bytes"), N * 4096, "{out}");
+    let f = frames(s);
+    // Through glibc's sbrk (no frame pointers) to main: nothing lost.
+    assert_in_order(
+        &f,
+        &[
+            "__brk",
+            "sbrk",
+            "heap_grow_inner",
+            "heap_grow_middle",
+            "heap_grow_outer",
+            "main",
+        ],
+    );
+    assert!(s["note"].is_null(), "{s}");
+    assert!(
+        summary["unwind_complete"].as_u64().unwrap() >= N,
+        "{summary}"
+    );
+
+    // The same under frame pointers, to show the difference: printed, not asserted.
+    let (fp, fp_summary) = trace(&["brkstack", "--stack-mode", "fp", "--json", "-c", &cmd]);
+    assert_eq!(fp_summary["stack_mode"], "fp");
+    let fp_frames = frames(&json_of(&fp, "brk_stack")[0]);
+    let missing: Vec<&str> = [
+        "heap_grow_inner",
+        "heap_grow_middle",
+        "heap_grow_outer",
+        "main",
+    ]
+    .into_iter()
+    .filter(|n| at(&fp_frames, n).is_none())
+    .collect();
+    eprintln!("fp mode stack: {fp_frames:?}\nfp mode misses: {missing:?}");
+}
+
+#[test]
+fn dwarf_brkstack_names_every_rust_caller_without_frame_pointers() {
+    const N: u64 = 25;
+    let cmd = format!("{} {N}", rust_workload().display());
+    let (out, _) = trace(&["brkstack", "--stack-mode", "dwarf", "--json", "-c", &cmd]);
+    let loop_stacks = stacks_through(&out, "brk_stack", "rust_heap_grow_outer");
+    assert_eq!(loop_stacks[0]["count"], N, "{out}");
+    assert_eq!(sum(&loop_stacks, "bytes"), N * 4096, "{out}");
+    let f = frames(&loop_stacks[0]);
+    assert_in_order(
+        &f,
+        &[
+            "sbrk",
+            "rust_heap_grow_inner",
+            "rust_heap_grow_middle",
+            "rust_heap_grow_outer",
+            "nofp::main",
+        ],
+    );
+}
+
+#[test]
+fn auto_mode_unwinds_brk_with_dwarf() {
+    let cmd = format!("{} sbrk 5", c_workload().display());
+    let (out, summary) = trace(&["brkstack", "--json", "-c", &cmd]);
+    assert_eq!(summary["stack_mode"], "dwarf", "{summary}");
+    let loop_stacks = stacks_through(&out, "brk_stack", "heap_grow_outer");
+    assert_in_order(&frames(&loop_stacks[0]), &["heap_grow_outer", "main"]);
+    // Page faults are too many to copy each stack: auto keeps frame pointers.
+    let (_, summary) = trace(&["faults", "--stacks", "--json", "-c", &cmd]);
+    assert_eq!(summary["stack_mode"], "fp", "{summary}");
+}
+
+#[test]
+fn dwarf_fault_stacks_name_every_caller_and_account_for_every_fault() {
+    const N: u64 = 300;
+    let cmd = format!("{} touch {N}", c_workload().display());
+    let (out, summary) = trace(&[
+        "faults",
+        "--stacks",
+        "--stack-mode",
+        "dwarf",
+        "--stack-size",
+        "8192",
+        "--json",
+        "-c",
+        &cmd,
+    ]);
+    let stacks = json_of(&out, "fault_stack");
+    let touch: Vec<&serde_json::Value> = stacks
+        .iter()
+        .filter(|s| frames(s).iter().any(|f| f.contains("pages_touch_outer")))
+        .collect();
+    assert!(!touch.is_empty(), "{out}");
+    assert_in_order(
+        &frames(touch[0]),
+        &[
+            "pages_touch_inner",
+            "pages_touch_middle",
+            "pages_touch_outer",
+            "main",
+        ],
+    );
+    // Every fault of the loop was unwound or counted as lost: none vanish.
+    let unwound: u64 = touch.iter().map(|s| s["count"].as_u64().unwrap()).sum();
+    let lost = summary["lost"]["ringbuf_full"].as_u64().unwrap();
+    assert!(
+        unwound + lost >= N,
+        "unwound {unwound} + lost {lost} < {N}: {summary}"
+    );
+    assert!(unwound <= N + 2, "{unwound} > {N}: {out}");
+}
+
+#[test]
+fn sampled_dwarf_stacks_scale_their_counts_and_say_so() {
+    const N: u64 = 2000;
+    const EVERY: u64 = 8;
+    let cmd = format!("{} touch {N}", c_workload().display());
+    let (out, summary) = trace(&[
+        "faults",
+        "--stacks",
+        "--stack-mode",
+        "dwarf",
+        "--sample",
+        "8",
+        "--json",
+        "-c",
+        &cmd,
+    ]);
+    assert_eq!(summary["stack_sample_every"], EVERY, "{summary}");
+    let lost = summary["lost"]["ringbuf_full"].as_u64().unwrap();
+    let touch: u64 = json_of(&out, "fault_stack")
+        .iter()
+        .filter(|s| frames(s).iter().any(|f| f.contains("pages_touch_outer")))
+        .map(|s| s["count"].as_u64().unwrap())
+        .sum();
+    assert_eq!(touch % EVERY, 0, "{out}");
+    // One in EVERY per CPU: the estimate is off by at most a period per CPU,
+    // plus what the ring buffer could not take (counted, and scaled here).
+    let slack = 2 * EVERY + lost * EVERY;
+    assert!(
+        touch + slack >= N && touch <= N + slack,
+        "{touch} vs {N}: {summary}"
+    );
+}
+
+#[test]
+fn a_short_stack_copy_is_counted_as_truncated_and_keeps_the_inner_frames() {
+    let cmd = format!("{} 3", rust_workload().display());
+    let (out, summary) = trace(&[
+        "brkstack",
+        "--stack-mode",
+        "dwarf",
+        "--stack-size",
+        "512",
+        "--json",
+        "-c",
+        &cmd,
+    ]);
+    assert!(
+        summary["unwind_truncated"].as_u64().unwrap() > 0,
+        "{summary}"
+    );
+    let s = json_of(&out, "brk_stack")
+        .into_iter()
+        .find(|s| {
+            s["note"]
+                .as_str()
+                .is_some_and(|n| n.contains("copied stack"))
+        })
+        .unwrap_or_else(|| panic!("no truncated stack in {out}"));
+    // Frames before the end of the copy are kept.
+    assert!(at(&frames(&s), "__brk").is_some(), "{s}");
+}
