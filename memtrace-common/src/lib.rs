@@ -81,6 +81,9 @@ pub mod stack_mode {
     /// User stacks copied raw for DWARF unwinding in userspace, not walked
     /// by frame pointers in the kernel.
     pub const DWARF: u32 = 4;
+    /// User stacks walked by frame pointers over one copy of the stack, in
+    /// the program itself: the kernel's walker faults at every chain's end.
+    pub const WALK: u32 = 8;
 }
 
 /// Offsets into `struct task_struct` and friends, read from kernel BTF.
@@ -120,7 +123,8 @@ mod pod {
     // SAFETY: all of these are repr(C) plain data without padding-sensitive invariants.
     unsafe impl aya::Pod for super::Filter {}
     unsafe impl aya::Pod for super::TaskOffsets {}
-    unsafe impl aya::Pod for super::stacks::DwarfConfig {}
+    unsafe impl aya::Pod for super::stacks::UstackConfig {}
+    unsafe impl aya::Pod for super::stacks::UserStack {}
     unsafe impl aya::Pod for super::oom::OomTpOffsets {}
     unsafe impl aya::Pod for super::oom::OomKprobeOffsets {}
     unsafe impl aya::Pod for super::faults::FaultConfig {}

@@ -29,10 +29,11 @@ pub struct StackVal {
     pub comm: [u8; TASK_COMM_LEN],
 }
 
-/// `--stack-mode dwarf`: what the kernel copies for userspace to unwind.
+/// Where user registers and the main thread's stack top are: what both the
+/// frame-pointer walk over a stack copy and `--stack-mode dwarf` need.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
-pub struct DwarfConfig {
+pub struct UstackConfig {
     /// Bytes of user stack copied from the stack pointer up.
     pub stack_bytes: u32,
     /// Copy one event in this many on each CPU; 1 copies every event.
@@ -43,6 +44,9 @@ pub struct DwarfConfig {
     pub regs_bp: u32,
     /// `mm_struct.start_stack`: the main thread's stack top, not to copy past.
     pub mm_start_stack: u32,
+    /// Bytes of `struct pt_regs` read at once: up to the last register used.
+    pub regs_len: u32,
+    pub _pad: u32,
 }
 
 /// Header of a `kind::STACK_SAMPLE` record; `size` bytes of the user stack,
@@ -67,3 +71,18 @@ pub struct StackSample {
 }
 
 pub const STACK_SAMPLE_HDR: usize = core::mem::size_of::<StackSample>();
+
+/// Most user frames the in-kernel frame-pointer walk keeps.
+pub const MAX_UFRAMES: usize = 64;
+
+/// A user stack walked by frame pointers in the kernel, stored once under a
+/// 31-bit id taken from its 64-bit hash (kept to detect id collisions).
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct UserStack {
+    pub hash: u64,
+    pub nr: u32,
+    pub _pad: u32,
+    /// Innermost first; only the first `nr` are set.
+    pub ips: [u64; MAX_UFRAMES],
+}

@@ -6,7 +6,10 @@ use aya_ebpf::{
     helpers::{
         bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_get_current_task, bpf_ktime_get_ns,
         bpf_probe_read_kernel,
-        generated::{bpf_get_current_task_btf, bpf_probe_read_user, bpf_task_pt_regs},
+        generated::{
+            bpf_get_current_task_btf, bpf_probe_read_kernel as bpf_probe_read_kernel_raw,
+            bpf_probe_read_user, bpf_task_pt_regs,
+        },
     },
     macros::{map, tracepoint},
     maps::{HashMap, PerCpuArray, RingBuf, StackTrace},
@@ -17,7 +20,7 @@ use memtrace_common::{
     kind, loss,
     snoop::{failed, FdFileOffsets, PendingCall, SyscallEvent, MAX_ARGS},
     stack_mode,
-    stacks::{DwarfConfig, StackSample, STACK_SAMPLE_HDR},
+    stacks::{StackSample, UserStack, UstackConfig, MAX_UFRAMES, STACK_SAMPLE_HDR},
     Filter, TaskOffsets, TASK_COMM_LEN,
 };
 
@@ -121,13 +124,15 @@ fn set_busy(v: u32) {
 }
 
 #[unsafe(no_mangle)]
-pub static DWARF: Global<DwarfConfig> = Global::new(DwarfConfig {
+pub static USTACK: Global<UstackConfig> = Global::new(UstackConfig {
     stack_bytes: 0,
     sample_every: 1,
     regs_ip: 0,
     regs_sp: 0,
     regs_bp: 0,
     mm_start_stack: 0,
+    regs_len: 0,
+    _pad: 0,
 });
 
 /// Events seen on this CPU since the last stack copy (`--sample`).
@@ -145,7 +150,7 @@ pub fn dwarf_mode() -> bool {
 /// binaries' .eh_frame. The tool's `value` and `aux` ride along.
 #[inline(always)]
 pub fn sample_user_stack(kstack: i32, value: u64, aux: u32) {
-    let cfg = DWARF.load();
+    let cfg = USTACK.load();
     if let Some(t) = SAMPLE_TICK.get_ptr_mut(0) {
         unsafe {
             *t += 1;
@@ -161,15 +166,9 @@ pub fn sample_user_stack(kstack: i32, value: u64, aux: u32) {
         count_loss(loss::RINGBUF);
         return;
     };
-    let regs = unsafe { bpf_task_pt_regs(bpf_get_current_task_btf()) } as *const u8;
-    let reg = |off: u32| unsafe { read::<u64>(regs, off) }.unwrap_or(0);
-    let (ip, sp, bp) = (reg(cfg.regs_ip), reg(cfg.regs_sp), reg(cfg.regs_bp));
+    let (ip, sp, bp) = user_regs(&cfg);
     // The main thread's stack ends at start_stack: copying past it can fail.
-    let top = unsafe {
-        read::<*const u8>(current_task(), TASK.load().mm)
-            .and_then(|mm| read::<u64>(mm, cfg.mm_start_stack))
-    }
-    .unwrap_or(0);
+    let top = stack_top(&cfg);
     let mut want = size;
     if top > sp && top - sp < want {
         want = top - sp;
@@ -217,6 +216,162 @@ pub fn sample_user_stack(kstack: i32, value: u64, aux: u32) {
     rec.submit(0);
 }
 
+/// Pages of user stack, from sp's up, the frame-pointer walk reads at most.
+const PAGES: usize = 4;
+const WINDOW: usize = PAGES * 4096;
+
+#[repr(C)]
+pub struct WalkScratch {
+    regs: [u8; 256],
+    /// Page k holds the user page k above sp's; read only when a frame
+    /// record is in it (pages between frames may never have been touched,
+    /// and reading one would fault). Room for a record read at the end.
+    stack: [u8; WINDOW + 16],
+    frames: UserStack,
+}
+
+#[map]
+static WALK_SCRATCH: PerCpuArray<WalkScratch> = PerCpuArray::with_max_entries(1, 0);
+
+/// User stacks of the walk, by id; sized by userspace when stacks are on.
+#[map]
+pub static USTACKS: HashMap<u32, UserStack> = HashMap::with_max_entries(8192, 0);
+
+/// The current task's user ip, sp and bp, read from its saved registers in
+/// one helper call (each call costs tens of ns on a mitigated kernel).
+#[inline(always)]
+fn user_regs(cfg: &UstackConfig) -> (u64, u64, u64) {
+    let Some(s) = WALK_SCRATCH.get_ptr_mut(0) else {
+        return (0, 0, 0);
+    };
+    let buf = unsafe { &mut (*s).regs };
+    let regs = unsafe { bpf_task_pt_regs(bpf_get_current_task_btf()) } as *const c_void;
+    let len = cfg.regs_len & 0xff;
+    if unsafe { bpf_probe_read_kernel_raw(buf.as_mut_ptr() as *mut c_void, len, regs) } != 0 {
+        return (0, 0, 0);
+    }
+    let reg = |off: u32| {
+        let off = (off & 0xf8) as usize;
+        unsafe { core::ptr::read_unaligned(buf.as_ptr().add(off) as *const u64) }
+    };
+    (reg(cfg.regs_ip), reg(cfg.regs_sp), reg(cfg.regs_bp))
+}
+
+/// The main thread's stack top (`mm->start_stack`): the copy stops there.
+#[inline(always)]
+fn stack_top(cfg: &UstackConfig) -> u64 {
+    unsafe {
+        read::<*const u8>(current_task(), TASK.load().mm)
+            .and_then(|mm| read::<u64>(mm, cfg.mm_start_stack))
+    }
+    .unwrap_or(0)
+}
+
+/// Walks the user frame-pointer chain over one copy of the top of the stack,
+/// bounded so that no read faults (the kernel's own walker reads past the
+/// chain's end, and that fault cost more than the rest of the capture), and
+/// stores the stack under an id from its hash. -1 when nothing was stored.
+#[inline(always)]
+fn walk_user_stack() -> i32 {
+    let cfg = USTACK.load();
+    let Some(s) = WALK_SCRATCH.get_ptr_mut(0) else {
+        return -1;
+    };
+    let s = unsafe { &mut *s };
+    let (ip, sp, bp) = user_regs(&cfg);
+    let top = stack_top(&cfg);
+    let base = sp & !4095;
+    let buf = s.stack.as_mut_ptr();
+    // sp's own page, from sp: present, since the task just ran on it.
+    let in0 = sp & 4095;
+    let mut valid: u32 = 0;
+    let r = unsafe {
+        bpf_probe_read_user(
+            buf.add(in0 as usize) as *mut c_void,
+            (4096 - in0) as u32,
+            sp as *const c_void,
+        )
+    };
+    if r == 0 {
+        valid = 1;
+    }
+    let f = &mut s.frames;
+    f.ips[0] = ip;
+    let mut nr = 1u32;
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325 ^ ip;
+    let mut fp = bp;
+    for i in 1..MAX_UFRAMES {
+        // A frame record is [saved fp, return address] at fp, above sp.
+        if fp & 7 != 0 || fp < sp || (top > sp && fp + 16 > top) {
+            break;
+        }
+        let page = (fp - base) >> 12;
+        let last = (fp + 15 - base) >> 12;
+        if last >= PAGES as u64 {
+            break;
+        }
+        let mut ok = true;
+        for p in [page, last] {
+            if valid & (1 << p) == 0 {
+                let p = p & (PAGES as u64 - 1);
+                let r = unsafe {
+                    bpf_probe_read_user(
+                        buf.add(p as usize * 4096) as *mut c_void,
+                        4096,
+                        (base + p * 4096) as *const c_void,
+                    )
+                };
+                if r != 0 {
+                    ok = false;
+                    break;
+                }
+                valid |= 1 << p;
+            }
+        }
+        if !ok {
+            break;
+        }
+        let off = (fp - base) as usize & (WINDOW - 1);
+        let (next, ret) = unsafe {
+            let p = s.stack.as_ptr().add(off);
+            (
+                core::ptr::read_unaligned(p as *const u64),
+                core::ptr::read_unaligned(p.add(8) as *const u64),
+            )
+        };
+        if ret == 0 {
+            break;
+        }
+        f.ips[i] = ret;
+        nr = i as u32 + 1;
+        h = (h ^ ret).wrapping_mul(0x0000_0100_0000_01b3);
+        // Frames only go up the stack: anything else is not a chain.
+        if next <= fp {
+            break;
+        }
+        fp = next;
+    }
+    h = (h ^ nr as u64).wrapping_mul(0x0000_0100_0000_01b3);
+    let id = ((h ^ (h >> 32)) as u32) & 0x7fff_ffff;
+    if let Some(v) = unsafe { USTACKS.get(id) } {
+        if v.hash == h {
+            return id as i32;
+        }
+        // Two stacks on one id: not counted under the wrong one.
+        count_loss(loss::STACK);
+        return -1;
+    }
+    f.hash = h;
+    f.nr = nr;
+    match USTACKS.insert(id, f, 0) {
+        Ok(()) => id as i32,
+        Err(_) => {
+            count_loss(loss::STACK);
+            -1
+        }
+    }
+}
+
 /// Stack ids for the current task, as configured by `FILTER.stacks`; -1 when
 /// not captured, and every failed capture is counted.
 #[inline(always)]
@@ -229,7 +384,9 @@ pub fn stack_ids<C: StackIdContext>(ctx: &C) -> (i32, i32) {
     }
     set_busy(1);
     // In dwarf mode the tool copies the user stack itself (sample_user_stack).
-    if mode & stack_mode::USER != 0 && mode & stack_mode::DWARF == 0 {
+    if mode & stack_mode::USER != 0 && mode & stack_mode::WALK != 0 {
+        user = walk_user_stack();
+    } else if mode & stack_mode::USER != 0 && mode & stack_mode::DWARF == 0 {
         match ctx.get_stackid(&STACKS, aya_ebpf::bindings::BPF_F_USER_STACK as u64) {
             Ok(id) => user = id as i32,
             Err(_) => count_loss(loss::STACK),

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use memtrace_common::{
     kind, stack_mode,
-    stacks::{DwarfConfig, STACK_SAMPLE_HDR},
+    stacks::{UstackConfig, STACK_SAMPLE_HDR},
     Filter,
 };
 use tokio::io::unix::AsyncFd;
@@ -231,44 +231,68 @@ fn spawn_traced(cmd: &str) -> Result<Traced> {
     }
 }
 
-/// Resolves `--stack-mode`, says which was chosen, and for dwarf sets what
-/// the kernel programs need to copy stacks.
-fn dwarf_setup(
+/// Resolves `--stack-mode`, says which was chosen, and sets what the kernel
+/// programs need to take user stacks: the register and stack-top offsets,
+/// and for dwarf the copy size and a ring buffer to carry the copies.
+fn ustack_setup(
     tool: &dyn Tool,
     filter: &mut Filter,
     loader: &mut Loader,
 ) -> Result<Option<DwarfStacks>> {
-    let Some((args, rare)) = tool.user_stacks() else {
-        return Ok(None);
-    };
-    let auto = args.stack_mode == crate::cli::StackMode::Auto;
-    if !args.dwarf(rare) {
-        if auto {
-            eprintln!(
-                "memtrace: user stacks: fp (auto: too many events to copy each stack; \
-                 --stack-mode dwarf --sample N unwinds one in N through code without frame pointers)"
-            );
-        }
+    if filter.stacks & stack_mode::USER == 0 {
         return Ok(None);
     }
+    let dwarf = match tool.user_stacks() {
+        Some((args, rare)) => {
+            let auto = args.stack_mode == crate::cli::StackMode::Auto;
+            let d = args.dwarf(rare);
+            if auto && !d {
+                eprintln!(
+                    "memtrace: user stacks: fp (auto: too many events to copy each stack; \
+                     --stack-mode dwarf --sample N unwinds one in N through code without frame pointers)"
+                );
+            }
+            d.then_some((args, auto))
+        }
+        None => None,
+    };
     let btf = KernelBtf::shared()?;
-    let need = |s: &str, m: &str| {
-        btf.offset(s, m).ok_or_else(|| {
-            Error::NoBtf(format!(
-                "no {s}.{m} in kernel BTF (needed by --stack-mode dwarf)"
-            ))
-        })
+    let offs = (
+        btf.offset("pt_regs", "ip"),
+        btf.offset("pt_regs", "sp"),
+        btf.offset("pt_regs", "bp"),
+        btf.offset("mm_struct", "start_stack"),
+    );
+    let (Some(ip), Some(sp), Some(bp), Some(top)) = offs else {
+        if dwarf.is_some() {
+            return Err(Error::NoBtf(
+                "no x86-64 pt_regs or mm_struct.start_stack in kernel BTF (needed by --stack-mode dwarf)"
+                    .into(),
+            ));
+        }
+        // Elsewhere the kernel's own frame-pointer walker does.
+        return Ok(None);
     };
-    let cfg = DwarfConfig {
-        stack_bytes: args.stack_size,
-        sample_every: args.sample,
-        regs_ip: need("pt_regs", "ip")?,
-        regs_sp: need("pt_regs", "sp")?,
-        regs_bp: need("pt_regs", "bp")?,
-        mm_start_stack: need("mm_struct", "start_stack")?,
+    let mut cfg = UstackConfig {
+        stack_bytes: 0,
+        sample_every: 1,
+        regs_ip: ip,
+        regs_sp: sp,
+        regs_bp: bp,
+        mm_start_stack: top,
+        regs_len: ip.max(sp).max(bp) + 8,
+        _pad: 0,
     };
+    let Some((args, auto)) = dwarf else {
+        filter.stacks |= stack_mode::WALK;
+        loader.global("USTACK", &cfg);
+        loader.max_entries("USTACKS", 16384);
+        return Ok(None);
+    };
+    cfg.stack_bytes = args.stack_size;
+    cfg.sample_every = args.sample;
     filter.stacks |= stack_mode::DWARF;
-    loader.global("DWARF", &cfg);
+    loader.global("USTACK", &cfg);
     // Room for 128 copied stacks: the reader drains it far more often.
     let record = (STACK_SAMPLE_HDR as u32 + cfg.stack_bytes).next_power_of_two();
     loader.max_entries("EVENTS", (record * 128).max(1 << 20));
@@ -331,8 +355,11 @@ pub fn run(tool: &mut dyn Tool, common: &Common) -> Result<i32> {
         filter.fork_child_pid = Format::load("sched", "sched_process_fork")?.offset("child_pid")?;
         loader.max_entries("FOLLOWED", 8192);
     }
-    let dwarf = dwarf_setup(tool, &mut filter, &mut loader)?;
-    if filter.stacks != 0 {
+    let dwarf = ustack_setup(tool, &mut filter, &mut loader)?;
+    // The kernel's stack map: kernel stacks, and user stacks where not walked here.
+    if filter.stacks & stack_mode::KERNEL != 0
+        || (filter.stacks & stack_mode::USER != 0 && filter.stacks & stack_mode::WALK == 0)
+    {
         loader.max_entries("STACKS", 16384);
     }
     loader.global("FILTER", &filter);
@@ -346,6 +373,7 @@ pub fn run(tool: &mut dyn Tool, common: &Common) -> Result<i32> {
 
     let mut session = Session::load(&loader, common.attach, common.verbose)?;
     session.dwarf = dwarf;
+    session.walked_user_stacks = filter.stacks & stack_mode::WALK != 0;
     phases.mark("object loaded");
     if follow {
         session.attach(&fork_probe())?;

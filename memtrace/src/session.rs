@@ -5,7 +5,7 @@ use std::collections::HashSet;
 use std::path::Path;
 
 use aya::{
-    maps::{MapData, PerCpuArray, PerCpuHashMap, RingBuf, StackTraceMap},
+    maps::{HashMap as AyaHashMap, MapData, PerCpuArray, PerCpuHashMap, RingBuf, StackTraceMap},
     programs::{
         perf_event::{PerfEventConfig, PerfEventScope, SamplePolicy, SoftwareEvent},
         BtfTracePoint, FEntry, KProbe, PerfEvent, RawTracePoint, TracePoint,
@@ -13,7 +13,7 @@ use aya::{
     util::online_cpus,
     Btf, Ebpf, EbpfLoader, Pod,
 };
-use memtrace_common::loss;
+use memtrace_common::{loss, stacks::UserStack};
 
 use crate::attach::{Method, Probe, Target, Way};
 use crate::error::{Error, Result};
@@ -48,8 +48,9 @@ impl Loader {
 }
 
 /// Maps every tool would otherwise pay for; a tool raises the ones it uses.
-const SHRINKABLE: [&str; 15] = [
+const SHRINKABLE: [&str; 16] = [
     "STACKS",
+    "USTACKS",
     "FAULTS",
     "FAULTS_PERF",
     "FILE_FAULTS",
@@ -77,6 +78,8 @@ pub struct Session {
     pub sym: Symbolizer,
     /// `--stack-mode dwarf`: the unwinder and the unwound samples.
     pub dwarf: Option<DwarfStacks>,
+    /// User stack ids name USTACKS entries (walked in the program), not STACKS.
+    pub walked_user_stacks: bool,
 }
 
 fn chain(e: &dyn std::error::Error) -> String {
@@ -167,6 +170,7 @@ impl Session {
             attached: Vec::new(),
             sym: Symbolizer::new(),
             dwarf: None,
+            walked_user_stacks: false,
         })
     }
 
@@ -368,9 +372,22 @@ impl Session {
         Some(trace.frames().iter().map(|f| f.ip).collect())
     }
 
+    /// Instruction pointers of user stack `id`, innermost first.
+    pub fn user_stack(&self, id: i32) -> Option<Vec<u64>> {
+        if !self.walked_user_stacks {
+            return self.stack(id);
+        }
+        if id < 0 {
+            return None;
+        }
+        let m = AyaHashMap::<_, u32, UserStack>::try_from(self.bpf.map("USTACKS")?).ok()?;
+        let s = m.get(&(id as u32), 0).ok()?;
+        Some(s.ips[..(s.nr as usize).min(s.ips.len())].to_vec())
+    }
+
     /// Symbolized user stack `id` of `pid`, or why there is none.
     pub fn user_frames(&mut self, pid: u32, id: i32) -> Vec<String> {
-        match self.stack(id) {
+        match self.user_stack(id) {
             Some(ips) => self.sym.user(pid, &ips),
             None => Vec::new(),
         }

@@ -410,6 +410,11 @@ pub fn run(runs: usize) -> Result<()> {
             none("untraced"),
             cfg("memtrace faults --stacks", Some(s(&[&m, "faults", "--stacks"])), "Tracing"),
             cfg(
+                "memtrace faults --stacks --stack-mode dwarf --sample 10",
+                Some(s(&[&m, "faults", "--stacks", "--stack-mode", "dwarf", "--sample", "10"])),
+                "Tracing",
+            ),
+            cfg(
                 "bpftrace @[ustack] = count()",
                 // The predicate keeps bpftrace from symbolizing every stack on the host at exit.
                 bt("tracepoint:exceptions:page_fault_user /comm == \"memtrace-worklo\"/ { @[ustack] = count(); }"),
@@ -426,7 +431,17 @@ pub fn run(runs: usize) -> Result<()> {
         BRKS,
         &[
             none("untraced"),
-            cfg("memtrace brkstack", Some(s(&[&m, "brkstack"])), "Tracing"),
+            cfg(
+                "memtrace brkstack --stack-mode fp",
+                Some(s(&[&m, "brkstack", "--stack-mode", "fp"])),
+                "Tracing",
+            ),
+            // The default: every call's stack copied (16 KiB) and unwound here.
+            cfg(
+                "memtrace brkstack (dwarf)",
+                Some(s(&[&m, "brkstack"])),
+                "Tracing",
+            ),
             cfg(
                 "bpftrace brkstack.bt",
                 bt("tracepoint:syscalls:sys_enter_brk { @[ustack, comm] = count(); }"),
