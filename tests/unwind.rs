@@ -188,29 +188,28 @@ fn auto_mode_unwinds_brk_with_dwarf() {
     assert_eq!(summary["stack_mode"], "fp", "{summary}");
 }
 
+/// `faults --stacks --stack-mode dwarf` on the C workload touching `n`
+/// pages: the fault stacks through its touch loop, the output, the summary.
+fn dwarf_faults(n: u64, extra: &[&str]) -> (Vec<serde_json::Value>, String, serde_json::Value) {
+    let cmd = format!("{} touch {n}", c_workload().display());
+    let mut args = vec!["faults", "--stacks", "--stack-mode", "dwarf", "--json"];
+    args.extend_from_slice(extra);
+    args.extend(["-c", &cmd]);
+    let (out, summary) = trace(&args);
+    let touch = json_of(&out, "fault_stack")
+        .into_iter()
+        .filter(|s| at(&frames(s), "pages_touch_outer").is_some())
+        .collect();
+    (touch, out, summary)
+}
+
 #[test]
 fn dwarf_fault_stacks_name_every_caller_and_account_for_every_fault() {
     const N: u64 = 300;
-    let cmd = format!("{} touch {N}", c_workload().display());
-    let (out, summary) = trace(&[
-        "faults",
-        "--stacks",
-        "--stack-mode",
-        "dwarf",
-        "--stack-size",
-        "8192",
-        "--json",
-        "-c",
-        &cmd,
-    ]);
-    let stacks = json_of(&out, "fault_stack");
-    let touch: Vec<&serde_json::Value> = stacks
-        .iter()
-        .filter(|s| frames(s).iter().any(|f| f.contains("pages_touch_outer")))
-        .collect();
+    let (touch, out, summary) = dwarf_faults(N, &["--stack-size", "8192"]);
     assert!(!touch.is_empty(), "{out}");
     assert_in_order(
-        &frames(touch[0]),
+        &frames(&touch[0]),
         &[
             "pages_touch_inner",
             "pages_touch_middle",
@@ -219,7 +218,7 @@ fn dwarf_fault_stacks_name_every_caller_and_account_for_every_fault() {
         ],
     );
     // Every fault of the loop was unwound or counted as lost: none vanish.
-    let unwound: u64 = touch.iter().map(|s| s["count"].as_u64().unwrap()).sum();
+    let unwound = sum(&touch, "count");
     let lost = summary["lost"]["ringbuf_full"].as_u64().unwrap();
     assert!(
         unwound + lost >= N,
@@ -232,25 +231,10 @@ fn dwarf_fault_stacks_name_every_caller_and_account_for_every_fault() {
 fn sampled_dwarf_stacks_scale_their_counts_and_say_so() {
     const N: u64 = 2000;
     const EVERY: u64 = 8;
-    let cmd = format!("{} touch {N}", c_workload().display());
-    let (out, summary) = trace(&[
-        "faults",
-        "--stacks",
-        "--stack-mode",
-        "dwarf",
-        "--sample",
-        "8",
-        "--json",
-        "-c",
-        &cmd,
-    ]);
+    let (touch, out, summary) = dwarf_faults(N, &["--sample", "8"]);
     assert_eq!(summary["stack_sample_every"], EVERY, "{summary}");
     let lost = summary["lost"]["ringbuf_full"].as_u64().unwrap();
-    let touch: u64 = json_of(&out, "fault_stack")
-        .iter()
-        .filter(|s| frames(s).iter().any(|f| f.contains("pages_touch_outer")))
-        .map(|s| s["count"].as_u64().unwrap())
-        .sum();
+    let touch = sum(&touch, "count");
     assert_eq!(touch % EVERY, 0, "{out}");
     // One in EVERY per CPU: the estimate is off by at most a period per CPU,
     // plus what the ring buffer could not take (counted, and scaled here).
