@@ -46,12 +46,7 @@ fn counts_each_sbrk_and_the_heap_growth() {
     // frame-pointer stack ends in its __brk (see README: stacks through glibc).
     let top = &stacks(&out)[0];
     assert_eq!(top["count"], N);
-    let frames: Vec<&str> = top["user_stack"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|f| f.as_str().unwrap())
-        .collect();
+    let frames = user_frames(top);
     assert!(
         frames.first().is_some_and(|f| f.starts_with("__brk")),
         "{frames:?}"
@@ -69,12 +64,7 @@ fn raw_brk_calls_are_counted_with_their_named_stack() {
         .find(|s| s["count"] == N)
         .unwrap_or_else(|| panic!("{out}"));
     assert_eq!(top["bytes"], N * 4096);
-    let frames: Vec<&str> = top["user_stack"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|f| f.as_str().unwrap())
-        .collect();
+    let frames = user_frames(top);
     assert!(frames[0].contains("grow_heap_with_raw_brk"), "{frames:?}");
     assert!(
         frames.iter().any(|f| f.contains("memtrace_workload::main")),
@@ -92,12 +82,7 @@ fn command_stacks_symbolize_after_the_command_exited() {
         .iter()
         .find(|s| s["count"] == 40)
         .unwrap_or_else(|| panic!("{}", out.stdout));
-    let frames: Vec<&str> = top["user_stack"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|f| f.as_str().unwrap())
-        .collect();
+    let frames = user_frames(top);
     assert!(frames[0].contains("grow_heap_with_raw_brk"), "{frames:?}");
 }
 

@@ -45,6 +45,25 @@ fn counts_exactly_the_pages_touched() {
     );
 }
 
+/// Every way of attaching counts the same: tp_btf (kernel BTF parsed by aya
+/// only then), the classic tracepoint, and the software page-fault perf
+/// event (with its own preallocated map).
+#[test]
+fn every_attach_method_counts_exactly() {
+    const N: u64 = 3000;
+    for method in ["tp_btf", "tracepoint", "perf_event"] {
+        let base = user_faults(&traced(&["touch", "0"], &["--attach", method]));
+        let out = traced(&["touch", &N.to_string()], &["--attach", method]);
+        let summary = json_of(&out, "summary").pop().unwrap();
+        assert_eq!(summary["attached"][0]["method"], method, "{summary}");
+        let got = user_faults(&out);
+        assert!(
+            got >= N && got <= N + base + 2,
+            "{method}: got {got}, expected {N} + baseline {base}"
+        );
+    }
+}
+
 #[test]
 fn exact_with_threads_on_both_cpus() {
     const T: u64 = 4;
@@ -64,11 +83,9 @@ fn stacks_put_the_touching_function_on_top() {
     let out = traced(&["touch", "3000"], &["--stacks"]);
     let stacks = json_of(&out, "fault_stack");
     let in_touch = |s: &serde_json::Value| {
-        s["user_stack"].as_array().unwrap().iter().any(|f| {
-            f.as_str()
-                .unwrap()
-                .starts_with("memtrace_workload::touch_fresh_pages")
-        })
+        user_frames(s)
+            .iter()
+            .any(|f| f.starts_with("memtrace_workload::touch_fresh_pages"))
     };
     // The loop is unrolled: several call sites in the function, each a stack.
     assert!(in_touch(stacks.first().expect("stacks")), "{out}");

@@ -129,3 +129,15 @@ fn command_runs_traced_and_its_exit_status_is_reported() {
     );
     assert!(!rows.is_empty());
 }
+
+/// memtrace hides kernel BTF from aya's loader in a mount namespace of its
+/// own: the host's mounts must not change.
+#[test]
+fn the_hosts_mounts_are_left_alone() {
+    let before = std::fs::read_to_string("/proc/1/mountinfo").unwrap();
+    let out = run(&["faults", "-d", "0.2"]);
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    let after = std::fs::read_to_string("/proc/1/mountinfo").unwrap();
+    assert!(!after.contains("/sys/kernel/btf"), "{after}");
+    assert_eq!(before, after);
+}

@@ -63,12 +63,7 @@ fn threshold_fires_once_at_the_crossing_step_with_the_allocating_stack() {
         ev[0]
     );
     let st = json_of(&out.stdout, "rss_threshold_stack");
-    let user: Vec<&str> = st[0]["user_stack"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|f| f.as_str().unwrap())
-        .collect();
+    let user = user_frames(&st[0]);
     assert!(
         user.iter().any(|f| f.contains("allocate_and_touch_mib")),
         "{user:?}"

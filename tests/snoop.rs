@@ -143,12 +143,7 @@ fn mmapsnoop_stack_names_the_caller() {
     let (ev, _, _) = traced("mmapsnoop", "mmap_call", &["maps"], &["-x", "--stack"]);
     assert_eq!(ev.len(), 2, "{ev:#?}");
     for e in &ev {
-        let frames: Vec<&str> = e["user_stack"]
-            .as_array()
-            .unwrap_or_else(|| panic!("no user_stack: {e}"))
-            .iter()
-            .map(|f| f.as_str().unwrap())
-            .collect();
+        let frames = user_frames(e);
         // The workload issues these two from its own mmap_raw (no glibc frames).
         assert!(
             frames.first().is_some_and(|f| f.contains("mmap_raw")),

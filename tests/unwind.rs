@@ -67,15 +67,6 @@ fn trace(args: &[&str]) -> (String, serde_json::Value) {
     (out.stdout, summary)
 }
 
-fn frames(stack: &serde_json::Value) -> Vec<String> {
-    stack["user_stack"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|f| f.as_str().unwrap().to_string())
-        .collect()
-}
-
 /// Index of the first frame naming `f`.
 fn at(frames: &[String], f: &str) -> Option<usize> {
     frames.iter().position(|x| x.contains(f))
@@ -99,7 +90,7 @@ fn assert_in_order(frames: &[String], names: &[&str]) {
 fn stacks_through(stdout: &str, ty: &str, f: &str) -> Vec<serde_json::Value> {
     let v: Vec<_> = json_of(stdout, ty)
         .into_iter()
-        .filter(|s| at(&frames(s), f).is_some())
+        .filter(|s| at(&user_frames(s), f).is_some())
         .collect();
     assert!(!v.is_empty(), "no {ty} through {f} in {stdout}");
     v
@@ -120,7 +111,7 @@ fn dwarf_brkstack_names_every_c_caller_of_sbrk_in_order() {
     let s = &loop_stacks[0];
     assert_eq!(s["count"], N, "{out}");
     assert_eq!(sum(&loop_stacks, "bytes"), N * 4096, "{out}");
-    let f = frames(s);
+    let f = user_frames(s);
     // Through glibc's sbrk (no frame pointers) to main: nothing lost.
     assert_in_order(
         &f,
@@ -142,7 +133,7 @@ fn dwarf_brkstack_names_every_c_caller_of_sbrk_in_order() {
     // The same under frame pointers, to show the difference: printed, not asserted.
     let (fp, fp_summary) = trace(&["brkstack", "--stack-mode", "fp", "--json", "-c", &cmd]);
     assert_eq!(fp_summary["stack_mode"], "fp");
-    let fp_frames = frames(&json_of(&fp, "brk_stack")[0]);
+    let fp_frames = user_frames(&json_of(&fp, "brk_stack")[0]);
     let missing: Vec<&str> = [
         "heap_grow_inner",
         "heap_grow_middle",
@@ -163,7 +154,7 @@ fn dwarf_brkstack_names_every_rust_caller_without_frame_pointers() {
     let loop_stacks = stacks_through(&out, "brk_stack", "rust_heap_grow_outer");
     assert_eq!(loop_stacks[0]["count"], N, "{out}");
     assert_eq!(sum(&loop_stacks, "bytes"), N * 4096, "{out}");
-    let f = frames(&loop_stacks[0]);
+    let f = user_frames(&loop_stacks[0]);
     assert_in_order(
         &f,
         &[
@@ -182,7 +173,7 @@ fn auto_mode_unwinds_brk_with_dwarf() {
     let (out, summary) = trace(&["brkstack", "--json", "-c", &cmd]);
     assert_eq!(summary["stack_mode"], "dwarf", "{summary}");
     let loop_stacks = stacks_through(&out, "brk_stack", "heap_grow_outer");
-    assert_in_order(&frames(&loop_stacks[0]), &["heap_grow_outer", "main"]);
+    assert_in_order(&user_frames(&loop_stacks[0]), &["heap_grow_outer", "main"]);
     // Page faults are too many to copy each stack: auto keeps frame pointers.
     let (_, summary) = trace(&["faults", "--stacks", "--json", "-c", &cmd]);
     assert_eq!(summary["stack_mode"], "fp", "{summary}");
@@ -198,7 +189,7 @@ fn dwarf_faults(n: u64, extra: &[&str]) -> (Vec<serde_json::Value>, String, serd
     let (out, summary) = trace(&args);
     let touch = json_of(&out, "fault_stack")
         .into_iter()
-        .filter(|s| at(&frames(s), "pages_touch_outer").is_some())
+        .filter(|s| at(&user_frames(s), "pages_touch_outer").is_some())
         .collect();
     (touch, out, summary)
 }
@@ -209,7 +200,7 @@ fn dwarf_fault_stacks_name_every_caller_and_account_for_every_fault() {
     let (touch, out, summary) = dwarf_faults(N, &["--stack-size", "8192"]);
     assert!(!touch.is_empty(), "{out}");
     assert_in_order(
-        &frames(&touch[0]),
+        &user_frames(&touch[0]),
         &[
             "pages_touch_inner",
             "pages_touch_middle",
@@ -241,7 +232,7 @@ fn sampled_dwarf_stacks_scale_their_counts_and_say_so() {
     let slack = 2 * EVERY + lost * EVERY;
     assert!(
         touch + slack >= N && touch <= N + slack,
-        "{touch} vs {N}: {summary}"
+        "{touch} vs {N}: {summary}\n{out}"
     );
 }
 
@@ -271,5 +262,5 @@ fn a_short_stack_copy_is_counted_as_truncated_and_keeps_the_inner_frames() {
         })
         .unwrap_or_else(|| panic!("no truncated stack in {out}"));
     // Frames before the end of the copy are kept.
-    assert!(at(&frames(&s), "__brk").is_some(), "{s}");
+    assert!(at(&user_frames(&s), "__brk").is_some(), "{s}");
 }

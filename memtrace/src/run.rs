@@ -283,6 +283,8 @@ fn ustack_setup(
         regs_len: ip.max(sp).max(bp) + 8,
         _pad: 0,
     };
+    // Both ways find the main thread's stack top through task->mm.
+    loader.global("TASK", &btf.task_offsets());
     let Some((args, auto)) = dwarf else {
         filter.stacks |= stack_mode::WALK;
         loader.global("USTACK", &cfg);
@@ -306,7 +308,7 @@ fn ustack_setup(
         if auto { " (auto)" } else { "" },
         cfg.stack_bytes
     );
-    Ok(Some(DwarfStacks::new(args.sample, args.stack_size)))
+    Ok(Some(DwarfStacks::new(args.sample)))
 }
 
 fn fork_probe() -> Probe {
@@ -356,10 +358,11 @@ pub fn run(tool: &mut dyn Tool, common: &Common) -> Result<i32> {
         loader.max_entries("FOLLOWED", 8192);
     }
     let dwarf = ustack_setup(tool, &mut filter, &mut loader)?;
-    // The kernel's stack map: kernel stacks, and user stacks where not walked here.
-    if filter.stacks & stack_mode::KERNEL != 0
-        || (filter.stacks & stack_mode::USER != 0 && filter.stacks & stack_mode::WALK == 0)
-    {
+    // The kernel's stack map: kernel stacks, and user stacks neither walked
+    // in the program nor copied for unwinding.
+    let user_by_kernel = filter.stacks & stack_mode::USER != 0
+        && filter.stacks & (stack_mode::WALK | stack_mode::DWARF) == 0;
+    if filter.stacks & stack_mode::KERNEL != 0 || user_by_kernel {
         loader.max_entries("STACKS", 16384);
     }
     loader.global("FILTER", &filter);
@@ -563,4 +566,55 @@ fn dispatch(
         return Ok(());
     }
     tool.on_record(item, session, out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cli::{StackArgs, StackMode};
+
+    struct Stacks(StackArgs);
+    impl Tool for Stacks {
+        fn name(&self) -> &'static str {
+            "test"
+        }
+        fn what(&self) -> String {
+            String::new()
+        }
+        fn probes(&self) -> Vec<Probe> {
+            Vec::new()
+        }
+        fn prepare(&mut self, _: &mut Prep) -> Result<()> {
+            Ok(())
+        }
+        fn events(&self) -> u64 {
+            0
+        }
+        fn user_stacks(&self) -> Option<(&StackArgs, bool)> {
+            Some((&self.0, false))
+        }
+    }
+
+    /// Both ways of taking user stacks read the main thread's stack top
+    /// through task->mm: the task offsets must be set whatever the tool sets.
+    #[test]
+    fn user_stacks_get_the_task_offsets_they_read_through() {
+        for mode in [StackMode::Fp, StackMode::Dwarf] {
+            let tool = Stacks(StackArgs {
+                stack_mode: mode,
+                stack_size: 4096,
+                sample: 1,
+            });
+            let mut filter = Filter {
+                stacks: stack_mode::USER,
+                ..Default::default()
+            };
+            let mut loader = Loader::default();
+            let dwarf = ustack_setup(&tool, &mut filter, &mut loader).unwrap();
+            assert_eq!(dwarf.is_some(), mode == StackMode::Dwarf);
+            let names: Vec<_> = loader.global_names().collect();
+            assert!(names.contains(&"TASK"), "{mode:?}: {names:?}");
+            assert!(names.contains(&"USTACK"), "{mode:?}: {names:?}");
+        }
+    }
 }

@@ -36,8 +36,14 @@ impl Loader {
         let bytes = unsafe {
             std::slice::from_raw_parts(v as *const T as *const u8, std::mem::size_of::<T>())
         };
+        self.globals.retain(|(n, _)| *n != name);
         self.globals.push((name, bytes.to_vec()));
         self
+    }
+
+    /// The names of the globals set so far.
+    pub fn global_names(&self) -> impl Iterator<Item = &'static str> + '_ {
+        self.globals.iter().map(|(n, _)| *n)
     }
 
     pub fn max_entries(&mut self, map: &'static str, n: u32) -> &mut Self {

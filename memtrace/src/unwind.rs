@@ -124,9 +124,25 @@ pub struct UnwindStats {
     pub failed: u64,
 }
 
+impl UnwindStats {
+    fn count(&mut self, end: End) {
+        self.samples += 1;
+        *match end {
+            End::Complete => &mut self.complete,
+            End::Truncated => &mut self.truncated,
+            End::NoUnwindInfo => &mut self.no_unwind_info,
+            End::NoMaps => &mut self.no_maps,
+            End::Failed => &mut self.failed,
+        } += 1;
+    }
+}
+
 struct Proc {
     unwinder: UnwinderX86_64<Data>,
-    /// Executable ranges with unwind info, to tell where unwinding left it.
+    /// Every executable mapping when the modules were built: an ip outside
+    /// them means code mapped since (dlopen, JIT), so the maps are read again.
+    exec: Vec<Range<u64>>,
+    /// Those with unwind info, to tell where unwinding left it.
     covered: Vec<Range<u64>>,
 }
 
@@ -143,8 +159,13 @@ impl DwarfUnwinder {
     fn build(&mut self, pid: u32, maps: &MapsCache) -> Option<Proc> {
         let mut unwinder = UnwinderX86_64::new();
         let mut covered = Vec::new();
+        let mut exec = Vec::new();
         for m in maps.maps(pid)? {
-            if !m.perms.contains('x') || !m.path.starts_with('/') {
+            if !m.perms.contains('x') {
+                continue;
+            }
+            exec.push(m.start..m.end);
+            if !m.path.starts_with('/') {
                 continue;
             }
             let info = self
@@ -175,7 +196,11 @@ impl DwarfUnwinder {
             };
             unwinder.add_module(Module::new(m.path.clone(), m.start..m.end, bias, sections));
         }
-        Some(Proc { unwinder, covered })
+        Some(Proc {
+            unwinder,
+            exec,
+            covered,
+        })
     }
 
     /// Unwinds one `kind::STACK_SAMPLE` record of `pid`: addresses for
@@ -186,22 +211,24 @@ impl DwarfUnwinder {
         s: &StackSample,
         stack: &[u8],
     ) -> (Vec<u64>, End) {
-        self.stats.samples += 1;
+        let (frames, end) = self.walk(maps, s, stack);
+        self.stats.count(end);
+        (frames, end)
+    }
+
+    fn walk(&mut self, maps: &mut MapsCache, s: &StackSample, stack: &[u8]) -> (Vec<u64>, End) {
         let pid = s.tgid;
         // New process, or code mapped since the last look (dlopen, exec).
         let stale = self
             .procs
             .get(&pid)
-            .is_none_or(|p| !p.covered.iter().any(|r| r.contains(&s.ip)));
+            .is_none_or(|p| !p.exec.iter().any(|r| r.contains(&s.ip)));
         if stale && (maps.snapshot(pid) || !self.procs.contains_key(&pid)) {
             match self.build(pid, maps) {
                 Some(p) => {
                     self.procs.insert(pid, p);
                 }
-                None => {
-                    self.stats.no_maps += 1;
-                    return (vec![s.ip], End::NoMaps);
-                }
+                None => return (vec![s.ip], End::NoMaps),
             }
         }
         let proc = self.procs.get(&pid).expect("built above");
@@ -245,10 +272,7 @@ impl DwarfUnwinder {
                     end = End::NoUnwindInfo;
                     break;
                 }
-                Err(e) => {
-                    if std::env::var_os("MEMTRACE_DEBUG_UNWIND").is_some() {
-                        eprintln!("memtrace: unwind of pid {pid} stopped: {e}");
-                    }
+                Err(_) => {
                     if end == End::Complete {
                         end = End::Failed;
                     }
@@ -256,19 +280,7 @@ impl DwarfUnwinder {
                 }
             }
         }
-        match end {
-            End::Complete => self.stats.complete += 1,
-            End::Truncated => self.stats.truncated += 1,
-            End::NoUnwindInfo => self.stats.no_unwind_info += 1,
-            End::NoMaps => self.stats.no_maps += 1,
-            End::Failed => self.stats.failed += 1,
-        }
         (frames, end)
-    }
-
-    /// Forgets a process's modules (it exited, or its maps changed).
-    pub fn forget(&mut self, pid: u32) {
-        self.procs.remove(&pid);
     }
 }
 
@@ -280,7 +292,7 @@ fn split(s: Option<(Range<u64>, Data)>) -> (Option<Range<u64>>, Option<Data>) {
 }
 
 /// Splits a `kind::STACK_SAMPLE` record into its header and stack bytes.
-pub fn parse_sample(data: &[u8]) -> Option<(StackSample, &[u8])> {
+fn parse_sample(data: &[u8]) -> Option<(StackSample, &[u8])> {
     let hdr: StackSample = crate::tools::record(data, memtrace_common::kind::STACK_SAMPLE)?;
     let stack = data.get(STACK_SAMPLE_HDR..STACK_SAMPLE_HDR + hdr.size as usize)?;
     Some((hdr, stack))
@@ -310,16 +322,14 @@ pub struct DwarfStacks {
     pub samples: HashMap<SampleKey, SampleVal>,
     /// One event in this many was copied.
     pub every: u32,
-    pub stack_bytes: u32,
 }
 
 impl DwarfStacks {
-    pub fn new(every: u32, stack_bytes: u32) -> Self {
+    pub fn new(every: u32) -> Self {
         DwarfStacks {
             unwinder: DwarfUnwinder::default(),
             samples: HashMap::new(),
             every,
-            stack_bytes,
         }
     }
 

@@ -232,6 +232,16 @@ pub fn loaded_programs() -> usize {
 }
 
 /// JSON lines of a given "type".
+/// The user frames of a stack record (`user_stack`), innermost first.
+pub fn user_frames(v: &serde_json::Value) -> Vec<String> {
+    v["user_stack"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no user_stack: {v}"))
+        .iter()
+        .map(|f| f.as_str().unwrap().to_string())
+        .collect()
+}
+
 pub fn json_of(stdout: &str, ty: &str) -> Vec<serde_json::Value> {
     stdout
         .lines()
