@@ -264,3 +264,35 @@ fn a_short_stack_copy_is_counted_as_truncated_and_keeps_the_inner_frames() {
     // Frames before the end of the copy are kept.
     assert!(at(&user_frames(&s), "__brk").is_some(), "{s}");
 }
+
+/// An event tool: each mmap call's record names its whole stack, through
+/// glibc's mmap, from the copy the thread sent just before it.
+#[test]
+fn dwarf_mmapsnoop_names_every_caller_of_each_call() {
+    const N: u64 = 3;
+    let cmd = format!("{} touch {N}", c_workload().display());
+    let (out, summary) = trace(&[
+        "mmapsnoop",
+        "--stack",
+        "--stack-mode",
+        "dwarf",
+        "--json",
+        "-c",
+        &cmd,
+    ]);
+    assert_eq!(summary["stack_mode"], "dwarf", "{summary}");
+    let call = json_of(&out, "mmap_call")
+        .into_iter()
+        .find(|e| e["len"] == N * 4096 && at(&user_frames(e), "libc.so").is_some())
+        .unwrap_or_else(|| panic!("no mmap of {N} pages from libc in {out}"));
+    assert_in_order(
+        &user_frames(&call),
+        &[
+            "mmap",
+            "pages_touch_inner",
+            "pages_touch_middle",
+            "pages_touch_outer",
+            "main",
+        ],
+    );
+}

@@ -72,6 +72,10 @@ pub struct StackSample {
 
 pub const STACK_SAMPLE_HDR: usize = core::mem::size_of::<StackSample>();
 
+/// A user stack id meaning: in the `kind::STACK_SAMPLE` record this thread
+/// sent just before the record carrying it (`--stack-mode dwarf`).
+pub const USTACK_IN_SAMPLE: i32 = -2;
+
 /// Most user frames the in-kernel frame-pointer walk keeps.
 pub const MAX_UFRAMES: usize = 64;
 

@@ -17,8 +17,7 @@ use memtrace_common::{
 };
 
 use crate::helpers::{
-    count_loss, current_task, current_tgid, dwarf_mode, read, sample_user_stack, stack_ids, wanted,
-    NO_PREALLOC, TASK,
+    count_loss, current_task, current_tgid, read, stack_ids, wanted, NO_PREALLOC, TASK,
 };
 
 #[unsafe(no_mangle)]
@@ -45,10 +44,7 @@ pub fn brk_enter(ctx: TracePointContext) -> u32 {
     } else {
         0
     };
-    let (ustack, kstack) = stack_ids(&ctx);
-    if dwarf_mode() {
-        sample_user_stack(kstack, grew, 0);
-    }
+    let (ustack, kstack) = stack_ids(&ctx, grew, 0);
     let key = StackKey {
         tgid,
         ustack,

@@ -19,10 +19,7 @@ use memtrace_common::{
     loss, TASK_COMM_LEN,
 };
 
-use crate::helpers::{
-    capturing, count_loss, current_tgid, dwarf_mode, sample_user_stack, stack_ids, wanted, FILTER,
-    NO_PREALLOC,
-};
+use crate::helpers::{capturing, count_loss, current_tgid, stack_ids, wanted, FILTER, NO_PREALLOC};
 
 #[unsafe(no_mangle)]
 static FAULT_CFG: Global<FaultConfig> = Global::new(FaultConfig {
@@ -55,10 +52,7 @@ fn count<C: StackIdContext>(
         return;
     }
     let cfg = FAULT_CFG.load();
-    let (ustack, kstack) = stack_ids(ctx);
-    if dwarf_mode() {
-        sample_user_stack(kstack, addr, kernel_mode);
-    }
+    let (ustack, kstack) = stack_ids(ctx, addr, kernel_mode);
     let key = FaultKey {
         tgid,
         kernel_mode,

@@ -20,7 +20,9 @@ use memtrace_common::{
     kind, loss,
     snoop::{failed, FdFileOffsets, PendingCall, SyscallEvent, MAX_ARGS},
     stack_mode,
-    stacks::{StackSample, UserStack, UstackConfig, MAX_UFRAMES, STACK_SAMPLE_HDR},
+    stacks::{
+        StackSample, UserStack, UstackConfig, MAX_UFRAMES, STACK_SAMPLE_HDR, USTACK_IN_SAMPLE,
+    },
     Filter, TaskOffsets, TASK_COMM_LEN,
 };
 
@@ -139,23 +141,18 @@ pub static USTACK: Global<UstackConfig> = Global::new(UstackConfig {
 #[map]
 static SAMPLE_TICK: PerCpuArray<u32> = PerCpuArray::with_max_entries(1, 0);
 
-/// Whether user stacks are copied for DWARF unwinding instead of walked here.
-#[inline(always)]
-pub fn dwarf_mode() -> bool {
-    FILTER.load().stacks & stack_mode::DWARF != 0
-}
-
 /// `--stack-mode dwarf`: sends the user registers and the top of the user
 /// stack (one event in `sample_every`), for userspace to unwind with the
-/// binaries' .eh_frame. The tool's `value` and `aux` ride along.
+/// binaries' .eh_frame. The tool's `value` and `aux` ride along. Whether a
+/// record was sent (the caller holds BUSY: faults of the copy are ours).
 #[inline(always)]
-pub fn sample_user_stack(kstack: i32, value: u64, aux: u32) {
+fn sample_user_stack(kstack: i32, value: u64, aux: u32) -> bool {
     let cfg = USTACK.load();
     if let Some(t) = SAMPLE_TICK.get_ptr_mut(0) {
         unsafe {
             *t += 1;
             if *t < cfg.sample_every {
-                return;
+                return false;
             }
             *t = 0;
         }
@@ -164,7 +161,7 @@ pub fn sample_user_stack(kstack: i32, value: u64, aux: u32) {
     let size = cfg.stack_bytes as u64;
     let Some(mut rec) = EVENTS.reserve_bytes(STACK_SAMPLE_HDR + size as usize, 0) else {
         count_loss(loss::RINGBUF);
-        return;
+        return false;
     };
     let (ip, sp, bp) = user_regs(&cfg);
     // The main thread's stack ends at start_stack: copying past it can fail.
@@ -176,7 +173,6 @@ pub fn sample_user_stack(kstack: i32, value: u64, aux: u32) {
     let base = rec.as_mut_ptr();
     let mut got = 0u64;
     // A thread's stack may end sooner still: halve until the copy succeeds.
-    set_busy(1);
     for shift in 0..4 {
         let n = want >> shift;
         if n == 0 || n > size {
@@ -194,7 +190,6 @@ pub fn sample_user_stack(kstack: i32, value: u64, aux: u32) {
             break;
         }
     }
-    set_busy(0);
     if got == 0 {
         count_loss(loss::STACK_COPY);
     }
@@ -214,6 +209,7 @@ pub fn sample_user_stack(kstack: i32, value: u64, aux: u32) {
     };
     unsafe { core::ptr::write_unaligned(base as *mut StackSample, hdr) };
     rec.submit(0);
+    true
 }
 
 /// Pages of user stack, from sp's up, the frame-pointer walk reads at most.
@@ -223,10 +219,10 @@ const WINDOW: usize = PAGES * 4096;
 #[repr(C)]
 pub struct WalkScratch {
     regs: [u8; 256],
-    /// Page k holds the user page k above sp's; read only when a frame
-    /// record is in it (pages between frames may never have been touched,
-    /// and reading one would fault). Room for a record read at the end.
-    stack: [u8; WINDOW + 16],
+    /// User pages from sp's up, indexed from the start of sp's page; room
+    /// for a first read that starts part way into it, and for a record read
+    /// at the very end.
+    stack: [u8; WINDOW + 4096 + 16],
     frames: UserStack,
 }
 
@@ -281,19 +277,30 @@ fn walk_user_stack() -> i32 {
     let (ip, sp, bp) = user_regs(&cfg);
     let top = stack_top(&cfg);
     let base = sp & !4095;
-    let buf = s.stack.as_mut_ptr();
-    // sp's own page, from sp: present, since the task just ran on it.
     let in0 = sp & 4095;
+    // Page k of the copy is user page k above sp's.
+    let buf = s.stack.as_mut_ptr();
     let mut valid: u32 = 0;
-    let r = unsafe {
-        bpf_probe_read_user(
-            buf.add(in0 as usize) as *mut c_void,
-            (4096 - in0) as u32,
-            sp as *const c_void,
-        )
+    // The main thread's stack is in use from sp to start_stack: one read
+    // takes it all when it fits. Elsewhere, sp's page now and the pages
+    // frame records are in as the walk reaches them (pages in between may
+    // never have been touched, and reading one would fault).
+    let whole = top.wrapping_sub(sp);
+    let first = if top > sp && whole <= (WINDOW as u64 - in0) {
+        whole
+    } else {
+        4096 - in0
     };
-    if r == 0 {
-        valid = 1;
+    if first <= WINDOW as u64
+        && unsafe {
+            bpf_probe_read_user(
+                buf.add(in0 as usize) as *mut c_void,
+                first as u32,
+                sp as *const c_void,
+            )
+        } == 0
+    {
+        valid = (1u32 << ((in0 + first + 4095) >> 12)) - 1;
     }
     let f = &mut s.frames;
     f.ips[0] = ip;
@@ -305,20 +312,23 @@ fn walk_user_stack() -> i32 {
         if fp & 7 != 0 || fp < sp || (top > sp && fp + 16 > top) {
             break;
         }
-        let page = (fp - base) >> 12;
-        let last = (fp + 15 - base) >> 12;
+        let off = fp - base;
+        let page = off >> 12;
+        let last = (off + 15) >> 12;
         if last >= PAGES as u64 {
             break;
         }
         let mut ok = true;
         for p in [page, last] {
             if valid & (1 << p) == 0 {
+                // Page 0 from sp: what is below it is not the stack.
                 let p = p & (PAGES as u64 - 1);
+                let at = if p == 0 { in0 } else { p * 4096 };
                 let r = unsafe {
                     bpf_probe_read_user(
-                        buf.add(p as usize * 4096) as *mut c_void,
-                        4096,
-                        (base + p * 4096) as *const c_void,
+                        buf.add(at as usize) as *mut c_void,
+                        (4096 - (at & 4095)) as u32,
+                        (base + at) as *const c_void,
                     )
                 };
                 if r != 0 {
@@ -331,7 +341,7 @@ fn walk_user_stack() -> i32 {
         if !ok {
             break;
         }
-        let off = (fp - base) as usize & (WINDOW - 1);
+        let off = off as usize & (WINDOW - 1);
         let (next, ret) = unsafe {
             let p = s.stack.as_ptr().add(off);
             (
@@ -373,9 +383,11 @@ fn walk_user_stack() -> i32 {
 }
 
 /// Stack ids for the current task, as configured by `FILTER.stacks`; -1 when
-/// not captured, and every failed capture is counted.
+/// not captured, and every failed capture is counted. In dwarf mode the user
+/// stack goes out in a record of its own, with the tool's `value` and `aux`,
+/// just before whatever the tool sends next (`USTACK_IN_SAMPLE`).
 #[inline(always)]
-pub fn stack_ids<C: StackIdContext>(ctx: &C) -> (i32, i32) {
+pub fn stack_ids<C: StackIdContext>(ctx: &C, value: u64, aux: u32) -> (i32, i32) {
     let mode = FILTER.load().stacks;
     let mut user = -1;
     let mut kern = -1;
@@ -383,19 +395,24 @@ pub fn stack_ids<C: StackIdContext>(ctx: &C) -> (i32, i32) {
         return (user, kern);
     }
     set_busy(1);
-    // In dwarf mode the tool copies the user stack itself (sample_user_stack).
-    if mode & stack_mode::USER != 0 && mode & stack_mode::WALK != 0 {
-        user = walk_user_stack();
-    } else if mode & stack_mode::USER != 0 && mode & stack_mode::DWARF == 0 {
-        match ctx.get_stackid(&STACKS, aya_ebpf::bindings::BPF_F_USER_STACK as u64) {
-            Ok(id) => user = id as i32,
-            Err(_) => count_loss(loss::STACK),
-        }
-    }
     if mode & stack_mode::KERNEL != 0 {
         match ctx.get_stackid(&STACKS, 0) {
             Ok(id) => kern = id as i32,
             Err(_) => count_loss(loss::STACK),
+        }
+    }
+    if mode & stack_mode::USER != 0 {
+        if mode & stack_mode::WALK != 0 {
+            user = walk_user_stack();
+        } else if mode & stack_mode::DWARF != 0 {
+            if sample_user_stack(kern, value, aux) {
+                user = USTACK_IN_SAMPLE;
+            }
+        } else {
+            match ctx.get_stackid(&STACKS, aya_ebpf::bindings::BPF_F_USER_STACK as u64) {
+                Ok(id) => user = id as i32,
+                Err(_) => count_loss(loss::STACK),
+            }
         }
     }
     set_busy(0);
@@ -527,7 +544,7 @@ pub fn syscall_exit(
     if failed_only != 0 && !failed(op, call.args[0], ret) {
         return;
     }
-    let (ustack, kstack) = stack_ids(ctx);
+    let (ustack, kstack) = stack_ids(ctx, 0, 0);
     let (file_dev, file_ino) = file_of(&call);
     let ev = SyscallEvent {
         kind,

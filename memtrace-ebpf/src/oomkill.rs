@@ -50,7 +50,7 @@ const MM_SHMEMPAGES: u32 = 3;
 #[inline(always)]
 fn new_event<C: aya_ebpf::programs::tracing::StackIdContext>(ctx: &C, how: u32) -> OomEvent {
     let id = bpf_get_current_pid_tgid();
-    let (ustack, kstack) = stack_ids(ctx);
+    let (ustack, kstack) = stack_ids(ctx, 0, 0);
     OomEvent {
         kind: kind::OOM,
         method: how,

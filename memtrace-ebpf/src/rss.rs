@@ -126,7 +126,7 @@ pub fn rss_stat(ctx: TracePointContext) -> u32 {
         return 0;
     }
     v.crossed = 1;
-    let (ustack, kstack) = stack_ids(&ctx);
+    let (ustack, kstack) = stack_ids(&ctx, 0, 0);
     let id = bpf_get_current_pid_tgid();
     emit(&RssCross {
         kind: kind::RSS_CROSS,

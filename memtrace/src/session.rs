@@ -13,7 +13,10 @@ use aya::{
     util::online_cpus,
     Btf, Ebpf, EbpfLoader, Pod,
 };
-use memtrace_common::{loss, stacks::UserStack};
+use memtrace_common::{
+    loss,
+    stacks::{UserStack, USTACK_IN_SAMPLE},
+};
 
 use crate::attach::{Method, Probe, Target, Way};
 use crate::error::{Error, Result};
@@ -393,6 +396,20 @@ impl Session {
 
     /// Symbolized user stack `id` of `pid`, or why there is none.
     pub fn user_frames(&mut self, pid: u32, id: i32) -> Vec<String> {
+        self.thread_user_frames(pid, None, id)
+    }
+
+    /// The same, where the record names its thread: in dwarf mode the stack
+    /// is the one that thread copied just before.
+    pub fn thread_user_frames(&mut self, pid: u32, tid: Option<u32>, id: i32) -> Vec<String> {
+        if id == USTACK_IN_SAMPLE {
+            let Some((ips, end)) = self.dwarf.as_mut().and_then(|d| d.take_last(pid, tid)) else {
+                return vec!["[copied stack not received (counted in ringbuf_full)]".into()];
+            };
+            let mut frames = self.sym.user(pid, &ips);
+            frames.extend(end.note().map(|n| format!("[{n}]")));
+            return frames;
+        }
         match self.user_stack(id) {
             Some(ips) => self.sym.user(pid, &ips),
             None => Vec::new(),

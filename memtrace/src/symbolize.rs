@@ -64,6 +64,21 @@ pub fn parse_maps(text: &str) -> Vec<Mapping> {
     out
 }
 
+/// Whether `pid` is gone or tearing down its memory (PF_EXITING, in the
+/// flags field of /proc/PID/stat).
+fn exiting(pid: u32) -> bool {
+    const PF_EXITING: u64 = 0x4;
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        return true;
+    };
+    // The command name may hold spaces: fields are counted after its ')'.
+    let flags = stat
+        .rsplit_once(')')
+        .and_then(|(_, rest)| rest.split_whitespace().nth(6))
+        .and_then(|f| f.parse::<u64>().ok());
+    flags.is_none_or(|f| f & PF_EXITING != 0)
+}
+
 pub fn read_maps(pid: u32) -> Option<Vec<Mapping>> {
     std::fs::read_to_string(format!("/proc/{pid}/maps"))
         .ok()
@@ -85,10 +100,17 @@ pub struct MapsCache {
 impl MapsCache {
     /// Reads (again) the maps of `pid`; false if the process is gone.
     pub fn snapshot(&mut self, pid: u32) -> bool {
-        // An exiting process shows empty maps: keep the last real copy.
+        // An exiting process loses its mappings while they are read, and then
+        // shows none: keep the last whole copy rather than a torn one.
+        if exiting(pid) {
+            return false;
+        }
         let Some(maps) = read_maps(pid).filter(|m| !m.is_empty()) else {
             return false;
         };
+        if exiting(pid) {
+            return false;
+        }
         for m in &maps {
             if !m.perms.contains('x') || !m.path.starts_with('/') {
                 continue;

@@ -322,6 +322,10 @@ pub struct DwarfStacks {
     pub samples: HashMap<SampleKey, SampleVal>,
     /// One event in this many was copied.
     pub every: u32,
+    /// Each thread's latest unwound stack, for the record that follows it.
+    last: HashMap<u32, (Vec<u64>, End)>,
+    /// Each process's latest thread to send a stack.
+    last_thread: HashMap<u32, u32>,
 }
 
 impl DwarfStacks {
@@ -330,7 +334,16 @@ impl DwarfStacks {
             unwinder: DwarfUnwinder::default(),
             samples: HashMap::new(),
             every,
+            last: HashMap::new(),
+            last_thread: HashMap::new(),
         }
+    }
+
+    /// The stack a thread copied just before its record (`USTACK_IN_SAMPLE`);
+    /// by process where the record has no thread id.
+    pub fn take_last(&mut self, tgid: u32, tid: Option<u32>) -> Option<(Vec<u64>, End)> {
+        let tid = tid.or_else(|| self.last_thread.get(&tgid).copied())?;
+        self.last.remove(&tid)
     }
 
     pub fn add(&mut self, maps: &mut MapsCache, data: &[u8]) {
@@ -338,6 +351,8 @@ impl DwarfStacks {
             return;
         };
         let (user, end) = self.unwinder.unwind(maps, &h, stack);
+        self.last.insert(h.pid, (user.clone(), end));
+        self.last_thread.insert(h.tgid, h.pid);
         let key = SampleKey {
             tgid: h.tgid,
             aux: h.aux,

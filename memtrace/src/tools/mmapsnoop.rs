@@ -24,6 +24,8 @@ pub struct Args {
     /// Show the user stack of each call.
     #[arg(long)]
     pub stack: bool,
+    #[command(flatten)]
+    pub stacks: crate::cli::StackArgs,
     /// Show only failed calls (filtered in the kernel).
     #[arg(short = 'x', long = "failed")]
     pub failed: bool,
@@ -274,6 +276,10 @@ impl Tool for Mmapsnoop {
     fn probes(&self) -> Vec<Probe> {
         probes()
     }
+    fn user_stacks(&self) -> Option<(&crate::cli::StackArgs, bool)> {
+        // One line per call is printed anyway: a stack copy per call fits.
+        self.args.stack.then_some((&self.args.stacks, true))
+    }
     fn stack_mode(&self) -> u32 {
         if self.args.stack {
             stack_mode::USER
@@ -322,8 +328,8 @@ impl Tool for Mmapsnoop {
         }
         let row = self.row(&ev);
         if self.args.stack {
-            let mut frames = s.user_frames(ev.pid, ev.ustack);
-            if ev.ustack < 0 {
+            let mut frames = s.thread_user_frames(ev.pid, Some(ev.tid), ev.ustack);
+            if ev.ustack == -1 {
                 frames.push("[stack capture failed (counted in stack_fail)]".into());
             }
             out.event_stack("mmap_call", &COLS, &row, &frames);

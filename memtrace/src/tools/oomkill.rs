@@ -18,6 +18,8 @@ pub struct Args {
     /// Add the triggering task's kernel and user stacks.
     #[arg(long)]
     pub stack: bool,
+    #[command(flatten)]
+    pub stacks: crate::cli::StackArgs,
 }
 
 pub fn probes() -> Vec<Probe> {
@@ -52,6 +54,7 @@ const COLS: [Col; 16] = [
 
 pub struct Oomkill {
     stack: bool,
+    stack_args: crate::cli::StackArgs,
     kills: u64,
 }
 
@@ -59,6 +62,7 @@ impl Oomkill {
     pub fn new(a: &Args) -> Result<Self> {
         Ok(Oomkill {
             stack: a.stack,
+            stack_args: a.stacks.clone(),
             kills: 0,
         })
     }
@@ -96,6 +100,10 @@ impl Tool for Oomkill {
         probes()
     }
 
+    fn user_stacks(&self) -> Option<(&crate::cli::StackArgs, bool)> {
+        // OOM kills are rare: the trigger's stack is copied whole.
+        self.stack.then_some((&self.stack_args, true))
+    }
     fn stack_mode(&self) -> u32 {
         if self.stack {
             stack_mode::USER | stack_mode::KERNEL
@@ -192,7 +200,8 @@ impl Tool for Oomkill {
                 count: 1,
                 kernel: s.kernel_frames(ev.kstack),
                 user,
-                note: (ev.ustack < 0 && ev.kstack < 0).then(|| "stack capture failed".to_string()),
+                note: (ev.ustack == -1 && ev.kstack < 0)
+                    .then(|| "stack capture failed".to_string()),
                 ..Default::default()
             };
             out.stacks("oom_stack", "", &[report]);

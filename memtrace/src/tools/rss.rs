@@ -24,6 +24,8 @@ use crate::tools::{comm, record};
 pub struct Args {
     #[command(flatten)]
     pub common: crate::cli::Common,
+    #[command(flatten)]
+    pub stacks: crate::cli::StackArgs,
     /// Seconds between reports.
     #[arg(short = 'i', long = "interval", default_value = "1", value_parser = crate::cli::parse_duration)]
     pub interval: Duration,
@@ -310,6 +312,13 @@ impl Tool for Rss {
     }
     fn interval(&self) -> Option<Duration> {
         Some(self.args.interval)
+    }
+    fn user_stacks(&self) -> Option<(&crate::cli::StackArgs, bool)> {
+        // Crossing the threshold happens once: its stack is copied whole.
+        self.args
+            .threshold
+            .is_some()
+            .then_some((&self.args.stacks, true))
     }
     fn stack_mode(&self) -> u32 {
         if self.args.threshold.is_some() {
