@@ -216,3 +216,24 @@ fn shmsnoop_text_is_a_header_and_one_line_per_call() {
     );
     assert!(out.stderr.contains("4 events, 0 lost"), "{}", out.stderr);
 }
+
+/// Streamed records wake memtrace in batches; a lone one must still be
+/// printed soon (the drain timer), not only when the trace ends.
+#[test]
+fn a_lone_call_is_printed_while_its_process_runs() {
+    // 1 MiB: glibc's malloc maps it with mmap; then the workload sleeps.
+    let mut w = Workload::start(&["hold", "1"]);
+    let pid = w.pid.to_string();
+    let mut t = Tracer::start(&["mmapsnoop", "-p", &pid]);
+    // Past memtrace's first look at the buffer, which is at once.
+    std::thread::sleep(Duration::from_millis(300));
+    w.go();
+    let line = t.stdout_line(
+        |l| l.contains(" mmap ") && l.contains("1048576"),
+        Duration::from_secs(2),
+    );
+    let _ = w.child.kill();
+    let _ = w.child.wait();
+    let out = t.interrupt();
+    assert!(line.is_some(), "not printed within 2 s: {}", out.stdout);
+}

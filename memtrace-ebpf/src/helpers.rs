@@ -2,6 +2,7 @@
 //! stack capture, and reads at offsets resolved by userspace.
 
 use aya_ebpf::{
+    bindings::{BPF_RB_AVAIL_DATA, BPF_RB_FORCE_WAKEUP, BPF_RB_NO_WAKEUP},
     cty::c_void,
     helpers::{
         bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_get_current_task, bpf_ktime_get_ns,
@@ -101,9 +102,39 @@ pub fn wanted(tgid: u32) -> bool {
 }
 
 /// Sends `rec` to userspace, counting it as lost when the buffer is full.
+/// The reader is woken at once, even behind batched records: rare records
+/// are acted on while their process is still there (its maps are read).
 #[inline(always)]
 pub fn emit<T>(rec: &T) {
-    if EVENTS.output::<T>(rec, 0).is_err() {
+    if EVENTS.output::<T>(rec, BPF_RB_FORCE_WAKEUP as u64).is_err() {
+        count_loss(loss::RINGBUF);
+    }
+}
+
+/// Streamed records wake the reader only once this many bytes wait (set by
+/// userspace from the buffer's size); 0 wakes it as the kernel would.
+#[unsafe(no_mangle)]
+static WAKE_BYTES: Global<u64> = Global::new(0);
+
+/// Wakeup flags for a streamed record. A wakeup is an interrupt (microseconds
+/// in a VM) and a reader that keeps up is woken for nearly every record, so
+/// they are batched; memtrace also drains on a short timer.
+#[inline(always)]
+pub fn batched_wakeup() -> u64 {
+    let wake = WAKE_BYTES.load();
+    if wake == 0 {
+        0
+    } else if EVENTS.query(BPF_RB_AVAIL_DATA as u64) >= wake {
+        BPF_RB_FORCE_WAKEUP as u64
+    } else {
+        BPF_RB_NO_WAKEUP as u64
+    }
+}
+
+/// `emit` for high-rate records, with batched wakeups.
+#[inline(always)]
+pub fn emit_streamed<T>(rec: &T) {
+    if EVENTS.output::<T>(rec, batched_wakeup()).is_err() {
         count_loss(loss::RINGBUF);
     }
 }
@@ -208,7 +239,8 @@ fn sample_user_stack(kstack: i32, value: u64, aux: u32) -> bool {
         comm: bpf_get_current_comm().unwrap_or([0; TASK_COMM_LEN]),
     };
     unsafe { core::ptr::write_unaligned(base as *mut StackSample, hdr) };
-    rec.submit(0);
+    // A record of the tool's own that follows wakes the reader if it must.
+    rec.submit(batched_wakeup());
     true
 }
 
@@ -500,11 +532,14 @@ pub fn syscall_enter(ctx: &TracePointContext, op: u32, offsets: &[u32], self_tgi
         args: [0; MAX_ARGS],
     };
     // zip, not indexing: no bounds check for the verifier to see.
+    // The arguments are 8-byte fields in the record's first 64 bytes: one
+    // read for all (each helper call costs tens of ns on a mitigated kernel).
+    let Ok(words) = (unsafe { ctx.read_at::<[u64; 8]>(0) }) else {
+        count_loss(loss::READ);
+        return;
+    };
     for (arg, off) in call.args.iter_mut().zip(offsets) {
-        match unsafe { ctx.read_at::<u64>(*off as usize) } {
-            Ok(v) => *arg = v,
-            Err(_) => count_loss(loss::READ),
-        }
+        *arg = words[(*off as usize / 8) & 7];
     }
     let tid = bpf_get_current_pid_tgid() as u32;
     if SNOOP_PENDING.insert(tid, call, 0).is_err() {
@@ -561,7 +596,7 @@ pub fn syscall_exit(
         file_ino,
         comm: bpf_get_current_comm().unwrap_or([0; TASK_COMM_LEN]),
     };
-    emit(&ev);
+    emit_streamed(&ev);
 }
 
 /// Device and inode of the current task's file `fd`, or (0, 0).

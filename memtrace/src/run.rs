@@ -329,6 +329,13 @@ impl Phases {
     }
 }
 
+/// The EVENTS ring buffer's size in the kernel object, unless a tool sets one.
+const DEFAULT_RING_BYTES: u32 = 256 * 1024;
+
+/// How often the ring buffer is drained without a wakeup: batched records
+/// wait no longer than this.
+const DRAIN_EVERY: Duration = Duration::from_millis(20);
+
 pub fn run(tool: &mut dyn Tool, common: &Common) -> Result<i32> {
     let mut phases = Phases(std::env::var_os("MEMTRACE_TIMING").map(|_| Instant::now()));
     check_root()?;
@@ -372,6 +379,10 @@ pub fn run(tool: &mut dyn Tool, common: &Common) -> Result<i32> {
         forced: common.attach,
     };
     tool.prepare(&mut prep)?;
+    // Streamed records wake memtrace once an eighth of the buffer waits
+    // (and a timer drains the rest), not once per record.
+    let ring = loader.size_of("EVENTS").unwrap_or(DEFAULT_RING_BYTES);
+    loader.global("WAKE_BYTES", &(ring as u64 / 8));
     phases.mark("offsets");
 
     let mut session = Session::load(&loader, common.attach, common.verbose)?;
@@ -495,6 +506,7 @@ async fn event_loop(
     let mut interval = tokio::time::interval(tool.interval().unwrap_or(far));
     interval.tick().await;
     let mut housekeeping = tokio::time::interval(Duration::from_millis(250));
+    let mut drain = tokio::time::interval(DRAIN_EVERY);
     let pidfd = match pidfd {
         // SAFETY: `Fd` owns the pidfd for as long as the AsyncFd lives.
         Some(fd) => Some(unsafe { AsyncFd::register(Fd(fd)) }.map_err(std::io::Error::from)?),
@@ -513,6 +525,13 @@ async fn event_loop(
                 }
                 out.flush();
                 guard.clear_ready();
+            }
+            _ = drain.tick() => {
+                let ring = rb.get_mut();
+                while let Some(item) = ring.next() {
+                    dispatch(&item, tool, session, out)?;
+                }
+                out.flush();
             }
             _ = sig.int.recv() => break,
             _ = sig.term.recv() => break,

@@ -49,6 +49,11 @@ impl Loader {
         self.globals.iter().map(|(n, _)| *n)
     }
 
+    /// The size set for `map`, if any.
+    pub fn size_of(&self, map: &str) -> Option<u32> {
+        self.sizes.iter().find(|(m, _)| *m == map).map(|(_, n)| *n)
+    }
+
     pub fn max_entries(&mut self, map: &'static str, n: u32) -> &mut Self {
         self.sizes.retain(|(m, _)| *m != map);
         self.sizes.push((map, n));

@@ -36,6 +36,9 @@ pub struct Tracer {
     child: Child,
     stderr: mpsc::Receiver<String>,
     pub early_stderr: String,
+    /// stdout lines as they come, once `stdout_line` has been used.
+    stdout: Option<mpsc::Receiver<String>>,
+    seen_stdout: String,
 }
 
 impl Tracer {
@@ -77,7 +80,40 @@ impl Tracer {
             child,
             stderr: rx,
             early_stderr: early,
+            stdout: None,
+            seen_stdout: String::new(),
         }
+    }
+
+    /// The first stdout line matching `pred` printed within `timeout`, while
+    /// memtrace keeps running.
+    pub fn stdout_line(
+        &mut self,
+        pred: impl Fn(&str) -> bool,
+        timeout: Duration,
+    ) -> Option<String> {
+        if self.stdout.is_none() {
+            let (tx, rx) = mpsc::channel();
+            let out = self.child.stdout.take().unwrap();
+            std::thread::spawn(move || {
+                for line in BufReader::new(out).lines().map_while(Result::ok) {
+                    if tx.send(line).is_err() {
+                        break;
+                    }
+                }
+            });
+            self.stdout = Some(rx);
+        }
+        let rx = self.stdout.as_ref().unwrap();
+        let deadline = Instant::now() + timeout;
+        while let Ok(l) = rx.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
+            self.seen_stdout.push_str(&l);
+            self.seen_stdout.push('\n');
+            if pred(&l) {
+                return Some(l);
+            }
+        }
+        None
     }
 
     pub fn pid(&self) -> i32 {
@@ -93,13 +129,23 @@ impl Tracer {
         let deadline = Instant::now() + timeout;
         loop {
             if let Some(st) = self.child.try_wait().unwrap() {
-                let mut stdout = String::new();
-                self.child
-                    .stdout
-                    .take()
-                    .unwrap()
-                    .read_to_string(&mut stdout)
-                    .unwrap();
+                let mut stdout = std::mem::take(&mut self.seen_stdout);
+                match &self.stdout {
+                    Some(rx) => {
+                        while let Ok(l) = rx.recv_timeout(Duration::from_secs(2)) {
+                            stdout.push_str(&l);
+                            stdout.push('\n');
+                        }
+                    }
+                    None => {
+                        self.child
+                            .stdout
+                            .take()
+                            .unwrap()
+                            .read_to_string(&mut stdout)
+                            .unwrap();
+                    }
+                }
                 let mut stderr = self.early_stderr.clone();
                 // The reader thread ends with the pipe.
                 while let Ok(l) = self.stderr.recv_timeout(Duration::from_secs(2)) {

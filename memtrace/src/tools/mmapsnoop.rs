@@ -45,7 +45,8 @@ pub fn probes() -> Vec<Probe> {
 }
 
 /// Offsets of a syscall tracepoint's argument fields, from its format file.
-/// The kernel programs read each as 8 bytes, so each must be 8 bytes.
+/// The kernel programs take each as an 8-byte word of the record's first 64
+/// bytes (read at once), so each must be one.
 pub(crate) fn arg_offsets<const N: usize>(
     k: &Prep,
     tracepoint: &str,
@@ -58,10 +59,11 @@ pub(crate) fn arg_offsets<const N: usize>(
             tracepoint: tracepoint.into(),
             field: name.into(),
         })?;
-        if field.size != 8 {
+        if field.size != 8 || field.offset % 8 != 0 || field.offset >= 64 {
             return Err(Error::Runtime(format!(
-                "{tracepoint}: field {name} is {} bytes, memtrace reads 8",
-                field.size
+                "{tracepoint}: field {name} is {} bytes at {}, memtrace reads an \
+                 aligned 8-byte word in the first 64",
+                field.size, field.offset
             )));
         }
         *o = field.offset;
