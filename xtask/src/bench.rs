@@ -58,15 +58,29 @@ fn start(argv: &[String], ready: &str) -> Result<Tracer> {
         .with_context(|| format!("{argv:?}"))?;
     // bpftrace says "Attaching N probes..." on stdout, memtrace "Tracing" on stderr.
     let (tx, rx) = std::sync::mpsc::channel();
+    // Once the tracer is ready, what it prints is thrown away as cheaply as
+    // /dev/null would take it: line handling here would compete with the
+    // workload for the CPUs.
+    let ready_seen = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     for pipe in [
         Box::new(child.stdout.take().unwrap()) as Box<dyn std::io::Read + Send>,
         Box::new(child.stderr.take().unwrap()),
     ] {
         let tx = tx.clone();
+        let ready_seen = ready_seen.clone();
         std::thread::spawn(move || {
-            for l in BufReader::new(pipe).lines().map_while(Result::ok) {
-                let _ = tx.send(l);
+            let mut r = BufReader::new(pipe);
+            let mut line = String::new();
+            while !ready_seen.load(std::sync::atomic::Ordering::Relaxed) {
+                line.clear();
+                match r.read_line(&mut line) {
+                    Ok(n) if n > 0 => {
+                        let _ = tx.send(line.trim_end().to_string());
+                    }
+                    _ => return,
+                }
             }
+            let _ = std::io::copy(&mut r, &mut std::io::sink());
         });
     }
     let deadline = Instant::now() + Duration::from_secs(30);
@@ -106,8 +120,7 @@ fn start(argv: &[String], ready: &str) -> Result<Tracer> {
         }
     }
     let startup = t0.elapsed();
-    // Keep draining, and hand the maxrss line back on stop.
-    std::thread::spawn(move || while rx.recv().is_ok() {});
+    ready_seen.store(true, std::sync::atomic::Ordering::Relaxed);
     Ok(Tracer { child, startup })
 }
 
