@@ -296,3 +296,32 @@ fn dwarf_mmapsnoop_names_every_caller_of_each_call() {
         ],
     );
 }
+
+/// Event tools under `--sample`: events left out say so, and are not
+/// reported as failed captures.
+#[test]
+fn sampled_event_stacks_say_which_were_left_out() {
+    let cmd = format!("{} touch 3", c_workload().display());
+    let (out, _) = trace(&[
+        "mmapsnoop",
+        "--stack",
+        "--stack-mode",
+        "dwarf",
+        "--sample",
+        "2",
+        "--json",
+        "-c",
+        &cmd,
+    ]);
+    let calls = json_of(&out, "mmap_call");
+    let left_out = calls
+        .iter()
+        .filter(|e| user_frames(e) == ["[not sampled (--sample)]"])
+        .count();
+    let copied = calls
+        .iter()
+        .filter(|e| at(&user_frames(e), "mmap").is_some())
+        .count();
+    assert!(left_out > 0 && copied > 0, "{out}");
+    assert!(!out.contains("capture failed"), "{out}");
+}

@@ -76,6 +76,9 @@ pub const STACK_SAMPLE_HDR: usize = core::mem::size_of::<StackSample>();
 /// sent just before the record carrying it (`--stack-mode dwarf`).
 pub const USTACK_IN_SAMPLE: i32 = -2;
 
+/// A user stack id meaning: not copied, by `--sample`.
+pub const USTACK_NOT_SAMPLED: i32 = -3;
+
 /// Most user frames the in-kernel frame-pointer walk keeps.
 pub const MAX_UFRAMES: usize = 64;
 

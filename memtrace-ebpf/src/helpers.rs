@@ -23,6 +23,7 @@ use memtrace_common::{
     stack_mode,
     stacks::{
         StackSample, UserStack, UstackConfig, MAX_UFRAMES, STACK_SAMPLE_HDR, USTACK_IN_SAMPLE,
+        USTACK_NOT_SAMPLED,
     },
     Filter, TaskOffsets, TASK_COMM_LEN,
 };
@@ -174,16 +175,17 @@ static SAMPLE_TICK: PerCpuArray<u32> = PerCpuArray::with_max_entries(1, 0);
 
 /// `--stack-mode dwarf`: sends the user registers and the top of the user
 /// stack (one event in `sample_every`), for userspace to unwind with the
-/// binaries' .eh_frame. The tool's `value` and `aux` ride along. Whether a
-/// record was sent (the caller holds BUSY: faults of the copy are ours).
+/// binaries' .eh_frame. The tool's `value` and `aux` ride along. Returns the
+/// user stack id for the tool's record (the caller holds BUSY: faults of the
+/// copy are ours).
 #[inline(always)]
-fn sample_user_stack(kstack: i32, value: u64, aux: u32) -> bool {
+fn sample_user_stack(kstack: i32, value: u64, aux: u32) -> i32 {
     let cfg = USTACK.load();
     if let Some(t) = SAMPLE_TICK.get_ptr_mut(0) {
         unsafe {
             *t += 1;
             if *t < cfg.sample_every {
-                return false;
+                return USTACK_NOT_SAMPLED;
             }
             *t = 0;
         }
@@ -192,7 +194,7 @@ fn sample_user_stack(kstack: i32, value: u64, aux: u32) -> bool {
     let size = cfg.stack_bytes as u64;
     let Some(mut rec) = EVENTS.reserve_bytes(STACK_SAMPLE_HDR + size as usize, 0) else {
         count_loss(loss::RINGBUF);
-        return false;
+        return -1;
     };
     let (ip, sp, bp) = user_regs(&cfg);
     // The main thread's stack ends at start_stack: copying past it can fail.
@@ -241,7 +243,7 @@ fn sample_user_stack(kstack: i32, value: u64, aux: u32) -> bool {
     unsafe { core::ptr::write_unaligned(base as *mut StackSample, hdr) };
     // A record of the tool's own that follows wakes the reader if it must.
     rec.submit(batched_wakeup());
-    true
+    USTACK_IN_SAMPLE
 }
 
 /// Pages of user stack, from sp's up, the frame-pointer walk reads at most.
@@ -437,9 +439,7 @@ pub fn stack_ids<C: StackIdContext>(ctx: &C, value: u64, aux: u32) -> (i32, i32)
         if mode & stack_mode::WALK != 0 {
             user = walk_user_stack();
         } else if mode & stack_mode::DWARF != 0 {
-            if sample_user_stack(kern, value, aux) {
-                user = USTACK_IN_SAMPLE;
-            }
+            user = sample_user_stack(kern, value, aux);
         } else {
             match ctx.get_stackid(&STACKS, aya_ebpf::bindings::BPF_F_USER_STACK as u64) {
                 Ok(id) => user = id as i32,

@@ -15,7 +15,7 @@ use aya::{
 };
 use memtrace_common::{
     loss,
-    stacks::{UserStack, USTACK_IN_SAMPLE},
+    stacks::{UserStack, USTACK_IN_SAMPLE, USTACK_NOT_SAMPLED},
 };
 
 use crate::attach::{Method, Probe, Target, Way};
@@ -407,6 +407,9 @@ impl Session {
     /// The same, where the record names its thread: in dwarf mode the stack
     /// is the one that thread copied just before.
     pub fn thread_user_frames(&mut self, pid: u32, tid: Option<u32>, id: i32) -> Vec<String> {
+        if id == USTACK_NOT_SAMPLED {
+            return vec!["[not sampled (--sample)]".into()];
+        }
         if id == USTACK_IN_SAMPLE {
             let Some((ips, end)) = self.dwarf.as_mut().and_then(|d| d.take_last(pid, tid)) else {
                 return vec!["[copied stack not received (counted in ringbuf_full)]".into()];

@@ -154,7 +154,7 @@ pub fn stack_report(
     let kernel = s.kernel_frames(kstack);
     let wanted_user = mode & stack_mode::USER != 0;
     let wanted_kernel = mode & stack_mode::KERNEL != 0;
-    // -1: not captured (USTACK_IN_SAMPLE, -2, is a copied stack).
+    // -1: capture failed (-2 is a copied stack, -3 one left out by --sample).
     let note = if (wanted_user && ustack == -1) || (wanted_kernel && kstack < 0) {
         Some("stack capture failed (counted in stack_fail)".to_string())
     } else if wanted_user && user.is_empty() && ustack >= 0 {
