@@ -22,6 +22,9 @@ pub struct FaultKey {
     pub kstack: i32,
     /// Page-aligned fault address when keyed by page, else 0.
     pub page: u64,
+    /// More bits of a walked user stack's hash (`stacks::USTACK_CHECK`).
+    pub ustack_check: u32,
+    pub _pad: u32,
 }
 
 #[repr(C)]

@@ -17,7 +17,10 @@ pub struct StackKey {
     pub tgid: u32,
     pub ustack: i32,
     pub kstack: i32,
-    pub _pad: u32,
+    /// More bits of a walked user stack's hash: two stacks that share an
+    /// id never share a key, so a count is never merged into another
+    /// stack's (the id alone is checked only when a key is new).
+    pub ustack_check: u32,
 }
 
 #[repr(C)]
@@ -44,9 +47,7 @@ pub struct UstackConfig {
     pub regs_bp: u32,
     /// `mm_struct.start_stack`: the main thread's stack top, not to copy past.
     pub mm_start_stack: u32,
-    /// Bytes of `struct pt_regs` read at once: up to the last register used.
-    pub regs_len: u32,
-    pub _pad: u32,
+    pub _pad: [u32; 2],
 }
 
 /// Header of a `kind::STACK_SAMPLE` record; `size` bytes of the user stack,

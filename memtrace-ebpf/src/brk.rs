@@ -17,7 +17,7 @@ use memtrace_common::{
 };
 
 use crate::helpers::{
-    count_loss, current_task, current_tgid, read, stack_ids, wanted, NO_PREALLOC, TASK,
+    capture_stacks, count_loss, current_mm_u64, current_tgid, wanted, NO_PREALLOC, TASK,
 };
 
 #[unsafe(no_mangle)]
@@ -35,28 +35,37 @@ pub fn brk_enter(ctx: TracePointContext) -> u32 {
     }
     let t = TASK.load();
     let requested = unsafe { ctx.read_at::<u64>(BRK_CFG.load().tp_brk as usize) }.unwrap_or(0);
-    let current =
-        unsafe { read::<*const u8>(current_task(), t.mm).and_then(|mm| read::<u64>(mm, t.mm_brk)) }
-            .unwrap_or(0);
+    let current = current_mm_u64(t.mm_brk);
     // brk(0) and shrinking calls grow nothing.
     let grew = if current != 0 && requested > current {
         requested - current
     } else {
         0
     };
-    let (ustack, kstack) = stack_ids(&ctx, grew, 0);
-    let key = StackKey {
+    let mut st = capture_stacks(&ctx, grew, 0);
+    let mut key = StackKey {
         tgid,
-        ustack,
-        kstack,
-        _pad: 0,
+        ustack: st.user,
+        kstack: st.kern,
+        ustack_check: st.user_check,
     };
-    if let Some(v) = BRK_STACKS.get_ptr_mut(&key) {
-        unsafe {
+    let add = |key: &StackKey| match BRK_STACKS.get_ptr_mut(key) {
+        Some(v) => unsafe {
             (*v).count += 1;
             (*v).bytes += grew;
-        }
+            true
+        },
+        None => false,
+    };
+    if add(&key) {
         return 0;
+    }
+    st.keep();
+    if st.user != key.ustack {
+        (key.ustack, key.ustack_check) = (st.user, st.user_check);
+        if add(&key) {
+            return 0;
+        }
     }
     let v = StackVal {
         count: 1,

@@ -19,7 +19,9 @@ use memtrace_common::{
     loss, TASK_COMM_LEN,
 };
 
-use crate::helpers::{capturing, count_loss, current_tgid, stack_ids, wanted, FILTER, NO_PREALLOC};
+use crate::helpers::{
+    capture_stacks, capturing, count_loss, current_tgid, wanted, FILTER, NO_PREALLOC,
+};
 
 #[unsafe(no_mangle)]
 static FAULT_CFG: Global<FaultConfig> = Global::new(FaultConfig {
@@ -52,18 +54,28 @@ fn count<C: StackIdContext>(
         return;
     }
     let cfg = FAULT_CFG.load();
-    let (ustack, kstack) = stack_ids(ctx, addr, kernel_mode);
-    let key = FaultKey {
+    let mut st = capture_stacks(ctx, addr, kernel_mode);
+    let mut key = FaultKey {
         tgid,
         kernel_mode,
-        ustack,
-        kstack,
+        ustack: st.user,
+        kstack: st.kern,
         page: if cfg.by_page != 0 { addr & !0xfff } else { 0 },
+        ustack_check: st.user_check,
+        _pad: 0,
     };
     // Per-CPU values: no other CPU writes this slot, so a plain add is exact.
     if let Some(v) = map.get_ptr_mut(&key) {
         unsafe { (*v).count += 1 };
         return;
+    }
+    st.keep();
+    if st.user != key.ustack {
+        (key.ustack, key.ustack_check) = (st.user, st.user_check);
+        if let Some(v) = map.get_ptr_mut(&key) {
+            unsafe { (*v).count += 1 };
+            return;
+        }
     }
     let v = FaultVal {
         count: 1,
@@ -122,12 +134,5 @@ pub fn faults_perf(ctx: PerfEventContext) -> u32 {
     let data = ctx.as_ptr() as *const bpf_perf_event_data;
     let (addr, cs) = unsafe { ((*data).addr, (*data).regs.cs) };
     count(&ctx, &FAULTS_PERF, addr, if cs & 3 == 0 { 1 } else { 0 });
-    0
-}
-
-/// Does nothing: the floor for benchmarks (`faults --floor`), the cost of
-/// running any program on this tracepoint.
-#[raw_tracepoint(tracepoint = "page_fault_user")]
-pub fn faults_floor_raw(_ctx: RawTracePointContext) -> i32 {
     0
 }

@@ -2,7 +2,7 @@
 //! stack capture, and reads at offsets resolved by userspace.
 
 use aya_ebpf::{
-    bindings::{BPF_RB_AVAIL_DATA, BPF_RB_FORCE_WAKEUP, BPF_RB_NO_WAKEUP},
+    bindings::{BPF_NOEXIST, BPF_RB_AVAIL_DATA, BPF_RB_FORCE_WAKEUP, BPF_RB_NO_WAKEUP},
     cty::c_void,
     helpers::{
         bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_get_current_task, bpf_ktime_get_ns,
@@ -12,9 +12,9 @@ use aya_ebpf::{
             bpf_probe_read_user, bpf_task_pt_regs,
         },
     },
-    macros::{map, tracepoint},
+    macros::{map, raw_tracepoint, tracepoint},
     maps::{HashMap, PerCpuArray, RingBuf, StackTrace},
-    programs::{tracing::StackIdContext, TracePointContext},
+    programs::{tracing::StackIdContext, RawTracePointContext, TracePointContext},
     EbpfContext, Global,
 };
 use memtrace_common::{
@@ -165,8 +165,7 @@ pub static USTACK: Global<UstackConfig> = Global::new(UstackConfig {
     regs_sp: 0,
     regs_bp: 0,
     mm_start_stack: 0,
-    regs_len: 0,
-    _pad: 0,
+    _pad: [0; 2],
 });
 
 /// Events seen on this CPU since the last stack copy (`--sample`).
@@ -250,9 +249,8 @@ fn sample_user_stack(kstack: i32, value: u64, aux: u32) -> i32 {
 const PAGES: usize = 4;
 const WINDOW: usize = PAGES * 4096;
 
-#[repr(C)]
+#[repr(C, align(8))]
 pub struct WalkScratch {
-    regs: [u8; 256],
     /// User pages from sp's up, indexed from the start of sp's page; room
     /// for a first read that starts part way into it, and for a record read
     /// at the very end.
@@ -267,45 +265,63 @@ static WALK_SCRATCH: PerCpuArray<WalkScratch> = PerCpuArray::with_max_entries(1,
 #[map]
 pub static USTACKS: HashMap<u32, UserStack> = HashMap::with_max_entries(8192, 0);
 
-/// The current task's user ip, sp and bp, read from its saved registers in
-/// one helper call (each call costs tens of ns on a mitigated kernel).
+/// Loads a `T` at `base + off` straight from kernel memory, without a
+/// helper call. `base` must be a BTF-typed pointer (from a `_btf` helper or a
+/// field loaded through one) and `off` a verifier constant (a frozen
+/// `.rodata` global): the verifier checks the access against the kernel's
+/// BTF, and a fault reads as zero.
+#[inline(always)]
+unsafe fn load<T: Copy>(base: *const u8, off: u32) -> T {
+    unsafe { core::ptr::read_volatile(base.add(off as usize) as *const T) }
+}
+
+/// The current task's user ip, sp and bp, loaded from its saved registers
+/// (each helper call costs tens of ns on a mitigated kernel: none here
+/// but the two that find the registers).
 #[inline(always)]
 fn user_regs(cfg: &UstackConfig) -> (u64, u64, u64) {
-    let Some(s) = WALK_SCRATCH.get_ptr_mut(0) else {
-        return (0, 0, 0);
-    };
-    let buf = unsafe { &mut (*s).regs };
-    let regs = unsafe { bpf_task_pt_regs(bpf_get_current_task_btf()) } as *const c_void;
-    let len = cfg.regs_len & 0xff;
-    if unsafe { bpf_probe_read_kernel_raw(buf.as_mut_ptr() as *mut c_void, len, regs) } != 0 {
-        return (0, 0, 0);
+    let regs = unsafe { bpf_task_pt_regs(bpf_get_current_task_btf()) } as *const u8;
+    unsafe {
+        (
+            load::<u64>(regs, cfg.regs_ip),
+            load::<u64>(regs, cfg.regs_sp),
+            load::<u64>(regs, cfg.regs_bp),
+        )
     }
-    let reg = |off: u32| {
-        let off = (off & 0xf8) as usize;
-        unsafe { core::ptr::read_unaligned(buf.as_ptr().add(off) as *const u64) }
-    };
-    (reg(cfg.regs_ip), reg(cfg.regs_sp), reg(cfg.regs_bp))
+}
+
+/// The current task's `mm_struct`, BTF-typed (null for kernel threads).
+#[inline(always)]
+pub fn current_mm() -> *const u8 {
+    unsafe { load::<*const u8>(bpf_get_current_task_btf() as *const u8, TASK.load().mm) }
+}
+
+/// A `u64` field of the current task's `mm_struct`; 0 for kernel threads.
+#[inline(always)]
+pub fn current_mm_u64(off: u32) -> u64 {
+    let mm = current_mm();
+    if mm.is_null() {
+        return 0;
+    }
+    unsafe { load::<u64>(mm, off) }
 }
 
 /// The main thread's stack top (`mm->start_stack`): the copy stops there.
 #[inline(always)]
 fn stack_top(cfg: &UstackConfig) -> u64 {
-    unsafe {
-        read::<*const u8>(current_task(), TASK.load().mm)
-            .and_then(|mm| read::<u64>(mm, cfg.mm_start_stack))
-    }
-    .unwrap_or(0)
+    current_mm_u64(cfg.mm_start_stack)
 }
 
 /// Walks the user frame-pointer chain over one copy of the top of the stack,
 /// bounded so that no read faults (the kernel's own walker reads past the
 /// chain's end, and that fault cost more than the rest of the capture), and
-/// stores the stack under an id from its hash. -1 when nothing was stored.
+/// leaves the stack in this CPU's scratch, to be stored by
+/// `store_user_stack`. Returns its id and more bits of its hash.
 #[inline(always)]
-fn walk_user_stack() -> i32 {
+fn walk_user_stack() -> (i32, u32) {
     let cfg = USTACK.load();
     let Some(s) = WALK_SCRATCH.get_ptr_mut(0) else {
-        return -1;
+        return (-1, 0);
     };
     let s = unsafe { &mut *s };
     let (ip, sp, bp) = user_regs(&cfg);
@@ -352,36 +368,38 @@ fn walk_user_stack() -> i32 {
         if last >= PAGES as u64 {
             break;
         }
-        let mut ok = true;
-        for p in [page, last] {
-            if valid & (1 << p) == 0 {
-                // Page 0 from sp: what is below it is not the stack.
-                let p = p & (PAGES as u64 - 1);
-                let at = if p == 0 { in0 } else { p * 4096 };
-                let r = unsafe {
-                    bpf_probe_read_user(
-                        buf.add(at as usize) as *mut c_void,
-                        (4096 - (at & 4095)) as u32,
-                        (base + at) as *const c_void,
-                    )
-                };
-                if r != 0 {
-                    ok = false;
-                    break;
+        let need = (1u32 << page) | (1u32 << last);
+        if valid & need != need {
+            let mut ok = true;
+            for p in [page, last] {
+                if valid & (1 << p) == 0 {
+                    // Page 0 from sp: what is below it is not the stack.
+                    let p = p & (PAGES as u64 - 1);
+                    let at = if p == 0 { in0 } else { p * 4096 };
+                    let r = unsafe {
+                        bpf_probe_read_user(
+                            buf.add(at as usize) as *mut c_void,
+                            (4096 - (at & 4095)) as u32,
+                            (base + at) as *const c_void,
+                        )
+                    };
+                    if r != 0 {
+                        ok = false;
+                        break;
+                    }
+                    valid |= 1 << p;
                 }
-                valid |= 1 << p;
+            }
+            if !ok {
+                break;
             }
         }
-        if !ok {
-            break;
-        }
         let off = off as usize & (WINDOW - 1);
+        // fp is 8-aligned and so is the buffer: whole-word loads (an
+        // unaligned read is eight byte loads in BPF).
         let (next, ret) = unsafe {
-            let p = s.stack.as_ptr().add(off);
-            (
-                core::ptr::read_unaligned(p as *const u64),
-                core::ptr::read_unaligned(p.add(8) as *const u64),
-            )
+            let p = s.stack.as_ptr().add(off) as *const u64;
+            (p.read(), p.add(1).read())
         };
         if ret == 0 {
             break;
@@ -396,22 +414,55 @@ fn walk_user_stack() -> i32 {
         fp = next;
     }
     h = (h ^ nr as u64).wrapping_mul(0x0000_0100_0000_01b3);
-    let id = ((h ^ (h >> 32)) as u32) & 0x7fff_ffff;
-    if let Some(v) = unsafe { USTACKS.get(id) } {
-        if v.hash == h {
-            return id as i32;
-        }
-        // Two stacks on one id: not counted under the wrong one.
-        count_loss(loss::STACK);
-        return -1;
-    }
     f.hash = h;
     f.nr = nr;
-    match USTACKS.insert(id, f, 0) {
-        Ok(()) => id as i32,
-        Err(_) => {
-            count_loss(loss::STACK);
-            -1
+    (
+        ((h ^ (h >> 32)) as u32 & 0x7fff_ffff) as i32,
+        (h >> 32) as u32,
+    )
+}
+
+/// Stores the stack the last walk on this CPU left in its scratch under
+/// `id`, unless it is there already. False when another stack holds the id
+/// or the map is full, both counted: the caller then counts the event
+/// without its stack.
+#[inline(always)]
+fn store_user_stack(id: i32) -> bool {
+    let Some(s) = WALK_SCRATCH.get_ptr(0) else {
+        return false;
+    };
+    let f = unsafe { &(*s).frames };
+    let id = id as u32;
+    // NOEXIST: of two CPUs storing one id, the second finds the first's.
+    if USTACKS.insert(id, f, BPF_NOEXIST as u64).is_ok() {
+        return true;
+    }
+    if unsafe { USTACKS.get(id) }.is_some_and(|v| v.hash == f.hash) {
+        return true;
+    }
+    count_loss(loss::STACK);
+    false
+}
+
+/// A capture's stack ids. `user_check` holds more bits of a walked user
+/// stack's hash, for keys that count by stack.
+#[derive(Clone, Copy)]
+pub struct Stacks {
+    pub user: i32,
+    pub kern: i32,
+    pub user_check: u32,
+}
+
+impl Stacks {
+    /// For counting tools, on a key their map does not have yet: stores the
+    /// walked user stack, or drops it from the key when it cannot be
+    /// stored (counted). Keys already in the map skip this, which saves a
+    /// lookup per event.
+    #[inline(always)]
+    pub fn keep(&mut self) {
+        if self.user >= 0 && self.user_check != 0 && !store_user_stack(self.user) {
+            self.user = -1;
+            self.user_check = 0;
         }
     }
 }
@@ -419,36 +470,52 @@ fn walk_user_stack() -> i32 {
 /// Stack ids for the current task, as configured by `FILTER.stacks`; -1 when
 /// not captured, and every failed capture is counted. In dwarf mode the user
 /// stack goes out in a record of its own, with the tool's `value` and `aux`,
-/// just before whatever the tool sends next (`USTACK_IN_SAMPLE`).
+/// just before whatever the tool sends next (`USTACK_IN_SAMPLE`). A walked
+/// user stack is not stored yet: counting tools call `Stacks::keep` when
+/// their key is new, the others use `stack_ids`.
 #[inline(always)]
-pub fn stack_ids<C: StackIdContext>(ctx: &C, value: u64, aux: u32) -> (i32, i32) {
+pub fn capture_stacks<C: StackIdContext>(ctx: &C, value: u64, aux: u32) -> Stacks {
     let mode = FILTER.load().stacks;
-    let mut user = -1;
-    let mut kern = -1;
+    let mut st = Stacks {
+        user: -1,
+        kern: -1,
+        user_check: 0,
+    };
     if mode == 0 {
-        return (user, kern);
+        return st;
     }
     set_busy(1);
     if mode & stack_mode::KERNEL != 0 {
         match ctx.get_stackid(&STACKS, 0) {
-            Ok(id) => kern = id as i32,
+            Ok(id) => st.kern = id as i32,
             Err(_) => count_loss(loss::STACK),
         }
     }
     if mode & stack_mode::USER != 0 {
         if mode & stack_mode::WALK != 0 {
-            user = walk_user_stack();
+            (st.user, st.user_check) = walk_user_stack();
+            // Never 0 for a walked stack: 0 means nothing to store.
+            st.user_check |= 1;
         } else if mode & stack_mode::DWARF != 0 {
-            user = sample_user_stack(kern, value, aux);
+            st.user = sample_user_stack(st.kern, value, aux);
         } else {
             match ctx.get_stackid(&STACKS, aya_ebpf::bindings::BPF_F_USER_STACK as u64) {
-                Ok(id) => user = id as i32,
+                Ok(id) => st.user = id as i32,
                 Err(_) => count_loss(loss::STACK),
             }
         }
     }
     set_busy(0);
-    (user, kern)
+    st
+}
+
+/// `capture_stacks` with the user stack stored: for tools that send each
+/// event on.
+#[inline(always)]
+pub fn stack_ids<C: StackIdContext>(ctx: &C, value: u64, aux: u32) -> (i32, i32) {
+    let mut st = capture_stacks(ctx, value, aux);
+    st.keep();
+    (st.user, st.kern)
 }
 
 /// Reads a `T` at `base + off` in kernel memory.
@@ -510,6 +577,18 @@ pub fn follow_fork(ctx: TracePointContext) -> u32 {
         }
     }
     let _ = ctx.as_ptr();
+    0
+}
+
+/// Empty programs, for `--floor`: what running any program on a tracepoint
+/// costs, the floor the benchmarks measure the tools against.
+#[tracepoint]
+pub fn floor_tp(_ctx: TracePointContext) -> u32 {
+    0
+}
+
+#[raw_tracepoint]
+pub fn floor_raw(_ctx: RawTracePointContext) -> i32 {
     0
 }
 

@@ -116,6 +116,21 @@ impl Probe {
         self
     }
 
+    /// The same probe point with empty programs (`--floor`): what running
+    /// any program there costs, to measure the tools against. Only the
+    /// tracepoint methods have one.
+    pub fn floor(mut self) -> Self {
+        self.ways.retain_mut(|w| {
+            w.prog = match w.method {
+                Method::RawTp => "floor_raw",
+                Method::Tracepoint => "floor_tp",
+                _ => return false,
+            };
+            true
+        });
+        self
+    }
+
     /// The ways to try, in order, honouring a forced method (`--attach`).
     pub fn candidates(&self, forced: Option<Method>) -> Vec<&Way> {
         self.ways
@@ -135,6 +150,14 @@ mod tests {
             .fentry("b", "oom_kill_process")
             .tp_btf("c", "oom", "mark_victim")
             .tracepoint("d", "oom", "mark_victim")
+    }
+
+    #[test]
+    fn a_floor_keeps_the_tracepoint_ways_with_empty_programs() {
+        let f = oom().floor();
+        let ways: Vec<_> = f.ways.iter().map(|w| (w.method, w.prog)).collect();
+        assert_eq!(ways, vec![(Method::Tracepoint, "floor_tp")]);
+        assert_eq!(f.ways[0].target, Target::Tp("oom", "mark_victim"));
     }
 
     #[test]

@@ -70,6 +70,9 @@ pub struct Common {
     /// Use only this attach method (to exercise a fallback).
     #[arg(long, value_enum, env = "MEMTRACE_ATTACH")]
     pub attach: Option<Method>,
+    /// Attach empty programs where the tool's would go (the benchmark floor).
+    #[arg(long, hide = true)]
+    pub floor: bool,
 }
 
 pub fn parse_pid(s: &str) -> Result<u32, String> {

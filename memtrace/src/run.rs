@@ -280,8 +280,7 @@ fn ustack_setup(
         regs_sp: sp,
         regs_bp: bp,
         mm_start_stack: top,
-        regs_len: ip.max(sp).max(bp) + 8,
-        _pad: 0,
+        _pad: [0; 2],
     };
     // Both ways find the main thread's stack top through task->mm.
     loader.global("TASK", &btf.task_offsets());
@@ -393,7 +392,7 @@ pub fn run(tool: &mut dyn Tool, common: &Common) -> Result<i32> {
         session.attach(&fork_probe())?;
     }
     for p in tool.probes() {
-        session.attach(&p)?;
+        session.attach(&if common.floor { p.floor() } else { p })?;
     }
     tool.on_start(&mut session)?;
     phases.mark("attached");

@@ -445,6 +445,11 @@ pub fn run(runs: usize) -> Result<()> {
         &[
             none("untraced"),
             cfg(
+                "empty tracepoint program (floor)",
+                Some(s(&[&m, "brkstack", "--floor"])),
+                "Tracing",
+            ),
+            cfg(
                 "memtrace brkstack --stack-mode fp",
                 Some(s(&[&m, "brkstack", "--stack-mode", "fp"])),
                 "Tracing",
@@ -470,6 +475,11 @@ pub fn run(runs: usize) -> Result<()> {
         200_000,
         &[
             none("untraced"),
+            cfg(
+                "empty tracepoint programs (floor)",
+                Some(s(&[&m, "mmapsnoop", "--floor"])),
+                "Tracing",
+            ),
             cfg("memtrace mmapsnoop", Some(s(&[&m, "mmapsnoop"])), "Tracing"),
             cfg(
                 "bpftrace printf",

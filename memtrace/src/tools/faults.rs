@@ -40,9 +40,6 @@ pub struct Args {
     pub by_mapping: bool,
     #[command(flatten)]
     pub stack_args: crate::cli::StackArgs,
-    /// Attach an empty program instead (benchmark floor).
-    #[arg(long, hide = true)]
-    pub floor: bool,
 }
 
 pub fn probes() -> Vec<Probe> {
@@ -261,13 +258,6 @@ impl Tool for Faults {
         "page faults".into()
     }
     fn probes(&self) -> Vec<Probe> {
-        if self.args.floor {
-            return vec![Probe::new("empty program").raw_tp(
-                "faults_floor_raw",
-                "exceptions",
-                "page_fault_user",
-            )];
-        }
         probes()
     }
     fn stack_mode(&self) -> u32 {
