@@ -7,10 +7,7 @@ use aya_ebpf::{
     helpers::{
         bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_get_current_task, bpf_ktime_get_ns,
         bpf_probe_read_kernel,
-        generated::{
-            bpf_get_current_task_btf, bpf_probe_read_kernel as bpf_probe_read_kernel_raw,
-            bpf_probe_read_user, bpf_task_pt_regs,
-        },
+        generated::{bpf_get_current_task_btf, bpf_probe_read_user, bpf_task_pt_regs},
     },
     macros::{map, raw_tracepoint, tracepoint},
     maps::{HashMap, PerCpuArray, RingBuf, StackTrace},
