@@ -7,7 +7,10 @@ use aya_ebpf::{
     helpers::{
         bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_get_current_task, bpf_ktime_get_ns,
         bpf_probe_read_kernel,
-        generated::{bpf_get_current_task_btf, bpf_probe_read_user, bpf_task_pt_regs},
+        generated::{
+            bpf_get_current_task_btf, bpf_probe_read_kernel as bpf_probe_read_kernel_raw,
+            bpf_probe_read_user, bpf_task_pt_regs,
+        },
     },
     macros::{map, raw_tracepoint, tracepoint},
     maps::{HashMap, PerCpuArray, RingBuf, StackTrace},
@@ -526,6 +529,23 @@ pub fn current_task() -> *const u8 {
     unsafe { bpf_get_current_task() as *const u8 }
 }
 
+/// Reads a `T` at `base + off` in kernel memory; zero when that fails (the
+/// helper zeroes it). No branch on the outcome: a chain of reads whose
+/// failures lead nowhere else is cheap for the verifier to check (branching
+/// on each made oomkill's program take 14 ms to load).
+#[inline(always)]
+pub unsafe fn read0<T: Copy>(base: *const u8, off: u32) -> T {
+    let mut v = core::mem::MaybeUninit::<T>::uninit();
+    unsafe {
+        bpf_probe_read_kernel_raw(
+            v.as_mut_ptr() as *mut c_void,
+            core::mem::size_of::<T>() as u32,
+            base.add(off as usize) as *const c_void,
+        );
+        v.assume_init()
+    }
+}
+
 /// Kernfs id of the cgroup of `task`'s memory controller: the inode number of
 /// its directory in the memory hierarchy (v1) or the unified one (v2).
 #[inline(always)]
@@ -535,13 +555,11 @@ pub unsafe fn memcg_id(task: *const u8) -> u64 {
         return 0;
     }
     unsafe {
-        let Ok(cset) = read::<*const u8>(task, t.cgroups) else {
-            return 0;
-        };
-        let Ok(css) = read::<*const u8>(cset, t.css_set_subsys + t.memory_cgrp_id * 8) else {
-            return 0;
-        };
-        css_cgroup_id(css)
+        let cset = read0::<*const u8>(task, t.cgroups);
+        css_cgroup_id(read0::<*const u8>(
+            cset,
+            t.css_set_subsys + t.memory_cgrp_id * 8,
+        ))
     }
 }
 
@@ -550,13 +568,9 @@ pub unsafe fn memcg_id(task: *const u8) -> u64 {
 pub unsafe fn css_cgroup_id(css: *const u8) -> u64 {
     let t = TASK.load();
     unsafe {
-        let Ok(cgrp) = read::<*const u8>(css, t.css_cgroup) else {
-            return 0;
-        };
-        let Ok(kn) = read::<*const u8>(cgrp, t.cgroup_kn) else {
-            return 0;
-        };
-        read::<u64>(kn, t.kernfs_node_id).unwrap_or(0)
+        let cgrp = read0::<*const u8>(css, t.css_cgroup);
+        let kn = read0::<*const u8>(cgrp, t.cgroup_kn);
+        read0::<u64>(kn, t.kernfs_node_id)
     }
 }
 

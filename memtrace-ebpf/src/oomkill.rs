@@ -19,7 +19,7 @@ use memtrace_common::{
     TASK_COMM_LEN,
 };
 
-use crate::helpers::{css_cgroup_id, current_task, emit, memcg_id, read, stack_ids, TASK};
+use crate::helpers::{css_cgroup_id, current_task, emit, memcg_id, read0, stack_ids, TASK};
 
 #[unsafe(no_mangle)]
 static OOM_TP: Global<OomTpOffsets> = Global::new(OomTpOffsets {
@@ -84,33 +84,23 @@ unsafe fn fill_victim(ev: &mut OomEvent, task: *const u8) {
         return;
     }
     unsafe {
-        ev.victim_tid = read::<i32>(task, t.pid).unwrap_or(0) as u32;
-        ev.victim_pid = read::<i32>(task, t.tgid).unwrap_or(0) as u32;
-        ev.victim_comm = read::<[u8; TASK_COMM_LEN]>(task, t.comm).unwrap_or([0; TASK_COMM_LEN]);
-        if let Ok(cred) = read::<*const u8>(task, t.task_cred) {
-            ev.uid = read::<u32>(cred, t.cred_uid).unwrap_or(0);
-        }
-        if let Ok(sig) = read::<*const u8>(task, t.task_signal) {
-            ev.oom_score_adj = read::<i16>(sig, t.signal_oom_score_adj).unwrap_or(0) as i32;
-        }
-        if let Ok(mm) = read::<*const u8>(task, t.mm) {
-            if !mm.is_null() {
-                let counter = |i: u32| -> u64 {
-                    let off = t.mm_rss_stat + i * t.rss_stride + t.rss_count;
-                    let v = read::<i64>(mm, off).unwrap_or(0);
-                    // The kernel reports the shared counter, clamped at 0, like get_mm_counter().
-                    if v < 0 {
-                        0
-                    } else {
-                        v as u64 * t.page_kb as u64
-                    }
-                };
-                ev.file_rss_kb = counter(MM_FILEPAGES);
-                ev.anon_rss_kb = counter(MM_ANONPAGES);
-                ev.shmem_rss_kb = counter(MM_SHMEMPAGES);
-                ev.total_vm_kb = read::<u64>(mm, t.mm_total_vm).unwrap_or(0) * t.page_kb as u64;
-            }
-        }
+        ev.victim_tid = read0::<i32>(task, t.pid) as u32;
+        ev.victim_pid = read0::<i32>(task, t.tgid) as u32;
+        ev.victim_comm = read0::<[u8; TASK_COMM_LEN]>(task, t.comm);
+        ev.uid = read0::<u32>(read0::<*const u8>(task, t.task_cred), t.cred_uid);
+        let sig = read0::<*const u8>(task, t.task_signal);
+        ev.oom_score_adj = read0::<i16>(sig, t.signal_oom_score_adj) as i32;
+        // A task without mm (or a failed read) reads as all zero.
+        let mm = read0::<*const u8>(task, t.mm);
+        let counter = |i: u32| -> u64 {
+            let off = t.mm_rss_stat + i * t.rss_stride + t.rss_count;
+            // The kernel reports the shared counter, clamped at 0, like get_mm_counter().
+            read0::<i64>(mm, off).max(0) as u64 * t.page_kb as u64
+        };
+        ev.file_rss_kb = counter(MM_FILEPAGES);
+        ev.anon_rss_kb = counter(MM_ANONPAGES);
+        ev.shmem_rss_kb = counter(MM_SHMEMPAGES);
+        ev.total_vm_kb = read0::<u64>(mm, t.mm_total_vm) * t.page_kb as u64;
         if ev.memcg_id == 0 {
             ev.memcg_id = memcg_id(task);
             ev.memcg_source = 2;
@@ -128,14 +118,13 @@ unsafe fn on_oom_control<C: aya_ebpf::programs::tracing::StackIdContext>(
     let o = OOM_CONTROL.load();
     let mut ev = new_event(ctx, how);
     unsafe {
-        ev.totalpages = read::<u64>(oc, o.totalpages).unwrap_or(0);
-        if let Ok(memcg) = read::<*const u8>(oc, o.memcg) {
-            if !memcg.is_null() {
-                ev.memcg_id = css_cgroup_id(memcg.add(o.memcg_css as usize));
-                ev.memcg_source = 1;
-            }
+        ev.totalpages = read0::<u64>(oc, o.totalpages);
+        let memcg = read0::<*const u8>(oc, o.memcg);
+        if !memcg.is_null() {
+            ev.memcg_id = css_cgroup_id(memcg.add(o.memcg_css as usize));
+            ev.memcg_source = 1;
         }
-        let chosen = read::<*const u8>(oc, o.chosen).unwrap_or(core::ptr::null());
+        let chosen = read0::<*const u8>(oc, o.chosen);
         fill_victim(&mut ev, chosen);
     }
     emit(&ev);
