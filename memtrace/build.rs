@@ -1,9 +1,76 @@
 use anyhow::{anyhow, Context as _};
 use aya_build::{Package, Toolchain};
+use object::{Object as _, ObjectSection as _};
 
 /// Builds the kernel programs (memtrace-ebpf) for the BPF target with the
-/// nightly toolchain and leaves the object in OUT_DIR for `include_bytes!`.
+/// nightly toolchain and leaves the object in OUT_DIR for `include_bytes!`,
+/// without DWARF or BTF line info (`memtrace.obj`).
 fn main() -> anyhow::Result<()> {
+    build()?;
+    let out = std::path::PathBuf::from(std::env::var("OUT_DIR")?);
+    let obj = std::fs::read(out.join("memtrace")).context("reading the eBPF object")?;
+    let mut obj = without_dwarf(&obj)?;
+    drop_line_info(&mut obj)?;
+    std::fs::write(out.join("memtrace.obj"), obj).context("writing the eBPF object")?;
+    Ok(())
+}
+
+/// The object without its DWARF sections: the BTF generated from them is
+/// what the loader needs. aya reads every section's relocations, so the
+/// DWARF's were parsed (and paged in) at every start.
+fn without_dwarf(obj: &[u8]) -> anyhow::Result<Vec<u8>> {
+    let mut b = object::build::elf::Builder::read(obj).context("reading the eBPF object")?;
+    let debug: Vec<_> = b
+        .sections
+        .iter()
+        .filter(|s| s.name.starts_with(b".debug_"))
+        .map(|s| s.id())
+        .collect();
+    for s in b.sections.iter_mut() {
+        let of_debug = s.sh_info_section.is_some_and(|i| debug.contains(&i));
+        if s.name.starts_with(b".debug_") || of_debug {
+            s.delete = true;
+        }
+    }
+    b.delete_orphans();
+    // LLVM keeps section names in .strtab; the writer wants them apart.
+    if !b.sections.iter().any(|s| s.name.as_slice() == b".shstrtab") {
+        let sec = b.sections.add();
+        sec.name = b".shstrtab"[..].into();
+        sec.sh_type = object::elf::SHT_STRTAB;
+        sec.sh_addralign = 1;
+        sec.data = object::build::elf::SectionData::SectionString;
+    }
+    let mut out = Vec::new();
+    b.write(&mut out).context("writing the eBPF object")?;
+    Ok(out)
+}
+
+/// Empties the line info of `.BTF.ext` (its header's `line_info_len`). It maps
+/// instructions to source lines for verifier logs only, and parsing it was
+/// 2 MiB of memtrace's peak heap of 3.5; func info and relocations stay.
+fn drop_line_info(obj: &mut [u8]) -> anyhow::Result<()> {
+    let file = object::File::parse(&*obj).context("parsing the eBPF object")?;
+    let Some(ext) = file.section_by_name(".BTF.ext") else {
+        return Ok(());
+    };
+    let (start, size) = ext
+        .file_range()
+        .ok_or_else(|| anyhow!(".BTF.ext has no data"))?;
+    // magic u16, version u8, flags u8, hdr_len u32, func_info off/len,
+    // line_info off/len: line_info_len is bytes 20..24.
+    let at = start as usize + 20;
+    if size < 24 {
+        anyhow::bail!(".BTF.ext header too short");
+    }
+    if obj[start as usize..start as usize + 2] != [0x9f, 0xeb] {
+        anyhow::bail!(".BTF.ext is not little-endian BTF");
+    }
+    obj[at..at + 4].copy_from_slice(&0u32.to_le_bytes());
+    Ok(())
+}
+
+fn build() -> anyhow::Result<()> {
     let meta = cargo_metadata::MetadataCommand::new()
         .no_deps()
         .exec()

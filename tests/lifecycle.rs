@@ -81,7 +81,7 @@ fn attach_error_exits_2_naming_missing_kprobes_and_leaves_nothing() {
 #[test]
 fn bad_input_exits_2_with_one_clear_line() {
     let before = settled_programs();
-    let cases: [(&[&str], &str); 5] = [
+    let cases: [(&[&str], &str); 6] = [
         (
             &["faults", "-p", "999999999"],
             "no process with pid 999999999",
@@ -90,6 +90,7 @@ fn bad_input_exits_2_with_one_clear_line() {
         (&["faults", "-d", "soon"], "not a duration"),
         (&["nosuchtool"], "unrecognized subcommand"),
         (&["faults", "--by-mapping"], "needs -p"),
+        (&["mmapsnoop", "--buffer-size", "2G"], "out of range"),
     ];
     for (args, want) in cases {
         let out = run(args);

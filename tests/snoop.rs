@@ -237,3 +237,52 @@ fn a_lone_call_is_printed_while_its_process_runs() {
     let out = t.interrupt();
     assert!(line.is_some(), "not printed within 2 s: {}", out.stdout);
 }
+
+/// Summary numbers of `mmapsnoop -c WORK`: (events delivered, lost).
+fn delivered_and_lost(extra: &[&str], calls: &str) -> (u64, u64) {
+    let cmd = format!("{} mmap-loop 1 {calls}", workload_bin().display());
+    let mut args = vec!["mmapsnoop", "-c", &cmd];
+    args.extend_from_slice(extra);
+    let out = run(&args);
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    let summary = out
+        .stderr
+        .lines()
+        .find(|l| l.starts_with("memtrace mmapsnoop:"))
+        .unwrap_or_else(|| panic!("no summary: {}", out.stderr))
+        .to_string();
+    // "... N events, M lost" or "... N events, M LOST (ringbuf_full=M)".
+    let before = |word: &str| -> u64 {
+        summary
+            .split(", ")
+            .find_map(|p| {
+                p.strip_suffix(word)
+                    .or_else(|| p.split_once(&format!(" {word} ")).map(|x| x.0))
+            })
+            .and_then(|n| n.trim().parse().ok())
+            .unwrap_or_else(|| panic!("no '{word}' in {summary}"))
+    };
+    let lost = if summary.contains(" LOST") {
+        before("LOST")
+    } else {
+        before("lost")
+    };
+    (before("events"), lost)
+}
+
+/// A buffer far too small for the stream: records are lost, and every call
+/// the workload made is either delivered or counted lost.
+#[test]
+fn a_small_buffer_loses_records_and_counts_every_one() {
+    // The calls the workload makes outside its loop, with room to spare.
+    let (base, base_lost) = delivered_and_lost(&[], "0");
+    assert_eq!(base_lost, 0);
+    let n = 50_000;
+    let (events, lost) = delivered_and_lost(&["--buffer-size", "8K"], &n.to_string());
+    assert!(lost > 0, "an 8 KiB buffer kept up with {} records", 2 * n);
+    assert_eq!(
+        events + lost,
+        base + 2 * n,
+        "delivered {events}, lost {lost}, base {base}"
+    );
+}

@@ -5,15 +5,15 @@ use aya_ebpf::{
     bindings::{BPF_NOEXIST, BPF_RB_AVAIL_DATA, BPF_RB_FORCE_WAKEUP, BPF_RB_NO_WAKEUP},
     cty::c_void,
     helpers::{
-        bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_get_current_task, bpf_ktime_get_ns,
-        bpf_probe_read_kernel,
+        bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_get_current_task,
+        bpf_get_smp_processor_id, bpf_ktime_get_ns, bpf_probe_read_kernel,
         generated::{
             bpf_get_current_task_btf, bpf_probe_read_kernel as bpf_probe_read_kernel_raw,
             bpf_probe_read_user, bpf_task_pt_regs,
         },
     },
     macros::{map, raw_tracepoint, tracepoint},
-    maps::{HashMap, PerCpuArray, RingBuf, StackTrace},
+    maps::{Array, HashMap, PerCpuArray, RingBuf, StackTrace},
     programs::{tracing::StackIdContext, RawTracePointContext, TracePointContext},
     EbpfContext, Global,
 };
@@ -191,10 +191,15 @@ fn sample_user_stack(kstack: i32, value: u64, aux: u32) -> i32 {
     }
     // A constant to the verifier: .rodata is frozen before programs load.
     let size = cfg.stack_bytes as u64;
-    let Some(mut rec) = EVENTS.reserve_bytes(STACK_SAMPLE_HDR + size as usize, 0) else {
-        count_loss(loss::RINGBUF);
+    // Copied here first and sent at the size actually copied: a reserved
+    // record has a constant size, and most stacks are far shorter than
+    // `size` (the ring holds several times more samples this way).
+    let cpu = unsafe { bpf_get_smp_processor_id() };
+    let Some(scratch) = SAMPLE_SCRATCH.get_ptr_mut(cpu) else {
+        count_loss(loss::STACK_COPY);
         return -1;
     };
+    let base = scratch as *mut u8;
     let (ip, sp, bp) = user_regs(&cfg);
     // The main thread's stack ends at start_stack: copying past it can fail.
     let top = stack_top(&cfg);
@@ -202,12 +207,11 @@ fn sample_user_stack(kstack: i32, value: u64, aux: u32) -> i32 {
     if top > sp && top - sp < want {
         want = top - sp;
     }
-    let base = rec.as_mut_ptr();
     let mut got = 0u64;
     // A thread's stack may end sooner still: halve until the copy succeeds.
     for shift in 0..4 {
         let n = want >> shift;
-        if n == 0 || n > size {
+        if n == 0 || n > size || n > MAX_STACK_COPY as u64 {
             break;
         }
         let r = unsafe {
@@ -240,10 +244,31 @@ fn sample_user_stack(kstack: i32, value: u64, aux: u32) -> i32 {
         comm: bpf_get_current_comm().unwrap_or([0; TASK_COMM_LEN]),
     };
     unsafe { core::ptr::write_unaligned(base as *mut StackSample, hdr) };
+    let mut len = STACK_SAMPLE_HDR as u64 + got;
+    if len > (STACK_SAMPLE_HDR + MAX_STACK_COPY) as u64 {
+        len = (STACK_SAMPLE_HDR + MAX_STACK_COPY) as u64;
+    }
+    let rec = unsafe { core::slice::from_raw_parts(base as *const u8, len as usize) };
     // A record of the tool's own that follows wakes the reader if it must.
-    rec.submit(batched_wakeup());
+    if EVENTS.output::<[u8]>(rec, batched_wakeup()).is_err() {
+        count_loss(loss::RINGBUF);
+        return -1;
+    }
     USTACK_IN_SAMPLE
 }
+
+/// The largest stack copy (`--stack-size`'s bound).
+const MAX_STACK_COPY: usize = 65536;
+
+#[repr(C, align(8))]
+pub struct SampleScratch {
+    buf: [u8; STACK_SAMPLE_HDR + MAX_STACK_COPY],
+}
+
+/// Where a stack sample is put together, one slot per CPU (a per-CPU map's
+/// values are limited to 32 KiB); userspace sizes it in dwarf mode.
+#[map]
+static SAMPLE_SCRATCH: Array<SampleScratch> = Array::with_max_entries(1, 0);
 
 /// Pages of user stack, from sp's up, the frame-pointer walk reads at most.
 const PAGES: usize = 4;

@@ -70,6 +70,11 @@ pub struct Common {
     /// Use only this attach method (to exercise a fallback).
     #[arg(long, value_enum, env = "MEMTRACE_ATTACH")]
     pub attach: Option<Method>,
+    /// Size of the ring buffer that carries records to memtrace (e.g. 512K,
+    /// 8M; rounded up to a power of two). Bigger loses fewer records in
+    /// bursts, and is resident memory twice over (the kernel maps it twice).
+    #[arg(long, value_parser = parse_buffer_size)]
+    pub buffer_size: Option<u32>,
     /// Attach empty programs where the tool's would go (the benchmark floor).
     #[arg(long, hide = true)]
     pub floor: bool,
@@ -130,6 +135,26 @@ pub fn parse_stack_size(s: &str) -> Result<u32, String> {
 }
 
 /// Seconds by default; `ms`, `s`, `m`, `h` suffixes.
+/// A ring-buffer size: bytes with an optional K, M or G suffix, rounded up
+/// to a power of two, between a page and 1 GiB.
+pub fn parse_buffer_size(s: &str) -> Result<u32, String> {
+    let t = s.trim();
+    let (num, mult) = match t.chars().last().map(|c| c.to_ascii_uppercase()) {
+        Some('K') => (&t[..t.len() - 1], 1u64 << 10),
+        Some('M') => (&t[..t.len() - 1], 1 << 20),
+        Some('G') => (&t[..t.len() - 1], 1 << 30),
+        _ => (t, 1),
+    };
+    let n: u64 = num
+        .parse()
+        .map_err(|_| format!("'{s}' is not a size (e.g. 512K, 8M)"))?;
+    let bytes = n.saturating_mul(mult).next_power_of_two();
+    if !(4096..=1 << 30).contains(&bytes) {
+        return Err(format!("'{s}' is out of range (4K to 1G)"));
+    }
+    Ok(bytes as u32)
+}
+
 pub fn parse_duration(s: &str) -> Result<Duration, String> {
     let s = s.trim();
     let (num, mult_ms) = if let Some(n) = s.strip_suffix("ms") {
@@ -154,6 +179,17 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn buffer_sizes_round_up_to_a_power_of_two() {
+        assert_eq!(parse_buffer_size("512K"), Ok(512 << 10));
+        assert_eq!(parse_buffer_size("3m"), Ok(4 << 20));
+        assert_eq!(parse_buffer_size("1G"), Ok(1 << 30));
+        assert_eq!(parse_buffer_size("5000"), Ok(8192));
+        assert!(parse_buffer_size("1K").is_err());
+        assert!(parse_buffer_size("2G").is_err());
+        assert!(parse_buffer_size("lots").is_err());
+    }
 
     #[test]
     fn durations() {

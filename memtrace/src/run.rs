@@ -294,9 +294,14 @@ fn ustack_setup(
     cfg.sample_every = args.sample;
     filter.stacks |= stack_mode::DWARF;
     loader.global("USTACK", &cfg);
-    // Room for 128 copied stacks: the reader drains it far more often.
-    let record = (STACK_SAMPLE_HDR as u32 + cfg.stack_bytes).next_power_of_two();
-    loader.max_entries("EVENTS", (record * 128).max(1 << 20));
+    // One slot per CPU where the sample is put together.
+    let cpus = aya::util::nr_cpus().map_err(|(_, e)| Error::Io(e))? as u32;
+    loader.max_entries("SAMPLE_SCRATCH", cpus);
+    // Room for 64 full copies (most are much shorter: a record is as long as
+    // the stack copied): the reader drains it far more often, and the buffer
+    // is resident twice over (--buffer-size sets it).
+    let record = STACK_SAMPLE_HDR as u32 + cfg.stack_bytes;
+    loader.max_entries("EVENTS", (record * 64).next_power_of_two().max(1 << 20));
     let how = if args.sample > 1 {
         format!("one event in {} sampled", args.sample)
     } else {
@@ -378,6 +383,9 @@ pub fn run(tool: &mut dyn Tool, common: &Common) -> Result<i32> {
         forced: common.attach,
     };
     tool.prepare(&mut prep)?;
+    if let Some(bytes) = common.buffer_size {
+        loader.max_entries("EVENTS", bytes);
+    }
     // Streamed records wake memtrace once an eighth of the buffer waits
     // (and a timer drains the rest), not once per record.
     let ring = loader.size_of("EVENTS").unwrap_or(DEFAULT_RING_BYTES);
@@ -544,7 +552,7 @@ async fn event_loop(
             _ = housekeeping.tick() => {
                 let lost: u64 = session.losses().iter().map(|(_, n)| n).sum();
                 if lost > warned_loss {
-                    eprintln!("memtrace: warning: {lost} events lost so far (see the summary for why)");
+                    eprintln!("memtrace: warning: {lost} events lost so far (see the summary for why; a bigger --buffer-size keeps more in bursts)");
                     warned_loss = lost;
                 }
                 if let (Some(p), true) = (common.pid, last_maps.elapsed() > Duration::from_secs(1)) {

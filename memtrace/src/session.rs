@@ -24,7 +24,7 @@ use crate::symbolize::Symbolizer;
 use crate::unwind::DwarfStacks;
 
 /// The compiled kernel programs, embedded at build time.
-static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/memtrace"));
+static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/memtrace.obj"));
 
 /// Globals and map sizes to apply when the object is loaded.
 #[derive(Default)]

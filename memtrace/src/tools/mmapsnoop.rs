@@ -315,8 +315,9 @@ impl Tool for Mmapsnoop {
         k.loader.global("MMAP_SNOOP", &cfg);
         k.loader.max_entries("SNOOP_PENDING", 4096);
         // One record per call. Bursts of calls (an allocator warming up) outrun any consumer for a
-        // moment: 8 MiB holds about 70k records.
-        k.loader.max_entries("EVENTS", 8 << 20);
+        // moment: 2 MiB holds about 16k records, and is 4 MiB resident (mapped twice);
+        // --buffer-size trades memory for more.
+        k.loader.max_entries("EVENTS", 2 << 20);
         Ok(())
     }
 
