@@ -313,6 +313,11 @@ fn main() {
                 h.join().unwrap();
             }
             println!("elapsed_ns {}", start.elapsed().as_nanos());
+            // Its own CPU time: the bench takes it from the tracer's total.
+            let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+            unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut ru) };
+            let us = |t: libc::timeval| t.tv_sec as u64 * 1_000_000 + t.tv_usec as u64;
+            println!("cpu_ns {}", (us(ru.ru_utime) + us(ru.ru_stime)) * 1000);
         }
         "rawbrk-timed" => {
             let t = std::time::Instant::now();

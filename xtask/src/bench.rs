@@ -176,35 +176,48 @@ fn s(v: &[&str]) -> Vec<String> {
 
 /// Runs `memtrace mmapsnoop -c` on an mmap/munmap loop of `threads` threads
 /// and returns (calls per second, records delivered, records reported lost).
-fn stream_once(threads: usize, n: usize) -> Result<(f64, u64, u64, u64)> {
+/// One mmapsnoop run: (calls/s, delivered, reported lost, memtrace's CPU
+/// seconds).
+fn stream_once(threads: usize, n: usize, extra: &[&str]) -> Result<(f64, u64, u64, f64)> {
     let cmd = format!("{} mmap-loop {threads} {n}", workload());
-    let mut child = Command::new(memtrace())
-        .args(["mmapsnoop", "-c", &cmd])
+    let mut child = Command::new("/usr/bin/time")
+        .args(["-f", "cpu %U %S", &memtrace(), "mmapsnoop", "-c", &cmd])
+        .args(extra)
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()?;
     let out = child.stdout.take().unwrap();
     // Drain stdout as fast as memtrace writes it; keep only the workload's time.
     let reader = std::thread::spawn(move || {
-        let mut ns = 0u64;
+        let (mut ns, mut cpu_ns) = (0u64, 0u64);
         for l in BufReader::new(out).lines().map_while(Result::ok) {
             if let Some(v) = l.strip_prefix("elapsed_ns ") {
                 ns = v.trim().parse().unwrap_or(0);
+            } else if let Some(v) = l.strip_prefix("cpu_ns ") {
+                cpu_ns = v.trim().parse().unwrap_or(0);
             }
         }
-        ns
+        (ns, cpu_ns)
     });
     let mut summary = String::new();
+    let mut cpu = 0.0;
     for l in BufReader::new(child.stderr.take().unwrap())
         .lines()
         .map_while(Result::ok)
     {
         if l.starts_with("memtrace mmapsnoop:") {
             summary = l;
+        } else if let Some(t) = l.strip_prefix("cpu ") {
+            cpu = t
+                .split_whitespace()
+                .filter_map(|x| x.parse::<f64>().ok())
+                .sum();
         }
     }
     child.wait()?;
-    let ns = reader.join().unwrap();
+    let (ns, workload_cpu_ns) = reader.join().unwrap();
+    // time(1) counts the command memtrace ran too: what is memtrace's is the rest.
+    let cpu = (cpu - workload_cpu_ns as f64 / 1e9).max(0.0);
     // "memtrace mmapsnoop: 2.1s, 800012 events, 0 lost, ..." or "N LOST (ringbuf_full=N)".
     let num_before = |word: &str| -> u64 {
         summary
@@ -220,35 +233,44 @@ fn stream_once(threads: usize, n: usize) -> Result<(f64, u64, u64, u64)> {
         0
     };
     let calls = (2 * threads * n) as f64;
-    Ok((calls / (ns as f64 / 1e9), events, lost, ns))
+    Ok((calls / (ns as f64 / 1e9), events, lost, cpu))
 }
 
 /// Streaming capacity: records delivered without loss, and whether reported
 /// losses match the calls made.
 fn streaming(runs: usize, out: &mut String) -> Result<()> {
-    out.push_str("\n### Streaming (mmapsnoop -c on an mmap/munmap loop)\n\n| threads | calls | calls/s (median) | delivered | reported lost | delivered + lost - calls |\n|---:|---:|---:|---:|---:|---:|\n");
-    for threads in [1usize, 2, 4] {
+    out.push_str("\n### Streaming (mmapsnoop -c on an mmap/munmap loop)\n\n| threads | buffer | calls | calls/s (median) | delivered | reported lost | delivered + lost - calls | memtrace CPU per record | records/s one core of memtrace delivers |\n|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+    // The default buffer at 1, 2 and 4 threads; then one far too small for
+    // the stream, to show that every record lost is reported.
+    for (threads, extra) in [(1usize, None), (2, None), (4, None), (1, Some("8K"))] {
+        let args: Vec<&str> = extra.map(|b| vec!["--buffer-size", b]).unwrap_or_default();
         // What the command does besides the loop (loader, thread stacks), measured.
-        let (_, base, base_lost, _) = stream_once(threads, 0)?;
+        let (_, base, base_lost, _) = stream_once(threads, 0, &[])?;
         let n = 200_000 / threads;
         let mut rates = Vec::new();
+        let mut per_rec = Vec::new();
         let mut last = (0, 0);
         for _ in 0..runs.min(3) {
             eprintln!("bench: streaming {threads} threads");
-            let (rate, ev, lost, _) = stream_once(threads, n)?;
+            let (rate, ev, lost, cpu) = stream_once(threads, n, &args)?;
             rates.push(rate);
+            per_rec.push(cpu / ev.max(1) as f64);
             last = (ev, lost);
         }
         let calls = (2 * threads * n) as u64;
         let diff = (last.0 + last.1) as i64 - (calls + base + base_lost) as i64;
+        let per = median(per_rec);
         out.push_str(&format!(
-            "| {threads} | {calls} | {:.0} | {} | {} | {diff:+} |\n",
+            "| {threads} | {} | {calls} | {:.0} | {} | {} | {diff:+} | {:.2} us | {:.0} |\n",
+            extra.unwrap_or("default"),
             median(rates),
             last.0,
-            last.1
+            last.1,
+            per * 1e6,
+            1.0 / per
         ));
     }
-    out.push_str("\n(The last column subtracts the calls the command makes outside the loop, measured with an empty loop at the same thread count: 0 means every call was either delivered or reported lost.)\n");
+    out.push_str("\n(The last column but two subtracts the calls the command makes outside the loop, measured with an empty loop at the same thread count: 0 means every call was either delivered or reported lost. CPU per record is memtrace's user and system time over the records it delivered; its inverse is the rate one core of memtrace sustains, which this 2-core machine cannot produce while also running the workload.)\n");
     Ok(())
 }
 
@@ -304,9 +326,9 @@ fn per_event(
     Ok(())
 }
 
-/// Start-up (launch to attached) and peak RSS over a few seconds with load.
+/// Start-up (launch to attached), and peak RSS over 10 seconds with load.
 fn startup_rss(configs: &[Config], runs: usize, out: &mut String) -> Result<()> {
-    out.push_str("\n### Start-up and peak RSS\n\n| tracer | start-up ms (median) | peak RSS MiB (median) |\n|---|---:|---:|\n");
+    out.push_str("\n### Start-up and peak RSS (10 s with faults, mmap and brk calls going)\n\n| tracer | start-up ms (median) | peak RSS MiB (median of 3) |\n|---|---:|---:|\n");
     for c in configs {
         let Some(argv) = c.argv.clone() else {
             out.push_str(&format!("| {} | not installed | |\n", c.name));
@@ -319,8 +341,18 @@ fn startup_rss(configs: &[Config], runs: usize, out: &mut String) -> Result<()> 
             match start(&argv, c.ready) {
                 Ok(t) => {
                     st.push(t.startup.as_secs_f64() * 1000.0);
-                    let _ = run_workload(&["touch-timed", "50000"]);
-                    std::thread::sleep(Duration::from_millis(500));
+                    // Peak RSS over 10 s of faults, mmap calls and brk calls
+                    // (three runs of each tracer; the others time start-up only).
+                    if rss.len() < 3 {
+                        let until = std::time::Instant::now() + Duration::from_secs(10);
+                        while std::time::Instant::now() < until {
+                            let _ = run_workload(&["touch-timed", "50000"]);
+                            let _ = run_workload(&["mmap-loop", "1", "20000"]);
+                            let _ = run_workload(&["rawbrk-timed", "20000"]);
+                        }
+                    } else {
+                        std::thread::sleep(Duration::from_millis(300));
+                    }
                     let pid = t.child.id();
                     // /usr/bin/time's child: the tracer.
                     let kids = Command::new("pgrep")
@@ -329,7 +361,8 @@ fn startup_rss(configs: &[Config], runs: usize, out: &mut String) -> Result<()> 
                     let kid = String::from_utf8_lossy(&kids.stdout).trim().to_string();
                     let status =
                         std::fs::read_to_string(format!("/proc/{kid}/status")).unwrap_or_default();
-                    if let Some(kb) = status.lines().find_map(|l| l.strip_prefix("VmHWM:")) {
+                    let kb = status.lines().find_map(|l| l.strip_prefix("VmHWM:"));
+                    if let Some(kb) = kb.filter(|_| rss.len() < 3) {
                         let kb: f64 = kb
                             .trim()
                             .trim_end_matches("kB")
