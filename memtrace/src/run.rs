@@ -297,11 +297,11 @@ fn ustack_setup(
     // One slot per CPU where the sample is put together.
     let cpus = aya::util::nr_cpus().map_err(|(_, e)| Error::Io(e))? as u32;
     loader.max_entries("SAMPLE_SCRATCH", cpus);
-    // Room for 64 full copies (most are much shorter: a record is as long as
-    // the stack copied): the reader drains it far more often, and the buffer
-    // is resident twice over (--buffer-size sets it).
+    // Room for 32 full copies, and many more of the usual ones (a record is
+    // as long as the stack copied): the reader drains it far more often, and
+    // the buffer is resident twice over (--buffer-size sets it).
     let record = STACK_SAMPLE_HDR as u32 + cfg.stack_bytes;
-    loader.max_entries("EVENTS", (record * 64).next_power_of_two().max(1 << 20));
+    loader.max_entries("EVENTS", (record * 32).next_power_of_two().max(1 << 20));
     let how = if args.sample > 1 {
         format!("one event in {} sampled", args.sample)
     } else {
