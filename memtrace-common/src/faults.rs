@@ -17,14 +17,14 @@ pub struct FaultConfig {
 pub struct FaultKey {
     pub tgid: u32,
     /// 0: the fault was taken in user mode, 1: in kernel mode.
-    pub kernel_mode: u32,
+    pub kernel_mode: u16,
+    /// 16 more bits of a walked user stack's hash (see `StackKey`): the key
+    /// stays 24 bytes, which every fault hashes.
+    pub ustack_check: u16,
     pub ustack: i32,
     pub kstack: i32,
     /// Page-aligned fault address when keyed by page, else 0.
     pub page: u64,
-    /// More bits of a walked user stack's hash (`stacks::USTACK_CHECK`).
-    pub ustack_check: u32,
-    pub _pad: u32,
 }
 
 #[repr(C)]

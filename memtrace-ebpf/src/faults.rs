@@ -57,12 +57,11 @@ fn count<C: StackIdContext>(
     let mut st = capture_stacks(ctx, addr, kernel_mode);
     let mut key = FaultKey {
         tgid,
-        kernel_mode,
+        kernel_mode: kernel_mode as u16,
+        ustack_check: st.user_check as u16,
         ustack: st.user,
         kstack: st.kern,
         page: if cfg.by_page != 0 { addr & !0xfff } else { 0 },
-        ustack_check: st.user_check,
-        _pad: 0,
     };
     // Per-CPU values: no other CPU writes this slot, so a plain add is exact.
     if let Some(v) = map.get_ptr_mut(&key) {
@@ -71,7 +70,7 @@ fn count<C: StackIdContext>(
     }
     st.keep();
     if st.user != key.ustack {
-        (key.ustack, key.ustack_check) = (st.user, st.user_check);
+        (key.ustack, key.ustack_check) = (st.user, st.user_check as u16);
         if let Some(v) = map.get_ptr_mut(&key) {
             unsafe { (*v).count += 1 };
             return;
