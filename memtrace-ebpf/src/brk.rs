@@ -17,7 +17,8 @@ use memtrace_common::{
 };
 
 use crate::helpers::{
-    capture_stacks, count_loss, current_mm_u64, current_tgid, wanted, NO_PREALLOC, TASK,
+    bump_by_stack, capture_stacks, count_loss, current_mm_u64, current_tgid, wanted, Stacks,
+    NO_PREALLOC, TASK,
 };
 
 #[unsafe(no_mangle)]
@@ -49,23 +50,14 @@ pub fn brk_enter(ctx: TracePointContext) -> u32 {
         kstack: st.kern,
         ustack_check: st.user_check,
     };
-    let add = |key: &StackKey| match BRK_STACKS.get_ptr_mut(key) {
-        Some(v) => unsafe {
-            (*v).count += 1;
-            (*v).bytes += grew;
-            true
-        },
-        None => false,
+    let set_user =
+        |k: &mut StackKey, st: &Stacks| (k.ustack, k.ustack_check) = (st.user, st.user_check);
+    let bump = |v: &mut StackVal| {
+        v.count += 1;
+        v.bytes += grew;
     };
-    if add(&key) {
+    if bump_by_stack(&BRK_STACKS, &mut key, &mut st, set_user, bump) {
         return 0;
-    }
-    st.keep();
-    if st.user != key.ustack {
-        (key.ustack, key.ustack_check) = (st.user, st.user_check);
-        if add(&key) {
-            return 0;
-        }
     }
     let v = StackVal {
         count: 1,

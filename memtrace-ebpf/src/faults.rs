@@ -20,7 +20,8 @@ use memtrace_common::{
 };
 
 use crate::helpers::{
-    capture_stacks, capturing, count_loss, current_tgid, wanted, FILTER, NO_PREALLOC,
+    bump_by_stack, capture_stacks, capturing, count_loss, current_tgid, wanted, Stacks, FILTER,
+    NO_PREALLOC,
 };
 
 #[unsafe(no_mangle)]
@@ -63,18 +64,11 @@ fn count<C: StackIdContext>(
         kstack: st.kern,
         page: if cfg.by_page != 0 { addr & !0xfff } else { 0 },
     };
-    // Per-CPU values: no other CPU writes this slot, so a plain add is exact.
-    if let Some(v) = map.get_ptr_mut(&key) {
-        unsafe { (*v).count += 1 };
+    let set_user = |k: &mut FaultKey, st: &Stacks| {
+        (k.ustack, k.ustack_check) = (st.user, st.user_check as u16)
+    };
+    if bump_by_stack(map, &mut key, &mut st, set_user, |v| v.count += 1) {
         return;
-    }
-    st.keep();
-    if st.user != key.ustack {
-        (key.ustack, key.ustack_check) = (st.user, st.user_check as u16);
-        if let Some(v) = map.get_ptr_mut(&key) {
-            unsafe { (*v).count += 1 };
-            return;
-        }
     }
     let v = FaultVal {
         count: 1,

@@ -13,7 +13,7 @@ use aya_ebpf::{
         },
     },
     macros::{map, raw_tracepoint, tracepoint},
-    maps::{Array, HashMap, PerCpuArray, RingBuf, StackTrace},
+    maps::{Array, HashMap, PerCpuArray, PerCpuHashMap, RingBuf, StackTrace},
     programs::{tracing::StackIdContext, RawTracePointContext, TracePointContext},
     EbpfContext, Global,
 };
@@ -490,6 +490,36 @@ impl Stacks {
             self.user_check = 0;
         }
     }
+}
+
+/// Counting by stack in a per-CPU map: applies `bump` to `key`'s value and
+/// returns true, or returns false when the caller must insert it. The walked
+/// user stack is stored only when the key is new (`Stacks::keep`); if it
+/// cannot be, the key loses its user stack (`set_user`) and is looked up
+/// again. Per-CPU values: no other CPU writes the slot, so a plain add is
+/// exact.
+#[inline(always)]
+pub fn bump_by_stack<K, V>(
+    map: &PerCpuHashMap<K, V>,
+    key: &mut K,
+    st: &mut Stacks,
+    set_user: impl Fn(&mut K, &Stacks),
+    bump: impl Fn(&mut V),
+) -> bool {
+    if let Some(v) = map.get_ptr_mut(&*key) {
+        bump(unsafe { &mut *v });
+        return true;
+    }
+    let user = st.user;
+    st.keep();
+    if st.user != user {
+        set_user(key, st);
+        if let Some(v) = map.get_ptr_mut(&*key) {
+            bump(unsafe { &mut *v });
+            return true;
+        }
+    }
+    false
 }
 
 /// Stack ids for the current task, as configured by `FILTER.stacks`; -1 when
