@@ -65,9 +65,7 @@ impl Blob {
                 std::ptr::null_mut(),
                 len,
                 libc::PROT_READ,
-                // Every page is read by the index pass: one populate call
-                // costs less than a fault per page.
-                libc::MAP_PRIVATE | libc::MAP_POPULATE,
+                libc::MAP_PRIVATE,
                 f.as_raw_fd(),
                 0,
             )
