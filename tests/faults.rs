@@ -78,6 +78,43 @@ fn exact_with_threads_on_both_cpus() {
     );
 }
 
+/// Processes counted in the per-CPU slots, in the hash map where slots
+/// collide, and in a slot taken over from a process that exited: each exact
+/// when summed over intervals. Two slots and sequential pids: the shell
+/// holds one, the workloads take turns in the other.
+#[test]
+fn exact_when_count_slots_collide_and_are_taken_over() {
+    const N: u64 = 3000;
+    let w = workload_bin().display().to_string();
+    // Start-up faults from exec on, as the script's workloads are seen.
+    let out = run(&["faults", "--json", "-c", &format!("{w} touch 0")]);
+    let base = user_faults(&out.stdout);
+    let script = format!(
+        "{w} touch {N}; sleep 0.6; {w} touch {N}; sleep 0.6; {w} touch {N} & {w} touch {N} & wait"
+    );
+    let cmd = format!("sh -c '{script}'");
+    let out = run(&[
+        "faults", "--slots", "2", "-i", "100ms", "--json", "-c", &cmd,
+    ]);
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    let mut per_pid: std::collections::BTreeMap<u64, u64> = Default::default();
+    for r in json_of(&out.stdout, "faults") {
+        // Named after their exec, though their first faults came as the
+        // forked shell's.
+        if r["comm"] == "memtrace-worklo" {
+            *per_pid.entry(r["pid"].as_u64().unwrap()).or_default() += r["user"].as_u64().unwrap();
+        }
+    }
+    assert_eq!(per_pid.len(), 4, "{per_pid:?}\n{}", out.stdout);
+    for (pid, got) in per_pid {
+        // Slack for the forked shell's own faults before it execs.
+        assert!(
+            got >= N && got <= N + base + 32,
+            "pid {pid}: got {got}, expected {N} + baseline {base}"
+        );
+    }
+}
+
 #[test]
 fn stacks_put_the_touching_function_on_top() {
     let out = traced(&["touch", "3000"], &["--stacks"]);

@@ -10,6 +10,23 @@ pub struct FaultConfig {
     /// `exceptions:page_fault_*` field offsets.
     pub tp_address: u32,
     pub tp_error_code: u32,
+    /// Slots in `FAULT_SLOTS` minus one (a power of two minus one); 0: the
+    /// slots are not used (stacks, pages or a perf-event attach).
+    pub slot_mask: u32,
+}
+
+/// One process's fault counts on one CPU, in the direct-mapped slot
+/// `tgid & slot_mask` of a per-CPU array: the default count-by-process
+/// view takes an inlined array lookup per fault instead of a hash lookup.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct FaultSlot {
+    /// 0: free.
+    pub tgid: u32,
+    pub _pad: u32,
+    /// Faults taken in user mode, in kernel mode.
+    pub count: [u64; 2],
+    pub comm: [u8; TASK_COMM_LEN],
 }
 
 #[repr(C)]

@@ -130,6 +130,7 @@ mod pod {
     unsafe impl aya::Pod for super::faults::FaultConfig {}
     unsafe impl aya::Pod for super::faults::FaultKey {}
     unsafe impl aya::Pod for super::faults::FaultVal {}
+    unsafe impl aya::Pod for super::faults::FaultSlot {}
     unsafe impl aya::Pod for super::ffaults::FileKey {}
     unsafe impl aya::Pod for super::ffaults::FfaultsConfig {}
     unsafe impl aya::Pod for super::reclaim::ReclaimConfig {}

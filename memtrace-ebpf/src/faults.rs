@@ -7,7 +7,7 @@ use aya_ebpf::{
     bindings::bpf_perf_event_data,
     helpers::bpf_get_current_comm,
     macros::{btf_tracepoint, map, perf_event, raw_tracepoint, tracepoint},
-    maps::PerCpuHashMap,
+    maps::{Array, PerCpuArray, PerCpuHashMap},
     programs::{
         tracing::StackIdContext, BtfTracePointContext, PerfEventContext, RawTracePointContext,
         TracePointContext,
@@ -15,7 +15,7 @@ use aya_ebpf::{
     EbpfContext, Global,
 };
 use memtrace_common::{
-    faults::{FaultConfig, FaultKey, FaultVal},
+    faults::{FaultConfig, FaultKey, FaultSlot, FaultVal},
     loss, TASK_COMM_LEN,
 };
 
@@ -29,7 +29,43 @@ static FAULT_CFG: Global<FaultConfig> = Global::new(FaultConfig {
     by_page: 0,
     tp_address: 0,
     tp_error_code: 0,
+    slot_mask: 0,
 });
+
+/// Count-by-process slots (see `FaultSlot`); a colliding process falls back
+/// to `FAULTS`. Sized by userspace.
+#[map]
+static FAULT_SLOTS: PerCpuArray<FaultSlot> = PerCpuArray::with_max_entries(1, 0);
+
+/// Per slot, a process memtrace found gone after reading its final counts:
+/// its slot may be taken over. Written only by userspace.
+#[map]
+static FAULT_SLOT_FREE: Array<u32> = Array::with_max_entries(1, 0);
+
+/// Counts the fault in this CPU's slot for `tgid` when it has one or can
+/// take one. The exceptions tracepoints fire with interrupts off, so a slot
+/// has one writer at a time and a plain add is exact.
+#[inline(always)]
+fn count_in_slot(tgid: u32, kernel_mode: u32, mask: u32) -> bool {
+    let i = tgid & mask;
+    let Some(p) = FAULT_SLOTS.get_ptr_mut(i) else {
+        return false;
+    };
+    let slot = unsafe { &mut *p };
+    if slot.tgid == tgid {
+        slot.count[(kernel_mode & 1) as usize] += 1;
+        return true;
+    }
+    let free = slot.tgid == 0 || FAULT_SLOT_FREE.get(i).is_some_and(|d| *d == slot.tgid);
+    if !free {
+        return false;
+    }
+    slot.tgid = tgid;
+    slot.count = [0, 0];
+    slot.count[(kernel_mode & 1) as usize] = 1;
+    slot.comm = bpf_get_current_comm().unwrap_or([0; TASK_COMM_LEN]);
+    true
+}
 
 /// Allocated as keys appear: preallocating tens of thousands of per-CPU
 /// slots took most of the start-up time.
@@ -48,6 +84,7 @@ fn count<C: StackIdContext>(
     map: &PerCpuHashMap<FaultKey, FaultVal>,
     addr: u64,
     kernel_mode: u32,
+    slots: bool,
 ) {
     let tgid = current_tgid();
     // Only a stack walk of ours can fault under us: skip the lookup otherwise.
@@ -55,6 +92,11 @@ fn count<C: StackIdContext>(
         return;
     }
     let cfg = FAULT_CFG.load();
+    // tgid 0 marks a free slot; `slots` is false for the perf-event program,
+    // which may run with interrupts on.
+    if slots && cfg.slot_mask != 0 && tgid != 0 && count_in_slot(tgid, kernel_mode, cfg.slot_mask) {
+        return;
+    }
     let mut st = capture_stacks(ctx, addr, kernel_mode);
     let mut key = FaultKey {
         tgid,
@@ -81,25 +123,25 @@ fn count<C: StackIdContext>(
 
 #[btf_tracepoint(function = "page_fault_user")]
 pub fn faults_user_btf(ctx: BtfTracePointContext) -> i32 {
-    count(&ctx, &FAULTS, ctx.arg::<u64>(0), 0);
+    count(&ctx, &FAULTS, ctx.arg::<u64>(0), 0, true);
     0
 }
 
 #[btf_tracepoint(function = "page_fault_kernel")]
 pub fn faults_kernel_btf(ctx: BtfTracePointContext) -> i32 {
-    count(&ctx, &FAULTS, ctx.arg::<u64>(0), 1);
+    count(&ctx, &FAULTS, ctx.arg::<u64>(0), 1, true);
     0
 }
 
 #[raw_tracepoint(tracepoint = "page_fault_user")]
 pub fn faults_user_raw(ctx: RawTracePointContext) -> i32 {
-    count(&ctx, &FAULTS, ctx.arg::<u64>(0), 0);
+    count(&ctx, &FAULTS, ctx.arg::<u64>(0), 0, true);
     0
 }
 
 #[raw_tracepoint(tracepoint = "page_fault_kernel")]
 pub fn faults_kernel_raw(ctx: RawTracePointContext) -> i32 {
-    count(&ctx, &FAULTS, ctx.arg::<u64>(0), 1);
+    count(&ctx, &FAULTS, ctx.arg::<u64>(0), 1, true);
     0
 }
 
@@ -110,13 +152,13 @@ fn tp_address(ctx: &TracePointContext) -> u64 {
 
 #[tracepoint]
 pub fn faults_user_tp(ctx: TracePointContext) -> u32 {
-    count(&ctx, &FAULTS, tp_address(&ctx), 0);
+    count(&ctx, &FAULTS, tp_address(&ctx), 0, true);
     0
 }
 
 #[tracepoint]
 pub fn faults_kernel_tp(ctx: TracePointContext) -> u32 {
-    count(&ctx, &FAULTS, tp_address(&ctx), 1);
+    count(&ctx, &FAULTS, tp_address(&ctx), 1, true);
     0
 }
 
@@ -126,6 +168,12 @@ pub fn faults_kernel_tp(ctx: TracePointContext) -> u32 {
 pub fn faults_perf(ctx: PerfEventContext) -> u32 {
     let data = ctx.as_ptr() as *const bpf_perf_event_data;
     let (addr, cs) = unsafe { ((*data).addr, (*data).regs.cs) };
-    count(&ctx, &FAULTS_PERF, addr, if cs & 3 == 0 { 1 } else { 0 });
+    count(
+        &ctx,
+        &FAULTS_PERF,
+        addr,
+        if cs & 3 == 0 { 1 } else { 0 },
+        false,
+    );
     0
 }

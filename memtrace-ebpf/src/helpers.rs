@@ -13,7 +13,7 @@ use aya_ebpf::{
         },
     },
     macros::{map, raw_tracepoint, tracepoint},
-    maps::{Array, HashMap, PerCpuArray, PerCpuHashMap, RingBuf, StackTrace},
+    maps::{Array, HashMap, LruHashMap, PerCpuArray, PerCpuHashMap, RingBuf, StackTrace},
     programs::{tracing::StackIdContext, RawTracePointContext, TracePointContext},
     EbpfContext, Global,
 };
@@ -643,6 +643,25 @@ pub fn follow_fork(ctx: TracePointContext) -> u32 {
         }
     }
     let _ = ctx.as_ptr();
+    0
+}
+
+/// The name each traced process took at its last exec. Counting tools keep
+/// the name seen at a key's first event, and a forked child's first faults
+/// come before its exec, under its parent's name. Sized by the tools that
+/// use it; LRU: a name pushed out leaves the first-seen one.
+#[map]
+pub static EXEC_NAMES: LruHashMap<u32, [u8; TASK_COMM_LEN]> = LruHashMap::with_max_entries(1, 0);
+
+/// `sched:sched_process_exec` (rare): remember the new name.
+#[tracepoint]
+pub fn name_exec(_ctx: TracePointContext) -> u32 {
+    let tgid = current_tgid();
+    if wanted(tgid) {
+        if let Ok(comm) = bpf_get_current_comm() {
+            let _ = EXEC_NAMES.insert(&tgid, &comm, 0);
+        }
+    }
     0
 }
 

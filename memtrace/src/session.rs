@@ -5,7 +5,9 @@ use std::collections::HashSet;
 use std::path::Path;
 
 use aya::{
-    maps::{HashMap as AyaHashMap, MapData, PerCpuArray, PerCpuHashMap, RingBuf, StackTraceMap},
+    maps::{
+        Array, HashMap as AyaHashMap, MapData, PerCpuArray, PerCpuHashMap, RingBuf, StackTraceMap,
+    },
     programs::{
         perf_event::{PerfEventConfig, PerfEventScope, SamplePolicy, SoftwareEvent},
         BtfTracePoint, FEntry, KProbe, PerfEvent, RawTracePoint, TracePoint,
@@ -62,8 +64,11 @@ impl Loader {
 }
 
 /// Maps every tool would otherwise pay for; a tool raises the ones it uses.
-const SHRINKABLE: [&str; 16] = [
+const SHRINKABLE: [&str; 19] = [
     "STACKS",
+    "EXEC_NAMES",
+    "FAULT_SLOTS",
+    "FAULT_SLOT_FREE",
     "USTACKS",
     "FAULTS",
     "FAULTS_PERF",
@@ -358,6 +363,33 @@ impl Session {
             }
         }
         Ok(out)
+    }
+
+    /// Every slot of a per-CPU array, with its values on each CPU.
+    pub fn read_percpu_array<V: Pod>(&self, name: &str) -> Result<Vec<Vec<V>>> {
+        let map = self
+            .bpf
+            .map(name)
+            .ok_or_else(|| Error::Runtime(format!("{name} map missing")))?;
+        let arr: PerCpuArray<_, V> =
+            PerCpuArray::try_from(map).map_err(|e| Error::Runtime(chain(&e)))?;
+        (0..arr.len())
+            .map(|i| {
+                arr.get(&i, 0)
+                    .map(|v| v.iter().copied().collect())
+                    .map_err(|e| Error::Runtime(chain(&e)))
+            })
+            .collect()
+    }
+
+    /// Sets slot `i` of array `name`.
+    pub fn set_array<V: Pod>(&mut self, name: &str, i: u32, v: V) -> Result<()> {
+        let map = self
+            .bpf
+            .map_mut(name)
+            .ok_or_else(|| Error::Runtime(format!("{name} map missing")))?;
+        let mut arr: Array<_, V> = Array::try_from(map).map_err(|e| Error::Runtime(chain(&e)))?;
+        arr.set(i, v, 0).map_err(|e| Error::Runtime(chain(&e)))
     }
 
     /// Events lost in the kernel so far, by reason, summed over CPUs.

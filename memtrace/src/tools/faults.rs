@@ -1,11 +1,12 @@
 //! `memtrace faults`: page faults counted per CPU in the kernel, by process
 //! (user and kernel mode apart), by stack, or by the mapping they hit.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
+use std::path::Path;
 use std::time::Duration;
 
 use memtrace_common::{
-    faults::{FaultConfig, FaultKey, FaultVal},
+    faults::{FaultConfig, FaultKey, FaultSlot, FaultVal},
     stack_mode,
 };
 
@@ -15,7 +16,9 @@ use crate::output::{clock, Col, Printer, Row, StackReport, Value};
 use crate::run::{Prep, Tool};
 use crate::session::Session;
 use crate::symbolize::Mapping;
-use crate::tools::{first_comm, sampled_reports, sampled_title, stack_report, IntervalArgs};
+use crate::tools::{
+    exec_names, exec_probe, first_comm, sampled_reports, sampled_title, stack_report, IntervalArgs,
+};
 
 #[derive(Debug, Clone, clap::Args)]
 pub struct Args {
@@ -40,6 +43,10 @@ pub struct Args {
     pub by_mapping: bool,
     #[command(flatten)]
     pub stack_args: crate::cli::StackArgs,
+    /// Per-CPU count-by-process slots (a power of two; 0: hash map only).
+    /// Tests shrink it to force processes onto the hash map.
+    #[arg(long, hide = true, default_value_t = 1024)]
+    pub slots: u32,
 }
 
 pub fn probes() -> Vec<Probe> {
@@ -57,11 +64,70 @@ pub fn probes() -> Vec<Probe> {
             .tp_btf("faults_kernel_btf", "exceptions", "page_fault_kernel")
             .tracepoint("faults_kernel_tp", "exceptions", "page_fault_kernel")
             .optional(),
+        exec_probe(),
     ]
+}
+
+/// What the count-by-process slots (see `FaultSlot`) held at the last read.
+#[derive(Default)]
+struct Slots {
+    /// Per slot and CPU: its process and counts.
+    last: HashMap<(u32, usize), (u32, [u64; 2])>,
+    /// Counts read since the last report, by process.
+    pending: HashMap<u32, ([u64; 2], String)>,
+    /// Slots whose process was found gone at the last read.
+    gone: HashSet<(u32, u32)>,
+}
+
+impl Slots {
+    /// Adds what each slot counted since the last read. Slots are never
+    /// zeroed from here (a plain write would race the kernel's adds): a
+    /// process's slot is given up only one read after it was found gone,
+    /// when its counts can no longer move.
+    fn read(&mut self, s: &mut Session) -> Result<()> {
+        let slots = s.read_percpu_array::<FaultSlot>("FAULT_SLOTS")?;
+        let mut held: HashSet<(u32, u32)> = HashSet::new();
+        for (i, per_cpu) in slots.iter().enumerate() {
+            for (cpu, v) in per_cpu.iter().enumerate() {
+                if v.tgid == 0 {
+                    continue;
+                }
+                let before = match self.last.insert((i as u32, cpu), (v.tgid, v.count)) {
+                    Some((t, c)) if t == v.tgid => c,
+                    // New, or taken over from a process already read out.
+                    _ => [0, 0],
+                };
+                let e = self
+                    .pending
+                    .entry(v.tgid)
+                    .or_insert_with(|| ([0, 0], crate::tools::comm(&v.comm)));
+                for ((sum, now), then) in e.0.iter_mut().zip(v.count).zip(before) {
+                    *sum += now.saturating_sub(then);
+                }
+                held.insert((i as u32, v.tgid));
+            }
+        }
+        let mut gone = HashSet::new();
+        for (i, tgid) in held {
+            if Path::new(&format!("/proc/{tgid}")).exists() {
+                continue;
+            }
+            if self.gone.contains(&(i, tgid)) {
+                s.set_array("FAULT_SLOT_FREE", i, tgid)?;
+            } else {
+                gone.insert((i, tgid));
+            }
+        }
+        self.gone = gone;
+        Ok(())
+    }
 }
 
 pub struct Faults {
     args: Args,
+    /// Whether the count-by-process slots are in use.
+    slotted: bool,
+    slots: Slots,
     total: u64,
     intervals: u64,
     /// Everything counted, for the final report in interval mode.
@@ -78,8 +144,13 @@ impl Faults {
                 "--folded needs --stacks or --kernel-stacks".into(),
             ));
         }
+        if a.slots != 0 && !a.slots.is_power_of_two() {
+            return Err(Error::Usage("--slots must be a power of two".into()));
+        }
         Ok(Faults {
             args: a.clone(),
+            slotted: false,
+            slots: Slots::default(),
             total: 0,
             intervals: 0,
             seen: 0,
@@ -102,13 +173,37 @@ impl Faults {
         // One of the two maps is used, depending on how the probe attached.
         let mut raw = s.read_percpu::<FaultKey, FaultVal>("FAULTS", clear)?;
         raw.extend(s.read_percpu::<FaultKey, FaultVal>("FAULTS_PERF", clear)?);
-        let out: Vec<(FaultKey, u64, String)> = raw
+        let mut out: Vec<(FaultKey, u64, String)> = raw
             .into_iter()
             .map(|(k, vals)| {
                 let count = vals.iter().map(|v| v.count).sum();
                 (k, count, first_comm(vals.iter().map(|v| &v.comm)))
             })
             .collect();
+        if self.slotted {
+            self.slots.read(s)?;
+            for (tgid, (counts, comm)) in &self.slots.pending {
+                for (mode, c) in counts.iter().enumerate().filter(|(_, c)| **c > 0) {
+                    let key = FaultKey {
+                        tgid: *tgid,
+                        kernel_mode: mode as u16,
+                        ustack: -1,
+                        kstack: -1,
+                        ..Default::default()
+                    };
+                    out.push((key, *c, comm.clone()));
+                }
+            }
+            if clear {
+                self.slots.pending.clear();
+            }
+        }
+        let renamed = exec_names(s);
+        for (k, _, name) in out.iter_mut() {
+            if let Some(n) = renamed.get(&k.tgid) {
+                name.clone_from(n);
+            }
+        }
         let n: u64 = out.iter().map(|(_, c, _)| c).sum();
         if clear {
             self.total += n;
@@ -290,7 +385,14 @@ impl Tool for Faults {
         } else {
             16_384
         };
+        self.slotted = self.mode() == 0 && !self.args.by_mapping && self.args.slots != 0;
+        if self.slotted {
+            cfg.slot_mask = self.args.slots - 1;
+            k.loader.max_entries("FAULT_SLOTS", self.args.slots);
+            k.loader.max_entries("FAULT_SLOT_FREE", self.args.slots);
+        }
         k.loader.global("FAULT_CFG", &cfg);
+        k.loader.max_entries("EXEC_NAMES", 4096);
         k.loader.max_entries("FAULTS", size);
         // The perf path preallocates; pay for it only where it will be taken.
         if !exceptions || k.forced == Some(Method::Perf) {

@@ -53,6 +53,31 @@ pub fn all_probes() -> Vec<(&'static str, Vec<crate::attach::Probe>)> {
     ]
 }
 
+/// Follows execs, for `exec_names`; optional: without it, processes keep the
+/// name of their first event.
+pub fn exec_probe() -> crate::attach::Probe {
+    crate::attach::Probe::new("process execs")
+        .tracepoint("name_exec", "sched", "sched_process_exec")
+        .optional()
+}
+
+/// Processes that exec'd during the trace, by the name they took (sized by
+/// the tool as `EXEC_NAMES`).
+pub fn exec_names(s: &crate::session::Session) -> std::collections::HashMap<u32, String> {
+    let Some(m) = s.bpf.map("EXEC_NAMES") else {
+        return Default::default();
+    };
+    let Ok(names) = aya::maps::HashMap::<_, u32, [u8; memtrace_common::TASK_COMM_LEN]>::try_from(m)
+    else {
+        return Default::default();
+    };
+    names
+        .iter()
+        .filter_map(|e| e.ok())
+        .map(|(pid, c)| (pid, comm(&c)))
+        .collect()
+}
+
 /// A C string from a fixed-size kernel buffer.
 pub fn comm(b: &[u8]) -> String {
     let end = b.iter().position(|&c| c == 0).unwrap_or(b.len());
