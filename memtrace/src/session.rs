@@ -2,6 +2,7 @@
 //! probe through its fallback chain, drain the ring buffer, and end cleanly.
 
 use std::collections::HashSet;
+use std::os::fd::{AsFd, AsRawFd, RawFd};
 use std::path::Path;
 
 use aya::{
@@ -61,6 +62,55 @@ impl Loader {
         self.sizes.push((map, n));
         self
     }
+}
+
+/// BPF_MAP_LOOKUP_AND_DELETE_ELEM on a per-CPU hash map (aya does not
+/// expose it for hash maps): the key's value on each possible CPU, or None
+/// when the key is gone.
+fn take_percpu<K: Pod, V: Pod>(fd: RawFd, key: &K, cpus: usize) -> std::io::Result<Option<Vec<V>>> {
+    #[repr(C)]
+    struct ElemAttr {
+        map_fd: u32,
+        _pad: u32,
+        key: u64,
+        value: u64,
+        flags: u64,
+    }
+    const BPF_MAP_LOOKUP_AND_DELETE_ELEM: libc::c_long = 21;
+    // Per-CPU values come 8-byte aligned, one per possible CPU.
+    let stride = std::mem::size_of::<V>().div_ceil(8) * 8;
+    let mut buf = vec![0u64; stride / 8 * cpus];
+    let attr = ElemAttr {
+        map_fd: fd as u32,
+        _pad: 0,
+        key: key as *const K as u64,
+        value: buf.as_mut_ptr() as u64,
+        flags: 0,
+    };
+    // SAFETY: attr points at a live key and a buffer of the size the
+    // kernel writes for this map.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_bpf,
+            BPF_MAP_LOOKUP_AND_DELETE_ELEM,
+            &attr as *const ElemAttr,
+            std::mem::size_of::<ElemAttr>(),
+        )
+    };
+    if r < 0 {
+        let e = std::io::Error::last_os_error();
+        return match e.raw_os_error() {
+            Some(libc::ENOENT) => Ok(None),
+            _ => Err(e),
+        };
+    }
+    let bytes = buf.as_ptr() as *const u8;
+    Ok(Some(
+        (0..cpus)
+            // SAFETY: V is Pod and each read is within buf.
+            .map(|c| unsafe { std::ptr::read_unaligned(bytes.add(c * stride) as *const V) })
+            .collect(),
+    ))
 }
 
 /// Maps every tool would otherwise pay for; a tool raises the ones it uses.
@@ -348,18 +398,41 @@ impl Session {
     ) -> Result<Vec<(K, Vec<V>)>> {
         let map = self
             .bpf
-            .map_mut(name)
+            .map(name)
             .ok_or_else(|| Error::Runtime(format!("{name} map missing")))?;
-        let mut m: PerCpuHashMap<_, K, V> =
+        let m: PerCpuHashMap<_, K, V> =
             PerCpuHashMap::try_from(map).map_err(|e| Error::Runtime(chain(&e)))?;
-        let out: Vec<(K, Vec<V>)> = m
-            .iter()
-            .filter_map(|item| item.ok())
-            .map(|(k, vals)| (k, vals.iter().copied().collect()))
-            .collect();
-        if clear {
-            for (k, _) in &out {
-                let _ = m.remove(k);
+        if !clear {
+            return Ok(m
+                .iter()
+                .filter_map(|item| item.ok())
+                .map(|(k, vals)| (k, vals.iter().copied().collect()))
+                .collect());
+        }
+        // Each key read and deleted in one call: reading them all, then
+        // deleting, lost every add made in between (a millisecond with
+        // a thousand keys).
+        let keys: Vec<K> = m.keys().filter_map(|k| k.ok()).collect();
+        let fd = match self.bpf.map(name) {
+            Some(aya::maps::Map::PerCpuHashMap(d)) => Some(d.fd().as_fd().as_raw_fd()),
+            _ => None,
+        };
+        let cpus = aya::util::nr_cpus().map_err(|(_, e)| Error::Runtime(e.to_string()))?;
+        let mut out = Vec::with_capacity(keys.len());
+        for k in keys {
+            match fd.map(|fd| take_percpu::<K, V>(fd, &k, cpus)) {
+                Some(Ok(Some(vals))) => out.push((k, vals)),
+                Some(Ok(None)) => {}
+                // Kernels before 5.14: read, then delete.
+                _ => {
+                    let map = self.bpf.map_mut(name).expect("map seen above");
+                    let mut m: PerCpuHashMap<_, K, V> =
+                        PerCpuHashMap::try_from(map).map_err(|e| Error::Runtime(chain(&e)))?;
+                    if let Ok(vals) = m.get(&k, 0) {
+                        out.push((k, vals.iter().copied().collect()));
+                    }
+                    let _ = m.remove(&k);
+                }
             }
         }
         Ok(out)
