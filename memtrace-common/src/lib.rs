@@ -5,6 +5,7 @@
 
 pub mod faults;
 pub mod ffaults;
+pub mod names;
 pub mod oom;
 pub mod reclaim;
 pub mod rss;
@@ -145,4 +146,12 @@ mod pod {
     unsafe impl aya::Pod for super::snoop::MmapSnoopConfig {}
     unsafe impl aya::Pod for super::snoop::ShmSnoopConfig {}
     unsafe impl aya::Pod for super::snoop::FdFileOffsets {}
+    // Ring-buffer records.
+    unsafe impl aya::Pod for super::oom::OomEvent {}
+    unsafe impl aya::Pod for super::ffaults::FileSeen {}
+    unsafe impl aya::Pod for super::reclaim::ReclaimEvent {}
+    unsafe impl aya::Pod for super::rss::RssCross {}
+    unsafe impl aya::Pod for super::snoop::SyscallEvent {}
+    unsafe impl aya::Pod for super::snoop::PendingCall {}
+    unsafe impl aya::Pod for super::stacks::StackSample {}
 }

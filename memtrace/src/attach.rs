@@ -1,7 +1,15 @@
 //! Attach with fallback: a probe point lists the ways it can be attached,
 //! best first; the session takes the first that works on this kernel.
 
+use std::borrow::Cow;
 use std::fmt;
+
+pub use memtrace_common::names::Prog;
+use memtrace_common::names::{FLOOR_RAW, FLOOR_TP};
+
+/// A name in a probe target: mostly literals, built at run time by the
+/// generic tools (`count`, `trace`).
+pub type Name = Cow<'static, str>;
 
 /// How a program is attached, best (richest, cheapest) first in most chains.
 /// `--attach` takes the names memtrace prints (`tp_btf`, `raw_tp`,
@@ -41,9 +49,9 @@ impl fmt::Display for Method {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Target {
     /// A kernel function (kprobe, fentry).
-    Func(&'static str),
+    Func(Name),
     /// A tracepoint by category and name (classic, tp_btf and raw use the name).
-    Tp(&'static str, &'static str),
+    Tp(Name, Name),
     /// The software page-fault perf event on every CPU.
     PageFaults,
 }
@@ -61,8 +69,8 @@ impl fmt::Display for Target {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Way {
     pub method: Method,
-    /// Name of the program in the eBPF object.
-    pub prog: &'static str,
+    /// The program in the eBPF object.
+    pub prog: Prog,
     pub target: Target,
 }
 
@@ -84,7 +92,7 @@ impl Probe {
         }
     }
 
-    fn way(mut self, method: Method, prog: &'static str, target: Target) -> Self {
+    fn way(mut self, method: Method, prog: Prog, target: Target) -> Self {
         self.ways.push(Way {
             method,
             prog,
@@ -93,22 +101,26 @@ impl Probe {
         self
     }
 
-    pub fn kprobe(self, prog: &'static str, func: &'static str) -> Self {
-        self.way(Method::Kprobe, prog, Target::Func(func))
+    pub fn kprobe(self, prog: Prog, func: impl Into<Name>) -> Self {
+        self.way(Method::Kprobe, prog, Target::Func(func.into()))
     }
-    pub fn fentry(self, prog: &'static str, func: &'static str) -> Self {
-        self.way(Method::Fentry, prog, Target::Func(func))
+    pub fn fentry(self, prog: Prog, func: impl Into<Name>) -> Self {
+        self.way(Method::Fentry, prog, Target::Func(func.into()))
     }
-    pub fn tp_btf(self, prog: &'static str, cat: &'static str, name: &'static str) -> Self {
-        self.way(Method::TpBtf, prog, Target::Tp(cat, name))
+    pub fn tp_btf(self, prog: Prog, cat: impl Into<Name>, name: impl Into<Name>) -> Self {
+        self.way(Method::TpBtf, prog, Target::Tp(cat.into(), name.into()))
     }
-    pub fn raw_tp(self, prog: &'static str, cat: &'static str, name: &'static str) -> Self {
-        self.way(Method::RawTp, prog, Target::Tp(cat, name))
+    pub fn raw_tp(self, prog: Prog, cat: impl Into<Name>, name: impl Into<Name>) -> Self {
+        self.way(Method::RawTp, prog, Target::Tp(cat.into(), name.into()))
     }
-    pub fn tracepoint(self, prog: &'static str, cat: &'static str, name: &'static str) -> Self {
-        self.way(Method::Tracepoint, prog, Target::Tp(cat, name))
+    pub fn tracepoint(self, prog: Prog, cat: impl Into<Name>, name: impl Into<Name>) -> Self {
+        self.way(
+            Method::Tracepoint,
+            prog,
+            Target::Tp(cat.into(), name.into()),
+        )
     }
-    pub fn perf_page_faults(self, prog: &'static str) -> Self {
+    pub fn perf_page_faults(self, prog: Prog) -> Self {
         self.way(Method::Perf, prog, Target::PageFaults)
     }
     pub fn optional(mut self) -> Self {
@@ -122,8 +134,8 @@ impl Probe {
     pub fn floor(mut self) -> Self {
         self.ways.retain_mut(|w| {
             w.prog = match w.method {
-                Method::RawTp => "floor_raw",
-                Method::Tracepoint => "floor_tp",
+                Method::RawTp => FLOOR_RAW,
+                Method::Tracepoint => FLOOR_TP,
                 _ => return false,
             };
             true
@@ -146,18 +158,21 @@ mod tests {
 
     fn oom() -> Probe {
         Probe::new("oom kill")
-            .kprobe("a", "oom_kill_process")
-            .fentry("b", "oom_kill_process")
-            .tp_btf("c", "oom", "mark_victim")
-            .tracepoint("d", "oom", "mark_victim")
+            .kprobe(Prog("a"), "oom_kill_process")
+            .fentry(Prog("b"), "oom_kill_process")
+            .tp_btf(Prog("c"), "oom", "mark_victim")
+            .tracepoint(Prog("d"), "oom", "mark_victim")
     }
 
     #[test]
     fn a_floor_keeps_the_tracepoint_ways_with_empty_programs() {
         let f = oom().floor();
         let ways: Vec<_> = f.ways.iter().map(|w| (w.method, w.prog)).collect();
-        assert_eq!(ways, vec![(Method::Tracepoint, "floor_tp")]);
-        assert_eq!(f.ways[0].target, Target::Tp("oom", "mark_victim"));
+        assert_eq!(ways, vec![(Method::Tracepoint, FLOOR_TP)]);
+        assert_eq!(
+            f.ways[0].target,
+            Target::Tp("oom".into(), "mark_victim".into())
+        );
     }
 
     #[test]
@@ -180,7 +195,7 @@ mod tests {
         let p = oom();
         let c = p.candidates(Some(Method::Tracepoint));
         assert_eq!(c.len(), 1);
-        assert_eq!(c[0].prog, "d");
+        assert_eq!(c[0].prog, Prog("d"));
         assert!(p.candidates(Some(Method::Perf)).is_empty());
     }
 

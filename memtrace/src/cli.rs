@@ -20,26 +20,8 @@ pub struct Cli {
 
 #[derive(Debug, Subcommand)]
 pub enum Command {
-    /// OOM kills: trigger, victim, RSS, memcg, pages considered.
-    Oomkill(crate::tools::oomkill::Args),
-    /// Page faults counted in the kernel, by process, stack or mapping.
-    Faults(crate::tools::faults::Args),
-    /// File-backed page faults by file.
-    Ffaults(crate::tools::ffaults::Args),
-    /// Heap growth (brk) counted by user stack.
-    Brkstack(crate::tools::brkstack::Args),
-    /// Reclaim dashboard: slab, direct and memcg reclaim time per interval.
-    Vmscan(crate::tools::vmscan::Args),
-    /// One line per direct or memcg reclaim stall.
-    Drsnoop(crate::tools::drsnoop::Args),
-    /// Swap-ins by process (needs kprobe or fentry).
-    Swapin(crate::tools::swapin::Args),
-    /// RSS of a process from the kernel's counter changes, with a threshold guard.
-    Rss(crate::tools::rss::Args),
-    /// One line per mmap, munmap, mremap and brk call, with its result.
-    Mmapsnoop(crate::tools::mmapsnoop::Args),
-    /// One line per SysV shm call (shmget, shmat, shmdt, shmctl).
-    Shmsnoop(crate::tools::shmsnoop::Args),
+    #[command(flatten)]
+    Tool(crate::tools::ToolCommand),
     /// What this kernel supports and how each tool would attach here.
     Doctor,
 }
@@ -134,27 +116,66 @@ pub fn parse_stack_size(s: &str) -> Result<u32, String> {
     }
 }
 
-/// Seconds by default; `ms`, `s`, `m`, `h` suffixes.
-/// A ring-buffer size: bytes with an optional K, M or G suffix, rounded up
-/// to a power of two, between a page and 1 GiB.
-pub fn parse_buffer_size(s: &str) -> Result<u32, String> {
+/// Interval and count, the same for every tool that reports per interval:
+/// `-i SECS` and `--count N`, or `INTERVAL [COUNT]` as BCC's and
+/// bpftrace's tools take them.
+#[derive(Debug, Clone, Default, Args)]
+pub struct IntervalArgs {
+    /// Print every this many seconds (e.g. 1, 500ms).
+    #[arg(short = 'i', long = "interval", value_parser = parse_duration)]
+    pub interval: Option<Duration>,
+    /// Stop after this many intervals.
+    #[arg(long = "count")]
+    pub count: Option<u64>,
+    /// INTERVAL, as `-i`.
+    #[arg(value_name = "INTERVAL", value_parser = parse_duration, conflicts_with = "interval")]
+    pub interval_pos: Option<Duration>,
+    /// COUNT, as `--count`.
+    #[arg(value_name = "COUNT", conflicts_with = "count")]
+    pub count_pos: Option<u64>,
+}
+
+impl IntervalArgs {
+    pub fn every(&self) -> Option<Duration> {
+        self.interval.or(self.interval_pos)
+    }
+    pub fn limit(&self) -> Option<u64> {
+        self.count.or(self.count_pos)
+    }
+}
+
+/// A size in bytes: "512M", "5MiB", "1G", "4096"; K/M/G/T are powers of 1024.
+pub fn parse_size(s: &str) -> Result<u64, String> {
     let t = s.trim();
-    let (num, mult) = match t.chars().last().map(|c| c.to_ascii_uppercase()) {
-        Some('K') => (&t[..t.len() - 1], 1u64 << 10),
-        Some('M') => (&t[..t.len() - 1], 1 << 20),
-        Some('G') => (&t[..t.len() - 1], 1 << 30),
-        _ => (t, 1),
+    let lower = t.to_ascii_lowercase();
+    let num_end = lower
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(lower.len());
+    let (num, unit) = lower.split_at(num_end);
+    let mult: u64 = match unit.trim() {
+        "" | "b" => 1,
+        "k" | "kb" | "kib" => 1 << 10,
+        "m" | "mb" | "mib" => 1 << 20,
+        "g" | "gb" | "gib" => 1 << 30,
+        "t" | "tb" | "tib" => 1 << 40,
+        _ => return Err(format!("'{s}' is not a size (try 512K, 8M, 1G)")),
     };
-    let n: u64 = num
-        .parse()
-        .map_err(|_| format!("'{s}' is not a size (e.g. 512K, 8M)"))?;
-    let bytes = n.saturating_mul(mult).next_power_of_two();
+    match num.parse::<f64>() {
+        Ok(v) if v > 0.0 && v.is_finite() => Ok((v * mult as f64) as u64),
+        _ => Err(format!("'{s}' is not a size (try 512K, 8M, 1G)")),
+    }
+}
+
+/// A ring-buffer size, rounded up to a power of two, between a page and 1 GiB.
+pub fn parse_buffer_size(s: &str) -> Result<u32, String> {
+    let bytes = parse_size(s)?.next_power_of_two();
     if !(4096..=1 << 30).contains(&bytes) {
         return Err(format!("'{s}' is out of range (4K to 1G)"));
     }
     Ok(bytes as u32)
 }
 
+/// Seconds by default; `ms`, `s`, `m`, `h` suffixes.
 pub fn parse_duration(s: &str) -> Result<Duration, String> {
     let s = s.trim();
     let (num, mult_ms) = if let Some(n) = s.strip_suffix("ms") {
@@ -169,7 +190,8 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
         (s, 1000.0)
     };
     match num.trim().parse::<f64>() {
-        Ok(v) if v > 0.0 && v.is_finite() => {
+        // Below a millisecond nothing is measured: `-d 1e-300` is a typo.
+        Ok(v) if v.is_finite() && v * mult_ms >= 1.0 => {
             Ok(Duration::from_micros((v * mult_ms * 1000.0) as u64))
         }
         _ => Err(format!("'{s}' is not a duration (try 10, 10s, 500ms, 2m)")),
@@ -200,6 +222,9 @@ mod tests {
         assert!(parse_duration("ten").is_err());
         assert!(parse_duration("0").is_err());
         assert!(parse_duration("-1").is_err());
+        assert!(parse_duration("1e-300").is_err());
+        assert!(parse_duration("0.000001").is_err());
+        assert_eq!(parse_duration("1ms").unwrap(), Duration::from_millis(1));
     }
 
     #[test]

@@ -5,7 +5,11 @@ use std::path::Path;
 use crate::attach::Probe;
 use crate::error::Result;
 use crate::output::{Col, Printer, Row, TextPrinter, Value};
+use clap::Parser;
+
+use crate::kernel::KernelBtf;
 use crate::session::{Loader, Session};
+use memtrace_common::names;
 
 fn yes(ok: bool, detail: impl Into<String>) -> Row {
     Row(vec![
@@ -74,22 +78,27 @@ pub fn doctor() -> Result<i32> {
 
     let mut tool_rows = Vec::new();
     if root {
-        match Session::load(&Loader::default(), None, false) {
+        // The feature programs read through the task offsets as the tools do.
+        let mut loader = Loader::default();
+        if let Ok(t) = KernelBtf::shared().and_then(|b| b.task_offsets()) {
+            loader.global(names::TASK, &t);
+        }
+        match Session::load(&loader, None, false) {
             Ok(mut s) => {
                 add("bpf + ring buffer", yes(true, "object loaded"));
                 let probes = [
                     (
                         "fentry",
-                        Probe::new("fentry").fentry("oom_fentry", "oom_kill_process"),
+                        Probe::new("fentry").fentry(names::OOM_FENTRY, "oom_kill_process"),
                     ),
                     (
                         "tp_btf",
-                        Probe::new("tp_btf").tp_btf("oom_tp_btf", "oom", "mark_victim"),
+                        Probe::new("tp_btf").tp_btf(names::OOM_TP_BTF, "oom", "mark_victim"),
                     ),
                     (
                         "raw_tp",
                         Probe::new("raw_tp").raw_tp(
-                            "faults_user_raw",
+                            names::FAULTS_USER_RAW,
                             "exceptions",
                             "page_fault_user",
                         ),
@@ -102,22 +111,8 @@ pub fn doctor() -> Result<i32> {
                     }
                 }
                 drop(s);
-                for (tool, probes) in crate::tools::all_probes() {
-                    let Ok(mut s) = Session::load(&Loader::default(), None, false) else {
-                        continue;
-                    };
-                    for p in probes {
-                        let (method, detail) = match s.first_way(&p) {
-                            Ok(w) => (w.method.name().to_string(), w.target.to_string()),
-                            Err(e) => ("-".to_string(), e),
-                        };
-                        tool_rows.push(Row(vec![
-                            Value::S(tool.into()),
-                            Value::S(p.what.into()),
-                            Value::S(method),
-                            Value::S(detail),
-                        ]));
-                    }
+                for tool in crate::tools::NAMES {
+                    tool_rows.extend(tool_attach_rows(tool));
                 }
             }
             Err(e) => add("bpf + ring buffer", yes(false, e.to_string())),
@@ -135,4 +130,50 @@ pub fn doctor() -> Result<i32> {
         out.table("tools", "", &tcols, &tool_rows);
     }
     Ok(0)
+}
+
+/// Loads and attaches `tool` with its default arguments exactly as a run
+/// does (same offsets, globals and map sizes: `run::attach`), then detaches:
+/// one row per probe with the method that attached, or why none did.
+fn tool_attach_rows(tool: &str) -> Vec<Row> {
+    let row = |probe: &str, method: &str, detail: String| {
+        Row(vec![
+            Value::S(tool.into()),
+            Value::S(probe.into()),
+            Value::S(method.into()),
+            Value::S(detail),
+        ])
+    };
+    // Tools that need a process are given doctor's own.
+    let me = std::process::id().to_string();
+    let cmds: Vec<crate::tools::ToolCommand> =
+        [vec!["memtrace", tool], vec!["memtrace", tool, "-p", &me]]
+            .into_iter()
+            .filter_map(
+                |argv| match crate::cli::Cli::try_parse_from(argv).ok()?.cmd {
+                    crate::cli::Command::Tool(t) => Some(t),
+                    crate::cli::Command::Doctor => None,
+                },
+            )
+            .collect();
+    let Some((mut t, common)) = cmds.iter().find_map(|c| c.build().ok()) else {
+        return vec![row("-", "-", "needs arguments doctor cannot give".into())];
+    };
+    let target = common.pid;
+    match crate::run::attach(t.as_mut(), common, target, false) {
+        Ok(s) => {
+            let mut rows: Vec<Row> = s
+                .attached
+                .iter()
+                .map(|(p, m, target)| row(p, m, target.clone()))
+                .collect();
+            for p in t.probes() {
+                if !s.attached.iter().any(|(w, _, _)| w == p.what) {
+                    rows.push(row(p.what, "-", "optional: not attached here".into()));
+                }
+            }
+            rows
+        }
+        Err(e) => vec![row("-", "-", e.to_string())],
+    }
 }

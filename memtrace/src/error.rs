@@ -20,6 +20,9 @@ pub enum Error {
     NoTracepoint { category: String, name: String },
     #[error("tracepoint {tracepoint} has no field {field}")]
     NoField { tracepoint: String, field: String },
+    /// Offsets a tool's programs read that this kernel's BTF lacks.
+    #[error("{what} cannot be resolved: kernel BTF has no {missing}")]
+    MissingOffsets { what: String, missing: String },
     /// No way in the fallback chain worked; names what the kernel lacks.
     #[error("cannot trace {what}: {reasons}")]
     Unsupported { what: String, reasons: String },

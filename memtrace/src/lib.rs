@@ -2,14 +2,22 @@
 
 pub mod attach;
 pub mod cli;
+pub mod command;
 pub mod doctor;
 pub mod error;
 pub mod kernel;
 pub mod output;
+pub mod proc;
+pub mod process;
+pub mod reclaim;
+pub mod records;
 pub mod run;
 pub mod session;
 pub mod symbolize;
+pub mod syscalls;
+pub mod tool;
 pub mod tools;
 pub mod unwind;
+pub mod ustack;
 
 pub use error::{Error, Result};

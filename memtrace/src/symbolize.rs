@@ -14,76 +14,8 @@ use blazesym::symbolize::{
     Input, Symbolized, Symbolizer as Blaze,
 };
 
-#[derive(Debug, Clone)]
-pub struct Mapping {
-    pub start: u64,
-    pub end: u64,
-    pub offset: u64,
-    pub perms: String,
-    pub dev: (u32, u32),
-    pub inode: u64,
-    pub path: String,
-}
-
-/// Parses /proc/PID/maps text.
-pub fn parse_maps(text: &str) -> Vec<Mapping> {
-    let mut out = Vec::new();
-    for line in text.lines() {
-        let mut it = line.split_whitespace();
-        let (Some(range), Some(perms), Some(off), Some(dev), Some(ino)) =
-            (it.next(), it.next(), it.next(), it.next(), it.next())
-        else {
-            continue;
-        };
-        let path = it.collect::<Vec<_>>().join(" ");
-        let Some((s, e)) = range.split_once('-') else {
-            continue;
-        };
-        let (Some((maj, min)), Ok(start), Ok(end), Ok(offset), Ok(inode)) = (
-            dev.split_once(':'),
-            u64::from_str_radix(s, 16),
-            u64::from_str_radix(e, 16),
-            u64::from_str_radix(off, 16),
-            ino.parse::<u64>(),
-        ) else {
-            continue;
-        };
-        out.push(Mapping {
-            start,
-            end,
-            offset,
-            perms: perms.to_string(),
-            dev: (
-                u32::from_str_radix(maj, 16).unwrap_or(0),
-                u32::from_str_radix(min, 16).unwrap_or(0),
-            ),
-            inode,
-            path,
-        });
-    }
-    out
-}
-
-/// Whether `pid` is gone or tearing down its memory (PF_EXITING, in the
-/// flags field of /proc/PID/stat).
-fn exiting(pid: u32) -> bool {
-    const PF_EXITING: u64 = 0x4;
-    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
-        return true;
-    };
-    // The command name may hold spaces: fields are counted after its ')'.
-    let flags = stat
-        .rsplit_once(')')
-        .and_then(|(_, rest)| rest.split_whitespace().nth(6))
-        .and_then(|f| f.parse::<u64>().ok());
-    flags.is_none_or(|f| f & PF_EXITING != 0)
-}
-
-pub fn read_maps(pid: u32) -> Option<Vec<Mapping>> {
-    std::fs::read_to_string(format!("/proc/{pid}/maps"))
-        .ok()
-        .map(|t| parse_maps(&t))
-}
+use crate::proc::exiting;
+pub use crate::proc::{parse_maps, read_maps, Mapping};
 
 struct Snapshot {
     maps: Vec<Mapping>,

@@ -293,7 +293,7 @@ fn split(s: Option<(Range<u64>, Data)>) -> (Option<Range<u64>>, Option<Data>) {
 
 /// Splits a `kind::STACK_SAMPLE` record into its header and stack bytes.
 fn parse_sample(data: &[u8]) -> Option<(StackSample, &[u8])> {
-    let hdr: StackSample = crate::tools::record(data, memtrace_common::kind::STACK_SAMPLE)?;
+    let hdr: StackSample = crate::records::record(data, memtrace_common::kind::STACK_SAMPLE)?;
     let stack = data.get(STACK_SAMPLE_HDR..STACK_SAMPLE_HDR + hdr.size as usize)?;
     Some((hdr, stack))
 }
@@ -363,7 +363,7 @@ impl DwarfStacks {
         v.count += 1;
         v.value += h.value;
         if v.comm.is_empty() {
-            v.comm = crate::tools::comm(&h.comm);
+            v.comm = crate::records::comm(&h.comm);
         }
         if end != End::Complete {
             v.end = Some(end);

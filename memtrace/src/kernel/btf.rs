@@ -345,40 +345,86 @@ impl KernelBtf {
         self.scan(&format!("btf_trace_{name}"), TYPEDEF).is_some()
     }
 
-    /// The task, mm and cgroup offsets every tool reads through.
-    pub fn task_offsets(&self) -> TaskOffsets {
-        let page_kb = (page_size() / 1024) as u32;
-        let get = |s: &str, m: &str| self.offset(s, m);
-        let r = (|| {
-            let rss = self.rss_layout()?;
-            Some(TaskOffsets {
-                pid: get("task_struct", "pid")?,
-                tgid: get("task_struct", "tgid")?,
-                comm: get("task_struct", "comm")?,
-                mm: get("task_struct", "mm")?,
-                cgroups: get("task_struct", "cgroups")?,
-                css_set_subsys: get("css_set", "subsys")?,
-                memory_cgrp_id: self.enumerator("cgroup_subsys_id", "memory_cgrp_id")?,
-                css_cgroup: get("cgroup_subsys_state", "cgroup")?,
-                cgroup_kn: get("cgroup", "kn")?,
-                kernfs_node_id: get("kernfs_node", "id")?,
-                mm_rss_stat: get("mm_struct", "rss_stat")?,
-                mm_total_vm: get("mm_struct", "total_vm")?,
-                mm_brk: get("mm_struct", "brk")?,
-                rss_stride: rss.0,
-                rss_count: rss.1,
-                task_cred: get("task_struct", "cred")?,
-                cred_uid: get("cred", "uid")?,
-                task_signal: get("task_struct", "signal")?,
-                signal_oom_score_adj: get("signal_struct", "oom_score_adj")?,
-                page_kb,
-                valid: 1,
-            })
-        })();
-        r.unwrap_or(TaskOffsets {
-            page_kb,
-            ..Default::default()
+    /// A resolver that remembers every member it could not find.
+    pub fn resolver(&self) -> Resolve<'_> {
+        Resolve {
+            btf: self,
+            missing: Vec::new(),
+        }
+    }
+
+    /// The task, mm and cgroup offsets every tool reads through; an error
+    /// naming each member this kernel's BTF lacks.
+    pub fn task_offsets(&self) -> Result<TaskOffsets, Error> {
+        let mut r = self.resolver();
+        let (rss_stride, rss_count) = match self.rss_layout() {
+            Some(l) => l,
+            None => {
+                r.missing.push("mm_struct.rss_stat (layout)".into());
+                (0, 0)
+            }
+        };
+        let t = TaskOffsets {
+            pid: r.member("task_struct", "pid"),
+            tgid: r.member("task_struct", "tgid"),
+            comm: r.member("task_struct", "comm"),
+            mm: r.member("task_struct", "mm"),
+            cgroups: r.member("task_struct", "cgroups"),
+            css_set_subsys: r.member("css_set", "subsys"),
+            memory_cgrp_id: r.enumerator("cgroup_subsys_id", "memory_cgrp_id"),
+            css_cgroup: r.member("cgroup_subsys_state", "cgroup"),
+            cgroup_kn: r.member("cgroup", "kn"),
+            kernfs_node_id: r.member("kernfs_node", "id"),
+            mm_rss_stat: r.member("mm_struct", "rss_stat"),
+            mm_total_vm: r.member("mm_struct", "total_vm"),
+            mm_brk: r.member("mm_struct", "brk"),
+            rss_stride,
+            rss_count,
+            task_cred: r.member("task_struct", "cred"),
+            cred_uid: r.member("cred", "uid"),
+            task_signal: r.member("task_struct", "signal"),
+            signal_oom_score_adj: r.member("signal_struct", "oom_score_adj"),
+            page_kb: (page_size() / 1024) as u32,
+            valid: 1,
+        };
+        r.done("the task and mm offsets", t)
+    }
+}
+
+/// Struct members and enum values looked up in kernel BTF, with every miss
+/// remembered: `done` gives the value only when nothing was missing, so a
+/// member that is not there never becomes a read at offset 0.
+pub struct Resolve<'a> {
+    btf: &'a KernelBtf,
+    missing: Vec<String>,
+}
+
+impl Resolve<'_> {
+    pub fn member(&mut self, s: &str, m: &str) -> u32 {
+        self.btf.offset(s, m).unwrap_or_else(|| {
+            self.missing.push(format!("{s}.{m}"));
+            0
         })
+    }
+
+    pub fn enumerator(&mut self, e: &str, n: &str) -> u32 {
+        self.btf.enumerator(e, n).unwrap_or_else(|| {
+            self.missing.push(format!("enum {e} {n}"));
+            0
+        })
+    }
+
+    /// `v` when every lookup succeeded, else an error naming what `what`
+    /// needs and this kernel lacks.
+    pub fn done<T>(self, what: &str, v: T) -> Result<T, Error> {
+        if self.missing.is_empty() {
+            Ok(v)
+        } else {
+            Err(Error::MissingOffsets {
+                what: what.to_string(),
+                missing: self.missing.join(", "),
+            })
+        }
     }
 }
 
@@ -419,7 +465,7 @@ mod tests {
     #[test]
     fn resolves_everything_tools_need() {
         let b = saved();
-        let t = b.task_offsets();
+        let t = b.task_offsets().unwrap();
         assert_eq!(t.valid, 1);
         // Member inside an anonymous union/struct of mm_struct.
         assert!(t.mm_brk > 0 && t.mm_rss_stat > 0);
@@ -429,5 +475,18 @@ mod tests {
         assert!(b.has_func("oom_kill_process"));
         assert!(b.has_btf_tracepoint("mark_victim"));
         assert!(!b.has_btf_tracepoint("no_such_tracepoint"));
+    }
+
+    #[test]
+    fn a_missing_member_is_an_error_naming_it_never_offset_zero() {
+        let b = saved();
+        let mut r = b.resolver();
+        assert_eq!(r.member("task_struct", "pid"), 1264);
+        r.member("task_struct", "no_such_member");
+        r.enumerator("cgroup_subsys_id", "no_such_id");
+        let e = r.done("a test", ()).unwrap_err().to_string();
+        assert!(e.contains("task_struct.no_such_member"), "{e}");
+        assert!(e.contains("no_such_id"), "{e}");
+        assert!(b.resolver().done("nothing", 7).is_ok());
     }
 }

@@ -1,20 +1,19 @@
 //! `memtrace brkstack`: brk calls counted in the kernel by (process, user
 //! stack), with the bytes the heap grew by.
 
-use std::collections::HashMap;
-use std::time::Duration;
-
 use memtrace_common::{
+    names::{BRK_CFG, BRK_ENTER, BRK_STACKS},
     stack_mode,
-    stacks::{BrkConfig, StackKey, StackVal},
+    stacks::BrkConfig,
 };
 
 use crate::attach::Probe;
+use crate::cli::{IntervalArgs, StackArgs};
 use crate::error::Result;
 use crate::output::{clock, Printer, StackReport};
-use crate::run::{Prep, Tool};
 use crate::session::Session;
-use crate::tools::{first_comm, sampled_reports, sampled_title, stack_report, IntervalArgs};
+use crate::tool::{Prep, Tool};
+use crate::ustack::{sampled_reports, sampled_title, stack_report};
 
 #[derive(Debug, Clone, clap::Args)]
 pub struct Args {
@@ -32,17 +31,16 @@ pub struct Args {
     #[arg(long)]
     pub folded: bool,
     #[command(flatten)]
-    pub stacks: crate::cli::StackArgs,
+    pub stacks: StackArgs,
 }
 
 pub fn probes() -> Vec<Probe> {
-    vec![Probe::new("brk calls").tracepoint("brk_enter", "syscalls", "sys_enter_brk")]
+    vec![Probe::new("brk calls").tracepoint(BRK_ENTER, "syscalls", "sys_enter_brk")]
 }
 
 pub struct Brkstack {
     args: Args,
     calls: u64,
-    intervals: u64,
 }
 
 impl Brkstack {
@@ -50,42 +48,7 @@ impl Brkstack {
         Ok(Brkstack {
             args: a.clone(),
             calls: 0,
-            intervals: 0,
         })
-    }
-
-    fn report(&mut self, s: &mut Session, out: &mut dyn Printer, clear: bool) -> Result<()> {
-        let agg: HashMap<StackKey, (u64, u64, String)> = s
-            .read_percpu::<StackKey, StackVal>("BRK_STACKS", clear)?
-            .into_iter()
-            .map(|(k, vals)| {
-                let count = vals.iter().map(|v| v.count).sum();
-                let bytes = vals.iter().map(|v| v.bytes).sum();
-                (k, (count, bytes, first_comm(vals.iter().map(|v| &v.comm))))
-            })
-            .collect();
-        let calls: u64 = agg.values().map(|v| v.0).sum();
-        self.calls = if clear { self.calls + calls } else { calls };
-        let mut v: Vec<_> = agg.into_iter().collect();
-        v.sort_by(|a, b| b.1 .0.cmp(&a.1 .0).then(b.1 .1.cmp(&a.1 .1)));
-        v.truncate(self.args.top);
-        let mode = self.stack_mode();
-        let reports: Vec<StackReport> = match sampled_reports(s, clear, mode, self.args.top, true) {
-            Some(r) => r,
-            None => v
-                .into_iter()
-                .map(|(k, (c, b, n))| {
-                    stack_report(s, k.tgid, n, (k.ustack, k.kstack), mode, c, Some(b))
-                })
-                .collect(),
-        };
-        let title = match (self.args.interval.interval.is_some(), sampled_title(s)) {
-            (true, t) if t.is_empty() => format!("{} brk calls by stack", clock()),
-            (true, t) => format!("{} brk calls by stack ({t})", clock()),
-            (false, t) => t,
-        };
-        out.stacks("brk_stack", &title, &reports);
-        Ok(())
     }
 }
 
@@ -110,37 +73,53 @@ impl Tool for Brkstack {
     fn folded(&self) -> bool {
         self.args.folded
     }
-    fn user_stacks(&self) -> Option<(&crate::cli::StackArgs, bool)> {
+    fn user_stacks(&self) -> Option<(&StackArgs, bool)> {
         // brk is called at most thousands of times a second: copy every stack.
         Some((&self.args.stacks, true))
     }
-    fn interval(&self) -> Option<Duration> {
-        self.args.interval.interval
+    fn intervals(&self) -> Option<&IntervalArgs> {
+        Some(&self.args.interval)
     }
 
     fn prepare(&mut self, k: &mut Prep) -> Result<()> {
         k.task_offsets()?;
         let f = k.format("syscalls", "sys_enter_brk")?;
         k.loader.global(
-            "BRK_CFG",
+            BRK_CFG,
             &BrkConfig {
                 tp_brk: f.offset("brk")?,
                 _pad: 0,
             },
         );
-        k.loader.max_entries("BRK_STACKS", 8192);
+        k.loader.max_entries(BRK_STACKS, 8192);
         Ok(())
     }
 
-    fn on_interval(&mut self, s: &mut Session, out: &mut dyn Printer) -> Result<bool> {
-        self.report(s, out, true)?;
-        self.intervals += 1;
-        Ok(self.args.interval.count.is_none_or(|c| self.intervals < c))
-    }
-
-    fn finish(&mut self, s: &mut Session, out: &mut dyn Printer) -> Result<()> {
-        let clear = self.args.interval.interval.is_some();
-        self.report(s, out, clear)
+    fn report(&mut self, s: &mut Session, out: &mut dyn Printer, clear: bool) -> Result<()> {
+        let mut v = s.read_folded(BRK_STACKS, clear)?;
+        let calls: u64 = v.iter().map(|(_, val)| val.count).sum();
+        self.calls = if clear { self.calls + calls } else { calls };
+        v.sort_by(|a, b| b.1.count.cmp(&a.1.count).then(b.1.bytes.cmp(&a.1.bytes)));
+        v.truncate(self.args.top);
+        let mode = self.stack_mode();
+        let reports: Vec<StackReport> = match sampled_reports(s, clear, mode, self.args.top, true) {
+            Some(r) => r,
+            None => v
+                .into_iter()
+                .map(|(k, val)| {
+                    let comm = crate::records::comm(&val.comm);
+                    let ids = (k.ustack, k.kstack);
+                    stack_report(s, k.tgid, comm, ids, mode, val.count, Some(val.bytes))
+                })
+                .collect(),
+        };
+        let title = match (self.args.interval.every().is_some(), sampled_title(s)) {
+            (true, t) if t.is_empty() => format!("{} brk calls by stack", clock()),
+            (true, t) => format!("{} brk calls by stack ({t})", clock()),
+            (false, t) => t,
+        };
+        out.stacks("brk_stack", &title, &reports);
+        Ok(())
     }
 
     fn events(&self) -> u64 {

@@ -10,9 +10,10 @@ use crate::attach::Probe;
 use crate::error::Result;
 use crate::kernel::cgroup;
 use crate::output::{clock, Col, Hist, Printer, Row, Value};
-use crate::run::{Prep, Tool};
+use crate::reclaim::{prepare_reclaim, reclaim_probes};
+use crate::records::{comm, record};
 use crate::session::Session;
-use crate::tools::{comm, record, vmscan};
+use crate::tool::{Prep, Tool};
 
 #[derive(Debug, Clone, clap::Args)]
 pub struct Args {
@@ -24,7 +25,7 @@ pub struct Args {
 }
 
 pub fn probes() -> Vec<Probe> {
-    vmscan::reclaim_probes()
+    reclaim_probes()
 }
 
 const COLS: [Col; 7] = [
@@ -67,7 +68,7 @@ impl Tool for Drsnoop {
     fn prepare(&mut self, k: &mut Prep) -> Result<()> {
         // The memcg of a stall comes from the task's cgroup, read through BTF offsets.
         k.task_offsets()?;
-        vmscan::prepare_reclaim(
+        prepare_reclaim(
             k,
             ReclaimConfig {
                 emit_events: 1,

@@ -2,23 +2,27 @@
 //! (user and kernel mode apart), by stack, or by the mapping they hit.
 
 use std::collections::{HashMap, HashSet};
-use std::path::Path;
-use std::time::Duration;
 
 use memtrace_common::{
-    faults::{FaultConfig, FaultKey, FaultSlot, FaultVal},
+    faults::{FaultConfig, FaultKey},
+    names::{
+        EXEC_NAMES, FAULTS, FAULTS_KERNEL_BTF, FAULTS_KERNEL_RAW, FAULTS_KERNEL_TP, FAULTS_PERF,
+        FAULTS_PERF_PROG, FAULTS_USER_BTF, FAULTS_USER_RAW, FAULTS_USER_TP, FAULT_CFG,
+        FAULT_SLOTS, FAULT_SLOT_FREE,
+    },
     stack_mode,
 };
 
 use crate::attach::{Method, Probe};
 use crate::error::{Error, Result};
 use crate::output::{clock, Col, Printer, Row, StackReport, Value};
-use crate::run::{Prep, Tool};
+use crate::tool::{Prep, Tool};
 use crate::session::Session;
 use crate::symbolize::Mapping;
-use crate::tools::{
-    exec_names, exec_probe, first_comm, sampled_reports, sampled_title, stack_report, IntervalArgs,
-};
+use crate::cli::IntervalArgs;
+use crate::process::{alive, exec_names, exec_probe};
+use crate::records::comm;
+use crate::ustack::{sampled_reports, sampled_title, stack_report};
 
 #[derive(Debug, Clone, clap::Args)]
 pub struct Args {
@@ -54,15 +58,15 @@ pub fn probes() -> Vec<Probe> {
         Probe::new("user page faults")
             // raw_tp first: as cheap per fault as tp_btf, and it attaches
             // without parsing kernel BTF (tens of ms at start-up).
-            .raw_tp("faults_user_raw", "exceptions", "page_fault_user")
-            .tp_btf("faults_user_btf", "exceptions", "page_fault_user")
-            .tracepoint("faults_user_tp", "exceptions", "page_fault_user")
-            .perf_page_faults("faults_perf"),
+            .raw_tp(FAULTS_USER_RAW, "exceptions", "page_fault_user")
+            .tp_btf(FAULTS_USER_BTF, "exceptions", "page_fault_user")
+            .tracepoint(FAULTS_USER_TP, "exceptions", "page_fault_user")
+            .perf_page_faults(FAULTS_PERF_PROG),
         // The perf event above sees both modes; where it is used this one adds nothing.
         Probe::new("kernel page faults")
-            .raw_tp("faults_kernel_raw", "exceptions", "page_fault_kernel")
-            .tp_btf("faults_kernel_btf", "exceptions", "page_fault_kernel")
-            .tracepoint("faults_kernel_tp", "exceptions", "page_fault_kernel")
+            .raw_tp(FAULTS_KERNEL_RAW, "exceptions", "page_fault_kernel")
+            .tp_btf(FAULTS_KERNEL_BTF, "exceptions", "page_fault_kernel")
+            .tracepoint(FAULTS_KERNEL_TP, "exceptions", "page_fault_kernel")
             .optional(),
         exec_probe(),
     ]
@@ -85,7 +89,7 @@ impl Slots {
     /// process's slot is given up only one read after it was found gone,
     /// when its counts can no longer move.
     fn read(&mut self, s: &mut Session) -> Result<()> {
-        let slots = s.read_percpu_array::<FaultSlot>("FAULT_SLOTS")?;
+        let slots = s.read_percpu_array(FAULT_SLOTS)?;
         let mut held: HashSet<(u32, u32)> = HashSet::new();
         for (i, per_cpu) in slots.iter().enumerate() {
             for (cpu, v) in per_cpu.iter().enumerate() {
@@ -100,7 +104,7 @@ impl Slots {
                 let e = self
                     .pending
                     .entry(v.tgid)
-                    .or_insert_with(|| ([0, 0], crate::tools::comm(&v.comm)));
+                    .or_insert_with(|| ([0, 0], comm(&v.comm)));
                 for ((sum, now), then) in e.0.iter_mut().zip(v.count).zip(before) {
                     *sum += now.saturating_sub(then);
                 }
@@ -109,11 +113,11 @@ impl Slots {
         }
         let mut gone = HashSet::new();
         for (i, tgid) in held {
-            if Path::new(&format!("/proc/{tgid}")).exists() {
+            if alive(tgid) {
                 continue;
             }
             if self.gone.contains(&(i, tgid)) {
-                s.set_array("FAULT_SLOT_FREE", i, tgid)?;
+                s.set_array(FAULT_SLOT_FREE, i, tgid)?;
             } else {
                 gone.insert((i, tgid));
             }
@@ -129,7 +133,6 @@ pub struct Faults {
     slotted: bool,
     slots: Slots,
     total: u64,
-    intervals: u64,
     /// Everything counted, for the final report in interval mode.
     seen: u64,
 }
@@ -152,7 +155,6 @@ impl Faults {
             slotted: false,
             slots: Slots::default(),
             total: 0,
-            intervals: 0,
             seen: 0,
         })
     }
@@ -171,14 +173,11 @@ impl Faults {
     /// Reads (and with `clear`, empties) the per-CPU counters.
     fn collect(&mut self, s: &mut Session, clear: bool) -> Result<Vec<(FaultKey, u64, String)>> {
         // One of the two maps is used, depending on how the probe attached.
-        let mut raw = s.read_percpu::<FaultKey, FaultVal>("FAULTS", clear)?;
-        raw.extend(s.read_percpu::<FaultKey, FaultVal>("FAULTS_PERF", clear)?);
+        let mut raw = s.read_folded(FAULTS, clear)?;
+        raw.extend(s.read_folded(FAULTS_PERF, clear)?);
         let mut out: Vec<(FaultKey, u64, String)> = raw
             .into_iter()
-            .map(|(k, vals)| {
-                let count = vals.iter().map(|v| v.count).sum();
-                (k, count, first_comm(vals.iter().map(|v| &v.comm)))
-            })
+            .map(|(k, v)| (k, v.count, comm(&v.comm)))
             .collect();
         if self.slotted {
             self.slots.read(s)?;
@@ -214,9 +213,14 @@ impl Faults {
         Ok(out)
     }
 
-    fn report(&mut self, s: &mut Session, out: &mut dyn Printer, clear: bool) -> Result<()> {
+    fn report_counts(
+        &mut self,
+        s: &mut Session,
+        out: &mut dyn Printer,
+        clear: bool,
+    ) -> Result<()> {
         let data = self.collect(s, clear)?;
-        let title = if self.args.interval.interval.is_some() {
+        let title = if self.args.interval.every().is_some() {
             format!("{} page faults", clock())
         } else {
             String::new()
@@ -365,8 +369,8 @@ impl Tool for Faults {
         // Faults come by the hundred thousand a second: not rare.
         self.args.stacks.then_some((&self.args.stack_args, false))
     }
-    fn interval(&self) -> Option<Duration> {
-        self.args.interval.interval
+    fn intervals(&self) -> Option<&IntervalArgs> {
+        Some(&self.args.interval)
     }
 
     fn prepare(&mut self, k: &mut Prep) -> Result<()> {
@@ -388,28 +392,21 @@ impl Tool for Faults {
         self.slotted = self.mode() == 0 && !self.args.by_mapping && self.args.slots != 0;
         if self.slotted {
             cfg.slot_mask = self.args.slots - 1;
-            k.loader.max_entries("FAULT_SLOTS", self.args.slots);
-            k.loader.max_entries("FAULT_SLOT_FREE", self.args.slots);
+            k.loader.max_entries(FAULT_SLOTS, self.args.slots);
+            k.loader.max_entries(FAULT_SLOT_FREE, self.args.slots);
         }
-        k.loader.global("FAULT_CFG", &cfg);
-        k.loader.max_entries("EXEC_NAMES", 4096);
-        k.loader.max_entries("FAULTS", size);
+        k.loader.global(FAULT_CFG, &cfg);
+        k.loader.max_entries(EXEC_NAMES, 4096);
+        k.loader.max_entries(FAULTS, size);
         // The perf path preallocates; pay for it only where it will be taken.
         if !exceptions || k.forced == Some(Method::Perf) {
-            k.loader.max_entries("FAULTS_PERF", size);
+            k.loader.max_entries(FAULTS_PERF, size);
         }
         Ok(())
     }
 
-    fn on_interval(&mut self, s: &mut Session, out: &mut dyn Printer) -> Result<bool> {
-        self.report(s, out, true)?;
-        self.intervals += 1;
-        Ok(self.args.interval.count.is_none_or(|c| self.intervals < c))
-    }
-
-    fn finish(&mut self, s: &mut Session, out: &mut dyn Printer) -> Result<()> {
-        let interval = self.args.interval.interval.is_some();
-        self.report(s, out, interval)
+    fn report(&mut self, s: &mut Session, out: &mut dyn Printer, clear: bool) -> Result<()> {
+        self.report_counts(s, out, clear)
     }
 
     fn events(&self) -> u64 {

@@ -3,20 +3,21 @@
 //! up so the file is named from that process's maps while it is alive.
 
 use std::collections::HashMap;
-use std::time::Duration;
 
 use memtrace_common::{
-    ffaults::{FfaultsConfig, FileKey, FileSeen},
+    ffaults::{FfaultsConfig, FileSeen},
     kind,
+    names::{FFAULTS_FENTRY, FFAULTS_KPROBE, FFAULTS_TP, FFAULT_CFG, FILES_SEEN, FILE_FAULTS},
 };
 
 use crate::attach::Probe;
 use crate::error::Result;
 use crate::output::{clock, Col, Printer, Row};
-use crate::run::{Prep, Tool};
+use crate::tool::{Prep, Tool};
 use crate::session::Session;
-use crate::symbolize::read_maps;
-use crate::tools::{comm, record, IntervalArgs};
+use crate::proc::{read_maps, split_dev};
+use crate::cli::IntervalArgs;
+use crate::records::{comm, record};
 
 #[derive(Debug, Clone, clap::Args)]
 pub struct Args {
@@ -34,9 +35,9 @@ pub struct Args {
 
 pub fn probes() -> Vec<Probe> {
     vec![Probe::new("file page faults")
-        .tracepoint("ffaults_tp", "filemap", "mm_filemap_fault")
-        .kprobe("ffaults_kprobe", "filemap_fault")
-        .fentry("ffaults_fentry", "filemap_fault")]
+        .tracepoint(FFAULTS_TP, "filemap", "mm_filemap_fault")
+        .kprobe(FFAULTS_KPROBE, "filemap_fault")
+        .fentry(FFAULTS_FENTRY, "filemap_fault")]
 }
 
 pub struct Ffaults {
@@ -44,12 +45,6 @@ pub struct Ffaults {
     names: HashMap<(u32, u64), String>,
     comms: HashMap<u32, String>,
     faults: u64,
-    intervals: u64,
-}
-
-/// Kernel dev_t (major << 20 | minor) as /proc/PID/maps prints it.
-pub(crate) fn split_dev(dev: u32) -> (u32, u32) {
-    (dev >> 20, dev & 0xfffff)
 }
 
 impl Ffaults {
@@ -59,7 +54,6 @@ impl Ffaults {
             names: HashMap::new(),
             comms: HashMap::new(),
             faults: 0,
-            intervals: 0,
         })
     }
 
@@ -70,12 +64,13 @@ impl Ffaults {
         })
     }
 
-    fn report(&mut self, s: &mut Session, out: &mut dyn Printer, clear: bool) -> Result<()> {
-        let raw: Vec<(FileKey, u64)> = s
-            .read_percpu::<FileKey, u64>("FILE_FAULTS", clear)?
-            .into_iter()
-            .map(|(k, vals)| (k, vals.iter().sum()))
-            .collect();
+    fn report_files(
+        &mut self,
+        s: &mut Session,
+        out: &mut dyn Printer,
+        clear: bool,
+    ) -> Result<()> {
+        let raw = s.read_folded(FILE_FAULTS, clear)?;
         let n: u64 = raw.iter().map(|(_, c)| c).sum();
         self.faults = if clear { self.faults + n } else { n };
         let per = self.args.per_process;
@@ -87,7 +82,7 @@ impl Ffaults {
         let mut v: Vec<_> = agg.into_iter().collect();
         v.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
         v.truncate(self.args.top);
-        let title = if self.args.interval.interval.is_some() {
+        let title = if self.args.interval.every().is_some() {
             format!("{} file faults", clock())
         } else {
             String::new()
@@ -125,29 +120,46 @@ impl Tool for Ffaults {
     fn probes(&self) -> Vec<Probe> {
         probes()
     }
-    fn interval(&self) -> Option<Duration> {
-        self.args.interval.interval
+    fn intervals(&self) -> Option<&IntervalArgs> {
+        Some(&self.args.interval)
     }
 
     fn prepare(&mut self, k: &mut Prep) -> Result<()> {
         let mut cfg = FfaultsConfig::default();
-        if let Ok(f) = k.format("filemap", "mm_filemap_fault") {
-            cfg.tp_ino = f.offset("i_ino")?;
-            cfg.tp_dev = f.offset("s_dev")?;
+        // Each way needs its own offsets: where they are missing, that way
+        // is ruled out with the reason, never run reading at offset 0.
+        match k
+            .format("filemap", "mm_filemap_fault")
+            .and_then(|f| Ok((f.offset("i_ino")?, f.offset("s_dev")?)))
+        {
+            Ok((ino, dev)) => (cfg.tp_ino, cfg.tp_dev) = (ino, dev),
+            Err(e) => {
+                k.loader.rule_out(FFAULTS_TP, e.to_string());
+            }
         }
-        // Offsets for the kprobe/fentry fallback; absent BTF only disables those.
-        if let Ok(b) = k.btf() {
-            let o = |s: &str, m: &str| b.offset(s, m).unwrap_or(0);
-            cfg.vmf_vma = o("vm_fault", "vma");
-            cfg.vma_file = o("vm_area_struct", "vm_file");
-            cfg.file_inode = o("file", "f_inode");
-            cfg.inode_ino = o("inode", "i_ino");
-            cfg.inode_sb = o("inode", "i_sb");
-            cfg.sb_dev = o("super_block", "s_dev");
+        let fallback = k.btf().and_then(|b| {
+            let mut r = b.resolver();
+            let c = FfaultsConfig {
+                vmf_vma: r.member("vm_fault", "vma"),
+                vma_file: r.member("vm_area_struct", "vm_file"),
+                file_inode: r.member("file", "f_inode"),
+                inode_ino: r.member("inode", "i_ino"),
+                inode_sb: r.member("inode", "i_sb"),
+                sb_dev: r.member("super_block", "s_dev"),
+                ..cfg
+            };
+            r.done("filemap_fault's offsets", c)
+        });
+        match fallback {
+            Ok(c) => cfg = c,
+            Err(e) => {
+                k.loader.rule_out(FFAULTS_KPROBE, e.to_string());
+                k.loader.rule_out(FFAULTS_FENTRY, e.to_string());
+            }
         }
-        k.loader.global("FFAULT_CFG", &cfg);
-        k.loader.max_entries("FILE_FAULTS", 16384);
-        k.loader.max_entries("FILES_SEEN", 16384);
+        k.loader.global(FFAULT_CFG, &cfg);
+        k.loader.max_entries(FILE_FAULTS, 16384);
+        k.loader.max_entries(FILES_SEEN, 16384);
         Ok(())
     }
 
@@ -171,27 +183,11 @@ impl Tool for Ffaults {
         Ok(())
     }
 
-    fn on_interval(&mut self, s: &mut Session, out: &mut dyn Printer) -> Result<bool> {
-        self.report(s, out, true)?;
-        self.intervals += 1;
-        Ok(self.args.interval.count.is_none_or(|c| self.intervals < c))
-    }
-
-    fn finish(&mut self, s: &mut Session, out: &mut dyn Printer) -> Result<()> {
-        let clear = self.args.interval.interval.is_some();
-        self.report(s, out, clear)
+    fn report(&mut self, s: &mut Session, out: &mut dyn Printer, clear: bool) -> Result<()> {
+        self.report_files(s, out, clear)
     }
 
     fn events(&self) -> u64 {
         self.faults
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn dev_t_split() {
-        // 254:1 (virtio disk) as the kernel encodes it.
-        assert_eq!(super::split_dev((254 << 20) | 1), (254, 1));
     }
 }

@@ -7,15 +7,18 @@ use memtrace_common::{
     stack_mode,
 };
 
+use memtrace_common::names;
+
 use crate::attach::Probe;
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::output::{clock, Col, Printer, Row, Value};
-use crate::run::{Prep, Tool};
+use crate::tool::{Prep, Tool};
 use crate::session::Session;
 use crate::symbolize::{read_maps, Mapping};
-use crate::tools::decode::{errno_name, mmap_flags, mremap_flags, prot};
-use crate::tools::ffaults::split_dev;
-use crate::tools::{comm, record};
+use crate::proc::split_dev;
+use crate::records::{comm, record};
+use crate::syscalls::decode::{errno_name, mmap_flags, mremap_flags, prot};
+use crate::syscalls::{arg_offsets, hex, ret_offset, self_tgid};
 
 #[derive(Debug, Clone, clap::Args)]
 pub struct Args {
@@ -33,56 +36,15 @@ pub struct Args {
 
 pub fn probes() -> Vec<Probe> {
     vec![
-        Probe::new("mmap entry").tracepoint("mmap_enter", "syscalls", "sys_enter_mmap"),
-        Probe::new("mmap return").tracepoint("mmap_exit", "syscalls", "sys_exit_mmap"),
-        Probe::new("munmap entry").tracepoint("munmap_enter", "syscalls", "sys_enter_munmap"),
-        Probe::new("munmap return").tracepoint("munmap_exit", "syscalls", "sys_exit_munmap"),
-        Probe::new("mremap entry").tracepoint("mremap_enter", "syscalls", "sys_enter_mremap"),
-        Probe::new("mremap return").tracepoint("mremap_exit", "syscalls", "sys_exit_mremap"),
-        Probe::new("brk entry").tracepoint("snoop_brk_enter", "syscalls", "sys_enter_brk"),
-        Probe::new("brk return").tracepoint("snoop_brk_exit", "syscalls", "sys_exit_brk"),
+        Probe::new("mmap entry").tracepoint(names::MMAP_ENTER, "syscalls", "sys_enter_mmap"),
+        Probe::new("mmap return").tracepoint(names::MMAP_EXIT, "syscalls", "sys_exit_mmap"),
+        Probe::new("munmap entry").tracepoint(names::MUNMAP_ENTER, "syscalls", "sys_enter_munmap"),
+        Probe::new("munmap return").tracepoint(names::MUNMAP_EXIT, "syscalls", "sys_exit_munmap"),
+        Probe::new("mremap entry").tracepoint(names::MREMAP_ENTER, "syscalls", "sys_enter_mremap"),
+        Probe::new("mremap return").tracepoint(names::MREMAP_EXIT, "syscalls", "sys_exit_mremap"),
+        Probe::new("brk entry").tracepoint(names::SNOOP_BRK_ENTER, "syscalls", "sys_enter_brk"),
+        Probe::new("brk return").tracepoint(names::SNOOP_BRK_EXIT, "syscalls", "sys_exit_brk"),
     ]
-}
-
-/// Offsets of a syscall tracepoint's argument fields, from its format file.
-/// The kernel programs take each as an 8-byte word of the record's first 64
-/// bytes (read at once), so each must be one.
-pub(crate) fn arg_offsets<const N: usize>(
-    k: &Prep,
-    tracepoint: &str,
-    fields: [&str; N],
-) -> Result<[u32; N]> {
-    let f = k.format("syscalls", tracepoint)?;
-    let mut out = [0u32; N];
-    for (o, name) in out.iter_mut().zip(fields) {
-        let field = f.field(name).ok_or_else(|| Error::NoField {
-            tracepoint: tracepoint.into(),
-            field: name.into(),
-        })?;
-        if field.size != 8 || field.offset % 8 != 0 || field.offset >= 64 {
-            return Err(Error::Runtime(format!(
-                "{tracepoint}: field {name} is {} bytes at {}, memtrace reads an \
-                 aligned 8-byte word in the first 64",
-                field.size, field.offset
-            )));
-        }
-        *o = field.offset;
-    }
-    Ok(out)
-}
-
-/// Offset of `ret` in a `sys_exit_*` tracepoint.
-pub(crate) fn ret_offset(k: &Prep, tracepoint: &str) -> Result<u32> {
-    Ok(arg_offsets(k, tracepoint, ["ret"])?[0])
-}
-
-/// memtrace's own pid: the kernel programs skip it.
-pub(crate) fn self_tgid() -> u32 {
-    std::process::id()
-}
-
-pub(crate) fn hex(v: u64) -> Value {
-    Value::S(format!("{v:#x}"))
 }
 
 const COLS: [Col; 12] = [
@@ -139,37 +101,28 @@ fn mapped_file(pid: u32, fd: i32, mapped: Option<(u64, u64)>, file: (u32, u64)) 
     Some(format!("[inode {ino} on {}:{}]", dev.0, dev.1))
 }
 
-/// The kernel offsets from a task's fd to its file's inode, if BTF has them.
+/// The kernel offsets from a task's fd to its file's inode. Optional: where
+/// BTF lacks them, files are named from /proc alone, and memtrace says so.
 fn fd_file_offsets(k: &mut Prep) -> FdFileOffsets {
-    let Ok(b) = k.btf() else {
-        return FdFileOffsets::default();
-    };
-    let o = |s: &str, m: &str| b.offset(s, m);
-    let all = [
-        o("task_struct", "files"),
-        o("files_struct", "fdt"),
-        o("fdtable", "max_fds"),
-        o("fdtable", "fd"),
-        o("file", "f_inode"),
-        o("inode", "i_ino"),
-        o("inode", "i_sb"),
-        o("super_block", "s_dev"),
-    ];
-    if all.iter().any(Option::is_none) {
-        return FdFileOffsets::default();
-    }
-    let v: Vec<u32> = all.into_iter().map(|x| x.unwrap_or(0)).collect();
-    FdFileOffsets {
-        task_files: v[0],
-        files_fdt: v[1],
-        fdt_max_fds: v[2],
-        fdt_fd: v[3],
-        file_inode: v[4],
-        inode_ino: v[5],
-        inode_sb: v[6],
-        sb_dev: v[7],
-        valid: 1,
-    }
+    let resolved = k.btf().and_then(|b| {
+        let mut r = b.resolver();
+        let o = FdFileOffsets {
+            task_files: r.member("task_struct", "files"),
+            files_fdt: r.member("files_struct", "fdt"),
+            fdt_max_fds: r.member("fdtable", "max_fds"),
+            fdt_fd: r.member("fdtable", "fd"),
+            file_inode: r.member("file", "f_inode"),
+            inode_ino: r.member("inode", "i_ino"),
+            inode_sb: r.member("inode", "i_sb"),
+            sb_dev: r.member("super_block", "s_dev"),
+            valid: 1,
+        };
+        r.done("the fd-to-file offsets", o)
+    });
+    resolved.unwrap_or_else(|e| {
+        eprintln!("memtrace: warning: mapped files named from /proc only: {e}");
+        FdFileOffsets::default()
+    })
 }
 
 pub struct Mmapsnoop {
@@ -312,12 +265,12 @@ impl Tool for Mmapsnoop {
             self_tgid: self_tgid(),
             file: fd_file_offsets(k),
         };
-        k.loader.global("MMAP_SNOOP", &cfg);
-        k.loader.max_entries("SNOOP_PENDING", 4096);
+        k.loader.global(names::MMAP_SNOOP, &cfg);
+        k.loader.max_entries(names::SNOOP_PENDING, 4096);
         // One record per call. Bursts of calls (an allocator warming up) outrun any consumer for a
         // moment: 2 MiB holds about 16k records, and is 4 MiB resident (mapped twice);
         // --buffer-size trades memory for more.
-        k.loader.max_entries("EVENTS", 2 << 20);
+        k.loader.max_entries(names::EVENTS, 2 << 20);
         Ok(())
     }
 

@@ -3,13 +3,15 @@
 
 use memtrace_common::{kind, method, oom::*, stack_mode};
 
+use memtrace_common::names;
+
 use crate::attach::Probe;
 use crate::error::Result;
 use crate::kernel::{btf::page_size, cgroup};
 use crate::output::{clock, Col, Printer, Row, StackReport, Value};
-use crate::run::{Prep, Tool};
+use crate::tool::{Prep, Tool};
 use crate::session::Session;
-use crate::tools::{comm, record};
+use crate::records::{comm, record};
 
 #[derive(Debug, Clone, clap::Args)]
 pub struct Args {
@@ -24,13 +26,13 @@ pub struct Args {
 
 pub fn probes() -> Vec<Probe> {
     vec![Probe::new("oom kill")
-        .kprobe("oom_kprobe", "oom_kill_process")
-        .fentry("oom_fentry", "oom_kill_process")
+        .kprobe(names::OOM_KPROBE, "oom_kill_process")
+        .fentry(names::OOM_FENTRY, "oom_kill_process")
         // raw_tp before tp_btf: the same data, and it attaches without
         // parsing kernel BTF (tens of ms at start-up).
-        .raw_tp("oom_raw_tp", "oom", "mark_victim")
-        .tp_btf("oom_tp_btf", "oom", "mark_victim")
-        .tracepoint("oom_tracepoint", "oom", "mark_victim")]
+        .raw_tp(names::OOM_RAW_TP, "oom", "mark_victim")
+        .tp_btf(names::OOM_TP_BTF, "oom", "mark_victim")
+        .tracepoint(names::OOM_TRACEPOINT, "oom", "mark_victim")]
 }
 
 const COLS: [Col; 16] = [
@@ -79,12 +81,7 @@ fn method_name(m: u32) -> &'static str {
 }
 
 fn mem_total_pages() -> u64 {
-    let s = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
-    s.lines()
-        .find_map(|l| l.strip_prefix("MemTotal:"))
-        .and_then(|v| v.split_whitespace().next()?.parse::<u64>().ok())
-        .map(|kb| kb * 1024 / page_size())
-        .unwrap_or(0)
+    crate::proc::mem_total_kb().map_or(0, |kb| kb * 1024 / page_size())
 }
 
 impl Tool for Oomkill {
@@ -114,29 +111,47 @@ impl Tool for Oomkill {
 
     fn prepare(&mut self, k: &mut Prep) -> Result<()> {
         k.task_offsets()?;
-        let btf = k.btf()?;
+        // Each way needs its own offsets: where they are missing, that way
+        // is ruled out with the reason (the others may still work).
+        let mut r = k.btf()?.resolver();
         let oc = OomKprobeOffsets {
-            totalpages: btf.offset("oom_control", "totalpages").unwrap_or(0),
-            chosen: btf.offset("oom_control", "chosen").unwrap_or(0),
-            memcg: btf.offset("oom_control", "memcg").unwrap_or(0),
-            memcg_css: btf.offset("mem_cgroup", "css").unwrap_or(0),
+            totalpages: r.member("oom_control", "totalpages"),
+            chosen: r.member("oom_control", "chosen"),
+            memcg: r.member("oom_control", "memcg"),
+            memcg_css: r.member("mem_cgroup", "css"),
         };
-        k.loader.global("OOM_CONTROL", &oc);
-        // The classic tracepoint is the last resort; without it the others may still work.
-        if let Ok(f) = k.format("oom", "mark_victim") {
-            let o = |n| f.offset(n).unwrap_or(0);
-            let tp = OomTpOffsets {
-                pid: o("pid"),
-                comm: o("comm"),
-                total_vm: o("total_vm"),
-                anon_rss: o("anon_rss"),
-                file_rss: o("file_rss"),
-                shmem_rss: o("shmem_rss"),
-                uid: o("uid"),
-                oom_score_adj: o("oom_score_adj"),
+        match r.done("oom_kill_process's offsets", oc) {
+            Ok(oc) => {
+                k.loader.global(names::OOM_CONTROL, &oc);
+            }
+            Err(e) => {
+                k.loader.rule_out(names::OOM_KPROBE, e.to_string());
+                k.loader.rule_out(names::OOM_FENTRY, e.to_string());
+            }
+        }
+        let tp = k.format("oom", "mark_victim").and_then(|f| {
+            // The RSS fields came in 5.18; without them the victim's RSS is
+            // read through its task (has_rss 0).
+            let rss = |n| f.field(n).map_or(0, |x| x.offset);
+            Ok(OomTpOffsets {
+                pid: f.offset("pid")?,
+                comm: f.offset("comm")?,
+                total_vm: f.offset("total_vm")?,
+                anon_rss: rss("anon_rss"),
+                file_rss: rss("file_rss"),
+                shmem_rss: rss("shmem_rss"),
+                uid: f.offset("uid")?,
+                oom_score_adj: f.offset("oom_score_adj")?,
                 has_rss: f.field("anon_rss").is_some() as u32,
-            };
-            k.loader.global("OOM_TP", &tp);
+            })
+        });
+        match tp {
+            Ok(tp) => {
+                k.loader.global(names::OOM_TP, &tp);
+            }
+            Err(e) => {
+                k.loader.rule_out(names::OOM_TRACEPOINT, e.to_string());
+            }
         }
         Ok(())
     }
@@ -156,9 +171,7 @@ impl Tool for Oomkill {
         };
         let mut victim_comm = comm(&ev.victim_comm);
         if victim_comm.is_empty() {
-            victim_comm = std::fs::read_to_string(format!("/proc/{}/comm", ev.victim_pid))
-                .map(|c| c.trim().to_string())
-                .unwrap_or_default();
+            victim_comm = crate::proc::comm(ev.victim_pid).unwrap_or_default();
         }
         let memcg = cgroup::path_of(ev.memcg_id);
         let limit = memcg
@@ -172,7 +185,7 @@ impl Tool for Oomkill {
         } else {
             (mem_total_pages(), "system")
         };
-        let loadavg = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
+        let loadavg = crate::proc::loadavg();
         let loadavg: Vec<&str> = loadavg.split_whitespace().take(4).collect();
         let row = Row(vec![
             clock().into(),

@@ -6,19 +6,21 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use aya::maps::HashMap as BpfHashMap;
 use memtrace_common::{
     kind,
     rss::{RssConfig, RssCross, RssVal, ANON, FILE, SHMEM, SWAP},
     stack_mode,
 };
 
+use memtrace_common::names;
+
+use crate::cli::{parse_size, IntervalArgs};
 use crate::attach::Probe;
 use crate::error::{Error, Result};
 use crate::output::{clock, Col, Printer, Row, Value};
-use crate::run::{Prep, Tool};
+use crate::tool::{Prep, Tool};
 use crate::session::Session;
-use crate::tools::{comm, record};
+use crate::records::{comm, record};
 
 #[derive(Debug, Clone, clap::Args)]
 pub struct Args {
@@ -26,12 +28,9 @@ pub struct Args {
     pub common: crate::cli::Common,
     #[command(flatten)]
     pub stacks: crate::cli::StackArgs,
-    /// Seconds between reports.
-    #[arg(short = 'i', long = "interval", default_value = "1", value_parser = crate::cli::parse_duration)]
-    pub interval: Duration,
-    /// Stop after this many reports.
-    #[arg(long)]
-    pub count: Option<u64>,
+    /// Seconds between reports (default 1), and how many.
+    #[command(flatten)]
+    pub interval: IntervalArgs,
     /// Report the moment RSS (less excluded mappings) exceeds this (e.g. 512M, 5MiB, 1G).
     #[arg(long, value_parser = parse_size)]
     pub threshold: Option<u64>,
@@ -42,28 +41,6 @@ pub struct Args {
     /// Exit with code 3 if the threshold was crossed.
     #[arg(long)]
     pub fail: bool,
-}
-
-/// "512M", "5MiB", "1G", "4096" (bytes); K/M/G are powers of 1024.
-pub fn parse_size(s: &str) -> std::result::Result<u64, String> {
-    let t = s.trim();
-    let lower = t.to_ascii_lowercase();
-    let num_end = lower
-        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-        .unwrap_or(lower.len());
-    let (num, unit) = lower.split_at(num_end);
-    let mult: u64 = match unit.trim() {
-        "" | "b" => 1,
-        "k" | "kb" | "kib" => 1 << 10,
-        "m" | "mb" | "mib" => 1 << 20,
-        "g" | "gb" | "gib" => 1 << 30,
-        "t" | "tb" | "tib" => 1 << 40,
-        _ => return Err(format!("'{s}' is not a size (try 512M, 5MiB, 1G)")),
-    };
-    match num.parse::<f64>() {
-        Ok(v) if v > 0.0 => Ok((v * mult as f64) as u64),
-        _ => Err(format!("'{s}' is not a size (try 512M, 5MiB, 1G)")),
-    }
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -162,8 +139,8 @@ fn seed(pid: u32) -> Option<RssVal> {
     v.bytes[SHMEM] = kb("RssShmem:");
     v.bytes[SWAP] = kb("VmSwap:");
     v.peak = (v.bytes[FILE] + v.bytes[ANON] + v.bytes[SHMEM]).max(0) as u64;
-    let name = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
-    for (d, s) in v.comm.iter_mut().zip(name.trim().bytes().take(15)) {
+    let name = crate::proc::comm(pid).unwrap_or_default();
+    for (d, s) in v.comm.iter_mut().zip(name.bytes().take(15)) {
         *d = s;
     }
     Some(v)
@@ -173,14 +150,13 @@ fn seed(pid: u32) -> Option<RssVal> {
 const BPF_NOEXIST: u64 = 1;
 
 pub fn probes() -> Vec<Probe> {
-    vec![Probe::new("rss changes").tracepoint("rss_stat", "kmem", "rss_stat")]
+    vec![Probe::new("rss changes").tracepoint(names::RSS_STAT, "kmem", "rss_stat")]
 }
 
 pub struct Rss {
     args: Args,
     excludes: Vec<Exclude>,
     crossed: bool,
-    reports: u64,
     target: u32,
 }
 
@@ -196,19 +172,12 @@ impl Rss {
             excludes: a.exclude.iter().map(|s| Exclude::parse(s)).collect(),
             args: a.clone(),
             crossed: false,
-            reports: 0,
             target: 0,
         })
     }
 
     fn read(&self, s: &Session) -> Result<Vec<(u32, RssVal)>> {
-        let m = s
-            .bpf
-            .map("RSS")
-            .ok_or_else(|| Error::Runtime("RSS map missing".into()))?;
-        let m: BpfHashMap<_, u32, RssVal> =
-            BpfHashMap::try_from(m).map_err(|e| Error::Runtime(e.to_string()))?;
-        let mut v: Vec<(u32, RssVal)> = m.iter().filter_map(|r| r.ok()).collect();
+        let mut v = s.hash_entries(names::RSS);
         v.sort_by_key(|(p, _)| *p);
         Ok(v)
     }
@@ -219,21 +188,15 @@ impl Rss {
         if self.excludes.is_empty() {
             return Ok(out);
         }
-        let m = s
-            .bpf
-            .map_mut("RSS_EXCLUDED")
-            .ok_or_else(|| Error::Runtime("RSS_EXCLUDED map missing".into()))?;
-        let mut m: BpfHashMap<_, u32, u64> =
-            BpfHashMap::try_from(m).map_err(|e| Error::Runtime(e.to_string()))?;
         for &pid in pids {
             let ex = excluded_bytes(&smaps(pid), &self.excludes);
-            let _ = m.insert(pid, ex, 0);
+            s.hash_insert(names::RSS_EXCLUDED, pid, ex, 0)?;
             out.insert(pid, ex);
         }
         Ok(out)
     }
 
-    fn report(&mut self, s: &mut Session, out: &mut dyn Printer) -> Result<()> {
+    fn table(&mut self, s: &mut Session, out: &mut dyn Printer) -> Result<()> {
         let rows = self.read(s)?;
         let pids: Vec<u32> = rows.iter().map(|(p, _)| *p).collect();
         let excluded = self.refresh_excluded(s, &pids)?;
@@ -310,8 +273,11 @@ impl Tool for Rss {
     fn probes(&self) -> Vec<Probe> {
         probes()
     }
-    fn interval(&self) -> Option<Duration> {
-        Some(self.args.interval)
+    fn intervals(&self) -> Option<&IntervalArgs> {
+        Some(&self.args.interval)
+    }
+    fn default_interval(&self) -> Option<Duration> {
+        Some(Duration::from_secs(1))
     }
     fn user_stacks(&self) -> Option<(&crate::cli::StackArgs, bool)> {
         // Crossing the threshold happens once: its stack is copied whole.
@@ -329,7 +295,7 @@ impl Tool for Rss {
     }
 
     fn prepare(&mut self, k: &mut Prep) -> Result<()> {
-        self.target = k.filter.tgid;
+        self.target = k.target.unwrap_or(0);
         let f = k.format("kmem", "rss_stat")?;
         let cfg = RssConfig {
             tp_mm_id: f.offset("mm_id")?,
@@ -338,10 +304,10 @@ impl Tool for Rss {
             tp_size: f.offset("size")?,
             threshold: self.args.threshold.unwrap_or(0),
         };
-        k.loader.global("RSS_CFG", &cfg);
-        for m in ["RSS", "RSS_OWNER", "RSS_EXCLUDED"] {
-            k.loader.max_entries(m, 4096);
-        }
+        k.loader.global(names::RSS_CFG, &cfg);
+        k.loader.max_entries(names::RSS, 4096);
+        k.loader.max_entries(names::RSS_OWNER, 4096);
+        k.loader.max_entries(names::RSS_EXCLUDED, 4096);
         Ok(())
     }
 
@@ -379,7 +345,7 @@ impl Tool for Rss {
             comm(&ev.task_comm).into(),
         ]);
         out.event("rss_threshold", &cols, &row);
-        let stack = crate::tools::stack_report(
+        let stack = crate::ustack::stack_report(
             s,
             ev.task_pid,
             comm(&ev.task_comm),
@@ -427,28 +393,17 @@ impl Tool for Rss {
         // The kernel only reports changes: seed the counters with what the
         // process already has, read from /proc at the same moment.
         if let Some(seed) = seed(self.target) {
-            let m = s
-                .bpf
-                .map_mut("RSS")
-                .ok_or_else(|| Error::Runtime("RSS map missing".into()))?;
-            let mut m: BpfHashMap<_, u32, RssVal> =
-                BpfHashMap::try_from(m).map_err(|e| Error::Runtime(e.to_string()))?;
             // NOEXIST: a change seen since attach is newer than this.
-            let _ = m.insert(self.target, seed, BPF_NOEXIST);
+            s.hash_insert(names::RSS, self.target, seed, BPF_NOEXIST)?;
         }
         // Exclusions known before the first change, so the threshold never
         // counts an excluded mapping that is already there.
         self.refresh_excluded(s, &[self.target]).map(|_| ())
     }
 
-    fn on_interval(&mut self, s: &mut Session, out: &mut dyn Printer) -> Result<bool> {
-        self.report(s, out)?;
-        self.reports += 1;
-        Ok(self.args.count.is_none_or(|c| self.reports < c))
-    }
-
-    fn finish(&mut self, s: &mut Session, out: &mut dyn Printer) -> Result<()> {
-        self.report(s, out)
+    /// The table shows the counters as they stand, not what changed.
+    fn report(&mut self, s: &mut Session, out: &mut dyn Printer, _clear: bool) -> Result<()> {
+        self.table(s, out)
     }
 
     /// Threshold crossings: the counter changes themselves are not sent up.

@@ -7,14 +7,16 @@ use memtrace_common::{
     snoop::{self, op, ShmSnoopConfig, SyscallEvent},
 };
 
+use memtrace_common::names;
+
 use crate::attach::Probe;
 use crate::error::Result;
 use crate::output::{clock, Col, Printer, Row, Value};
-use crate::run::{Prep, Tool};
+use crate::tool::{Prep, Tool};
 use crate::session::Session;
-use crate::tools::decode::{errno_name, shm_key, shmat_flags, shmctl_cmd, shmget_flags};
-use crate::tools::mmapsnoop::{arg_offsets, ret_offset, self_tgid};
-use crate::tools::{comm, record};
+use crate::records::{comm, record};
+use crate::syscalls::decode::{errno_name, shm_key, shmat_flags, shmctl_cmd, shmget_flags};
+use crate::syscalls::{arg_offsets, ret_offset, self_tgid};
 
 #[derive(Debug, Clone, clap::Args)]
 pub struct Args {
@@ -27,14 +29,14 @@ pub struct Args {
 
 pub fn probes() -> Vec<Probe> {
     vec![
-        Probe::new("shmget entry").tracepoint("shmget_enter", "syscalls", "sys_enter_shmget"),
-        Probe::new("shmget return").tracepoint("shmget_exit", "syscalls", "sys_exit_shmget"),
-        Probe::new("shmat entry").tracepoint("shmat_enter", "syscalls", "sys_enter_shmat"),
-        Probe::new("shmat return").tracepoint("shmat_exit", "syscalls", "sys_exit_shmat"),
-        Probe::new("shmdt entry").tracepoint("shmdt_enter", "syscalls", "sys_enter_shmdt"),
-        Probe::new("shmdt return").tracepoint("shmdt_exit", "syscalls", "sys_exit_shmdt"),
-        Probe::new("shmctl entry").tracepoint("shmctl_enter", "syscalls", "sys_enter_shmctl"),
-        Probe::new("shmctl return").tracepoint("shmctl_exit", "syscalls", "sys_exit_shmctl"),
+        Probe::new("shmget entry").tracepoint(names::SHMGET_ENTER, "syscalls", "sys_enter_shmget"),
+        Probe::new("shmget return").tracepoint(names::SHMGET_EXIT, "syscalls", "sys_exit_shmget"),
+        Probe::new("shmat entry").tracepoint(names::SHMAT_ENTER, "syscalls", "sys_enter_shmat"),
+        Probe::new("shmat return").tracepoint(names::SHMAT_EXIT, "syscalls", "sys_exit_shmat"),
+        Probe::new("shmdt entry").tracepoint(names::SHMDT_ENTER, "syscalls", "sys_enter_shmdt"),
+        Probe::new("shmdt return").tracepoint(names::SHMDT_EXIT, "syscalls", "sys_exit_shmdt"),
+        Probe::new("shmctl entry").tracepoint(names::SHMCTL_ENTER, "syscalls", "sys_enter_shmctl"),
+        Probe::new("shmctl return").tracepoint(names::SHMCTL_EXIT, "syscalls", "sys_exit_shmctl"),
     ]
 }
 
@@ -132,8 +134,8 @@ impl Tool for Shmsnoop {
             failed_only: self.args.failed as u32,
             self_tgid: self_tgid(),
         };
-        k.loader.global("SHM_SNOOP", &cfg);
-        k.loader.max_entries("SNOOP_PENDING", 4096);
+        k.loader.global(names::SHM_SNOOP, &cfg);
+        k.loader.max_entries(names::SNOOP_PENDING, 4096);
         Ok(())
     }
 

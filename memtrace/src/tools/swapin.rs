@@ -5,37 +5,36 @@
 
 use std::time::Duration;
 
-use memtrace_common::faults::FaultVal;
+use memtrace_common::names::{SWAPINS, SWAPIN_FENTRY, SWAPIN_KPROBE};
 
 use crate::attach::Probe;
+use crate::cli::IntervalArgs;
 use crate::error::Result;
 use crate::output::{clock, Col, Printer, Row};
-use crate::run::{Prep, Tool};
+use crate::records::comm;
 use crate::session::Session;
-use crate::tools::first_comm;
+use crate::tool::{Prep, Tool};
 
 #[derive(Debug, Clone, clap::Args)]
 pub struct Args {
     #[command(flatten)]
     pub common: crate::cli::Common,
-    /// Seconds between reports.
-    #[arg(default_value = "1", value_parser = crate::cli::parse_duration)]
-    pub interval: Duration,
-    pub count: Option<u64>,
+    #[command(flatten)]
+    pub interval: IntervalArgs,
 }
 
 pub fn probes() -> Vec<Probe> {
+    // The swap read function was renamed in 6.6.
     vec![Probe::new("swap-ins")
-        .kprobe("swapin_kprobe", "swap_read_folio")
-        .kprobe("swapin_kprobe", "swap_readpage")
-        .fentry("swapin_fentry", "swap_read_folio")
-        .fentry("swapin_fentry", "swap_readpage")]
+        .kprobe(SWAPIN_KPROBE, "swap_read_folio")
+        .kprobe(SWAPIN_KPROBE, "swap_readpage")
+        .fentry(SWAPIN_FENTRY, "swap_read_folio")
+        .fentry(SWAPIN_FENTRY, "swap_readpage")]
 }
 
 pub struct Swapin {
     args: Args,
     total: u64,
-    rows: u64,
 }
 
 impl Swapin {
@@ -43,7 +42,6 @@ impl Swapin {
         Ok(Swapin {
             args: a.clone(),
             total: 0,
-            rows: 0,
         })
     }
 }
@@ -58,26 +56,21 @@ impl Tool for Swapin {
     fn probes(&self) -> Vec<Probe> {
         probes()
     }
-    fn interval(&self) -> Option<Duration> {
-        Some(self.args.interval)
+    fn intervals(&self) -> Option<&IntervalArgs> {
+        Some(&self.args.interval)
+    }
+    fn default_interval(&self) -> Option<Duration> {
+        Some(Duration::from_secs(1))
     }
     fn prepare(&mut self, k: &mut Prep) -> Result<()> {
-        k.loader.max_entries("SWAPINS", 8192);
+        k.loader.max_entries(SWAPINS, 8192);
         Ok(())
     }
 
-    fn on_interval(&mut self, s: &mut Session, out: &mut dyn Printer) -> Result<bool> {
-        let agg: Vec<(u32, (u64, String))> = s
-            .read_percpu::<u32, FaultVal>("SWAPINS", true)?
-            .into_iter()
-            .map(|(pid, vals)| {
-                let count = vals.iter().map(|v| v.count).sum();
-                (pid, (count, first_comm(vals.iter().map(|v| &v.comm))))
-            })
-            .collect();
-        let mut v: Vec<_> = agg.into_iter().collect();
-        v.sort_by_key(|e| std::cmp::Reverse(e.1 .0));
-        self.total += v.iter().map(|x| x.1 .0).sum::<u64>();
+    fn report(&mut self, s: &mut Session, out: &mut dyn Printer, clear: bool) -> Result<()> {
+        let mut v = s.read_folded(SWAPINS, clear)?;
+        v.sort_by_key(|e| std::cmp::Reverse(e.1.count));
+        self.total += v.iter().map(|x| x.1.count).sum::<u64>();
         let cols = [
             Col::num("pid", "PID", 7),
             Col::text("comm", "COMM", 16),
@@ -85,11 +78,10 @@ impl Tool for Swapin {
         ];
         let rows: Vec<Row> = v
             .into_iter()
-            .map(|(p, (c, n))| Row(vec![p.into(), n.into(), c.into()]))
+            .map(|(p, val)| Row(vec![p.into(), comm(&val.comm).into(), val.count.into()]))
             .collect();
         out.table("swapin", &clock(), &cols, &rows);
-        self.rows += 1;
-        Ok(self.args.count.is_none_or(|c| self.rows < c))
+        Ok(())
     }
 
     fn events(&self) -> u64 {

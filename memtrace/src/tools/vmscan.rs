@@ -3,117 +3,56 @@
 
 use std::time::Duration;
 
-use aya::maps::PerCpuArray;
-use memtrace_common::reclaim::{
-    total, ProcReclaimKey, ProcReclaimVal, ReclaimConfig, ReclaimTotals, KIND_DIRECT,
+use memtrace_common::names::{
+    KSWAPD_WAKE, PROC_RECLAIM, RECLAIM_WRITE, SHRINK_SLAB_END, SHRINK_SLAB_START,
 };
+use memtrace_common::reclaim::{total, ReclaimConfig, KIND_DIRECT};
 
 use crate::attach::Probe;
-use crate::error::{Error, Result};
+use crate::cli::IntervalArgs;
+use crate::error::Result;
 use crate::output::{clock, Col, Printer, Row, Value};
-use crate::run::{Prep, Tool};
+use crate::reclaim::{prepare_reclaim, read_totals, reclaim_probes};
+use crate::records::comm;
 use crate::session::Session;
-use crate::tools::first_comm;
+use crate::tool::{Prep, Tool};
 
 #[derive(Debug, Clone, clap::Args)]
 pub struct Args {
     #[command(flatten)]
     pub common: crate::cli::Common,
-    /// Seconds between rows.
-    #[arg(default_value = "1", value_parser = crate::cli::parse_duration)]
-    pub interval: Duration,
-    /// Number of rows, then exit.
-    pub count: Option<u64>,
+    /// Seconds between rows (default 1), and how many.
+    #[command(flatten)]
+    pub interval: IntervalArgs,
     /// Split direct and memcg reclaim time by the process that stalled.
     #[arg(short = 'P', long)]
     pub per_process: bool,
-}
-
-/// Reclaim begin/end pairs: shared with drsnoop.
-pub fn reclaim_probes() -> Vec<Probe> {
-    vec![
-        Probe::new("direct reclaim begin").tracepoint(
-            "direct_reclaim_begin",
-            "vmscan",
-            "mm_vmscan_direct_reclaim_begin",
-        ),
-        Probe::new("direct reclaim end").tracepoint(
-            "reclaim_end",
-            "vmscan",
-            "mm_vmscan_direct_reclaim_end",
-        ),
-        Probe::new("memcg reclaim begin")
-            .tracepoint(
-                "memcg_reclaim_begin",
-                "vmscan",
-                "mm_vmscan_memcg_reclaim_begin",
-            )
-            .optional(),
-        Probe::new("memcg reclaim end")
-            .tracepoint("reclaim_end", "vmscan", "mm_vmscan_memcg_reclaim_end")
-            .optional(),
-    ]
 }
 
 pub fn probes() -> Vec<Probe> {
     let mut p = reclaim_probes();
     p.extend([
         Probe::new("slab shrink start")
-            .tracepoint("shrink_slab_start", "vmscan", "mm_shrink_slab_start")
+            .tracepoint(SHRINK_SLAB_START, "vmscan", "mm_shrink_slab_start")
             .optional(),
         Probe::new("slab shrink end")
-            .tracepoint("shrink_slab_end", "vmscan", "mm_shrink_slab_end")
+            .tracepoint(SHRINK_SLAB_END, "vmscan", "mm_shrink_slab_end")
             .optional(),
         Probe::new("kswapd wakeups")
-            .tracepoint("kswapd_wake", "vmscan", "mm_vmscan_kswapd_wake")
+            .tracepoint(KSWAPD_WAKE, "vmscan", "mm_vmscan_kswapd_wake")
             .optional(),
         // Renamed in 6.x: both names are tried.
         Probe::new("reclaim writeback")
-            .tracepoint("reclaim_write", "vmscan", "mm_vmscan_write_folio")
-            .tracepoint("reclaim_write", "vmscan", "mm_vmscan_writepage")
+            .tracepoint(RECLAIM_WRITE, "vmscan", "mm_vmscan_write_folio")
+            .tracepoint(RECLAIM_WRITE, "vmscan", "mm_vmscan_writepage")
             .optional(),
     ]);
     p
 }
 
-/// Sets RECLAIM_CFG for vmscan and drsnoop.
-pub fn prepare_reclaim(k: &mut Prep, cfg: ReclaimConfig) -> Result<()> {
-    let f = k.format("vmscan", "mm_vmscan_direct_reclaim_end")?;
-    let cfg = ReclaimConfig {
-        tp_nr_reclaimed: f.offset("nr_reclaimed")?,
-        ..cfg
-    };
-    k.loader.global("RECLAIM_CFG", &cfg);
-    k.loader.max_entries("RECLAIM_START", 4096);
-    k.loader.max_entries("SLAB_START", 4096);
-    if cfg.per_process != 0 {
-        k.loader.max_entries("PROC_RECLAIM", 4096);
-    }
-    Ok(())
-}
-
-pub fn read_totals(s: &Session) -> Result<[u64; total::NR]> {
-    let m = s
-        .bpf
-        .map("RECLAIM_TOTALS")
-        .ok_or_else(|| Error::Runtime("RECLAIM_TOTALS map missing".into()))?;
-    let arr: PerCpuArray<_, ReclaimTotals> =
-        PerCpuArray::try_from(m).map_err(|e| Error::Runtime(e.to_string()))?;
-    let mut sum = [0u64; total::NR];
-    if let Ok(vals) = arr.get(&0, 0) {
-        for v in vals.iter() {
-            for (i, x) in v.v.iter().enumerate() {
-                sum[i] += x;
-            }
-        }
-    }
-    Ok(sum)
-}
-
 pub struct Vmscan {
     args: Args,
     last: [u64; total::NR],
-    rows: u64,
 }
 
 impl Vmscan {
@@ -121,7 +60,6 @@ impl Vmscan {
         Ok(Vmscan {
             args: a.clone(),
             last: [0; total::NR],
-            rows: 0,
         })
     }
 
@@ -154,29 +92,15 @@ impl Vmscan {
         if self.args.per_process {
             self.per_process(s, out)?;
         }
-        self.rows += 1;
         Ok(())
     }
 
     fn per_process(&self, s: &mut Session, out: &mut dyn Printer) -> Result<()> {
-        let agg: Vec<(ProcReclaimKey, (u64, u64, u64, String))> = s
-            .read_percpu::<ProcReclaimKey, ProcReclaimVal>("PROC_RECLAIM", true)?
-            .into_iter()
-            .map(|(k, vals)| {
-                let ns = vals.iter().map(|v| v.ns).sum();
-                let stalls = vals.iter().map(|v| v.stalls).sum();
-                let pages = vals.iter().map(|v| v.pages).sum();
-                (
-                    k,
-                    (ns, stalls, pages, first_comm(vals.iter().map(|v| &v.comm))),
-                )
-            })
-            .collect();
-        if agg.is_empty() {
+        let mut v = s.read_folded(PROC_RECLAIM, true)?;
+        if v.is_empty() {
             return Ok(());
         }
-        let mut v: Vec<_> = agg.into_iter().collect();
-        v.sort_by_key(|e| std::cmp::Reverse(e.1 .0));
+        v.sort_by_key(|e| std::cmp::Reverse(e.1.ns));
         let cols = [
             Col::num("pid", "PID", 7),
             Col::text("comm", "COMM", 16),
@@ -187,10 +111,11 @@ impl Vmscan {
         ];
         let rows: Vec<Row> = v
             .into_iter()
-            .map(|(k, (ns, st, pg, c))| {
+            .map(|(k, val)| {
+                let (ns, st, pg) = (val.ns, val.stalls, val.pages);
                 Row(vec![
                     k.tgid.into(),
-                    c.into(),
+                    comm(&val.comm).into(),
                     if k.kind == KIND_DIRECT {
                         "direct"
                     } else {
@@ -218,8 +143,11 @@ impl Tool for Vmscan {
     fn probes(&self) -> Vec<Probe> {
         probes()
     }
-    fn interval(&self) -> Option<Duration> {
-        Some(self.args.interval)
+    fn intervals(&self) -> Option<&IntervalArgs> {
+        Some(&self.args.interval)
+    }
+    fn default_interval(&self) -> Option<Duration> {
+        Some(Duration::from_secs(1))
     }
 
     fn prepare(&mut self, k: &mut Prep) -> Result<()> {
@@ -232,9 +160,13 @@ impl Tool for Vmscan {
         )
     }
 
-    fn on_interval(&mut self, s: &mut Session, out: &mut dyn Printer) -> Result<bool> {
-        self.row(s, out)?;
-        Ok(self.args.count.is_none_or(|c| self.rows < c))
+    fn on_interval(&mut self, s: &mut Session, out: &mut dyn Printer) -> Result<()> {
+        self.row(s, out)
+    }
+
+    /// A dashboard: rows are whole intervals, none at the end.
+    fn finish(&mut self, _s: &mut Session, _out: &mut dyn Printer) -> Result<()> {
+        Ok(())
     }
 
     fn events(&self) -> u64 {

@@ -1,0 +1,211 @@
+//! Names of the eBPF object's programs, maps and globals, defined once.
+//!
+//! The kernel crate declares them as statics and functions (aya's macros
+//! take the Rust identifier as the name); userspace refers to them only
+//! through these typed constants, so a global is always written with its own
+//! type and a map read with its own key and value. A unit test in memtrace
+//! checks both ways against the built object: every name here exists there,
+//! and every program, map and global there is named here (a map missing from
+//! this list would otherwise keep its compiled size in every tool).
+
+use core::marker::PhantomData;
+
+use crate::{
+    faults::{FaultConfig, FaultKey, FaultSlot, FaultVal},
+    ffaults::{FfaultsConfig, FileKey},
+    oom::{OomKprobeOffsets, OomTpOffsets},
+    reclaim::{ProcReclaimKey, ProcReclaimVal, ReclaimConfig, ReclaimTotals},
+    rss::{RssConfig, RssVal},
+    snoop::{MmapSnoopConfig, PendingCall, ShmSnoopConfig},
+    stacks::{BrkConfig, StackKey, StackVal, UserStack, UstackConfig},
+    Filter, TaskOffsets, TASK_COMM_LEN,
+};
+
+/// How a map is sized when the object is loaded.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Sizing {
+    /// As compiled: every tool uses it (loss counters, per-CPU scratch).
+    Compiled,
+    /// One entry unless the tool sizes it: most maps serve one tool, and an
+    /// unused map costs locked kernel memory and start-up time.
+    OnDemand,
+}
+
+/// A map's name with its key and value types (`()` for maps userspace
+/// never reads entry by entry: ring buffers, stack traces, scratch).
+pub struct MapName<K, V> {
+    pub name: &'static str,
+    pub sizing: Sizing,
+    _kv: PhantomData<fn() -> (K, V)>,
+}
+
+impl<K, V> MapName<K, V> {
+    pub const fn new(name: &'static str, sizing: Sizing) -> Self {
+        MapName {
+            name,
+            sizing,
+            _kv: PhantomData,
+        }
+    }
+}
+
+impl<K, V> Clone for MapName<K, V> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+impl<K, V> Copy for MapName<K, V> {}
+
+/// A global (`.rodata`/`.bss` variable set before load) with its type.
+pub struct GlobalName<T> {
+    pub name: &'static str,
+    _t: PhantomData<fn() -> T>,
+}
+
+impl<T> GlobalName<T> {
+    pub const fn new(name: &'static str) -> Self {
+        GlobalName {
+            name,
+            _t: PhantomData,
+        }
+    }
+}
+
+impl<T> Clone for GlobalName<T> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+impl<T> Copy for GlobalName<T> {}
+
+/// A program in the object.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Prog(pub &'static str);
+
+macro_rules! maps {
+    ($($name:ident: $k:ty => $v:ty, $sizing:ident;)*) => {
+        $(pub const $name: MapName<$k, $v> = MapName::new(stringify!($name), Sizing::$sizing);)*
+        /// Every map of the object with its sizing policy.
+        pub const ALL_MAPS: &[(&str, Sizing)] = &[$((stringify!($name), Sizing::$sizing)),*];
+    };
+}
+
+macro_rules! globals {
+    ($($name:ident: $t:ty;)*) => {
+        $(pub const $name: GlobalName<$t> = GlobalName::new(stringify!($name));)*
+        pub const ALL_GLOBALS: &[&str] = &[$(stringify!($name)),*];
+    };
+}
+
+macro_rules! progs {
+    ($($name:ident = $prog:ident,)*) => {
+        $(pub const $name: Prog = Prog(stringify!($prog));)*
+        pub const ALL_PROGS: &[Prog] = &[$($name),*];
+    };
+}
+
+maps! {
+    // Shared by every tool.
+    EVENTS: () => (), Compiled;
+    LOSSES: u32 => u64, Compiled;
+    BUSY: u32 => u32, Compiled;
+    SAMPLE_TICK: u32 => u32, Compiled;
+    WALK_SCRATCH: () => (), Compiled;
+    SAMPLE_SCRATCH: () => (), OnDemand;
+    STACKS: u32 => (), OnDemand;
+    USTACKS: u32 => UserStack, OnDemand;
+    FOLLOWED: u32 => u8, OnDemand;
+    EXEC_NAMES: u32 => [u8; TASK_COMM_LEN], OnDemand;
+    SNOOP_PENDING: u32 => PendingCall, OnDemand;
+    // One tool each.
+    BRK_STACKS: StackKey => StackVal, OnDemand;
+    FAULTS: FaultKey => FaultVal, OnDemand;
+    FAULTS_PERF: FaultKey => FaultVal, OnDemand;
+    FAULT_SLOTS: u32 => FaultSlot, OnDemand;
+    FAULT_SLOT_FREE: u32 => u32, OnDemand;
+    FILE_FAULTS: FileKey => u64, OnDemand;
+    FILES_SEEN: FileKey => u8, OnDemand;
+    SWAPINS: u32 => FaultVal, OnDemand;
+    RECLAIM_START: u32 => [u64; 2], OnDemand;
+    SLAB_START: u32 => u64, OnDemand;
+    RECLAIM_TOTALS: u32 => ReclaimTotals, Compiled;
+    PROC_RECLAIM: ProcReclaimKey => ProcReclaimVal, OnDemand;
+    RSS: u32 => RssVal, OnDemand;
+    RSS_OWNER: u32 => u32, OnDemand;
+    RSS_EXCLUDED: u32 => u64, OnDemand;
+}
+
+globals! {
+    FILTER: Filter;
+    TASK: TaskOffsets;
+    USTACK: UstackConfig;
+    WAKE_BYTES: u64;
+    BRK_CFG: BrkConfig;
+    FAULT_CFG: FaultConfig;
+    FFAULT_CFG: FfaultsConfig;
+    OOM_TP: OomTpOffsets;
+    OOM_CONTROL: OomKprobeOffsets;
+    RECLAIM_CFG: ReclaimConfig;
+    RSS_CFG: RssConfig;
+    MMAP_SNOOP: MmapSnoopConfig;
+    SHM_SNOOP: ShmSnoopConfig;
+}
+
+progs! {
+    // Shared.
+    FOLLOW_FORK = follow_fork,
+    NAME_EXEC = name_exec,
+    FLOOR_TP = floor_tp,
+    FLOOR_RAW = floor_raw,
+    // brkstack.
+    BRK_ENTER = brk_enter,
+    // faults.
+    FAULTS_USER_BTF = faults_user_btf,
+    FAULTS_KERNEL_BTF = faults_kernel_btf,
+    FAULTS_USER_RAW = faults_user_raw,
+    FAULTS_KERNEL_RAW = faults_kernel_raw,
+    FAULTS_USER_TP = faults_user_tp,
+    FAULTS_KERNEL_TP = faults_kernel_tp,
+    FAULTS_PERF_PROG = faults_perf,
+    // ffaults.
+    FFAULTS_TP = ffaults_tp,
+    FFAULTS_KPROBE = ffaults_kprobe,
+    FFAULTS_FENTRY = ffaults_fentry,
+    // oomkill.
+    OOM_KPROBE = oom_kprobe,
+    OOM_FENTRY = oom_fentry,
+    OOM_RAW_TP = oom_raw_tp,
+    OOM_TP_BTF = oom_tp_btf,
+    OOM_TRACEPOINT = oom_tracepoint,
+    // vmscan, drsnoop.
+    DIRECT_RECLAIM_BEGIN = direct_reclaim_begin,
+    MEMCG_RECLAIM_BEGIN = memcg_reclaim_begin,
+    RECLAIM_END = reclaim_end,
+    SHRINK_SLAB_START = shrink_slab_start,
+    SHRINK_SLAB_END = shrink_slab_end,
+    KSWAPD_WAKE = kswapd_wake,
+    RECLAIM_WRITE = reclaim_write,
+    // rss.
+    RSS_STAT = rss_stat,
+    // swapin.
+    SWAPIN_KPROBE = swapin_kprobe,
+    SWAPIN_FENTRY = swapin_fentry,
+    // mmapsnoop.
+    MMAP_ENTER = mmap_enter,
+    MMAP_EXIT = mmap_exit,
+    MUNMAP_ENTER = munmap_enter,
+    MUNMAP_EXIT = munmap_exit,
+    MREMAP_ENTER = mremap_enter,
+    MREMAP_EXIT = mremap_exit,
+    SNOOP_BRK_ENTER = snoop_brk_enter,
+    SNOOP_BRK_EXIT = snoop_brk_exit,
+    // shmsnoop.
+    SHMGET_ENTER = shmget_enter,
+    SHMGET_EXIT = shmget_exit,
+    SHMAT_ENTER = shmat_enter,
+    SHMAT_EXIT = shmat_exit,
+    SHMDT_ENTER = shmdt_enter,
+    SHMDT_EXIT = shmdt_exit,
+    SHMCTL_ENTER = shmctl_enter,
+    SHMCTL_EXIT = shmctl_exit,
+}

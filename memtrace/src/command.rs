@@ -1,0 +1,132 @@
+//! Running `-c CMD`: the command is started under ptrace, stopped before
+//! its first instruction until the probes are attached, and its maps are
+//! read again as it exits (still mapped then) so its stacks symbolize.
+
+use std::sync::mpsc;
+
+use crate::error::{Error, Result};
+use crate::symbolize::SharedMaps;
+
+/// ptrace's answer, checked: a request that fails leaves the tracee
+/// stopped or untraced, which must not pass silently.
+fn ptrace(req: libc::c_uint, pid: libc::pid_t, data: usize) -> std::io::Result<()> {
+    // SAFETY: requests on our own stopped child; no pointers are passed.
+    if unsafe { libc::ptrace(req, pid, 0, data) } < 0 {
+        Err(std::io::Error::last_os_error())
+    } else {
+        Ok(())
+    }
+}
+
+/// A command run with `-c`, under ptrace so that it is stopped before its
+/// first instruction and its maps can be read when it exits.
+pub struct Traced {
+    pub pid: u32,
+    pub go: mpsc::Sender<SharedMaps>,
+    pub exited: tokio::sync::oneshot::Receiver<i32>,
+}
+
+pub fn spawn_traced(cmd: &str) -> Result<Traced> {
+    let (pid_tx, pid_rx) = mpsc::channel::<std::result::Result<u32, String>>();
+    let (go_tx, go_rx) = mpsc::channel::<SharedMaps>();
+    let (exit_tx, exit_rx) = tokio::sync::oneshot::channel::<i32>();
+    let cmd = cmd.to_string();
+    // ptrace requests must come from the thread that forked the tracee.
+    std::thread::spawn(move || {
+        use std::os::unix::process::CommandExt;
+        let mut c = std::process::Command::new("/bin/sh");
+        c.arg("-c").arg(format!("exec {cmd}"));
+        // SAFETY: ptrace(TRACEME) is async-signal-safe.
+        unsafe {
+            c.pre_exec(|| {
+                if libc::ptrace(libc::PTRACE_TRACEME, 0, 0, 0) < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+        let child = match c.spawn() {
+            Ok(c) => c,
+            Err(e) => {
+                let _ = pid_tx.send(Err(format!("cannot run '{cmd}': {e}")));
+                return;
+            }
+        };
+        let pid = child.id() as libc::pid_t;
+        let mut status = 0;
+        // The first stop is the SIGTRAP of the exec of /bin/sh; sh then execs
+        // the command, which stops again: that is before its first instruction.
+        let mut execs = 0;
+        loop {
+            // SAFETY: waiting for our own child.
+            if unsafe { libc::waitpid(pid, &mut status, 0) } < 0 {
+                let _ = pid_tx.send(Err("waitpid failed".into()));
+                return;
+            }
+            if !libc::WIFSTOPPED(status) {
+                let _ = pid_tx.send(Err(format!("'{cmd}' exited before it started")));
+                return;
+            }
+            execs += 1;
+            let opts =
+                libc::PTRACE_O_TRACEEXIT | libc::PTRACE_O_TRACEEXEC | libc::PTRACE_O_EXITKILL;
+            if let Err(e) = ptrace(libc::PTRACE_SETOPTIONS, pid, opts as usize) {
+                let _ = pid_tx.send(Err(format!("cannot trace '{cmd}': ptrace: {e}")));
+                return;
+            }
+            if execs >= 2 {
+                break;
+            }
+            if let Err(e) = ptrace(libc::PTRACE_CONT, pid, 0) {
+                let _ = pid_tx.send(Err(format!("cannot run '{cmd}': ptrace: {e}")));
+                return;
+            }
+        }
+        let _ = pid_tx.send(Ok(pid as u32));
+        let Ok(maps) = go_rx.recv() else {
+            return;
+        };
+        maps.lock().unwrap().snapshot(pid as u32);
+        if let Err(e) = ptrace(libc::PTRACE_CONT, pid, 0) {
+            eprintln!("memtrace: error: cannot start '{cmd}': ptrace: {e}");
+            let _ = exit_tx.send(-1);
+            return;
+        }
+        loop {
+            if unsafe { libc::waitpid(pid, &mut status, libc::__WALL) } < 0 {
+                let _ = exit_tx.send(-1);
+                return;
+            }
+            if libc::WIFEXITED(status) {
+                let _ = exit_tx.send(libc::WEXITSTATUS(status));
+                return;
+            }
+            if libc::WIFSIGNALED(status) {
+                let _ = exit_tx.send(128 + libc::WTERMSIG(status));
+                return;
+            }
+            if libc::WIFSTOPPED(status) {
+                let sig = libc::WSTOPSIG(status);
+                let event = status >> 16;
+                let mut deliver = 0;
+                if event == libc::PTRACE_EVENT_EXIT || event == libc::PTRACE_EVENT_EXEC {
+                    // Still mapped: keep what symbolization needs after exit.
+                    maps.lock().unwrap().snapshot(pid as u32);
+                } else if sig != libc::SIGTRAP {
+                    deliver = sig;
+                }
+                // ESRCH: killed meanwhile; waitpid reports how.
+                let _ = ptrace(libc::PTRACE_CONT, pid, deliver as usize);
+            }
+        }
+    });
+    match pid_rx.recv() {
+        Ok(Ok(pid)) => Ok(Traced {
+            pid,
+            go: go_tx,
+            exited: exit_rx,
+        }),
+        Ok(Err(e)) => Err(Error::Usage(e)),
+        Err(_) => Err(Error::Runtime("command runner died".into())),
+    }
+}

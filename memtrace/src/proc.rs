@@ -1,0 +1,114 @@
+//! Reading /proc: every file memtrace reads there is parsed here, once.
+
+#[derive(Debug, Clone)]
+pub struct Mapping {
+    pub start: u64,
+    pub end: u64,
+    pub offset: u64,
+    pub perms: String,
+    pub dev: (u32, u32),
+    pub inode: u64,
+    pub path: String,
+}
+
+/// Parses /proc/PID/maps text.
+pub fn parse_maps(text: &str) -> Vec<Mapping> {
+    let mut out = Vec::new();
+    for line in text.lines() {
+        let mut it = line.split_whitespace();
+        let (Some(range), Some(perms), Some(off), Some(dev), Some(ino)) =
+            (it.next(), it.next(), it.next(), it.next(), it.next())
+        else {
+            continue;
+        };
+        let path = it.collect::<Vec<_>>().join(" ");
+        let Some((s, e)) = range.split_once('-') else {
+            continue;
+        };
+        let (Some((maj, min)), Ok(start), Ok(end), Ok(offset), Ok(inode)) = (
+            dev.split_once(':'),
+            u64::from_str_radix(s, 16),
+            u64::from_str_radix(e, 16),
+            u64::from_str_radix(off, 16),
+            ino.parse::<u64>(),
+        ) else {
+            continue;
+        };
+        out.push(Mapping {
+            start,
+            end,
+            offset,
+            perms: perms.to_string(),
+            dev: (
+                u32::from_str_radix(maj, 16).unwrap_or(0),
+                u32::from_str_radix(min, 16).unwrap_or(0),
+            ),
+            inode,
+            path,
+        });
+    }
+    out
+}
+
+/// Whether `pid` is gone or tearing down its memory (PF_EXITING, in the
+/// flags field of /proc/PID/stat).
+pub fn exiting(pid: u32) -> bool {
+    const PF_EXITING: u64 = 0x4;
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        return true;
+    };
+    // The command name may hold spaces: fields are counted after its ')'.
+    let flags = stat
+        .rsplit_once(')')
+        .and_then(|(_, rest)| rest.split_whitespace().nth(6))
+        .and_then(|f| f.parse::<u64>().ok());
+    flags.is_none_or(|f| f & PF_EXITING != 0)
+}
+
+pub fn read_maps(pid: u32) -> Option<Vec<Mapping>> {
+    std::fs::read_to_string(format!("/proc/{pid}/maps"))
+        .ok()
+        .map(|t| parse_maps(&t))
+}
+
+/// A kernel `dev_t` as the kernel programs read it (12 bits major, 20 minor)
+/// split into (major, minor) as /proc/PID/maps shows it.
+pub fn split_dev(kdev: u32) -> (u32, u32) {
+    (kdev >> 20, kdev & 0xfffff)
+}
+
+/// Whether process `pid` still exists.
+pub fn alive(pid: u32) -> bool {
+    std::path::Path::new(&format!("/proc/{pid}")).exists()
+}
+
+/// The name of process `pid` (its comm), if it is still there.
+pub fn comm(pid: u32) -> Option<String> {
+    std::fs::read_to_string(format!("/proc/{pid}/comm"))
+        .ok()
+        .map(|s| s.trim_end().to_string())
+}
+
+/// MemTotal from /proc/meminfo, in kB.
+pub fn mem_total_kb() -> Option<u64> {
+    let s = std::fs::read_to_string("/proc/meminfo").ok()?;
+    s.lines()
+        .find_map(|l| l.strip_prefix("MemTotal:"))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+}
+
+/// /proc/loadavg as the kernel writes it.
+pub fn loadavg() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .map(|s| s.trim().to_string())
+        .unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn dev_t_split() {
+        // 254:1 (virtio disk) as the kernel encodes it.
+        assert_eq!(super::split_dev((254 << 20) | 1), (254, 1));
+    }
+}

@@ -1,0 +1,180 @@
+//! The attach engine: each probe through its fallback chain, first way that
+//! works on this kernel wins; every way's reason for failing is kept.
+
+use std::path::Path;
+
+use aya::programs::{
+    perf_event::{PerfEventConfig, PerfEventScope, SamplePolicy, SoftwareEvent},
+    BtfTracePoint, FEntry, KProbe, PerfEvent, RawTracePoint, TracePoint,
+};
+use aya::util::online_cpus;
+
+use super::{chain, Session};
+use crate::attach::{Method, Probe, Target, Way};
+use crate::error::{Error, Result};
+
+impl Session {
+    /// Attaches `probe` by the first of its ways that works here. Returns the
+    /// way used, or `None` for an optional probe nothing could attach.
+    pub fn attach(&mut self, probe: &Probe) -> Result<Option<Way>> {
+        match self.first_way(probe) {
+            Ok(way) => Ok(Some(way)),
+            Err(reasons) if probe.required => Err(Error::Unsupported {
+                what: probe.what.to_string(),
+                reasons,
+            }),
+            Err(reasons) => {
+                eprintln!("memtrace: warning: {} not traced: {reasons}", probe.what);
+                Ok(None)
+            }
+        }
+    }
+
+    /// The way that attached, or every way's reason for failing.
+    pub fn first_way(&mut self, probe: &Probe) -> std::result::Result<Way, String> {
+        let mut reasons = Vec::new();
+        let candidates: Vec<Way> = probe.candidates(self.forced).into_iter().cloned().collect();
+        if candidates.is_empty() {
+            let m = self.forced.map(|m| m.name()).unwrap_or("?");
+            reasons.push(format!("it cannot be attached by {m} (forced by --attach)"));
+        }
+        for way in candidates {
+            match self.try_way(&way) {
+                Ok(()) => {
+                    if self.verbose {
+                        eprintln!(
+                            "memtrace: {}: attached {} {}",
+                            probe.what, way.method, way.target
+                        );
+                    }
+                    self.attached.push((
+                        probe.what.to_string(),
+                        way.method.name().to_string(),
+                        way.target.to_string(),
+                    ));
+                    return Ok(way);
+                }
+                Err(why) => {
+                    if self.verbose {
+                        eprintln!(
+                            "memtrace: {}: {} {} failed: {why}",
+                            probe.what, way.method, way.target
+                        );
+                    }
+                    reasons.push(format!("{} {}: {why}", way.method, way.target));
+                }
+            }
+        }
+        Err(reasons.join("; "))
+    }
+
+    fn try_way(&mut self, way: &Way) -> std::result::Result<(), String> {
+        if let Some((_, why)) = self.ruled_out.iter().find(|(p, _)| *p == way.prog.0) {
+            return Err(why.clone());
+        }
+        precheck(way)?;
+        let first = self.loaded.insert(way.prog.0);
+        let btf = match way.method {
+            Method::Fentry | Method::TpBtf if first => Some(self.btf()?.clone()),
+            _ => None,
+        };
+        let prog = self
+            .bpf
+            .program_mut(way.prog.0)
+            .ok_or_else(|| format!("program {} missing from the object", way.prog.0))?;
+        let e = |e: &dyn std::error::Error| chain(e);
+        let res: std::result::Result<(), String> = (|| {
+            match (way.method, &way.target) {
+                (Method::Kprobe, Target::Func(f)) => {
+                    let p: &mut KProbe = prog.try_into().map_err(|x| e(&x))?;
+                    if first {
+                        p.load().map_err(|x| e(&x))?;
+                    }
+                    p.attach(f.as_ref(), 0).map_err(|x| e(&x))?;
+                }
+                (Method::Fentry, Target::Func(f)) => {
+                    let p: &mut FEntry = prog.try_into().map_err(|x| e(&x))?;
+                    if let Some(btf) = &btf {
+                        p.load(f.as_ref(), btf).map_err(|x| e(&x))?;
+                    }
+                    p.attach().map_err(|x| e(&x))?;
+                }
+                (Method::TpBtf, Target::Tp(_, n)) => {
+                    let p: &mut BtfTracePoint = prog.try_into().map_err(|x| e(&x))?;
+                    if let Some(btf) = &btf {
+                        p.load(n.as_ref(), btf).map_err(|x| e(&x))?;
+                    }
+                    p.attach().map_err(|x| e(&x))?;
+                }
+                (Method::RawTp, Target::Tp(_, n)) => {
+                    let p: &mut RawTracePoint = prog.try_into().map_err(|x| e(&x))?;
+                    if first {
+                        p.load().map_err(|x| e(&x))?;
+                    }
+                    p.attach(n.as_ref()).map_err(|x| e(&x))?;
+                }
+                (Method::Tracepoint, Target::Tp(c, n)) => {
+                    let p: &mut TracePoint = prog.try_into().map_err(|x| e(&x))?;
+                    if first {
+                        p.load().map_err(|x| e(&x))?;
+                    }
+                    p.attach(c.as_ref(), n.as_ref()).map_err(|x| e(&x))?;
+                }
+                (Method::Perf, Target::PageFaults) => {
+                    let p: &mut PerfEvent = prog.try_into().map_err(|x| e(&x))?;
+                    if first {
+                        p.load().map_err(|x| e(&x))?;
+                    }
+                    let cpus = online_cpus().map_err(|(_, x)| x.to_string())?;
+                    for cpu in cpus {
+                        p.attach(
+                            PerfEventConfig::Software(SoftwareEvent::PageFaults),
+                            PerfEventScope::AllProcessesOneCpu { cpu },
+                            SamplePolicy::Period(1),
+                            true,
+                        )
+                        .map_err(|x| e(&x))?;
+                    }
+                }
+                _ => return Err("method does not fit target".into()),
+            }
+            Ok(())
+        })();
+        if res.is_err() && first {
+            // A failed load leaves nothing loaded; let another way retry.
+            self.loaded.remove(way.prog.0);
+        }
+        res.map_err(|m| explain(way, m))
+    }
+}
+
+/// Cheap checks that give a clearer reason than the load error would.
+fn precheck(way: &Way) -> std::result::Result<(), String> {
+    match (way.method, &way.target) {
+        (Method::Kprobe, _) if !Path::new("/sys/bus/event_source/devices/kprobe/type").exists() => {
+            Err("the kernel has no kprobes (CONFIG_KPROBES is off)".into())
+        }
+        (Method::Tracepoint, Target::Tp(c, n)) if !crate::kernel::tracefs::exists(c, n) => {
+            Err("no such tracepoint on this kernel".into())
+        }
+        (Method::Fentry, Target::Func(f)) => {
+            let btf = crate::kernel::KernelBtf::shared().map_err(|e| e.to_string())?;
+            let id = btf
+                .func_id(f)
+                .ok_or_else(|| format!("no function {f} in kernel BTF"))?;
+            crate::kernel::feature::fentry_loads(id)
+                .map_err(|e| format!("the kernel refused to load an fentry program ({e})"))
+        }
+        _ => Ok(()),
+    }
+}
+
+/// Puts the kernel's terse answers into words.
+fn explain(way: &Way, msg: String) -> String {
+    if way.method == Method::Fentry
+        && (msg.contains("Operation not permitted") || msg.contains("EPERM"))
+    {
+        return format!("the kernel refused to load an fentry program ({msg})");
+    }
+    msg
+}

@@ -1,0 +1,264 @@
+//! Reading and writing the tools' maps: per-CPU hash maps read (and, for
+//! interval reports, deleted) key by key, per-CPU arrays, loss counters.
+
+use std::os::fd::{AsFd, AsRawFd, RawFd};
+
+use aya::maps::{Array, HashMap as AyaHashMap, MapData, PerCpuArray, PerCpuHashMap, RingBuf};
+use aya::Pod;
+use memtrace_common::names::MapName;
+use memtrace_common::{
+    faults::FaultVal, loss, names, reclaim::ProcReclaimVal, stacks::StackVal, TASK_COMM_LEN,
+};
+
+use super::{chain, Session};
+use crate::error::{Error, Result};
+
+/// BPF_MAP_LOOKUP_AND_DELETE_ELEM on a per-CPU hash map (aya does not
+/// expose it for hash maps): the key's value on each possible CPU, or None
+/// when the key is gone.
+fn take_percpu<K: Pod, V: Pod>(fd: RawFd, key: &K, cpus: usize) -> std::io::Result<Option<Vec<V>>> {
+    #[repr(C)]
+    struct ElemAttr {
+        map_fd: u32,
+        _pad: u32,
+        key: u64,
+        value: u64,
+        flags: u64,
+    }
+    const BPF_MAP_LOOKUP_AND_DELETE_ELEM: libc::c_long = 21;
+    // Per-CPU values come 8-byte aligned, one per possible CPU.
+    let stride = std::mem::size_of::<V>().div_ceil(8) * 8;
+    let mut buf = vec![0u64; stride / 8 * cpus];
+    let attr = ElemAttr {
+        map_fd: fd as u32,
+        _pad: 0,
+        key: key as *const K as u64,
+        value: buf.as_mut_ptr() as u64,
+        flags: 0,
+    };
+    // SAFETY: attr points at a live key and a buffer of the size the
+    // kernel writes for this map.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_bpf,
+            BPF_MAP_LOOKUP_AND_DELETE_ELEM,
+            &attr as *const ElemAttr,
+            std::mem::size_of::<ElemAttr>(),
+        )
+    };
+    if r < 0 {
+        let e = std::io::Error::last_os_error();
+        return match e.raw_os_error() {
+            Some(libc::ENOENT) => Ok(None),
+            _ => Err(e),
+        };
+    }
+    let bytes = buf.as_ptr() as *const u8;
+    Ok(Some(
+        (0..cpus)
+            // SAFETY: V is Pod and each read is within buf.
+            .map(|c| unsafe { std::ptr::read_unaligned(bytes.add(c * stride) as *const V) })
+            .collect(),
+    ))
+}
+impl Session {
+    /// Takes the ring buffer for asynchronous draining.
+    pub fn ring_buffer(&mut self) -> Result<RingBuf<MapData>> {
+        let m = self
+            .bpf
+            .take_map(names::EVENTS.name)
+            .ok_or_else(|| missing("EVENTS"))?;
+        RingBuf::try_from(m).map_err(|e| Error::Runtime(chain(&e)))
+    }
+
+    fn map_data(&self, name: &'static str) -> Result<&aya::maps::Map> {
+        self.bpf.map(name).ok_or_else(|| missing(name))
+    }
+
+    /// Every key of a per-CPU hash map with its per-CPU values. With
+    /// `clear`, the keys read are deleted (interval reports start afresh).
+    pub fn read_percpu<K: Pod, V: Pod>(
+        &mut self,
+        map: MapName<K, V>,
+        clear: bool,
+    ) -> Result<Vec<(K, Vec<V>)>> {
+        let name = map.name;
+        let m: PerCpuHashMap<_, K, V> =
+            PerCpuHashMap::try_from(self.map_data(name)?).map_err(|e| Error::Runtime(chain(&e)))?;
+        if !clear {
+            return Ok(m
+                .iter()
+                .filter_map(|item| item.ok())
+                .map(|(k, vals)| (k, vals.iter().copied().collect()))
+                .collect());
+        }
+        // Each key read and deleted in one call: reading them all, then
+        // deleting, lost every add made in between (a millisecond with
+        // a thousand keys).
+        let keys: Vec<K> = m.keys().filter_map(|k| k.ok()).collect();
+        let fd = match self.bpf.map(name) {
+            Some(aya::maps::Map::PerCpuHashMap(d)) => Some(d.fd().as_fd().as_raw_fd()),
+            _ => None,
+        };
+        let cpus = aya::util::nr_cpus().map_err(|(_, e)| Error::Runtime(e.to_string()))?;
+        let mut out = Vec::with_capacity(keys.len());
+        for k in keys {
+            match fd.map(|fd| take_percpu::<K, V>(fd, &k, cpus)) {
+                Some(Ok(Some(vals))) => out.push((k, vals)),
+                Some(Ok(None)) => {}
+                // Kernels before 5.14: read, then delete.
+                _ => {
+                    let map = self.bpf.map_mut(name).expect("map seen above");
+                    let mut m: PerCpuHashMap<_, K, V> =
+                        PerCpuHashMap::try_from(map).map_err(|e| Error::Runtime(chain(&e)))?;
+                    if let Ok(vals) = m.get(&k, 0) {
+                        out.push((k, vals.iter().copied().collect()));
+                    }
+                    let _ = m.remove(&k);
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// `read_percpu` with each key's values folded over the CPUs.
+    pub fn read_folded<K: Pod, V: Fold>(
+        &mut self,
+        map: MapName<K, V>,
+        clear: bool,
+    ) -> Result<Vec<(K, V)>> {
+        Ok(self
+            .read_percpu(map, clear)?
+            .into_iter()
+            .map(|(k, vals)| (k, V::fold(&vals)))
+            .collect())
+    }
+
+    /// Every entry of a (non-per-CPU) hash map; empty when it is missing.
+    pub fn hash_entries<K: Pod, V: Pod>(&self, map: MapName<K, V>) -> Vec<(K, V)> {
+        let Ok(m) = self.map_data(map.name) else {
+            return Vec::new();
+        };
+        let Ok(h) = AyaHashMap::<_, K, V>::try_from(m) else {
+            return Vec::new();
+        };
+        h.iter().filter_map(|e| e.ok()).collect()
+    }
+
+    /// One entry of a hash map.
+    pub fn hash_get<K: Pod, V: Pod>(&self, map: MapName<K, V>, key: &K) -> Option<V> {
+        let m = AyaHashMap::<_, K, V>::try_from(self.map_data(map.name).ok()?).ok()?;
+        m.get(key, 0).ok()
+    }
+
+    /// Inserts into a hash map with BPF_* `flags`; an existing key with
+    /// BPF_NOEXIST is not an error (the kernel's newer value stays).
+    pub fn hash_insert<K: Pod, V: Pod>(
+        &mut self,
+        map: MapName<K, V>,
+        key: K,
+        v: V,
+        flags: u64,
+    ) -> Result<()> {
+        let m = self
+            .bpf
+            .map_mut(map.name)
+            .ok_or_else(|| missing(map.name))?;
+        let mut h = AyaHashMap::<_, K, V>::try_from(m).map_err(|e| Error::Runtime(chain(&e)))?;
+        match h.insert(key, v, flags) {
+            Err(aya::maps::MapError::SyscallError(e))
+                if e.io_error.raw_os_error() == Some(libc::EEXIST) =>
+            {
+                Ok(())
+            }
+            r => r.map_err(|e| Error::Runtime(chain(&e))),
+        }
+    }
+
+    /// Every slot of a per-CPU array, with its values on each CPU.
+    pub fn read_percpu_array<V: Pod>(&self, map: MapName<u32, V>) -> Result<Vec<Vec<V>>> {
+        let arr: PerCpuArray<_, V> = PerCpuArray::try_from(self.map_data(map.name)?)
+            .map_err(|e| Error::Runtime(chain(&e)))?;
+        (0..arr.len())
+            .map(|i| {
+                arr.get(&i, 0)
+                    .map(|v| v.iter().copied().collect())
+                    .map_err(|e| Error::Runtime(chain(&e)))
+            })
+            .collect()
+    }
+
+    /// Sets slot `i` of an array.
+    pub fn set_array<V: Pod>(&mut self, map: MapName<u32, V>, i: u32, v: V) -> Result<()> {
+        let m = self
+            .bpf
+            .map_mut(map.name)
+            .ok_or_else(|| missing(map.name))?;
+        let mut arr: Array<_, V> = Array::try_from(m).map_err(|e| Error::Runtime(chain(&e)))?;
+        arr.set(i, v, 0).map_err(|e| Error::Runtime(chain(&e)))
+    }
+
+    /// Events lost in the kernel so far, by reason, summed over CPUs.
+    pub fn losses(&self) -> Vec<(&'static str, u64)> {
+        let mut out: Vec<(&'static str, u64)> = loss::NAMES.iter().map(|n| (*n, 0)).collect();
+        if let Ok(slots) = self.read_percpu_array(names::LOSSES) {
+            for (slot, vals) in out.iter_mut().zip(slots) {
+                slot.1 = vals.iter().sum();
+            }
+        }
+        out
+    }
+}
+
+fn missing(name: &str) -> Error {
+    Error::Runtime(format!("map {name} missing from the eBPF object"))
+}
+
+/// Per-CPU values folded into one: counts add up, names are the first
+/// CPU's that has one.
+pub trait Fold: Pod {
+    fn fold(vals: &[Self]) -> Self;
+}
+
+impl Fold for u64 {
+    fn fold(vals: &[u64]) -> u64 {
+        vals.iter().sum()
+    }
+}
+
+/// The first non-empty name among per-CPU copies.
+fn first_name(names: impl Iterator<Item = [u8; TASK_COMM_LEN]>) -> [u8; TASK_COMM_LEN] {
+    let mut names = names.peekable();
+    let first = names.peek().copied().unwrap_or([0; TASK_COMM_LEN]);
+    names.find(|n| n[0] != 0).unwrap_or(first)
+}
+
+impl Fold for FaultVal {
+    fn fold(vals: &[Self]) -> Self {
+        FaultVal {
+            count: vals.iter().map(|v| v.count).sum(),
+            comm: first_name(vals.iter().map(|v| v.comm)),
+        }
+    }
+}
+
+impl Fold for StackVal {
+    fn fold(vals: &[Self]) -> Self {
+        StackVal {
+            count: vals.iter().map(|v| v.count).sum(),
+            bytes: vals.iter().map(|v| v.bytes).sum(),
+            comm: first_name(vals.iter().map(|v| v.comm)),
+        }
+    }
+}
+
+impl Fold for ProcReclaimVal {
+    fn fold(vals: &[Self]) -> Self {
+        ProcReclaimVal {
+            ns: vals.iter().map(|v| v.ns).sum(),
+            stalls: vals.iter().map(|v| v.stalls).sum(),
+            pages: vals.iter().map(|v| v.pages).sum(),
+            comm: first_name(vals.iter().map(|v| v.comm)),
+        }
+    }
+}

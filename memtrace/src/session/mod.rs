@@ -1,0 +1,78 @@
+//! A tracing session: the loaded object (`loader`), its probes attached
+//! through their fallback chains (`engine`), and its maps read (`maps`).
+//! Dropping it detaches and unloads everything.
+
+mod engine;
+mod loader;
+mod maps;
+
+use std::collections::HashSet;
+
+use aya::{Btf, Ebpf};
+
+pub use loader::Loader;
+pub use maps::Fold;
+
+use crate::attach::Method;
+use crate::error::Result;
+use crate::symbolize::Symbolizer;
+use crate::unwind::DwarfStacks;
+
+pub struct Session {
+    pub(crate) bpf: Ebpf,
+    btf: Option<Btf>,
+    forced: Option<Method>,
+    verbose: bool,
+    /// Programs loaded so far (a program attached by several ways or to
+    /// several targets is loaded once).
+    loaded: HashSet<&'static str>,
+    /// Attach methods ruled out before trying, with the reason (offsets
+    /// the method's program needs that this kernel's BTF lacks).
+    ruled_out: Vec<(&'static str, String)>,
+    /// (probe, method, target) for each probe attached.
+    pub attached: Vec<(String, String, String)>,
+    pub sym: Symbolizer,
+    /// `--stack-mode dwarf`: the unwinder and the unwound samples.
+    pub dwarf: Option<DwarfStacks>,
+    /// User stack ids name USTACKS entries (walked in the program), not STACKS.
+    pub walked_user_stacks: bool,
+}
+
+/// An error and its causes on one line.
+pub(crate) fn chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut cur = e.source();
+    while let Some(c) = cur {
+        let cs = c.to_string();
+        if !s.contains(&cs) {
+            s.push_str(": ");
+            s.push_str(&cs);
+        }
+        cur = c.source();
+    }
+    s
+}
+
+impl Session {
+    pub fn load(spec: &Loader, forced: Option<Method>, verbose: bool) -> Result<Session> {
+        Ok(Session {
+            bpf: spec.load()?,
+            btf: None,
+            forced,
+            verbose,
+            loaded: HashSet::new(),
+            ruled_out: spec.ruled_out().to_vec(),
+            attached: Vec::new(),
+            sym: Symbolizer::new(),
+            dwarf: None,
+            walked_user_stacks: false,
+        })
+    }
+
+    fn btf(&mut self) -> std::result::Result<&Btf, String> {
+        if self.btf.is_none() {
+            self.btf = Some(Btf::from_sys_fs().map_err(|e| format!("no kernel BTF: {e}"))?);
+        }
+        Ok(self.btf.as_ref().unwrap())
+    }
+}

@@ -1,0 +1,114 @@
+//! What a tool is: its probes, what it asks of the kernel programs, how it
+//! aggregates and reports. `run` drives every tool through the same life
+//! cycle; a counting tool only writes `report`.
+
+use std::time::Duration;
+
+use aya::Pod;
+use memtrace_common::names::GlobalName;
+
+use crate::attach::{Method, Probe};
+use crate::cli::{IntervalArgs, StackArgs};
+use crate::error::Result;
+use crate::kernel::{Format, KernelBtf};
+use crate::output::{Printer, Value};
+use crate::session::{Loader, Session};
+
+/// One tool: its probes, its aggregation, its report.
+pub trait Tool {
+    fn name(&self) -> &'static str;
+    /// "OOM kills", for the banner "Tracing OOM kills...".
+    fn what(&self) -> String;
+    fn probes(&self) -> Vec<Probe>;
+    /// `stack_mode` bits the kernel programs should capture.
+    fn stack_mode(&self) -> u32 {
+        0
+    }
+    /// The user-stack arguments, for tools that print user stacks, and
+    /// whether the tool's events are rare enough to copy every stack.
+    fn user_stacks(&self) -> Option<(&StackArgs, bool)> {
+        None
+    }
+    /// Sets the globals and map sizes the tool's programs need.
+    fn prepare(&mut self, k: &mut Prep) -> Result<()>;
+    /// `-i`/`--count` (or `INTERVAL [COUNT]`) of tools that report per interval.
+    fn intervals(&self) -> Option<&IntervalArgs> {
+        None
+    }
+    /// The interval when none is given: dashboards print every second.
+    fn default_interval(&self) -> Option<Duration> {
+        None
+    }
+    /// Once attached, before the banner: initial state the kernel needs.
+    fn on_start(&mut self, _s: &mut Session) -> Result<()> {
+        Ok(())
+    }
+    /// A ring-buffer record.
+    fn on_record(&mut self, _data: &[u8], _s: &mut Session, _out: &mut dyn Printer) -> Result<()> {
+        Ok(())
+    }
+    /// Reports what the kernel counted; with `clear` the counts start afresh
+    /// (interval reports). Counting tools implement only this.
+    fn report(&mut self, _s: &mut Session, _out: &mut dyn Printer, _clear: bool) -> Result<()> {
+        Ok(())
+    }
+    /// Every interval.
+    fn on_interval(&mut self, s: &mut Session, out: &mut dyn Printer) -> Result<()> {
+        self.report(s, out, true)
+    }
+    /// The final report: what is left since the last interval, or everything.
+    fn finish(&mut self, s: &mut Session, out: &mut dyn Printer) -> Result<()> {
+        let per_interval = self.interval().is_some();
+        self.report(s, out, per_interval)
+    }
+    /// Events seen, for the summary.
+    fn events(&self) -> u64;
+    fn summary_extra(&self) -> Vec<(&'static str, Value)> {
+        Vec::new()
+    }
+    fn exit_code(&self) -> i32 {
+        0
+    }
+    /// Folded stacks asked for.
+    fn folded(&self) -> bool {
+        false
+    }
+
+    /// The interval in force, if any.
+    fn interval(&self) -> Option<Duration> {
+        self.intervals()
+            .and_then(IntervalArgs::every)
+            .or(self.default_interval())
+    }
+}
+
+/// What `Tool::prepare` can use: the loader, and kernel facts read on demand.
+pub struct Prep<'a> {
+    pub loader: &'a mut Loader,
+    /// The process traced (`-p`, or the `-c` command), if any.
+    pub target: Option<u32>,
+    /// The attach method forced by `--attach`, if any.
+    pub forced: Option<Method>,
+}
+
+impl Prep<'_> {
+    pub fn btf(&self) -> Result<&'static KernelBtf> {
+        KernelBtf::shared()
+    }
+
+    /// The task/mm/cgroup offsets, set as the `TASK` global; an error naming
+    /// what is missing when kernel BTF lacks any of them.
+    pub fn task_offsets(&mut self) -> Result<()> {
+        let t = self.btf()?.task_offsets()?;
+        self.loader.global(memtrace_common::names::TASK, &t);
+        Ok(())
+    }
+
+    pub fn format(&self, cat: &str, name: &str) -> Result<Format> {
+        Format::load(cat, name)
+    }
+
+    pub fn global<T: Pod>(&mut self, g: GlobalName<T>, v: &T) {
+        self.loader.global(g, v);
+    }
+}

@@ -1,0 +1,321 @@
+//! User and kernel stacks: which way user stacks are taken (`--stack-mode`),
+//! stack ids decoded, stacks looked up and symbolized, and stack-keyed
+//! counts turned into reports.
+
+use memtrace_common::{
+    names, stack_mode,
+    stacks::{UserStack, UstackConfig, STACK_SAMPLE_HDR, USTACK_IN_SAMPLE, USTACK_NOT_SAMPLED},
+    Filter,
+};
+
+use crate::error::{Error, Result};
+use crate::kernel::KernelBtf;
+use crate::output::StackReport;
+use crate::session::{Loader, Session};
+use crate::tool::Tool;
+use crate::unwind::DwarfStacks;
+
+/// A stack id as the kernel programs store it in keys and records: an id in
+/// a stack map, or one of the negative sentinels.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StackRef {
+    /// In STACKS (kernel stacks; user stacks the kernel walked) or USTACKS
+    /// (user stacks walked by the program).
+    Id(u32),
+    /// The capture failed (counted in stack_fail or stack_copy_fail).
+    Failed,
+    /// A copied stack, sent just before the record (dwarf mode).
+    InSample,
+    /// Left out by `--sample`.
+    NotSampled,
+}
+
+impl StackRef {
+    pub fn from_raw(id: i32) -> StackRef {
+        match id {
+            USTACK_IN_SAMPLE => StackRef::InSample,
+            USTACK_NOT_SAMPLED => StackRef::NotSampled,
+            i if i >= 0 => StackRef::Id(i as u32),
+            _ => StackRef::Failed,
+        }
+    }
+}
+
+/// Resolves `--stack-mode`, says which was chosen, and sets what the kernel
+/// programs need to take user stacks: the register and stack-top offsets,
+/// and for dwarf the copy size and a ring buffer to carry the copies.
+pub(crate) fn setup(
+    tool: &dyn Tool,
+    filter: &mut Filter,
+    loader: &mut Loader,
+) -> Result<Option<DwarfStacks>> {
+    if filter.stacks & stack_mode::USER == 0 {
+        return Ok(None);
+    }
+    let dwarf = match tool.user_stacks() {
+        Some((args, rare)) => {
+            let auto = args.stack_mode == crate::cli::StackMode::Auto;
+            let d = args.dwarf(rare);
+            if auto && !d {
+                eprintln!(
+                    "memtrace: user stacks: fp (auto: too many events to copy each stack; \
+                     --stack-mode dwarf --sample N unwinds one in N through code without frame pointers)"
+                );
+            }
+            d.then_some((args, auto))
+        }
+        None => None,
+    };
+    let btf = KernelBtf::shared()?;
+    let offs = (
+        btf.offset("pt_regs", "ip"),
+        btf.offset("pt_regs", "sp"),
+        btf.offset("pt_regs", "bp"),
+        btf.offset("mm_struct", "start_stack"),
+    );
+    let (Some(ip), Some(sp), Some(bp), Some(top)) = offs else {
+        if dwarf.is_some() {
+            return Err(Error::NoBtf(
+                "no x86-64 pt_regs or mm_struct.start_stack in kernel BTF (needed by --stack-mode dwarf)"
+                    .into(),
+            ));
+        }
+        // Elsewhere the kernel's own frame-pointer walker does.
+        return Ok(None);
+    };
+    let mut cfg = UstackConfig {
+        stack_bytes: 0,
+        sample_every: 1,
+        regs_ip: ip,
+        regs_sp: sp,
+        regs_bp: bp,
+        mm_start_stack: top,
+        _pad: [0; 2],
+    };
+    // Both ways find the main thread's stack top through task->mm.
+    loader.global(names::TASK, &btf.task_offsets()?);
+    let Some((args, auto)) = dwarf else {
+        filter.stacks |= stack_mode::WALK;
+        loader.global(names::USTACK, &cfg);
+        loader.max_entries(names::USTACKS, 16384);
+        return Ok(None);
+    };
+    cfg.stack_bytes = args.stack_size;
+    cfg.sample_every = args.sample;
+    filter.stacks |= stack_mode::DWARF;
+    loader.global(names::USTACK, &cfg);
+    // One slot per CPU where the sample is put together.
+    let cpus = aya::util::nr_cpus().map_err(|(_, e)| Error::Io(e))? as u32;
+    loader.max_entries(names::SAMPLE_SCRATCH, cpus);
+    // Room for 32 full copies, and many more of the usual ones (a record is
+    // as long as the stack copied): the reader drains it far more often, and
+    // the buffer is resident twice over (--buffer-size sets it).
+    let record = STACK_SAMPLE_HDR as u32 + cfg.stack_bytes;
+    loader.max_entries(
+        names::EVENTS,
+        (record * 32).next_power_of_two().max(1 << 20),
+    );
+    let how = if args.sample > 1 {
+        format!("one event in {} sampled", args.sample)
+    } else {
+        "every event".to_string()
+    };
+    eprintln!(
+        "memtrace: user stacks: dwarf{} ({} bytes of stack copied, {how})",
+        if auto { " (auto)" } else { "" },
+        cfg.stack_bytes
+    );
+    Ok(Some(DwarfStacks::new(args.sample)))
+}
+
+impl Session {
+    /// Instruction pointers of stack `id` in STACKS, innermost first.
+    pub fn stack(&self, id: i32) -> Option<Vec<u64>> {
+        let StackRef::Id(id) = StackRef::from_raw(id) else {
+            return None;
+        };
+        let m = self.bpf.map(names::STACKS.name)?;
+        let st = aya::maps::StackTraceMap::try_from(m).ok()?;
+        let trace = st.get(&id, 0).ok()?;
+        Some(trace.frames().iter().map(|f| f.ip).collect())
+    }
+
+    /// Instruction pointers of user stack `id`, innermost first.
+    pub fn user_stack(&self, id: i32) -> Option<Vec<u64>> {
+        if !self.walked_user_stacks {
+            return self.stack(id);
+        }
+        let StackRef::Id(id) = StackRef::from_raw(id) else {
+            return None;
+        };
+        let s: UserStack = self.hash_get(names::USTACKS, &id)?;
+        Some(s.ips[..(s.nr as usize).min(s.ips.len())].to_vec())
+    }
+
+    /// Symbolized user stack `id` of `pid`, or why there is none.
+    pub fn user_frames(&mut self, pid: u32, id: i32) -> Vec<String> {
+        self.thread_user_frames(pid, None, id)
+    }
+
+    /// The same, where the record names its thread: in dwarf mode the stack
+    /// is the one that thread copied just before.
+    pub fn thread_user_frames(&mut self, pid: u32, tid: Option<u32>, id: i32) -> Vec<String> {
+        match StackRef::from_raw(id) {
+            StackRef::NotSampled => vec!["[not sampled (--sample)]".into()],
+            StackRef::InSample => {
+                let Some((ips, end)) = self.dwarf.as_mut().and_then(|d| d.take_last(pid, tid))
+                else {
+                    return vec!["[copied stack not received (counted in ringbuf_full)]".into()];
+                };
+                let mut frames = self.sym.user(pid, &ips);
+                frames.extend(end.note().map(|n| format!("[{n}]")));
+                frames
+            }
+            StackRef::Failed => Vec::new(),
+            StackRef::Id(_) => match self.user_stack(id) {
+                Some(ips) => self.sym.user(pid, &ips),
+                None => Vec::new(),
+            },
+        }
+    }
+
+    pub fn kernel_frames(&mut self, id: i32) -> Vec<String> {
+        match self.stack(id) {
+            Some(ips) => self.sym.kernel(&ips),
+            None => Vec::new(),
+        }
+    }
+}
+
+/// In dwarf mode, the unwound samples as stack reports, largest first,
+/// scaled by the sampling rate (estimates when sampled); None in fp mode.
+pub fn sampled_reports(
+    s: &mut Session,
+    clear: bool,
+    mode: u32,
+    top: usize,
+    with_value: bool,
+) -> Option<Vec<StackReport>> {
+    let d = s.dwarf.as_mut()?;
+    let every = d.every as u64;
+    let mut v = d.take(clear);
+    v.sort_by(|a, b| b.1.count.cmp(&a.1.count).then(b.1.value.cmp(&a.1.value)));
+    v.truncate(top);
+    let reports = v
+        .into_iter()
+        .map(|(k, val)| {
+            let user = s.sym.user(k.tgid, &k.user);
+            let kernel = s.kernel_frames(k.kstack);
+            let note = if mode & stack_mode::KERNEL != 0 && k.kstack < 0 {
+                Some("kernel stack capture failed (counted in stack_fail)".to_string())
+            } else {
+                val.end.and_then(|e| e.note()).map(String::from)
+            };
+            StackReport {
+                pid: k.tgid,
+                comm: val.comm,
+                count: val.count * every,
+                bytes: with_value.then_some(val.value * every),
+                user,
+                kernel,
+                note,
+            }
+        })
+        .collect();
+    Some(reports)
+}
+
+/// A title note for sampled stacks, empty when every event was unwound.
+pub fn sampled_title(s: &Session) -> String {
+    match &s.dwarf {
+        Some(d) if d.every > 1 => format!("stacks sampled 1 in {}: counts are estimates", d.every),
+        _ => String::new(),
+    }
+}
+
+/// A stack-keyed count, symbolized, for any tool that counts by stack.
+pub fn stack_report(
+    s: &mut Session,
+    pid: u32,
+    comm: String,
+    ids: (i32, i32),
+    mode: u32,
+    count: u64,
+    bytes: Option<u64>,
+) -> StackReport {
+    let (ustack, kstack) = ids;
+    let user = s.user_frames(pid, ustack);
+    let kernel = s.kernel_frames(kstack);
+    let wanted_user = mode & stack_mode::USER != 0;
+    let wanted_kernel = mode & stack_mode::KERNEL != 0;
+    let failed = |id| StackRef::from_raw(id) == StackRef::Failed;
+    let note = if (wanted_user && failed(ustack)) || (wanted_kernel && kstack < 0) {
+        Some("stack capture failed (counted in stack_fail)".to_string())
+    } else if wanted_user && user.is_empty() && ustack >= 0 {
+        Some("stack id no longer in the stack map".to_string())
+    } else {
+        None
+    };
+    StackReport {
+        pid,
+        comm,
+        count,
+        bytes,
+        user,
+        kernel,
+        note,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::attach::Probe;
+    use crate::cli::{StackArgs, StackMode};
+    use crate::tool::Prep;
+
+    struct Stacks(StackArgs);
+    impl Tool for Stacks {
+        fn name(&self) -> &'static str {
+            "test"
+        }
+        fn what(&self) -> String {
+            String::new()
+        }
+        fn probes(&self) -> Vec<Probe> {
+            Vec::new()
+        }
+        fn prepare(&mut self, _: &mut Prep) -> Result<()> {
+            Ok(())
+        }
+        fn events(&self) -> u64 {
+            0
+        }
+        fn user_stacks(&self) -> Option<(&StackArgs, bool)> {
+            Some((&self.0, false))
+        }
+    }
+
+    /// Both ways of taking user stacks read the main thread's stack top
+    /// through task->mm: the task offsets must be set whatever the tool sets.
+    #[test]
+    fn user_stacks_get_the_task_offsets_they_read_through() {
+        for mode in [StackMode::Fp, StackMode::Dwarf] {
+            let tool = Stacks(StackArgs {
+                stack_mode: mode,
+                stack_size: 4096,
+                sample: 1,
+            });
+            let mut filter = Filter {
+                stacks: stack_mode::USER,
+                ..Default::default()
+            };
+            let mut loader = Loader::default();
+            let dwarf = setup(&tool, &mut filter, &mut loader).unwrap();
+            assert_eq!(dwarf.is_some(), mode == StackMode::Dwarf);
+            let names: Vec<_> = loader.global_names().collect();
+            assert!(names.contains(&"TASK"), "{mode:?}: {names:?}");
+            assert!(names.contains(&"USTACK"), "{mode:?}: {names:?}");
+        }
+    }
+}
