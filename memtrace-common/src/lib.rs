@@ -5,6 +5,7 @@
 
 pub mod faults;
 pub mod ffaults;
+pub mod generic;
 pub mod names;
 pub mod oom;
 pub mod reclaim;
@@ -49,6 +50,8 @@ pub mod kind {
     pub const SHM_CALL: u32 = 6;
     /// Registers and a copy of the user stack (`stacks::StackSample`).
     pub const STACK_SAMPLE: u32 = 7;
+    /// One tracepoint record (`generic::TraceHdr` and the record's bytes).
+    pub const TRACE: u32 = 8;
 }
 
 /// Which attach method a program ran under; reported in records so userspace
@@ -141,6 +144,10 @@ mod pod {
     unsafe impl aya::Pod for super::stacks::StackKey {}
     unsafe impl aya::Pod for super::stacks::StackVal {}
     unsafe impl aya::Pod for super::stacks::BrkConfig {}
+    unsafe impl aya::Pod for super::generic::TpConfig {}
+    unsafe impl aya::Pod for super::generic::CountKey {}
+    unsafe impl aya::Pod for super::generic::CountVal {}
+    unsafe impl aya::Pod for super::generic::TraceHdr {}
     unsafe impl aya::Pod for super::rss::RssConfig {}
     unsafe impl aya::Pod for super::rss::RssVal {}
     unsafe impl aya::Pod for super::snoop::MmapSnoopConfig {}

@@ -13,6 +13,7 @@ use core::marker::PhantomData;
 use crate::{
     faults::{FaultConfig, FaultKey, FaultSlot, FaultVal},
     ffaults::{FfaultsConfig, FileKey},
+    generic::{CountKey, CountVal, TpConfig},
     oom::{OomKprobeOffsets, OomTpOffsets},
     reclaim::{ProcReclaimKey, ProcReclaimVal, ReclaimConfig, ReclaimTotals},
     rss::{RssConfig, RssVal},
@@ -133,6 +134,9 @@ maps! {
     RSS: u32 => RssVal, OnDemand;
     RSS_OWNER: u32 => u32, OnDemand;
     RSS_EXCLUDED: u32 => u64, OnDemand;
+    COUNT_TPS: u32 => TpConfig, OnDemand;
+    COUNTS: CountKey => CountVal, OnDemand;
+    TRACE_SCRATCH: () => (), Compiled;
 }
 
 globals! {
@@ -208,4 +212,9 @@ progs! {
     SHMDT_EXIT = shmdt_exit,
     SHMCTL_ENTER = shmctl_enter,
     SHMCTL_EXIT = shmctl_exit,
+    // count, trace.
+    COUNT_TP = count_tp,
+    COUNT_ONE = count_one,
+    TRACE_TP = trace_tp,
+    TRACE_ONE = trace_one,
 }

@@ -7,6 +7,7 @@ mod helpers;
 mod brk;
 mod faults;
 mod ffaults;
+mod generic;
 mod mmapsnoop;
 mod oomkill;
 mod reclaim;

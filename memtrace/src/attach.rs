@@ -72,21 +72,25 @@ pub struct Way {
     /// The program in the eBPF object.
     pub prog: Prog,
     pub target: Target,
+    /// The BPF cookie the program reads back (`bpf_get_attach_cookie`): one
+    /// program serving many probe points tells them apart by it. 0 is also
+    /// what the program reads without one.
+    pub cookie: u64,
 }
 
 /// A probe point and its fallback chain.
 #[derive(Debug, Clone)]
 pub struct Probe {
-    pub what: &'static str,
+    pub what: Name,
     pub ways: Vec<Way>,
     /// When false, failing to attach is reported but does not stop the tool.
     pub required: bool,
 }
 
 impl Probe {
-    pub fn new(what: &'static str) -> Self {
+    pub fn new(what: impl Into<Name>) -> Self {
         Probe {
-            what,
+            what: what.into(),
             ways: Vec::new(),
             required: true,
         }
@@ -97,6 +101,7 @@ impl Probe {
             method,
             prog,
             target,
+            cookie: 0,
         });
         self
     }
@@ -122,6 +127,13 @@ impl Probe {
     }
     pub fn perf_page_faults(self, prog: Prog) -> Self {
         self.way(Method::Perf, prog, Target::PageFaults)
+    }
+    /// Sets `cookie` on the ways added so far.
+    pub fn cookie(mut self, cookie: u64) -> Self {
+        for w in &mut self.ways {
+            w.cookie = cookie;
+        }
+        self
     }
     pub fn optional(mut self) -> Self {
         self.required = false;

@@ -19,6 +19,8 @@ pub struct Cli {
 }
 
 #[derive(Debug, Subcommand)]
+// Parsed once per run: the size of the largest tool's arguments does not matter.
+#[allow(clippy::large_enum_variant)]
 pub enum Command {
     #[command(flatten)]
     Tool(crate::tools::ToolCommand),

@@ -168,8 +168,8 @@ fn tool_attach_rows(tool: &str) -> Vec<Row> {
                 .map(|(p, m, target)| row(p, m, target.clone()))
                 .collect();
             for p in t.probes() {
-                if !s.attached.iter().any(|(w, _, _)| w == p.what) {
-                    rows.push(row(p.what, "-", "optional: not attached here".into()));
+                if !s.attached.iter().any(|(w, _, _)| *w == p.what) {
+                    rows.push(row(&p.what, "-", "optional: not attached here".into()));
                 }
             }
             rows

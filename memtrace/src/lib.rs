@@ -17,6 +17,7 @@ pub mod symbolize;
 pub mod syscalls;
 pub mod tool;
 pub mod tools;
+pub mod tpspec;
 pub mod unwind;
 pub mod ustack;
 

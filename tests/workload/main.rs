@@ -205,6 +205,29 @@ fn maps(file: Option<&str>) {
 
 /// shm: shmget, shmat, shmdt and shmctl(IPC_RMID) once each; prints
 /// `shmid ID` and `shmat ADDR`.
+fn advise(n: usize, len: usize, len2: usize) {
+    let size = len.max(len2);
+    // SAFETY: a fresh anonymous mapping, advised and unmapped here only.
+    unsafe {
+        let p = libc::mmap(
+            std::ptr::null_mut(),
+            size,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        );
+        assert_ne!(p, libc::MAP_FAILED);
+        for _ in 0..n {
+            assert_eq!(libc::madvise(p, len, libc::MADV_NORMAL), 0);
+            if len2 > 0 {
+                assert_eq!(libc::madvise(p, len2, libc::MADV_NORMAL), 0);
+            }
+        }
+        libc::munmap(p, size);
+    }
+}
+
 fn shm() {
     let id = unsafe { libc::shmget(libc::IPC_PRIVATE, 16 * PAGE, libc::IPC_CREAT | 0o600) };
     assert!(id >= 0, "shmget failed");
@@ -410,6 +433,9 @@ fn main() {
         "maps" => maps(args.get(1).map(|s| s.as_str())),
         // shm: one shmget, shmat, shmdt and shmctl(IPC_RMID) (shmsnoop tests).
         "shm" => shm(),
+        // madvise N LEN [LEN2]: N madvise(MADV_NORMAL) calls of LEN bytes,
+        // each followed by one of LEN2 when given (count/trace tests).
+        "madvise" => advise(arg(&args, 1, 10), arg(&args, 2, 4096), arg(&args, 3, 0)),
         "exit" => std::process::exit(arg(&args, 1, 0)),
         "sleep" => std::thread::sleep(std::time::Duration::from_millis(arg(&args, 1, 1000))),
         _ => {

@@ -1,6 +1,7 @@
 //! The attach engine: each probe through its fallback chain, first way that
 //! works on this kernel wins; every way's reason for failing is kept.
 
+use std::os::fd::AsFd;
 use std::path::Path;
 
 use aya::programs::{
@@ -118,7 +119,13 @@ impl Session {
                     if first {
                         p.load().map_err(|x| e(&x))?;
                     }
-                    p.attach(c.as_ref(), n.as_ref()).map_err(|x| e(&x))?;
+                    if way.cookie == 0 {
+                        p.attach(c.as_ref(), n.as_ref()).map_err(|x| e(&x))?;
+                    } else {
+                        let fd = p.fd().map_err(|x| e(&x))?;
+                        let links = super::cookie::attach_tracepoint(fd.as_fd(), c, n, way.cookie)?;
+                        self.raw_links.extend(links);
+                    }
                 }
                 (Method::Perf, Target::PageFaults) => {
                     let p: &mut PerfEvent = prog.try_into().map_err(|x| e(&x))?;

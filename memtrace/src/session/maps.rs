@@ -227,7 +227,7 @@ impl Fold for u64 {
 }
 
 /// The first non-empty name among per-CPU copies.
-fn first_name(names: impl Iterator<Item = [u8; TASK_COMM_LEN]>) -> [u8; TASK_COMM_LEN] {
+pub fn first_name(names: impl Iterator<Item = [u8; TASK_COMM_LEN]>) -> [u8; TASK_COMM_LEN] {
     let mut names = names.peekable();
     let first = names.peek().copied().unwrap_or([0; TASK_COMM_LEN]);
     names.find(|n| n[0] != 0).unwrap_or(first)

@@ -2,6 +2,7 @@
 //! through their fallback chains (`engine`), and its maps read (`maps`).
 //! Dropping it detaches and unloads everything.
 
+mod cookie;
 mod engine;
 mod loader;
 mod maps;
@@ -11,7 +12,7 @@ use std::collections::HashSet;
 use aya::{Btf, Ebpf};
 
 pub use loader::Loader;
-pub use maps::Fold;
+pub use maps::{first_name, Fold};
 
 use crate::attach::Method;
 use crate::error::Result;
@@ -36,6 +37,9 @@ pub struct Session {
     pub dwarf: Option<DwarfStacks>,
     /// User stack ids name USTACKS entries (walked in the program), not STACKS.
     pub walked_user_stacks: bool,
+    /// Links memtrace made itself (tracepoints with a cookie); closing them
+    /// detaches.
+    raw_links: Vec<std::os::fd::OwnedFd>,
 }
 
 /// An error and its causes on one line.
@@ -66,6 +70,7 @@ impl Session {
             sym: Symbolizer::new(),
             dwarf: None,
             walked_user_stacks: false,
+            raw_links: Vec::new(),
         })
     }
 

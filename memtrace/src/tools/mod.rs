@@ -50,6 +50,10 @@ tools! {
     Mmapsnoop => mmapsnoop::Mmapsnoop,
     /// One line per SysV shm call (shmget, shmat, shmdt, shmctl).
     Shmsnoop => shmsnoop::Shmsnoop,
+    /// Events of any tracepoint counted in the kernel, by process, stack or field.
+    Count => count::Count,
+    /// One line per event of any tracepoint, fields decoded from its format.
+    Trace => trace::Trace,
 }
 
 pub fn dispatch(cli: crate::cli::Cli) -> Result<i32> {

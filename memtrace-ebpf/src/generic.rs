@@ -1,0 +1,240 @@
+//! `count` and `trace`: one program each for any tracepoint. Which
+//! tracepoint fired is the record's `common_type` (its event id), which
+//! selects the configuration userspace built from its format file: the
+//! fields to key or sum by and the predicates to test.
+
+use aya_ebpf::{
+    bindings::BPF_RB_FORCE_WAKEUP,
+    cty::c_void,
+    helpers::{
+        bpf_get_current_cgroup_id, bpf_get_current_comm, bpf_get_current_pid_tgid,
+        generated::{bpf_get_attach_cookie, bpf_probe_read_kernel},
+    },
+    macros::{map, tracepoint},
+    maps::{Array, PerCpuArray, PerCpuHashMap},
+    programs::TracePointContext,
+    EbpfContext,
+};
+use memtrace_common::{
+    generic::{
+        by, CountKey, CountVal, FieldRef, TpConfig, TraceHdr, MAX_COPY, MAX_FILTERS,
+        MAX_KEY_FIELDS, TRACE_HDR,
+    },
+    kind, loss, TASK_COMM_LEN,
+};
+
+use crate::helpers::{
+    bump_by_stack, capture_stacks, count_loss, current_tgid, stack_ids, wanted, Stacks, EVENTS,
+    NO_PREALLOC,
+};
+
+/// Configurations by the tracepoint's place in userspace's list; userspace
+/// sizes it to the tracepoints matched.
+#[map]
+static COUNT_TPS: Array<TpConfig> = Array::with_max_entries(1024, 0);
+
+#[map]
+static COUNTS: PerCpuHashMap<CountKey, CountVal> =
+    PerCpuHashMap::with_max_entries(8192, NO_PREALLOC);
+
+#[repr(C)]
+pub struct TraceBuf {
+    hdr: TraceHdr,
+    data: [u8; MAX_COPY],
+}
+
+#[map]
+static TRACE_SCRATCH: PerCpuArray<TraceBuf> = PerCpuArray::with_max_entries(1, 0);
+
+/// The configuration of tracepoint `index` of userspace's list.
+#[inline(always)]
+fn config(index: u32) -> Option<&'static TpConfig> {
+    let c = COUNT_TPS.get(index);
+    if c.is_none() {
+        count_loss(loss::READ);
+    }
+    c
+}
+
+/// Which tracepoint fired: the cookie it was attached with. (The record's
+/// `common_type` is not filled in yet when the program runs.)
+#[inline(always)]
+fn cookie(ctx: &TracePointContext) -> u32 {
+    unsafe { bpf_get_attach_cookie(ctx.as_ptr()) as u32 }
+}
+
+/// A field of the record widened to 64 bits; 0 for an unused slot, and a
+/// failed read is counted. Both outcomes leave the same kind of value (the
+/// helper zeroes it on failure), so the verifier's states stay mergeable:
+/// a branch per field ahead of the stack walk made it give up.
+#[inline(always)]
+fn field(ctx: &TracePointContext, f: &FieldRef) -> u64 {
+    if f.size == 0 {
+        return 0;
+    }
+    let mut raw = 0u64;
+    let r = unsafe {
+        bpf_probe_read_kernel(
+            &mut raw as *mut u64 as *mut c_void,
+            8,
+            (ctx.as_ptr() as *const u8).add(f.offset as usize) as *const c_void,
+        )
+    };
+    if r != 0 {
+        count_loss(loss::READ);
+    }
+    f.widen(raw)
+}
+
+/// Whether every `--filter` predicate holds.
+#[inline(always)]
+fn passes(ctx: &TracePointContext, cfg: &TpConfig) -> bool {
+    for p in cfg.filters.iter().take(MAX_FILTERS) {
+        if p.op == 0 {
+            break;
+        }
+        if !p.holds(field(ctx, &p.field)) {
+            return false;
+        }
+    }
+    true
+}
+
+/// Counts an event of any of several tracepoints, told apart by cookie.
+#[tracepoint]
+pub fn count_tp(ctx: TracePointContext) -> u32 {
+    count(&ctx, cookie(&ctx))
+}
+
+/// `count_tp` for kernels without attach cookies (before 5.15): one tracepoint.
+#[tracepoint]
+pub fn count_one(ctx: TracePointContext) -> u32 {
+    count(&ctx, 0)
+}
+
+#[inline(always)]
+fn count(ctx: &TracePointContext, index: u32) -> u32 {
+    let tgid = current_tgid();
+    if !wanted(tgid) {
+        return 0;
+    }
+    let Some(cfg) = config(index) else {
+        return 0;
+    };
+    if !passes(ctx, cfg) {
+        return 0;
+    }
+    // Stacks first: the walk is the largest part of the program, and the
+    // verifier walks it once per distinct state reaching it; the key's
+    // optional parts below would multiply those states.
+    let add = field(ctx, &cfg.sum);
+    let mut st = capture_stacks(ctx, add, cfg.index);
+    let mut key = CountKey {
+        index: cfg.index,
+        ustack: st.user,
+        kstack: st.kern,
+        ustack_check: st.user_check,
+        ..Default::default()
+    };
+    if cfg.by & by::PID != 0 {
+        key.tgid = tgid;
+    }
+    if cfg.by & by::TID != 0 {
+        key.tid = bpf_get_current_pid_tgid() as u32;
+    }
+    let comm = bpf_get_current_comm().unwrap_or([0; TASK_COMM_LEN]);
+    if cfg.by & by::COMM != 0 {
+        key.comm = comm;
+    }
+    if cfg.by & by::CGROUP != 0 {
+        key.cgroup = unsafe { bpf_get_current_cgroup_id() };
+    }
+    for i in 0..MAX_KEY_FIELDS {
+        key.fields[i] = field(ctx, &cfg.keys[i]);
+    }
+    let set_user =
+        |k: &mut CountKey, st: &Stacks| (k.ustack, k.ustack_check) = (st.user, st.user_check);
+    let bump = |v: &mut CountVal| {
+        v.count += 1;
+        v.sum = v.sum.wrapping_add(add);
+    };
+    if bump_by_stack(&COUNTS, &mut key, &mut st, set_user, bump) {
+        return 0;
+    }
+    let v = CountVal {
+        count: 1,
+        sum: add,
+        comm,
+    };
+    if COUNTS.insert(&key, &v, 0).is_err() {
+        count_loss(loss::MAP_FULL);
+    }
+    0
+}
+
+/// Sends an event of any of several tracepoints on, told apart by cookie.
+#[tracepoint]
+pub fn trace_tp(ctx: TracePointContext) -> u32 {
+    trace(&ctx, cookie(&ctx))
+}
+
+/// `trace_tp` for kernels without attach cookies (before 5.15): one tracepoint.
+#[tracepoint]
+pub fn trace_one(ctx: TracePointContext) -> u32 {
+    trace(&ctx, 0)
+}
+
+#[inline(always)]
+fn trace(ctx: &TracePointContext, index: u32) -> u32 {
+    let tgid = current_tgid();
+    if !wanted(tgid) {
+        return 0;
+    }
+    let Some(cfg) = config(index) else {
+        return 0;
+    };
+    if !passes(ctx, cfg) {
+        return 0;
+    }
+    let Some(buf) = TRACE_SCRATCH.get_ptr_mut(0) else {
+        count_loss(loss::RINGBUF);
+        return 0;
+    };
+    let (ustack, kstack) = stack_ids(ctx, 0, cfg.index);
+    let mut len = cfg.copy as usize;
+    if len > MAX_COPY {
+        len = MAX_COPY;
+    }
+    let base = buf as *mut u8;
+    let r = unsafe {
+        bpf_probe_read_kernel(
+            base.add(TRACE_HDR) as *mut c_void,
+            len as u32,
+            ctx.as_ptr() as *const c_void,
+        )
+    };
+    if r != 0 {
+        count_loss(loss::READ);
+        return 0;
+    }
+    let hdr = TraceHdr {
+        kind: kind::TRACE,
+        index: cfg.index,
+        tgid,
+        pid: bpf_get_current_pid_tgid() as u32,
+        ustack,
+        kstack,
+        len: len as u32,
+        _pad: 0,
+        comm: bpf_get_current_comm().unwrap_or([0; TASK_COMM_LEN]),
+    };
+    unsafe { core::ptr::write_unaligned(base as *mut TraceHdr, hdr) };
+    let rec = unsafe { core::slice::from_raw_parts(base as *const u8, TRACE_HDR + len) };
+    if EVENTS
+        .output::<[u8]>(rec, BPF_RB_FORCE_WAKEUP as u64)
+        .is_err()
+    {
+        count_loss(loss::RINGBUF);
+    }
+    0
+}

@@ -1,0 +1,244 @@
+//! `memtrace count` and `memtrace trace`: any tracepoint, fields by name.
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+
+/// Traces workload `work` (started with --wait) with each of `tracers`
+/// (memtrace arguments, `-p PID --json` added) at once; their stdouts.
+fn traced(work: &[&str], tracers: &[&[&str]]) -> Vec<String> {
+    let mut w = Workload::start(work);
+    let pid = w.pid.to_string();
+    let running: Vec<Tracer> = tracers
+        .iter()
+        .map(|a| {
+            let mut args = a.to_vec();
+            args.extend(["-p", &pid, "--json"]);
+            Tracer::start(&args)
+        })
+        .collect();
+    w.go();
+    assert!(w.wait().success());
+    running
+        .into_iter()
+        .map(|t| {
+            let out = t.wait(Duration::from_secs(20));
+            assert_eq!(out.code, 0, "{}", out.stderr);
+            out.stdout
+        })
+        .collect()
+}
+
+fn counts(stdout: &str) -> Vec<serde_json::Value> {
+    json_of(stdout, "count")
+}
+
+#[test]
+fn brk_by_user_stack_matches_the_known_calls_and_brkstack() {
+    const N: u64 = 70;
+    let outs = traced(
+        &["rawbrk", &N.to_string(), "4096"],
+        &[
+            &[
+                "count",
+                "syscalls:sys_enter_brk",
+                "--by",
+                "ustack",
+                "--stack-mode",
+                "fp",
+            ],
+            &["brkstack", "--stack-mode", "fp"],
+        ],
+    );
+    let site = |out: &str, ty: &str| -> u64 {
+        json_of(out, ty)
+            .iter()
+            .filter(|s| {
+                user_frames(s)
+                    .first()
+                    .is_some_and(|f| f.contains("grow_heap_with_raw_brk"))
+            })
+            .map(|s| s["count"].as_u64().unwrap())
+            .sum()
+    };
+    // The loop's brk calls plus the brk(0) before it: both in the function.
+    assert_eq!(site(&outs[0], "count_stack"), N + 1, "{}", outs[0]);
+    assert_eq!(site(&outs[1], "brk_stack"), N + 1, "{}", outs[1]);
+}
+
+#[test]
+fn sums_a_field_of_known_sizes() {
+    let outs = traced(
+        &["madvise", "40", "12288"],
+        &[&["count", "syscalls:sys_enter_madvise", "--sum", "len_in"]],
+    );
+    let c = counts(&outs[0]);
+    assert_eq!(c.len(), 1, "{}", outs[0]);
+    assert_eq!(c[0]["count"], 40);
+    assert_eq!(c[0]["sum_len_in"], 40 * 12288);
+}
+
+#[test]
+fn filters_and_keys_by_fields_in_the_kernel() {
+    let outs = traced(
+        &["madvise", "25", "4096", "8192"],
+        &[
+            &[
+                "count",
+                "syscalls:sys_enter_madvise",
+                "--by",
+                "len_in",
+                "--filter",
+                "len_in >= 8192",
+            ],
+            &["count", "syscalls:sys_enter_madvise", "--by", "len_in,comm"],
+            &[
+                "trace",
+                "syscalls:sys_enter_madvise",
+                "--filter",
+                "len_in==8192",
+            ],
+        ],
+    );
+    let c = counts(&outs[0]);
+    assert_eq!(c.len(), 1, "{}", outs[0]);
+    assert_eq!(
+        (c[0]["len_in"].as_u64(), c[0]["count"].as_u64()),
+        (Some(8192), Some(25))
+    );
+    let mut both: Vec<(u64, u64)> = counts(&outs[1])
+        .iter()
+        .map(|r| (r["len_in"].as_u64().unwrap(), r["count"].as_u64().unwrap()))
+        .collect();
+    both.sort();
+    assert_eq!(both, [(4096, 25), (8192, 25)], "{}", outs[1]);
+    assert_eq!(counts(&outs[1])[0]["comm"], "memtrace-worklo");
+    let lines = json_of(&outs[2], "trace");
+    assert_eq!(lines.len(), 25, "{}", outs[2]);
+    assert!(
+        lines
+            .iter()
+            .all(|l| l["len_in"] == 8192 && l["behavior"] == 0),
+        "{}",
+        outs[2]
+    );
+}
+
+#[test]
+fn several_tracepoints_are_told_apart() {
+    let outs = traced(
+        &["madvise", "30", "4096"],
+        &[&[
+            "count",
+            "syscalls:sys_enter_madvise",
+            "syscalls:sys_enter_munmap",
+        ]],
+    );
+    let c = counts(&outs[0]);
+    let of = |tp: &str| {
+        c.iter()
+            .find(|r| r["tracepoint"] == tp)
+            .map(|r| r["count"].as_u64().unwrap())
+    };
+    assert_eq!(of("syscalls:sys_enter_madvise"), Some(30), "{}", outs[0]);
+    // The workload's own munmap of its region, and whatever its exit unmaps.
+    assert!(
+        of("syscalls:sys_enter_munmap").is_some_and(|n| n >= 1),
+        "{}",
+        outs[0]
+    );
+}
+
+#[test]
+fn wildcards_list_every_tracepoint_tracefs_has() {
+    let dir = [
+        "/sys/kernel/tracing/events/vmscan",
+        "/sys/kernel/debug/tracing/events/vmscan",
+    ]
+    .into_iter()
+    .find(|d| std::path::Path::new(d).is_dir())
+    .expect("tracefs vmscan events");
+    let mut want: Vec<String> = std::fs::read_dir(dir)
+        .unwrap()
+        .flatten()
+        .filter(|e| e.file_type().unwrap().is_dir())
+        .map(|e| format!("vmscan:{}", e.file_name().to_string_lossy()))
+        .collect();
+    want.sort();
+    let out = run(&["count", "vmscan:*", "-d", "1", "--json"]);
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    let mut got: Vec<String> = counts(&out.stdout)
+        .iter()
+        .map(|r| r["tracepoint"].as_str().unwrap().to_string())
+        .collect();
+    got.sort();
+    assert_eq!(got, want);
+}
+
+#[test]
+fn trace_decodes_strings_by_type() {
+    let bin = workload_bin();
+    // Run from a shell: the -c command's own exec comes before tracing does.
+    let cmd = format!("/bin/sh -c '{} exit 0; exit 0'", bin.display());
+    let out = run(&["trace", "sched:sched_process_exec", "--json", "-c", &cmd]);
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    let lines = json_of(&out.stdout, "trace");
+    assert!(
+        lines.iter().any(|l| l["filename"] == bin.to_str().unwrap()),
+        "{}",
+        out.stdout
+    );
+}
+
+#[test]
+fn interval_reports_stop_after_the_count() {
+    let out = run(&[
+        "count",
+        "sched:sched_switch",
+        "-i",
+        "200ms",
+        "--count",
+        "3",
+        "--json",
+    ]);
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    let ts: std::collections::BTreeSet<String> = counts(&out.stdout)
+        .iter()
+        .map(|r| r["ts"].to_string())
+        .collect();
+    assert_eq!(ts.len(), 3, "{}", out.stdout);
+}
+
+#[test]
+fn bad_patterns_and_fields_exit_2_naming_the_closest() {
+    let cases: [(&[&str], &str); 6] = [
+        (&["count", "kmem:kmaloc"], "did you mean kmem:kmalloc"),
+        (&["count", "kmem"], "expected CATEGORY:NAME"),
+        (
+            &["count", "kmem:kmalloc", "--by", "bytes_aloc"],
+            "did you mean bytes_alloc",
+        ),
+        (
+            &["count", "sched:sched_process_exec", "--sum", "filename"],
+            "only numeric fields",
+        ),
+        (
+            &["count", "kmem:kmalloc", "--filter", "bytes_alloc ~ 4"],
+            "is not a filter",
+        ),
+        (&["trace", "nosuch:*"], "no tracepoint matches"),
+    ];
+    for (args, msg) in cases {
+        let out = run(args);
+        assert_eq!(out.code, 2, "{args:?}: {}", out.stderr);
+        assert!(out.stderr.contains(msg), "{args:?}: {}", out.stderr);
+        assert_eq!(
+            out.stderr.trim().lines().count(),
+            1 + out.stderr.matches("For more").count() * 2,
+            "{args:?}: {}",
+            out.stderr
+        );
+    }
+}
