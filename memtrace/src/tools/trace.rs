@@ -251,10 +251,11 @@ mod tests {
         let mut rec = vec![0u8; 64];
         let len = f.field("len").unwrap();
         rec[len.offset as usize..len.offset as usize + 8].copy_from_slice(&12288u64.to_le_bytes());
-        let fd = f.field("fd").unwrap();
-        rec[fd.offset as usize..fd.offset as usize + 8].copy_from_slice(&(-1i64).to_le_bytes());
+        // A signed 4-byte field (the kernel declares fd unsigned long).
+        let nr = f.field("__syscall_nr").unwrap();
+        rec[nr.offset as usize..nr.offset as usize + 4].copy_from_slice(&(-1i32).to_le_bytes());
         assert_eq!(decode(len, &rec).unwrap().0, Value::U(12288));
-        assert_eq!(decode(fd, &rec).unwrap().0, Value::I(-1));
+        assert_eq!(decode(nr, &rec).unwrap().0, Value::I(-1));
         assert!(decode(len, &rec[..20]).is_none(), "past the copy");
     }
 
