@@ -144,18 +144,22 @@ fn tool_attach_rows(tool: &str) -> Vec<Row> {
             Value::S(detail),
         ])
     };
-    // Tools that need a process are given doctor's own.
+    // Tools that need a process are given doctor's own; the generic
+    // tracepoint tools the tracepoint brkstack uses.
     let me = std::process::id().to_string();
-    let cmds: Vec<crate::tools::ToolCommand> =
-        [vec!["memtrace", tool], vec!["memtrace", tool, "-p", &me]]
-            .into_iter()
-            .filter_map(
-                |argv| match crate::cli::Cli::try_parse_from(argv).ok()?.cmd {
-                    crate::cli::Command::Tool(t) => Some(t),
-                    crate::cli::Command::Doctor => None,
-                },
-            )
-            .collect();
+    let cmds: Vec<crate::tools::ToolCommand> = [
+        vec!["memtrace", tool],
+        vec!["memtrace", tool, "-p", &me],
+        vec!["memtrace", tool, "syscalls:sys_enter_brk"],
+    ]
+    .into_iter()
+    .filter_map(
+        |argv| match crate::cli::Cli::try_parse_from(argv).ok()?.cmd {
+            crate::cli::Command::Tool(t) => Some(t),
+            crate::cli::Command::Doctor => None,
+        },
+    )
+    .collect();
     let Some((mut t, common)) = cmds.iter().find_map(|c| c.build().ok()) else {
         return vec![row("-", "-", "needs arguments doctor cannot give".into())];
     };
