@@ -120,7 +120,8 @@ fn trace_ends_when_the_target_process_exits() {
 fn command_runs_traced_and_its_exit_status_is_reported() {
     let cmd = format!("{} exit 7", workload_bin().display());
     let out = run(&["faults", "--json", "-c", &cmd]);
-    assert_eq!(out.code, 0, "{}", out.stderr);
+    // The command's failure is the run's, as with strace.
+    assert_eq!(out.code, 7, "{}", out.stderr);
     let s = json_of(&out.stdout, "summary");
     assert_eq!(s[0]["command_status"], 7, "{}", out.stdout);
     let rows = json_of(&out.stdout, "faults");

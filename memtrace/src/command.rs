@@ -1,6 +1,12 @@
 //! Running `-c CMD`: the command is started under ptrace, stopped before
 //! its first instruction until the probes are attached, and its maps are
 //! read again as it exits (still mapped then) so its stacks symbolize.
+//!
+//! A simple command (words only) is exec'd by the shell, so tracing starts
+//! at the command itself, without the shell's own start-up. Anything else
+//! (lists, pipelines, redirections, expansions) runs as the shell would run
+//! it, and the shell is traced from its first instruction with every
+//! process it starts; its exit status is the command's.
 
 use std::sync::mpsc;
 
@@ -26,6 +32,14 @@ pub struct Traced {
     pub exited: tokio::sync::oneshot::Receiver<i32>,
 }
 
+/// Whether `cmd` is plain words the shell would exec as they are.
+pub fn is_simple(cmd: &str) -> bool {
+    !cmd.trim().is_empty()
+        && cmd
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || " \t_-./,:=+@%".contains(c))
+}
+
 pub fn spawn_traced(cmd: &str) -> Result<Traced> {
     let (pid_tx, pid_rx) = mpsc::channel::<std::result::Result<u32, String>>();
     let (go_tx, go_rx) = mpsc::channel::<SharedMaps>();
@@ -35,7 +49,12 @@ pub fn spawn_traced(cmd: &str) -> Result<Traced> {
     std::thread::spawn(move || {
         use std::os::unix::process::CommandExt;
         let mut c = std::process::Command::new("/bin/sh");
-        c.arg("-c").arg(format!("exec {cmd}"));
+        let simple = is_simple(&cmd);
+        if simple {
+            c.arg("-c").arg(format!("exec {cmd}"));
+        } else {
+            c.arg("-c").arg(&cmd);
+        }
         // SAFETY: ptrace(TRACEME) is async-signal-safe.
         unsafe {
             c.pre_exec(|| {
@@ -54,9 +73,11 @@ pub fn spawn_traced(cmd: &str) -> Result<Traced> {
         };
         let pid = child.id() as libc::pid_t;
         let mut status = 0;
-        // The first stop is the SIGTRAP of the exec of /bin/sh; sh then execs
-        // the command, which stops again: that is before its first instruction.
+        // The first stop is the SIGTRAP of the exec of /bin/sh; for a simple
+        // command sh then execs it, which stops again: that is before its
+        // first instruction.
         let mut execs = 0;
+        let start_at = if simple { 2 } else { 1 };
         loop {
             // SAFETY: waiting for our own child.
             if unsafe { libc::waitpid(pid, &mut status, 0) } < 0 {
@@ -64,7 +85,14 @@ pub fn spawn_traced(cmd: &str) -> Result<Traced> {
                 return;
             }
             if !libc::WIFSTOPPED(status) {
-                let _ = pid_tx.send(Err(format!("'{cmd}' exited before it started")));
+                let how = if libc::WIFEXITED(status) {
+                    format!("with status {}", libc::WEXITSTATUS(status))
+                } else {
+                    format!("by signal {}", libc::WTERMSIG(status))
+                };
+                let _ = pid_tx.send(Err(format!(
+                    "'{cmd}' could not be run: it exited {how} before it started"
+                )));
                 return;
             }
             execs += 1;
@@ -74,7 +102,7 @@ pub fn spawn_traced(cmd: &str) -> Result<Traced> {
                 let _ = pid_tx.send(Err(format!("cannot trace '{cmd}': ptrace: {e}")));
                 return;
             }
-            if execs >= 2 {
+            if execs >= start_at {
                 break;
             }
             if let Err(e) = ptrace(libc::PTRACE_CONT, pid, 0) {
@@ -128,5 +156,34 @@ pub fn spawn_traced(cmd: &str) -> Result<Traced> {
         }),
         Ok(Err(e)) => Err(Error::Usage(e)),
         Err(_) => Err(Error::Runtime("command runner died".into())),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::is_simple;
+
+    #[test]
+    fn only_plain_words_are_exec_d() {
+        for c in [
+            "python3 x.py",
+            "/usr/bin/env A=1 prog --flag=2 a,b",
+            "make -j4",
+        ] {
+            assert!(is_simple(c), "{c}");
+        }
+        for c in [
+            "a; b",
+            "a | b",
+            "a && b",
+            "a > f",
+            "echo $HOME",
+            "x 'q'",
+            "(a)",
+            "a &",
+            "",
+        ] {
+            assert!(!is_simple(c), "{c}");
+        }
     }
 }

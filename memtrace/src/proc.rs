@@ -90,6 +90,25 @@ pub fn comm(pid: u32) -> Option<String> {
 }
 
 /// MemTotal from /proc/meminfo, in kB.
+/// The parent of process `pid` (field 4 of /proc/PID/stat, after the
+/// parenthesised name, which may itself hold spaces and parentheses).
+pub fn parent_of(pid: u32) -> Option<u32> {
+    let stat = std::fs::read(format!("/proc/{pid}/stat")).ok()?;
+    let close = stat.iter().rposition(|&b| b == b')')?;
+    let rest = std::str::from_utf8(&stat[close + 1..]).ok()?;
+    rest.split_whitespace().nth(1)?.parse().ok()
+}
+
+/// Every process id in /proc now.
+pub fn pids() -> Vec<u32> {
+    std::fs::read_dir("/proc")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse().ok())
+        .collect()
+}
+
 pub fn mem_total_kb() -> Option<u64> {
     let s = std::fs::read_to_string("/proc/meminfo").ok()?;
     s.lines()

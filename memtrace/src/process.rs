@@ -3,15 +3,45 @@
 
 use std::collections::HashMap;
 
-use memtrace_common::names::{EXEC_NAMES, FOLLOW_FORK, NAME_EXEC};
+use memtrace_common::names::{EXEC_NAMES, FOLLOWED, FOLLOW_FORK, NAME_EXEC};
 
 use crate::attach::Probe;
+use crate::error::Result;
 use crate::records::comm;
 use crate::session::Session;
 
 /// Follows forks of traced processes into FOLLOWED.
 pub fn fork_probe() -> Probe {
     Probe::new("process forks").tracepoint(FOLLOW_FORK, "sched", "sched_process_fork")
+}
+
+/// Every descendant of `root` alive now, found through /proc.
+pub fn descendants(root: u32) -> Vec<u32> {
+    let parents: HashMap<u32, u32> = crate::proc::pids()
+        .into_iter()
+        .filter_map(|p| Some((p, crate::proc::parent_of(p)?)))
+        .collect();
+    let mut out = Vec::new();
+    let mut frontier = vec![root];
+    while let Some(p) = frontier.pop() {
+        for (&child, _) in parents.iter().filter(|(_, &pp)| pp == p) {
+            out.push(child);
+            frontier.push(child);
+        }
+    }
+    out.sort_unstable();
+    out
+}
+
+/// `--children` of a running process: its existing descendants join the
+/// followed set (the fork probe, attached before, catches any forked
+/// meanwhile). Returns how many there were.
+pub fn adopt_descendants(s: &mut Session, root: u32) -> Result<usize> {
+    let found = descendants(root);
+    for &p in &found {
+        s.hash_insert(FOLLOWED, p, 1u8, 0)?;
+    }
+    Ok(found.len())
 }
 
 /// Follows execs, for `exec_names`; optional: without it, processes keep the

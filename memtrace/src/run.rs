@@ -135,6 +135,10 @@ pub fn run(tool: &mut dyn Tool, common: &Common) -> Result<i32> {
 
     phases.mark("set up");
     let mut session = attach(tool, common, target, follow)?;
+    let adopted = match (common.pid, common.children) {
+        (Some(p), true) => Some(crate::process::adopt_descendants(&mut session, p)?),
+        _ => None,
+    };
     tool.on_start(&mut session)?;
     phases.mark("attached");
     let format = if common.json {
@@ -147,9 +151,13 @@ pub fn run(tool: &mut dyn Tool, common: &Common) -> Result<i32> {
     // Buffered: one write per drained batch of events, not one per line.
     let stdout = std::io::BufWriter::with_capacity(1 << 16, std::io::stdout());
     let mut out = output::printer(format, common.timestamps, Box::new(stdout));
-    let scope = match (&common.command, target) {
-        (Some(c), _) => format!(" of '{c}'"),
-        (None, Some(p)) => format!(" of pid {p}"),
+    let scope = match (&common.command, target, adopted) {
+        (Some(c), _, _) if crate::command::is_simple(c) => format!(" of '{c}'"),
+        (Some(c), _, _) => format!(" of '{c}' (the shell and every process it starts)"),
+        (None, Some(p), Some(n)) => {
+            format!(" of pid {p}, its {n} descendants and the processes they start")
+        }
+        (None, Some(p), None) => format!(" of pid {p}"),
         _ => String::new(),
     };
     // Signal handlers go in before the banner: whoever waits for the banner may
@@ -219,7 +227,11 @@ pub fn run(tool: &mut dyn Tool, common: &Common) -> Result<i32> {
     out.flush();
     // Dropping the session detaches and unloads every program.
     drop(session);
-    Ok(tool.exit_code())
+    // A command's failure is the run's, as with strace and time.
+    Ok(match (tool.exit_code(), status) {
+        (0, Some(s)) if s > 0 => s,
+        (code, _) => code,
+    })
 }
 
 struct Signals {

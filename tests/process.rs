@@ -1,0 +1,87 @@
+//! Processes that start, fork and exit while traced: `-c` runs command
+//! lines as the shell does, `--children` takes in existing descendants.
+
+mod common;
+
+use std::io::{BufRead, BufReader, Write};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use common::*;
+
+fn faults_of(stdout: &str, pid: u32) -> u64 {
+    json_of(stdout, "faults")
+        .iter()
+        .filter(|r| r["pid"] == pid)
+        .map(|r| r["total"].as_u64().unwrap())
+        .sum()
+}
+
+#[test]
+fn a_command_line_runs_as_the_shell_runs_it_and_its_status_is_returned() {
+    let w = workload_bin();
+    let w = w.display();
+    // A list, a pipeline and an exit status: every member traced.
+    let cmd = format!("{w} touch 300; {w} touch 200 | cat; exit 7");
+    let out = run(&["faults", "--json", "-c", &cmd]);
+    assert_eq!(out.code, 7, "{}", out.stderr);
+    let s = json_of(&out.stdout, "summary");
+    assert_eq!(s[0]["command_status"], 7, "{}", out.stdout);
+    let rows = json_of(&out.stdout, "faults");
+    let work: Vec<u64> = rows
+        .iter()
+        .filter(|r| r["comm"] == "memtrace-worklo")
+        .map(|r| r["total"].as_u64().unwrap())
+        .collect();
+    assert_eq!(work.len(), 2, "both workloads traced: {rows:?}");
+    assert!(
+        work.iter().any(|&n| n >= 300) && work.iter().all(|&n| n >= 200),
+        "{rows:?}"
+    );
+    assert!(
+        rows.iter().any(|r| r["comm"] == "cat"),
+        "the pipeline's cat: {rows:?}"
+    );
+}
+
+#[test]
+fn a_command_that_cannot_run_fails_the_run() {
+    let out = run(&["faults", "-c", "/nonexistent/program"]);
+    assert_eq!(out.code, 127, "{}", out.stderr);
+}
+
+/// A shell whose child workload exists (waiting for "go") before memtrace
+/// starts: the child is a descendant memtrace was not there to see forked.
+fn existing_child(extra: &[&str]) -> (u32, String) {
+    let w = workload_bin();
+    let mut sh = Command::new("/bin/sh")
+        .arg("-c")
+        .arg(format!("{} --wait touch 400; exit 0", w.display()))
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(sh.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let child: u32 = line.trim().parse().expect("workload pid");
+    let shell = sh.id().to_string();
+    let mut args = vec!["faults", "--json", "-p", &shell];
+    args.extend_from_slice(extra);
+    let t = Tracer::start(&args);
+    sh.stdin.take().unwrap().write_all(b"go\n").unwrap();
+    assert!(sh.wait().unwrap().success());
+    let out = t.wait(Duration::from_secs(20));
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    (child, out.stdout)
+}
+
+#[test]
+fn children_takes_in_existing_descendants() {
+    let (child, out) = existing_child(&["--children"]);
+    assert!(faults_of(&out, child) >= 400, "{out}");
+    // Without --children the child is not followed: the check above can fail.
+    let (child, out) = existing_child(&[]);
+    assert_eq!(faults_of(&out, child), 0, "{out}");
+}
