@@ -173,3 +173,50 @@ fn children_are_reported_per_process_and_summed() {
         out.stdout
     );
 }
+
+#[test]
+fn exited_children_leave_the_table_and_its_total() {
+    let out = traced(
+        &[],
+        &["fork-alloc", "24", "1000"],
+        &["--children"],
+        |_, _| {},
+    );
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    let rows = json_of(&out.stdout, "rss");
+    let last_rows: Vec<_> = rows
+        .iter()
+        .filter(|r| r["comm"].as_str().is_some_and(|c| c.ends_with("(exited)")))
+        .collect();
+    assert_eq!(
+        last_rows.len(),
+        1,
+        "one last row for the child: {}",
+        out.stdout
+    );
+    let child = last_rows[0]["pid"].clone();
+    let ts = last_rows[0]["ts"].as_f64().unwrap();
+    // Reports after it neither show the child nor count it in a TOTAL.
+    let later: Vec<_> = rows
+        .iter()
+        .filter(|r| r["ts"].as_f64().unwrap() > ts)
+        .collect();
+    assert!(
+        !later.is_empty(),
+        "no report after the child exited: {}",
+        out.stdout
+    );
+    assert!(later.iter().all(|r| r["pid"] != child), "{}", out.stdout);
+    assert!(
+        later.iter().all(|r| r["comm"] != "TOTAL"),
+        "one process left: {}",
+        out.stdout
+    );
+    let s = json_of(&out.stdout, "summary");
+    assert_eq!(s[0]["processes_exited"], 1, "{}", out.stdout);
+    assert_eq!(
+        s[0]["events"], 2,
+        "parent and child reported: {}",
+        out.stdout
+    );
+}

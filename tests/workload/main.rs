@@ -384,10 +384,12 @@ fn main() {
         }
         // readfile PATH K: map PATH and read K distinct pages, uncached.
         "readfile" => read_file_pages(&args[1], arg(&args, 2, 100)),
-        // fork-alloc MIB: a forked child allocates and touches MIB MiB, holds
-        // it for a second and exits; the parent waits for it.
+        // fork-alloc MIB [LINGER_MS]: a forked child allocates and touches
+        // MIB MiB, holds it for a second and exits; the parent waits for it,
+        // then lingers.
         "fork-alloc" => {
             let mib = arg(&args, 1, 16usize);
+            let linger = arg(&args, 2, 0u64);
             let pid = unsafe { libc::fork() };
             if pid == 0 {
                 allocate_and_touch_mib(mib);
@@ -396,6 +398,7 @@ fn main() {
             }
             let mut st = 0;
             unsafe { libc::waitpid(pid, &mut st, 0) };
+            std::thread::sleep(std::time::Duration::from_millis(linger));
         }
         // fork-sbrk N: a forked child calls sbrk N times; the parent none.
         "fork-sbrk" => {

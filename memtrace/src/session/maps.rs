@@ -198,6 +198,25 @@ impl Session {
         arr.set(i, v, 0).map_err(|e| Error::Runtime(chain(&e)))
     }
 
+    /// Removes `key` from a (non-per-CPU) hash map; a key already gone is
+    /// not an error.
+    pub fn hash_remove<K: Pod, V: Pod>(&mut self, map: MapName<K, V>, key: &K) -> Result<()> {
+        let m = self
+            .bpf
+            .map_mut(map.name)
+            .ok_or_else(|| missing(map.name))?;
+        let mut h = AyaHashMap::<_, K, V>::try_from(m).map_err(|e| Error::Runtime(chain(&e)))?;
+        match h.remove(key) {
+            Err(aya::maps::MapError::KeyNotFound) => Ok(()),
+            Err(aya::maps::MapError::SyscallError(e))
+                if e.io_error.raw_os_error() == Some(libc::ENOENT) =>
+            {
+                Ok(())
+            }
+            r => r.map_err(|e| Error::Runtime(chain(&e))),
+        }
+    }
+
     /// Events lost in the kernel so far, by reason, summed over CPUs.
     pub fn losses(&self) -> Vec<(&'static str, u64)> {
         let mut out: Vec<(&'static str, u64)> = loss::NAMES.iter().map(|n| (*n, 0)).collect();

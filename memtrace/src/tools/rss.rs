@@ -41,6 +41,10 @@ pub struct Args {
     /// Exit with code 3 if the threshold was crossed.
     #[arg(long)]
     pub fail: bool,
+    /// Drop processes that exited without a last row (they always leave
+    /// the table and its TOTAL).
+    #[arg(long)]
+    pub hide_exited: bool,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -158,6 +162,9 @@ pub struct Rss {
     excludes: Vec<Exclude>,
     crossed: bool,
     target: u32,
+    /// Processes reported so far, and how many of them exited.
+    seen: std::collections::HashSet<u32>,
+    exited: u64,
 }
 
 impl Rss {
@@ -173,6 +180,8 @@ impl Rss {
             args: a.clone(),
             crossed: false,
             target: 0,
+            seen: Default::default(),
+            exited: 0,
         })
     }
 
@@ -196,8 +205,37 @@ impl Rss {
         Ok(out)
     }
 
+    /// Forgets a process that exited: its counters, its exclusions and the
+    /// mm it owned, so that neither the table nor the maps keep it.
+    fn forget(&mut self, s: &mut Session, pid: u32) -> Result<()> {
+        s.hash_remove(names::RSS, &pid)?;
+        s.hash_remove(names::RSS_EXCLUDED, &pid)?;
+        let owned: Vec<u32> = s
+            .hash_entries(names::RSS_OWNER)
+            .into_iter()
+            .filter(|(_, owner)| *owner == pid)
+            .map(|(mm, _)| mm)
+            .collect();
+        for mm in owned {
+            s.hash_remove(names::RSS_OWNER, &mm)?;
+        }
+        self.exited += 1;
+        Ok(())
+    }
+
     fn table(&mut self, s: &mut Session, out: &mut dyn Printer) -> Result<()> {
         let rows = self.read(s)?;
+        self.seen.extend(rows.iter().map(|(p, _)| *p));
+        // The target's own last state is what the final report is for; any
+        // other process that exited gets a last row (unless hidden) and
+        // leaves the table.
+        let mut gone = Vec::new();
+        for (pid, _) in &rows {
+            if *pid != self.target && crate::proc::exiting(*pid) {
+                self.forget(s, *pid)?;
+                gone.push(*pid);
+            }
+        }
         let pids: Vec<u32> = rows.iter().map(|(p, _)| *p).collect();
         let excluded = self.refresh_excluded(s, &pids)?;
         let cols = [
@@ -216,9 +254,36 @@ impl Rss {
         let now = clock();
         let mut table: Vec<Row> = Vec::new();
         let mut sum = [0i64; 5];
+        let mut live = 0;
         for (pid, v) in &rows {
             let rss = v.bytes[FILE] + v.bytes[ANON] + v.bytes[SHMEM];
             let counted = rss - excluded.get(pid).copied().unwrap_or(0) as i64;
+            let exited = gone.contains(pid);
+            if exited && self.args.hide_exited {
+                continue;
+            }
+            // The name it has now: it may have exec'd since its first change.
+            let name = match crate::proc::comm(*pid) {
+                _ if exited => format!("{} (exited)", comm(&v.comm)),
+                Some(n) => n,
+                None => comm(&v.comm),
+            };
+            table.push(Row(vec![
+                now.clone().into(),
+                (*pid).into(),
+                name.into(),
+                kb(rss),
+                kb(v.bytes[ANON]),
+                kb(v.bytes[FILE]),
+                kb(v.bytes[SHMEM]),
+                kb(v.bytes[SWAP]),
+                kb(v.peak as i64),
+                kb(counted),
+            ]));
+            if exited {
+                continue;
+            }
+            live += 1;
             for (i, x) in [
                 rss,
                 v.bytes[ANON],
@@ -231,20 +296,8 @@ impl Rss {
             {
                 sum[i] += x;
             }
-            table.push(Row(vec![
-                now.clone().into(),
-                (*pid).into(),
-                comm(&v.comm).into(),
-                kb(rss),
-                kb(v.bytes[ANON]),
-                kb(v.bytes[FILE]),
-                kb(v.bytes[SHMEM]),
-                kb(v.bytes[SWAP]),
-                kb(v.peak as i64),
-                kb(counted),
-            ]));
         }
-        if rows.len() > 1 {
+        if live > 1 {
             table.push(Row(vec![
                 now.into(),
                 Value::Null,
@@ -406,13 +459,16 @@ impl Tool for Rss {
         self.table(s, out)
     }
 
-    /// Threshold crossings: the counter changes themselves are not sent up.
+    /// Processes reported: the counter changes themselves are not sent up.
     fn events(&self) -> u64 {
-        self.crossed as u64
+        self.seen.len() as u64
     }
 
     fn summary_extra(&self) -> Vec<(&'static str, Value)> {
-        vec![("threshold_crossed", Value::U(self.crossed as u64))]
+        vec![
+            ("threshold_crossed", Value::U(self.crossed as u64)),
+            ("processes_exited", Value::U(self.exited)),
+        ]
     }
 
     fn exit_code(&self) -> i32 {
