@@ -7,6 +7,7 @@ pub mod doctor;
 pub mod error;
 pub mod kernel;
 pub mod output;
+pub mod pmap;
 pub mod proc;
 pub mod process;
 pub mod reclaim;

@@ -131,3 +131,56 @@ mod tests {
         assert_eq!(super::split_dev((254 << 20) | 1), (254, 1));
     }
 }
+
+/// One mapping of /proc/PID/smaps with its Rss and Pss.
+#[derive(Debug, Clone, Default)]
+pub struct SmapsEntry {
+    pub start: u64,
+    pub end: u64,
+    pub perms: String,
+    pub name: String,
+    pub rss: u64,
+    pub pss: u64,
+}
+
+pub fn parse_smaps(text: &str) -> Vec<SmapsEntry> {
+    let mut out: Vec<SmapsEntry> = Vec::new();
+    for line in text.lines() {
+        let mut it = line.split_whitespace();
+        let Some(first) = it.next() else { continue };
+        if let Some((s, e)) = first.split_once('-') {
+            if let (Ok(start), Ok(end)) = (u64::from_str_radix(s, 16), u64::from_str_radix(e, 16)) {
+                let perms = it.next().unwrap_or("").to_string();
+                let name = it.skip(3).collect::<Vec<_>>().join(" ");
+                out.push(SmapsEntry {
+                    start,
+                    end,
+                    perms,
+                    name,
+                    ..Default::default()
+                });
+                continue;
+            }
+        }
+        let kb = || {
+            it.clone()
+                .next()
+                .and_then(|v| v.parse::<u64>().ok())
+                .unwrap_or(0)
+                * 1024
+        };
+        match (first, out.last_mut()) {
+            ("Rss:", Some(m)) => m.rss = kb(),
+            ("Pss:", Some(m)) => m.pss = kb(),
+            _ => {}
+        }
+    }
+    out
+}
+
+/// The mappings of `pid` with their Rss and Pss; empty when unreadable.
+pub fn smaps(pid: u32) -> Vec<SmapsEntry> {
+    std::fs::read_to_string(format!("/proc/{pid}/smaps"))
+        .map(|t| parse_smaps(&t))
+        .unwrap_or_default()
+}

@@ -62,53 +62,7 @@ impl Exclude {
     }
 }
 
-/// One mapping of /proc/PID/smaps with its Rss and Pss.
-#[derive(Debug, Clone, Default)]
-pub struct SmapsEntry {
-    pub start: u64,
-    pub end: u64,
-    pub perms: String,
-    pub name: String,
-    pub rss: u64,
-    pub pss: u64,
-}
-
-pub fn parse_smaps(text: &str) -> Vec<SmapsEntry> {
-    let mut out: Vec<SmapsEntry> = Vec::new();
-    for line in text.lines() {
-        let mut it = line.split_whitespace();
-        let Some(first) = it.next() else { continue };
-        if let Some((s, e)) = first.split_once('-') {
-            if let (Ok(start), Ok(end)) = (u64::from_str_radix(s, 16), u64::from_str_radix(e, 16)) {
-                let perms = it.next().unwrap_or("").to_string();
-                let name = it.skip(3).collect::<Vec<_>>().join(" ");
-                out.push(SmapsEntry {
-                    start,
-                    end,
-                    perms,
-                    name,
-                    ..Default::default()
-                });
-                continue;
-            }
-        }
-        let kb = || {
-            it.clone()
-                .next()
-                .and_then(|v| v.parse::<u64>().ok())
-                .unwrap_or(0)
-                * 1024
-        };
-        match (first, out.last_mut()) {
-            ("Rss:", Some(m)) => m.rss = kb(),
-            ("Pss:", Some(m)) => m.pss = kb(),
-            _ => {}
-        }
-    }
-    out
-}
-
-fn excluded_bytes(maps: &[SmapsEntry], ex: &[Exclude]) -> u64 {
+fn excluded_bytes(maps: &[crate::proc::SmapsEntry], ex: &[Exclude]) -> u64 {
     maps.iter()
         .filter(|m| {
             ex.iter().any(|e| match e {
@@ -118,12 +72,6 @@ fn excluded_bytes(maps: &[SmapsEntry], ex: &[Exclude]) -> u64 {
         })
         .map(|m| m.rss)
         .sum()
-}
-
-fn smaps(pid: u32) -> Vec<SmapsEntry> {
-    std::fs::read_to_string(format!("/proc/{pid}/smaps"))
-        .map(|t| parse_smaps(&t))
-        .unwrap_or_default()
 }
 
 /// The counters of `pid` now, from /proc/PID/status, as the kernel keeps them.
@@ -198,7 +146,7 @@ impl Rss {
             return Ok(out);
         }
         for &pid in pids {
-            let ex = excluded_bytes(&smaps(pid), &self.excludes);
+            let ex = excluded_bytes(&crate::proc::smaps(pid), &self.excludes);
             s.hash_insert(names::RSS_EXCLUDED, pid, ex, 0)?;
             out.insert(pid, ex);
         }
@@ -409,36 +357,7 @@ impl Tool for Rss {
         );
         out.stacks("rss_threshold_stack", "", &[stack]);
         // pmap-like: the largest mappings by RSS, at the moment it was seen.
-        let mut maps = smaps(ev.pid);
-        maps.sort_by_key(|m| std::cmp::Reverse(m.rss));
-        let mcols = [
-            Col::text("start", "ADDRESS", 12),
-            Col::num("size_kb", "KBYTES", 9),
-            Col::num("rss_kb", "RSS", 9),
-            Col::num("pss_kb", "PSS", 9),
-            Col::text("perms", "MODE", 4),
-            Col::text("mapping", "MAPPING", 10),
-        ];
-        let rows: Vec<Row> = maps
-            .iter()
-            .take(10)
-            .map(|m| {
-                Row(vec![
-                    format!("{:012x}", m.start).into(),
-                    ((m.end - m.start) / 1024).into(),
-                    (m.rss / 1024).into(),
-                    (m.pss / 1024).into(),
-                    m.perms.clone().into(),
-                    if m.name.is_empty() {
-                        "[anon]".to_string()
-                    } else {
-                        m.name.clone()
-                    }
-                    .into(),
-                ])
-            })
-            .collect();
-        out.table("rss_mapping", "Largest mappings by RSS:", &mcols, &rows);
+        crate::pmap::largest_mappings(out, "rss_mapping", ev.pid, 10);
         Ok(())
     }
 
@@ -507,7 +426,7 @@ mod tests {
                  55d1c0a00000-55d1c0a21000 r-xp 00001000 fe:01 1234567 /usr/bin/prog\n\
                  Rss:                  12 kB\n\
                  Pss:                  12 kB\n";
-        let m = parse_smaps(t);
+        let m = crate::proc::parse_smaps(t);
         assert_eq!(m.len(), 2);
         assert_eq!((m[0].rss, m[0].pss), (1024 * 1024, 512 * 1024));
         assert_eq!(m[1].name, "/usr/bin/prog");
