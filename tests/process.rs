@@ -85,3 +85,61 @@ fn children_takes_in_existing_descendants() {
     let (child, out) = existing_child(&[]);
     assert_eq!(faults_of(&out, child), 0, "{out}");
 }
+
+/// Two processes of one binary running the same code path, from a shell;
+/// the first interval report is taken while both are alive (symbolizing
+/// stacks of processes gone before the report is another matter).
+fn two_alike(extra: &[&str]) -> Vec<serde_json::Value> {
+    let w = workload_bin();
+    let w = w.display();
+    let cmd = format!("{w} rawbrk 30 4096 1500 & {w} rawbrk 30 4096 1500; wait");
+    let mut args = vec![
+        "brkstack",
+        "--stack-mode",
+        "fp",
+        "--json",
+        "-i",
+        "1",
+        "--count",
+        "1",
+        "-c",
+        &cmd,
+    ];
+    args.extend_from_slice(extra);
+    let out = run(&args);
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    json_of(&out.stdout, "brk_stack")
+        .into_iter()
+        .filter(|s| {
+            user_frames(s)
+                .first()
+                .is_some_and(|f| f.contains("grow_heap_with_raw_brk"))
+        })
+        .collect()
+}
+
+#[test]
+fn stacks_merge_by_function_across_processes_unless_asked() {
+    // Each process: 30 calls in the loop and the brk(0) before it, two
+    // call sites of one function.
+    let merged = two_alike(&[]);
+    assert_eq!(merged.len(), 1, "{merged:?}");
+    assert_eq!(
+        (merged[0]["count"].as_u64(), merged[0]["processes"].as_u64()),
+        (Some(62), Some(2))
+    );
+    assert!(
+        user_frames(&merged[0]).iter().all(|f| !f.contains("+0x")),
+        "{merged:?}"
+    );
+    let apart = two_alike(&["--per-pid"]);
+    let mut counts: Vec<u64> = apart.iter().map(|s| s["count"].as_u64().unwrap()).collect();
+    counts.sort();
+    assert_eq!(counts, [31, 31], "{apart:?}");
+    let raw = two_alike(&["--addresses", "--per-pid"]);
+    assert!(raw.len() >= 4, "call sites apart: {raw:?}");
+    assert!(
+        user_frames(&raw[0])[0].contains("grow_heap_with_raw_brk+0x"),
+        "{raw:?}"
+    );
+}

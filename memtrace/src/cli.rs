@@ -59,6 +59,15 @@ pub struct Common {
     /// bursts, and is resident memory twice over (the kernel maps it twice).
     #[arg(long, value_parser = parse_buffer_size)]
     pub buffer_size: Option<u32>,
+    /// Stack frames with their offsets (`memset+0xc0`), each call site apart.
+    #[arg(long, conflicts_with = "lines")]
+    pub addresses: bool,
+    /// Stack frames with their source file and line.
+    #[arg(long)]
+    pub lines: bool,
+    /// Keep identical stacks of different processes apart.
+    #[arg(long)]
+    pub per_pid: bool,
     /// Attach empty programs where the tool's would go (the benchmark floor).
     #[arg(long, hide = true)]
     pub floor: bool,

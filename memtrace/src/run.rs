@@ -15,6 +15,7 @@ use crate::error::{Error, Result};
 use crate::kernel::Format;
 use crate::output::{self, Format as OutFormat, Printer, Summary, Value};
 use crate::session::{Loader, Session};
+use crate::symbolize::FrameStyle;
 use crate::tool::{Prep, Tool};
 
 fn check_root() -> Result<()> {
@@ -107,6 +108,11 @@ pub fn attach(
     let mut session = Session::load(&loader, common.attach, common.verbose)?;
     session.dwarf = dwarf;
     session.walked_user_stacks = filter.stacks & stack_mode::WALK != 0;
+    session.sym.style = match (common.addresses, common.lines) {
+        (true, _) => FrameStyle::Addresses,
+        (_, true) => FrameStyle::Lines,
+        _ => FrameStyle::Function,
+    };
     if follow {
         session.attach(&crate::process::fork_probe())?;
     }
@@ -151,6 +157,7 @@ pub fn run(tool: &mut dyn Tool, common: &Common) -> Result<i32> {
     // Buffered: one write per drained batch of events, not one per line.
     let stdout = std::io::BufWriter::with_capacity(1 << 16, std::io::stdout());
     let mut out = output::printer(format, common.timestamps, Box::new(stdout));
+    out = Box::new(output::MergedStacks(out, common.per_pid));
     let scope = match (&common.command, target, adopted) {
         (Some(c), _, _) if crate::command::is_simple(c) => format!(" of '{c}'"),
         (Some(c), _, _) => format!(" of '{c}' (the shell and every process it starts)"),

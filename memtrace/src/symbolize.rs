@@ -85,7 +85,19 @@ impl MapsCache {
 
 pub type SharedMaps = Arc<Mutex<MapsCache>>;
 
+/// How a frame is written: by function (the default, so that the same code
+/// path merges across call sites, processes and flame-graph tools), with
+/// its source line (`--lines`), or with the raw offset (`--addresses`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum FrameStyle {
+    #[default]
+    Function,
+    Lines,
+    Addresses,
+}
+
 pub struct Symbolizer {
+    pub style: FrameStyle,
     blaze: Blaze,
     pub maps: SharedMaps,
     cache: HashMap<(u32, u64), String>,
@@ -102,9 +114,12 @@ fn module_name(path: &str) -> &str {
     path.rsplit('/').next().unwrap_or(path)
 }
 
-fn describe(sym: &blazesym::symbolize::Sym<'_>, module: &str) -> String {
-    let mut s = format!("{}+{:#x}", sym.name, sym.offset);
-    if let Some(ci) = &sym.code_info {
+fn describe(sym: &blazesym::symbolize::Sym<'_>, module: &str, style: FrameStyle) -> String {
+    let mut s = match style {
+        FrameStyle::Addresses => format!("{}+{:#x}", sym.name, sym.offset),
+        _ => sym.name.to_string(),
+    };
+    if let (Some(ci), false) = (&sym.code_info, style == FrameStyle::Function) {
         if let Some(line) = ci.line {
             s.push_str(&format!(" ({}:{line})", ci.file.to_string_lossy()));
         }
@@ -118,6 +133,7 @@ fn describe(sym: &blazesym::symbolize::Sym<'_>, module: &str) -> String {
 impl Symbolizer {
     pub fn new() -> Self {
         Symbolizer {
+            style: FrameStyle::default(),
             blaze: Blaze::builder().enable_code_info(true).build(),
             maps: Arc::new(Mutex::new(MapsCache::default())),
             cache: HashMap::new(),
@@ -156,7 +172,7 @@ impl Symbolizer {
                 };
                 let src = Source::Elf(Elf::new(path));
                 match self.blaze.symbolize_single(&src, Input::FileOffset(off)) {
-                    Ok(Symbolized::Sym(sym)) => describe(&sym, &module),
+                    Ok(Symbolized::Sym(sym)) => describe(&sym, &module, self.style),
                     _ => format!("{addr:#x} [{module}]"),
                 }
             }
@@ -187,7 +203,10 @@ impl Symbolizer {
                 .unwrap_or_default();
             for (i, a) in missing.iter().enumerate() {
                 let s = match syms.get(i) {
-                    Some(Symbolized::Sym(sym)) => format!("{}+{:#x}", sym.name, sym.offset),
+                    Some(Symbolized::Sym(sym)) if self.style == FrameStyle::Addresses => {
+                        format!("{}+{:#x}", sym.name, sym.offset)
+                    }
+                    Some(Symbolized::Sym(sym)) => sym.name.to_string(),
                     _ => format!("{a:#x}"),
                 };
                 self.kcache.insert(*a, s);

@@ -219,6 +219,7 @@ pub fn sampled_reports(
                 user,
                 kernel,
                 note,
+                processes: 1,
             }
         })
         .collect();
@@ -264,6 +265,7 @@ pub fn stack_report(
         user,
         kernel,
         note,
+        processes: 1,
     }
 }
 

@@ -282,7 +282,11 @@ fn main() {
         // sbrk N SIZE: N calls of sbrk(SIZE).
         "sbrk" => grow_heap_with_sbrk(arg(&args, 1, 10), arg(&args, 2, 4096)),
         // rawbrk N SIZE: N brk(2) calls growing the heap by SIZE, without glibc.
-        "rawbrk" => grow_heap_with_raw_brk(arg(&args, 1, 10), arg(&args, 2, 4096)),
+        "rawbrk" => {
+            grow_heap_with_raw_brk(arg(&args, 1, 10), arg(&args, 2, 4096));
+            // [LINGER_MS]: stay alive after, for reports taken meanwhile.
+            std::thread::sleep(std::time::Duration::from_millis(arg(&args, 3, 0)));
+        }
         // touch N: touch N fresh anonymous pages.
         "touch" => touch_fresh_pages(arg(&args, 1, 0)),
         // touch-timed N: the same, printing the loop's time in ns (benchmarks).

@@ -80,6 +80,7 @@ impl Printer for JsonPrinter {
                 "user_stack": s.user,
                 "kernel_stack": s.kernel,
                 "note": s.note,
+                "processes": s.processes.max(1),
             }));
         }
         let _ = self.out.flush();

@@ -3,12 +3,14 @@
 
 mod folded;
 mod json;
+mod merge;
 mod text;
 
 use std::io::Write;
 
 pub use folded::FoldedPrinter;
 pub use json::JsonPrinter;
+pub use merge::{merge_stacks, MergedStacks};
 pub use text::TextPrinter;
 
 #[derive(Debug, Clone, PartialEq)]
@@ -116,6 +118,9 @@ pub struct StackReport {
     pub kernel: Vec<String>,
     /// Why a stack is missing, when it is ("capture failed", "not captured").
     pub note: Option<String>,
+    /// Processes whose identical stacks were merged into this one (0 or 1:
+    /// only `pid`).
+    pub processes: usize,
 }
 
 /// A power-of-two histogram.

@@ -118,10 +118,14 @@ impl Printer for TextPrinter {
                 let _ = writeln!(self.out, "    [{n}]");
             }
             let bytes = s.bytes.map(|b| format!(", {b} bytes")).unwrap_or_default();
+            let who = match s.processes {
+                0 | 1 => s.pid.to_string(),
+                n => format!("{} and {} more", s.pid, n - 1),
+            };
             let _ = writeln!(
                 self.out,
-                "    -- {} ({})\n        {}{}\n",
-                s.comm, s.pid, s.count, bytes
+                "    -- {} ({who})\n        {}{}\n",
+                s.comm, s.count, bytes
             );
         }
         let _ = self.out.flush();

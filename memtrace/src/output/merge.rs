@@ -1,0 +1,134 @@
+//! Identical stacks of different processes as one (unless `--per-pid`):
+//! three backends of one server running the same code path are one entry,
+//! not three filling a `--top 3`. A printer in front of the real one, so
+//! every tool's stacks are merged the same way.
+
+use std::collections::HashMap;
+
+use super::{Col, Hist, Printer, Row, StackReport, Summary};
+
+/// Merges reports whose name and frames are equal (and pid, with
+/// `per_pid`): counts and bytes add, the pid kept is the largest
+/// contributor's. Largest first. Call sites that print alike (frames by
+/// function) merge within a process too.
+pub fn merge_stacks(stacks: &[StackReport], per_pid: bool) -> Vec<StackReport> {
+    let mut out: Vec<StackReport> = Vec::new();
+    type Key<'a> = (u32, &'a str, &'a [String], &'a [String], Option<&'a str>);
+    let mut at: HashMap<Key, usize> = HashMap::new();
+    let mut top: Vec<u64> = Vec::new();
+    // Distinct pids per merged stack: call sites of one process merge too.
+    let mut pids: Vec<std::collections::HashSet<u32>> = Vec::new();
+    for s in stacks {
+        let pid = if per_pid { s.pid } else { 0 };
+        let key = (
+            pid,
+            s.comm.as_str(),
+            &s.user[..],
+            &s.kernel[..],
+            s.note.as_deref(),
+        );
+        match at.get(&key) {
+            Some(&i) => {
+                let m = &mut out[i];
+                if s.count > top[i] {
+                    (m.pid, top[i]) = (s.pid, s.count);
+                }
+                m.count += s.count;
+                m.bytes = match (m.bytes, s.bytes) {
+                    (Some(a), Some(b)) => Some(a + b),
+                    (a, b) => a.or(b),
+                };
+                pids[i].insert(s.pid);
+                m.processes = pids[i].len().max(s.processes);
+            }
+            None => {
+                at.insert(key, out.len());
+                top.push(s.count);
+                pids.push([s.pid].into());
+                let mut m = s.clone();
+                m.processes = s.processes.max(1);
+                out.push(m);
+            }
+        }
+    }
+    out.sort_by_key(|s| std::cmp::Reverse(s.count));
+    out
+}
+
+/// A printer that merges stacks before the one it wraps prints them; the
+/// flag keeps processes apart (`--per-pid`).
+pub struct MergedStacks(pub Box<dyn Printer>, pub bool);
+
+impl Printer for MergedStacks {
+    fn event(&mut self, kind: &'static str, cols: &[Col], row: &Row) {
+        self.0.event(kind, cols, row)
+    }
+    fn event_stack(&mut self, kind: &'static str, cols: &[Col], row: &Row, stack: &[String]) {
+        self.0.event_stack(kind, cols, row, stack)
+    }
+    fn table(&mut self, kind: &'static str, title: &str, cols: &[Col], rows: &[Row]) {
+        self.0.table(kind, title, cols, rows)
+    }
+    fn stacks(&mut self, kind: &'static str, title: &str, stacks: &[StackReport]) {
+        self.0.stacks(kind, title, &merge_stacks(stacks, self.1))
+    }
+    fn histogram(&mut self, h: &Hist) {
+        self.0.histogram(h)
+    }
+    fn summary(&mut self, s: &Summary) {
+        self.0.summary(s)
+    }
+    fn flush(&mut self) {
+        self.0.flush()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn r(pid: u32, count: u64, user: &[&str]) -> StackReport {
+        StackReport {
+            pid,
+            comm: "postgres".into(),
+            count,
+            bytes: Some(count * 10),
+            user: user.iter().map(|s| s.to_string()).collect(),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn identical_stacks_of_several_processes_become_one() {
+        let all = [
+            r(
+                1,
+                5,
+                &["memset [libc.so.6]", "exec_simple_query [postgres]"],
+            ),
+            r(
+                2,
+                7,
+                &["memset [libc.so.6]", "exec_simple_query [postgres]"],
+            ),
+            r(3, 9, &["palloc [postgres]"]),
+            // Another call site of process 3, the same by function.
+            r(3, 2, &["palloc [postgres]"]),
+            r(
+                4,
+                1,
+                &["memset [libc.so.6]", "exec_simple_query [postgres]"],
+            ),
+        ];
+        let m = merge_stacks(&all, false);
+        assert_eq!(m.len(), 2);
+        assert_eq!(
+            (m[0].count, m[0].bytes, m[0].processes, m[0].pid),
+            (13, Some(130), 3, 2)
+        );
+        assert_eq!((m[1].count, m[1].processes, m[1].pid), (11, 1, 3));
+        let apart = merge_stacks(&all, true);
+        let counts: Vec<u64> = apart.iter().map(|s| s.count).collect();
+        assert_eq!(counts, [11, 7, 5, 1]);
+    }
+}
