@@ -126,9 +126,11 @@ pub fn doctor() -> Result<i32> {
             Col::text("method", "METHOD", 10),
             Col::text("detail", "TARGET OR WHY NOT", 10),
         ];
-        println!();
+        out.blank_line();
         out.table("tools", "", &tcols, &tool_rows);
     }
+    out.flush();
+    crate::output::check(&out)?;
     Ok(0)
 }
 

@@ -32,14 +32,26 @@ pub enum Error {
     Runtime(String),
     #[error(transparent)]
     Io(#[from] std::io::Error),
+    /// Writing the report failed; a closed pipe is not a failure.
+    #[error("writing output: {0}")]
+    Output(std::io::Error),
 }
 
 impl Error {
     pub fn exit_code(&self) -> i32 {
         match self {
-            Error::Load(_) | Error::Runtime(_) | Error::Io(_) => 1,
+            Error::Output(_) if self.quiet() => 0,
+            Error::Load(_) | Error::Runtime(_) | Error::Io(_) | Error::Output(_) => 1,
             _ => 2,
         }
+    }
+}
+
+impl Error {
+    /// Whoever read the output is gone (`memtrace ... | head`): memtrace
+    /// stops, detaches and exits 0 without a word, as `head` users expect.
+    pub fn quiet(&self) -> bool {
+        matches!(self, Error::Output(e) if e.kind() == std::io::ErrorKind::BrokenPipe)
     }
 }
 

@@ -1,5 +1,12 @@
 //! memtrace: memory event tracing with eBPF.
 
+/// `eprintln!` that cannot panic (see `output::to_stderr`).
+macro_rules! say {
+    ($($arg:tt)*) => {
+        $crate::output::to_stderr(format_args!($($arg)*))
+    };
+}
+
 pub mod attach;
 pub mod cli;
 pub mod command;

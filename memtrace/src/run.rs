@@ -2,7 +2,6 @@
 //! drain events and intervals, end on Ctrl-C/SIGTERM/SIGHUP, duration or the
 //! target's exit, then print the report and summary.
 
-use std::io::Write;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::time::{Duration, Instant};
 
@@ -48,7 +47,7 @@ struct Phases(Option<Instant>);
 impl Phases {
     fn mark(&mut self, what: &str) {
         if let Some(t) = self.0 {
-            eprintln!(
+            say!(
                 "memtrace: timing: {what}: {:.1} ms",
                 t.elapsed().as_secs_f64() * 1e3
             );
@@ -179,8 +178,7 @@ pub fn run(tool: &mut dyn Tool, common: &Common) -> Result<i32> {
     if let Some(p) = common.pid {
         session.sym.maps.lock().unwrap().snapshot(p);
     }
-    eprintln!("Tracing {}{scope}... Hit Ctrl-C to end.", tool.what());
-    let _ = std::io::stderr().flush();
+    say!("Tracing {}{scope}... Hit Ctrl-C to end.", tool.what());
     let mut exited = None;
     if let Some(t) = traced.as_mut() {
         let _ = t.go.send(session.sym.maps.clone());
@@ -198,6 +196,9 @@ pub fn run(tool: &mut dyn Tool, common: &Common) -> Result<i32> {
         exited,
     ))?;
     tool.finish(&mut session, out.as_mut())?;
+    out.flush();
+    // A report that could not be written has no summary: the error says why.
+    output::check(out.as_ref())?;
     let mut extra = tool.summary_extra();
     if let Some(d) = &session.dwarf {
         let u = d.unwinder.stats;
@@ -225,7 +226,9 @@ pub fn run(tool: &mut dyn Tool, common: &Common) -> Result<i32> {
     };
     out.summary(&summary);
     out.flush();
-    // Dropping the session detaches and unloads every program.
+    output::check(out.as_ref())?;
+    // Dropping the session detaches and unloads every program (as it does
+    // when an error returns early).
     drop(session);
     // A command's failure is the run's, as with strace and time.
     Ok(match (tool.exit_code(), status) {
@@ -279,6 +282,9 @@ async fn event_loop(
                 }
                 out.flush();
                 guard.clear_ready();
+                // A closed pipe or a full disk ends the run: memtrace
+                // detaches rather than tracing for nobody.
+                output::check(out)?;
             }
             _ = drain.tick() => {
                 let ring = rb.get_mut();
@@ -286,6 +292,7 @@ async fn event_loop(
                     dispatch(&item, tool, session, out)?;
                 }
                 out.flush();
+                output::check(out)?;
             }
             _ = sig.int.recv() => break,
             _ = sig.term.recv() => break,
@@ -293,6 +300,8 @@ async fn event_loop(
             _ = tokio::time::sleep_until(deadline) => break,
             _ = interval.tick() => {
                 tool.on_interval(session, out)?;
+                out.flush();
+                output::check(out)?;
                 intervals += 1;
                 if limit.is_some_and(|n| intervals >= n) {
                     break;
@@ -301,7 +310,7 @@ async fn event_loop(
             _ = housekeeping.tick() => {
                 let lost: u64 = session.losses().iter().map(|(_, n)| n).sum();
                 if lost > warned_loss {
-                    eprintln!("memtrace: warning: {lost} events lost so far (see the summary for why; a bigger --buffer-size keeps more in bursts)");
+                    say!("memtrace: warning: {lost} events lost so far (see the summary for why; a bigger --buffer-size keeps more in bursts)");
                     warned_loss = lost;
                 }
                 if let (Some(p), true) = (common.pid, last_maps.elapsed() > Duration::from_secs(1)) {

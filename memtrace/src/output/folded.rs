@@ -1,18 +1,19 @@
 use std::io::Write;
 
+use super::sink::{putln, Sink};
 use super::{Col, Hist, Printer, Row, StackReport, Summary, TextPrinter};
 
 /// Folded stacks (`comm;outer;...;inner count`) for flamegraph.pl and inferno;
 /// everything that is not a stack prints as text.
 pub struct FoldedPrinter {
-    out: Box<dyn Write>,
+    out: Sink,
     text: TextPrinter,
 }
 
 impl FoldedPrinter {
     pub fn new(out: Box<dyn Write>, timestamps: bool) -> Self {
         FoldedPrinter {
-            out,
+            out: Sink::new(out),
             text: TextPrinter::new(Box::new(std::io::stderr()), timestamps),
         }
     }
@@ -42,9 +43,9 @@ impl Printer for FoldedPrinter {
     }
     fn stacks(&mut self, _kind: &'static str, _title: &str, stacks: &[StackReport]) {
         for s in stacks {
-            let _ = writeln!(self.out, "{}", fold(s));
+            putln!(self.out, "{}", fold(s));
         }
-        let _ = self.out.flush();
+        self.out.flush();
     }
     fn histogram(&mut self, h: &Hist) {
         self.text.histogram(h)
@@ -54,7 +55,11 @@ impl Printer for FoldedPrinter {
     }
     fn flush(&mut self) {
         self.text.flush();
-        let _ = self.out.flush();
+        self.out.flush();
+    }
+    /// The stacks' (stdout) or else the rest's (stderr): both are the report.
+    fn error(&self) -> Option<&std::io::Error> {
+        self.out.error().or(self.text.error())
     }
 }
 

@@ -3,12 +3,14 @@
 
 mod folded;
 mod json;
+mod sink;
 mod text;
 
 use std::io::Write;
 
 pub use folded::FoldedPrinter;
 pub use json::JsonPrinter;
+pub use sink::to_stderr;
 pub use text::TextPrinter;
 
 #[derive(Debug, Clone, PartialEq)]
@@ -194,6 +196,22 @@ pub trait Printer {
     fn histogram(&mut self, h: &Hist);
     fn summary(&mut self, s: &Summary);
     fn flush(&mut self) {}
+    /// The first error writing the output, if any; after it nothing more is
+    /// written.
+    fn error(&self) -> Option<&std::io::Error>;
+}
+
+/// An error once the printer failed to write: `Error::Output`, which ends
+/// the run (quietly for a closed pipe).
+pub fn check(out: &dyn Printer) -> crate::Result<()> {
+    match out.error() {
+        None => Ok(()),
+        // io::Error is not Clone: rebuild it from what it says.
+        Some(e) => Err(crate::Error::Output(match e.raw_os_error() {
+            Some(code) => std::io::Error::from_raw_os_error(code),
+            None => std::io::Error::new(e.kind(), e.to_string()),
+        })),
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -1,9 +1,10 @@
 use std::io::Write;
 
+use super::sink::{putln, to_stderr, Sink};
 use super::{clock, Col, Hist, Printer, Row, StackReport, Summary};
 
 pub struct TextPrinter {
-    out: Box<dyn Write>,
+    out: Sink,
     timestamps: bool,
     header_done: bool,
     /// The line and the cell being put together, kept between lines: a
@@ -18,12 +19,17 @@ const TIME_COL: Col = Col::text("time", "TIME", 8);
 impl TextPrinter {
     pub fn new(out: Box<dyn Write>, timestamps: bool) -> Self {
         TextPrinter {
-            out,
+            out: Sink::new(out),
             timestamps,
             header_done: false,
             line: String::new(),
             cell: String::new(),
         }
+    }
+
+    /// An empty line between two tables.
+    pub fn blank_line(&mut self) {
+        putln!(self.out);
     }
 
     /// Appends one cell, padded to its column (the last left-aligned one is
@@ -63,6 +69,7 @@ impl TextPrinter {
                 Self::push_cell(&mut self.line, c, c.header, first, last);
             } else {
                 self.cell.clear();
+                // Formatting into a String cannot fail.
                 let _ = write!(self.cell, "{}", row.0[i]);
                 Self::push_cell(&mut self.line, c, &self.cell, first, last);
             }
@@ -71,7 +78,7 @@ impl TextPrinter {
         let end = self.line.trim_end().len();
         self.line.truncate(end);
         self.line.push('\n');
-        let _ = self.out.write_all(self.line.as_bytes());
+        self.out.put(self.line.as_bytes());
     }
 }
 
@@ -89,46 +96,49 @@ impl Printer for TextPrinter {
         self.event(kind, cols, row);
         // Frames under their event, indented, as BCC's tools print them.
         for f in stack {
-            let _ = writeln!(self.out, "        {f}");
+            putln!(self.out, "        {f}");
         }
         // Flushed by the session after each drained batch.
     }
 
     fn table(&mut self, _kind: &'static str, title: &str, cols: &[Col], rows: &[Row]) {
         if !title.is_empty() {
-            let _ = writeln!(self.out, "{title}");
+            putln!(self.out, "{title}");
         }
         self.render(cols, &Row::default(), true);
         for r in rows {
             self.render(cols, r, false);
         }
-        let _ = self.out.flush();
+        self.out.flush();
     }
 
     fn stacks(&mut self, _kind: &'static str, title: &str, stacks: &[StackReport]) {
         if !title.is_empty() {
-            let _ = writeln!(self.out, "{title}");
+            putln!(self.out, "{title}");
         }
         for s in stacks {
             // bpftrace/stackcount shape: frames innermost first, then the count.
             for f in s.kernel.iter().chain(s.user.iter()) {
-                let _ = writeln!(self.out, "    {f}");
+                putln!(self.out, "    {f}");
             }
             if let Some(n) = &s.note {
-                let _ = writeln!(self.out, "    [{n}]");
+                putln!(self.out, "    [{n}]");
             }
             let bytes = s.bytes.map(|b| format!(", {b} bytes")).unwrap_or_default();
-            let _ = writeln!(
+            putln!(
                 self.out,
                 "    -- {} ({})\n        {}{}\n",
-                s.comm, s.pid, s.count, bytes
+                s.comm,
+                s.pid,
+                s.count,
+                bytes
             );
         }
-        let _ = self.out.flush();
+        self.out.flush();
     }
 
     fn histogram(&mut self, h: &Hist) {
-        let _ = writeln!(self.out, "{}", h.title);
+        putln!(self.out, "{}", h.title);
         let max = h.buckets.iter().copied().max().unwrap_or(0).max(1);
         let first = h.buckets.iter().position(|&n| n > 0).unwrap_or(0);
         let last = h.buckets.iter().rposition(|&n| n > 0).unwrap_or(0);
@@ -137,16 +147,16 @@ impl Printer for TextPrinter {
             let (lo, hi) = Hist::range(i);
             let bar = "@".repeat(((n * 40) / max) as usize);
             let range = format!("[{}, {})", human(lo), human(hi));
-            let _ = writeln!(self.out, "{range:<16} {n:>8} |{bar:<40}|");
+            putln!(self.out, "{range:<16} {n:>8} |{bar:<40}|");
         }
         if h.unit.is_empty() {
             return;
         }
-        let _ = writeln!(self.out, "({})", h.unit);
+        putln!(self.out, "({})", h.unit);
     }
 
     fn summary(&mut self, s: &Summary) {
-        let _ = self.out.flush();
+        self.out.flush();
         // The summary goes to stderr so that stdout stays parseable.
         let lost: Vec<String> = s
             .lost
@@ -166,11 +176,15 @@ impl Printer for TextPrinter {
         if let Some(st) = s.command_status {
             line.push_str(&format!(", command exited with status {st}"));
         }
-        eprintln!("{line}");
+        to_stderr(format_args!("{line}"));
     }
 
     fn flush(&mut self) {
-        let _ = self.out.flush();
+        self.out.flush();
+    }
+
+    fn error(&self) -> Option<&std::io::Error> {
+        self.out.error()
     }
 }
 

@@ -1,0 +1,190 @@
+//! What an incident tool meets besides the kernel: readers that go away,
+//! full disks, hostile process names, missing privileges.
+
+mod common;
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use common::*;
+
+/// The count once programs of earlier processes are freed (after an RCU
+/// grace period, not at once).
+fn settled_programs() -> usize {
+    let mut last = loaded_programs();
+    for _ in 0..25 {
+        std::thread::sleep(Duration::from_millis(200));
+        let now = loaded_programs();
+        if now == last {
+            return now;
+        }
+        last = now;
+    }
+    last
+}
+
+fn assert_programs_back_to(before: usize) {
+    for _ in 0..30 {
+        if loaded_programs() <= before {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    panic!(
+        "BPF programs before: {before}, after: {}",
+        loaded_programs()
+    );
+}
+
+/// memtrace with the given stdout, once it says "Tracing"; its stderr
+/// lines keep coming through the receiver.
+fn spawn_with_stdout(args: &[&str], stdout: Stdio) -> (Child, mpsc::Receiver<String>) {
+    let mut child = Command::new(memtrace_bin())
+        .args(args)
+        .stdout(stdout)
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn memtrace");
+    let (tx, rx) = mpsc::channel();
+    let err = child.stderr.take().unwrap();
+    std::thread::spawn(move || {
+        for l in BufReader::new(err).lines().map_while(Result::ok) {
+            if tx.send(l).is_err() {
+                break;
+            }
+        }
+    });
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        match rx.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
+            Ok(l) if l.starts_with("Tracing") => return (child, rx),
+            Ok(_) => {}
+            Err(_) => {
+                let _ = child.kill();
+                panic!("memtrace {args:?} did not start");
+            }
+        }
+    }
+}
+
+/// Waits up to `timeout` for `child` to exit, running `mmap-loop` workloads
+/// meanwhile so that memtrace has something to write; its exit code.
+fn wait_making_mmaps(child: &mut Child, timeout: Duration) -> Option<i32> {
+    let deadline = Instant::now() + timeout;
+    while Instant::now() < deadline {
+        if let Some(st) = child.try_wait().unwrap() {
+            return st.code();
+        }
+        let st = Command::new(workload_bin())
+            .args(["mmap-loop", "1", "500"])
+            .stdout(Stdio::null())
+            .status()
+            .unwrap();
+        assert!(st.success());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    None
+}
+
+fn rest(rx: &mpsc::Receiver<String>) -> String {
+    let mut s = String::new();
+    while let Ok(l) = rx.recv_timeout(Duration::from_secs(2)) {
+        s.push_str(&l);
+        s.push('\n');
+    }
+    s
+}
+
+#[test]
+fn a_reader_that_goes_away_ends_memtrace_quietly_and_detached() {
+    let before = settled_programs();
+    let (mut child, err) = spawn_with_stdout(&["mmapsnoop", "--json"], Stdio::piped());
+    assert!(loaded_programs() > before, "nothing loaded while tracing");
+    let mut out = BufReader::new(child.stdout.take().unwrap());
+    // Calls of our own, so that a line comes.
+    Command::new(workload_bin())
+        .args(["mmap-loop", "1", "10"])
+        .stdout(Stdio::null())
+        .status()
+        .unwrap();
+    let mut first = String::new();
+    out.read_line(&mut first).unwrap();
+    assert!(first.starts_with('{'), "first line: {first:?}");
+    // `head -1`: the reader closes its end after one line.
+    drop(out);
+    let code = wait_making_mmaps(&mut child, Duration::from_secs(5));
+    let stderr = rest(&err);
+    assert_eq!(code, Some(0), "did not end quietly in 5 s: {stderr}");
+    assert!(!stderr.contains("error"), "{stderr}");
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    assert_programs_back_to(before);
+}
+
+#[test]
+fn a_full_device_is_one_error_line_and_exit_1() {
+    let full = std::fs::File::create("/dev/full").unwrap();
+    let (mut child, err) = spawn_with_stdout(&["mmapsnoop", "-d", "2"], full.into());
+    let code = wait_making_mmaps(&mut child, Duration::from_secs(10));
+    let stderr = rest(&err);
+    assert_eq!(code, Some(1), "{stderr}");
+    let errors: Vec<&str> = stderr.lines().filter(|l| l.contains("error")).collect();
+    assert_eq!(errors.len(), 1, "{stderr}");
+    assert!(
+        errors[0].starts_with("memtrace: error: writing output: ")
+            && errors[0].contains("No space left on device"),
+        "{stderr}"
+    );
+    // Nothing reached the output: no summary claims otherwise.
+    assert!(!stderr.contains("memtrace mmapsnoop:"), "{stderr}");
+    assert!(!stderr.contains("panicked"), "{stderr}");
+}
+
+#[test]
+fn doctor_into_a_full_device_does_not_panic() {
+    let full = std::fs::File::create("/dev/full").unwrap();
+    let o = Command::new(memtrace_bin())
+        .arg("doctor")
+        .stdout(full)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{stderr}");
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    let errors: Vec<&str> = stderr.lines().filter(|l| l.contains("error")).collect();
+    assert_eq!(errors.len(), 1, "{stderr}");
+    assert!(
+        errors[0].starts_with("memtrace: error: writing output: "),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn stderr_and_stdout_into_a_closed_pipe_do_not_panic() {
+    // `memtrace faults -d 1 2>&1 | head -1`
+    let (r, w) = std::io::pipe().unwrap();
+    let mut child = Command::new(memtrace_bin())
+        .args(["faults", "-d", "1"])
+        .stdout(w.try_clone().unwrap())
+        .stderr(w)
+        .spawn()
+        .unwrap();
+    let mut r = BufReader::new(r);
+    let mut first = String::new();
+    r.read_line(&mut first).unwrap();
+    assert!(!first.is_empty());
+    drop(r);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let st = loop {
+        if let Some(st) = child.try_wait().unwrap() {
+            break st;
+        }
+        assert!(Instant::now() < deadline, "memtrace did not exit");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    // 101 is a panic.
+    assert_eq!(st.code(), Some(0));
+}
