@@ -188,3 +188,37 @@ fn stderr_and_stdout_into_a_closed_pipe_do_not_panic() {
     // 101 is a panic.
     assert_eq!(st.code(), Some(0));
 }
+
+#[test]
+fn hostile_command_names_are_escaped_in_text_output() {
+    // The workload names itself "ev ESC [2J il NEWLINE name"; its child
+    // touches 3000 pages under that name.
+    let cmd = format!("{} badname 3000", workload_bin().display());
+    let out = run(&["faults", "-c", &cmd]);
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    assert!(
+        !out.stdout.chars().any(|c| c.is_control() && c != '\n'),
+        "raw control characters: {:?}",
+        out.stdout
+    );
+    let escaped = r"ev\x1b[2Jil\nname";
+    let row = out
+        .stdout
+        .lines()
+        .find(|l| l.contains(escaped))
+        .unwrap_or_else(|| panic!("no row for the renamed child: {}", out.stdout));
+    // The whole row is one line: its counts follow the name.
+    let nums: Vec<u64> = row
+        .split_whitespace()
+        .rev()
+        .take(3)
+        .map(|w| w.parse().unwrap())
+        .collect();
+    assert!(nums[2] >= 3000, "user faults {row}");
+    // No line was forged out of the name's second half.
+    assert!(
+        !out.stdout.lines().any(|l| l.starts_with("name")),
+        "{}",
+        out.stdout
+    );
+}

@@ -19,9 +19,12 @@ impl FoldedPrinter {
     }
 }
 
-/// Frames may not contain the separators of the folded format.
+/// Frames may not contain the separators of the folded format, nor a line
+/// break or anything else a terminal acts on (names are the traced system's).
 fn clean(f: &str) -> String {
-    f.replace(';', ":").replace(' ', "_")
+    super::escape_controls(f)
+        .replace(';', ":")
+        .replace(' ', "_")
 }
 
 pub fn fold(s: &StackReport) -> String {

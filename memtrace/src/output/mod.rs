@@ -229,6 +229,36 @@ pub fn printer(format: Format, timestamps: bool, out: Box<dyn Write>) -> Box<dyn
     }
 }
 
+/// Escapes what a terminal would act on in text that comes from the traced
+/// system (command names, paths, symbols): C0 controls, DEL and C1 controls.
+/// A process can set its name to anything (`prctl(PR_SET_NAME)`): raw, an
+/// ESC sequence repaints the operator's terminal and a newline forges a row.
+/// `ps` prints `?` for these; C-style escapes (`\n`, `\x1b`, `\u{9b}`) are
+/// used instead because they show what the process actually set, which is
+/// what someone hunting a disguised process wants to see. Backslashes are
+/// doubled so that a name cannot fake an escape.
+pub fn escape_controls(s: &str) -> std::borrow::Cow<'_, str> {
+    let special = |c: char| c.is_control() || c == '\\';
+    if !s.chars().any(special) {
+        return std::borrow::Cow::Borrowed(s);
+    }
+    let mut out = String::with_capacity(s.len() + 8);
+    for c in s.chars() {
+        match c {
+            '\\' => out.push_str("\\\\"),
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            '\t' => out.push_str("\\t"),
+            c if (c as u32) < 0x80 && c.is_control() => {
+                out.push_str(&format!("\\x{:02x}", c as u32));
+            }
+            c if c.is_control() => out.push_str(&format!("\\u{{{:x}}}", c as u32)),
+            c => out.push(c),
+        }
+    }
+    std::borrow::Cow::Owned(out)
+}
+
 /// Local wall-clock time as HH:MM:SS.
 pub fn clock() -> String {
     let now = unsafe { libc::time(std::ptr::null_mut()) };

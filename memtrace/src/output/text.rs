@@ -1,7 +1,7 @@
 use std::io::Write;
 
 use super::sink::{putln, to_stderr, Sink};
-use super::{clock, Col, Hist, Printer, Row, StackReport, Summary};
+use super::{clock, escape_controls as esc, Col, Hist, Printer, Row, StackReport, Summary, Value};
 
 pub struct TextPrinter {
     out: Sink,
@@ -69,8 +69,14 @@ impl TextPrinter {
                 Self::push_cell(&mut self.line, c, c.header, first, last);
             } else {
                 self.cell.clear();
-                // Formatting into a String cannot fail.
-                let _ = write!(self.cell, "{}", row.0[i]);
+                match &row.0[i] {
+                    // Text comes from the traced system: see escape_controls.
+                    Value::S(s) => self.cell.push_str(&esc(s)),
+                    // Formatting into a String cannot fail.
+                    v => {
+                        let _ = write!(self.cell, "{v}");
+                    }
+                }
                 Self::push_cell(&mut self.line, c, &self.cell, first, last);
             }
             first = false;
@@ -96,14 +102,14 @@ impl Printer for TextPrinter {
         self.event(kind, cols, row);
         // Frames under their event, indented, as BCC's tools print them.
         for f in stack {
-            putln!(self.out, "        {f}");
+            putln!(self.out, "        {}", esc(f));
         }
         // Flushed by the session after each drained batch.
     }
 
     fn table(&mut self, _kind: &'static str, title: &str, cols: &[Col], rows: &[Row]) {
         if !title.is_empty() {
-            putln!(self.out, "{title}");
+            putln!(self.out, "{}", esc(title));
         }
         self.render(cols, &Row::default(), true);
         for r in rows {
@@ -114,21 +120,21 @@ impl Printer for TextPrinter {
 
     fn stacks(&mut self, _kind: &'static str, title: &str, stacks: &[StackReport]) {
         if !title.is_empty() {
-            putln!(self.out, "{title}");
+            putln!(self.out, "{}", esc(title));
         }
         for s in stacks {
             // bpftrace/stackcount shape: frames innermost first, then the count.
             for f in s.kernel.iter().chain(s.user.iter()) {
-                putln!(self.out, "    {f}");
+                putln!(self.out, "    {}", esc(f));
             }
             if let Some(n) = &s.note {
-                putln!(self.out, "    [{n}]");
+                putln!(self.out, "    [{}]", esc(n));
             }
             let bytes = s.bytes.map(|b| format!(", {b} bytes")).unwrap_or_default();
             putln!(
                 self.out,
                 "    -- {} ({})\n        {}{}\n",
-                s.comm,
+                esc(&s.comm),
                 s.pid,
                 s.count,
                 bytes
@@ -138,7 +144,7 @@ impl Printer for TextPrinter {
     }
 
     fn histogram(&mut self, h: &Hist) {
-        putln!(self.out, "{}", h.title);
+        putln!(self.out, "{}", esc(&h.title));
         let max = h.buckets.iter().copied().max().unwrap_or(0).max(1);
         let first = h.buckets.iter().position(|&n| n > 0).unwrap_or(0);
         let last = h.buckets.iter().rposition(|&n| n > 0).unwrap_or(0);
@@ -231,6 +237,30 @@ mod tests {
         p.event("x", &cols, &Row(vec![Value::U(7), "sh".into()]));
         let s = String::from_utf8(buf.0.lock().unwrap().clone()).unwrap();
         assert_eq!(s, "    PID COMM\n     42 bash\n      7 sh\n");
+    }
+
+    #[test]
+    fn control_characters_from_the_traced_system_are_escaped() {
+        let buf = Buf::default();
+        let mut p = TextPrinter::new(Box::new(buf.clone()), false);
+        let cols = [Col::num("pid", "PID", 3), Col::text("comm", "COMM", 4)];
+        let hostile = "a\x1b[2J\nb\u{9b}c\\n\x7f";
+        p.event("x", &cols, &Row(vec![Value::U(1), hostile.into()]));
+        p.stacks(
+            "s",
+            "",
+            &[StackReport {
+                comm: hostile.into(),
+                user: vec![hostile.into()],
+                ..Default::default()
+            }],
+        );
+        let s = String::from_utf8(buf.0.lock().unwrap().clone()).unwrap();
+        let want = r"a\x1b[2J\nb\u{9b}c\\n\x7f";
+        assert!(s.contains(&format!("  1 {want}\n")), "{s}");
+        assert!(s.contains(&format!("    {want}\n")), "{s}");
+        assert!(s.contains(&format!("-- {want} (0)")), "{s}");
+        assert!(!s.chars().any(|c| c.is_control() && c != '\n'), "{s:?}");
     }
 
     #[test]
