@@ -222,3 +222,44 @@ fn hostile_command_names_are_escaped_in_text_output() {
         out.stdout
     );
 }
+
+#[test]
+fn missing_capabilities_are_named_and_exit_2() {
+    // Root, but without the capabilities that load and attach programs.
+    if Command::new("setpriv").arg("--version").output().is_err() {
+        println!("skipped: setpriv (util-linux) is not installed");
+        return;
+    }
+    let before = settled_programs();
+    let o = Command::new("setpriv")
+        .args(["--inh-caps=-all", "--bounding-set=-bpf,-perfmon,-sys_admin"])
+        .arg(memtrace_bin())
+        .args(["faults", "-d", "1"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(2), "{stderr}");
+    let lines: Vec<&str> = stderr.lines().collect();
+    assert_eq!(lines.len(), 1, "{stderr}");
+    assert!(lines[0].starts_with("memtrace: error: "), "{stderr}");
+    assert!(
+        lines[0].contains("missing CAP_BPF and CAP_PERFMON (or CAP_SYS_ADMIN)"),
+        "{stderr}"
+    );
+    assert_programs_back_to(before);
+
+    // Without CAP_PERFMON alone, that is what it names.
+    let o = Command::new("setpriv")
+        .args(["--inh-caps=-all", "--bounding-set=-perfmon,-sys_admin"])
+        .arg(memtrace_bin())
+        .args(["faults", "-d", "1"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("missing CAP_PERFMON (or CAP_SYS_ADMIN)")
+            && !stderr.contains("missing CAP_BPF"),
+        "{stderr}"
+    );
+}

@@ -10,8 +10,9 @@ pub enum Error {
     Usage(String),
     #[error("no process with pid {0}")]
     NoSuchPid(u32),
-    #[error("memtrace needs root (or CAP_BPF and CAP_PERFMON) to load eBPF programs")]
-    NotRoot,
+    /// Names the capabilities missing (see `caps`).
+    #[error("memtrace needs root, or CAP_BPF and CAP_PERFMON, to load eBPF programs: missing {0}")]
+    MissingCaps(String),
     #[error("tracefs is not mounted and could not be mounted at /sys/kernel/tracing")]
     NoTracefs,
     #[error("kernel BTF is not available ({0}); memtrace needs CONFIG_DEBUG_INFO_BTF")]

@@ -8,6 +8,7 @@ macro_rules! say {
 }
 
 pub mod attach;
+pub mod caps;
 pub mod cli;
 pub mod command;
 pub mod doctor;

@@ -16,14 +16,6 @@ use crate::output::{self, Format as OutFormat, Printer, Summary, Value};
 use crate::session::{Loader, Session};
 use crate::tool::{Prep, Tool};
 
-fn check_root() -> Result<()> {
-    // SAFETY: no preconditions.
-    if unsafe { libc::geteuid() } != 0 {
-        return Err(Error::NotRoot);
-    }
-    Ok(())
-}
-
 fn pidfd_open(pid: u32) -> Option<OwnedFd> {
     // SAFETY: plain syscall; a valid fd is owned by the caller.
     let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid as libc::c_int, 0) };
@@ -117,7 +109,7 @@ pub fn attach(
 
 pub fn run(tool: &mut dyn Tool, common: &Common) -> Result<i32> {
     let mut phases = Phases(std::env::var_os("MEMTRACE_TIMING").map(|_| Instant::now()));
-    check_root()?;
+    crate::caps::check()?;
     crate::kernel::tracefs::root()?;
     // Opened before anything else: it proves the pid exists, and the target's
     // exit is seen even if it comes before the event loop starts.
