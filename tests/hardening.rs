@@ -263,3 +263,31 @@ fn missing_capabilities_are_named_and_exit_2() {
         "{stderr}"
     );
 }
+
+#[test]
+fn a_full_ring_buffer_warns_with_buffer_size_advice() {
+    let (mut child, err) = spawn_with_stdout(
+        &["mmapsnoop", "--json", "--buffer-size", "8K"],
+        Stdio::null(),
+    );
+    let st = Command::new(workload_bin())
+        .args(["mmap-loop", "2", "50000"])
+        .stdout(Stdio::null())
+        .status()
+        .unwrap();
+    assert!(st.success());
+    // The warning comes from the 250 ms housekeeping tick.
+    std::thread::sleep(Duration::from_millis(600));
+    unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
+    let st = child.wait().unwrap();
+    let stderr = rest(&err);
+    assert_eq!(st.code(), Some(0), "{stderr}");
+    let w = stderr
+        .lines()
+        .find(|l| l.starts_with("memtrace: warning:") && l.contains("lost so far"))
+        .unwrap_or_else(|| panic!("no loss warning: {stderr}"));
+    assert!(
+        w.contains("ringbuf_full=") && w.contains("a bigger --buffer-size"),
+        "{w}"
+    );
+}

@@ -14,6 +14,7 @@ pub mod command;
 pub mod doctor;
 pub mod error;
 pub mod kernel;
+pub mod losses;
 pub mod output;
 pub mod pmap;
 pub mod proc;

@@ -261,7 +261,7 @@ async fn event_loop(
         Some(fd) => Some(unsafe { AsyncFd::register(Fd(fd)) }.map_err(std::io::Error::from)?),
         None => None,
     };
-    let mut warned_loss = 0u64;
+    let mut warned_loss = Vec::new();
     let mut status = None;
     let mut last_maps = Instant::now();
     loop {
@@ -300,9 +300,9 @@ async fn event_loop(
                 }
             }
             _ = housekeeping.tick() => {
-                let lost: u64 = session.losses().iter().map(|(_, n)| n).sum();
-                if lost > warned_loss {
-                    say!("memtrace: warning: {lost} events lost so far (see the summary for why; a bigger --buffer-size keeps more in bursts)");
+                let lost = session.losses();
+                if let Some(w) = crate::losses::warning(&lost, &warned_loss) {
+                    say!("{w}");
                     warned_loss = lost;
                 }
                 if let (Some(p), true) = (common.pid, last_maps.elapsed() > Duration::from_secs(1)) {
