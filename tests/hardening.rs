@@ -291,3 +291,30 @@ fn a_full_ring_buffer_warns_with_buffer_size_advice() {
         "{w}"
     );
 }
+
+#[test]
+fn timestamps_on_mmapsnoop_show_one_time_column() {
+    let (mut child, err) = spawn_with_stdout(&["mmapsnoop", "-T", "-d", "2"], Stdio::piped());
+    let stdout = child.stdout.take().unwrap();
+    let reader = std::thread::spawn(move || {
+        let mut s = String::new();
+        std::io::Read::read_to_string(&mut BufReader::new(stdout), &mut s).unwrap();
+        s
+    });
+    let code = wait_making_mmaps(&mut child, Duration::from_secs(10));
+    let stdout = reader.join().unwrap();
+    assert_eq!(code, Some(0), "{}", rest(&err));
+    let mut lines = stdout.lines();
+    let header: Vec<&str> = lines.next().unwrap_or("").split_whitespace().collect();
+    assert_eq!(header[..3], ["TIME", "PID", "COMM"], "{stdout}");
+    let row: Vec<&str> = lines.next().expect("no event").split_whitespace().collect();
+    let time = row[0].as_bytes();
+    assert!(
+        time.len() == 8 && time[2] == b':' && time[5] == b':',
+        "{row:?}"
+    );
+    assert!(
+        row[1].parse::<u32>().is_ok(),
+        "second column is not a pid: {row:?}"
+    );
+}

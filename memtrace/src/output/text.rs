@@ -52,7 +52,9 @@ impl TextPrinter {
         use std::fmt::Write as _;
         self.line.clear();
         let mut first = true;
-        if self.timestamps {
+        // -T adds a time column, unless the tool's lines start with one.
+        let own_time = cols.first().is_some_and(|c| c.key == TIME_COL.key);
+        if self.timestamps && !own_time {
             let t = if header { "TIME".to_string() } else { clock() };
             Self::push_cell(&mut self.line, &TIME_COL, &t, true, cols.is_empty());
             first = false;
@@ -261,6 +263,23 @@ mod tests {
         assert!(s.contains(&format!("    {want}\n")), "{s}");
         assert!(s.contains(&format!("-- {want} (0)")), "{s}");
         assert!(!s.chars().any(|c| c.is_control() && c != '\n'), "{s:?}");
+    }
+
+    #[test]
+    fn timestamps_add_one_time_column_only() {
+        let buf = Buf::default();
+        let mut p = TextPrinter::new(Box::new(buf.clone()), true);
+        let own = [TIME_COL, Col::num("pid", "PID", 3)];
+        p.event("x", &own, &Row(vec!["12:00:00".into(), Value::U(1)]));
+        let s = String::from_utf8(buf.0.lock().unwrap().clone()).unwrap();
+        assert_eq!(s, "TIME     PID\n12:00:00   1\n");
+
+        let buf = Buf::default();
+        let mut p = TextPrinter::new(Box::new(buf.clone()), true);
+        p.table("t", "", &own[1..], &[Row(vec![Value::U(1)])]);
+        let s = String::from_utf8(buf.0.lock().unwrap().clone()).unwrap();
+        assert!(s.starts_with("TIME     PID\n"), "{s}");
+        assert_eq!(s.matches(':').count(), 2, "{s}");
     }
 
     #[test]
