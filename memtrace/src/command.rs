@@ -116,7 +116,7 @@ pub fn spawn_traced(cmd: &str) -> Result<Traced> {
         };
         maps.lock().unwrap().snapshot(pid as u32);
         if let Err(e) = ptrace(libc::PTRACE_CONT, pid, 0) {
-            eprintln!("memtrace: error: cannot start '{cmd}': ptrace: {e}");
+            say!("memtrace: error: cannot start '{cmd}': ptrace: {e}");
             let _ = exit_tx.send(-1);
             return;
         }

@@ -33,18 +33,14 @@ pub fn doctor() -> Result<i32> {
     };
     let uname = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
     add("kernel", yes(true, uname.trim()));
-    // SAFETY: no preconditions.
-    let root = unsafe { libc::geteuid() } == 0;
+    let caps = crate::caps::check();
+    let privileged = caps.is_ok();
     add(
-        "root",
-        yes(
-            root,
-            if root {
-                ""
-            } else {
-                "run as root to load programs"
-            },
-        ),
+        "privileges",
+        match caps {
+            Ok(()) => yes(true, ""),
+            Err(e) => yes(false, e.to_string()),
+        },
     );
     match crate::kernel::tracefs::root() {
         Ok(p) => add("tracefs", yes(true, p.display().to_string())),
@@ -77,7 +73,7 @@ pub fn doctor() -> Result<i32> {
     );
 
     let mut tool_rows = Vec::new();
-    if root {
+    if privileged {
         // The feature programs read through the task offsets as the tools do.
         let mut loader = Loader::default();
         if let Ok(t) = KernelBtf::shared().and_then(|b| b.task_offsets()) {
@@ -126,9 +122,11 @@ pub fn doctor() -> Result<i32> {
             Col::text("method", "METHOD", 10),
             Col::text("detail", "TARGET OR WHY NOT", 10),
         ];
-        println!();
+        out.blank_line();
         out.table("tools", "", &tcols, &tool_rows);
     }
+    out.flush();
+    crate::output::check(&out)?;
     Ok(0)
 }
 

@@ -10,8 +10,9 @@ pub enum Error {
     Usage(String),
     #[error("no process with pid {0}")]
     NoSuchPid(u32),
-    #[error("memtrace needs root (or CAP_BPF and CAP_PERFMON) to load eBPF programs")]
-    NotRoot,
+    /// Names the capabilities missing (see `caps`).
+    #[error("memtrace needs root, or CAP_BPF and CAP_PERFMON, to load eBPF programs: missing {0}")]
+    MissingCaps(String),
     #[error("tracefs is not mounted and could not be mounted at /sys/kernel/tracing")]
     NoTracefs,
     #[error("kernel BTF is not available ({0}); memtrace needs CONFIG_DEBUG_INFO_BTF")]
@@ -32,14 +33,26 @@ pub enum Error {
     Runtime(String),
     #[error(transparent)]
     Io(#[from] std::io::Error),
+    /// Writing the report failed; a closed pipe is not a failure.
+    #[error("writing output: {0}")]
+    Output(std::io::Error),
 }
 
 impl Error {
     pub fn exit_code(&self) -> i32 {
         match self {
-            Error::Load(_) | Error::Runtime(_) | Error::Io(_) => 1,
+            Error::Output(_) if self.quiet() => 0,
+            Error::Load(_) | Error::Runtime(_) | Error::Io(_) | Error::Output(_) => 1,
             _ => 2,
         }
+    }
+}
+
+impl Error {
+    /// Whoever read the output is gone (`memtrace ... | head`): memtrace
+    /// stops, detaches and exits 0 without a word, as `head` users expect.
+    pub fn quiet(&self) -> bool {
+        matches!(self, Error::Output(e) if e.kind() == std::io::ErrorKind::BrokenPipe)
     }
 }
 

@@ -1,11 +1,20 @@
 //! memtrace: memory event tracing with eBPF.
 
+/// `eprintln!` that cannot panic (see `output::to_stderr`).
+macro_rules! say {
+    ($($arg:tt)*) => {
+        $crate::output::to_stderr(format_args!($($arg)*))
+    };
+}
+
 pub mod attach;
+pub mod caps;
 pub mod cli;
 pub mod command;
 pub mod doctor;
 pub mod error;
 pub mod kernel;
+pub mod losses;
 pub mod output;
 pub mod pmap;
 pub mod proc;

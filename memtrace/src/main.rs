@@ -5,7 +5,9 @@ fn main() {
     let code = match memtrace::tools::dispatch(cli) {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("memtrace: error: {e}");
+            if !e.quiet() {
+                memtrace::output::to_stderr(format_args!("memtrace: error: {e}"));
+            }
             e.exit_code()
         }
     };

@@ -2,7 +2,6 @@
 //! drain events and intervals, end on Ctrl-C/SIGTERM/SIGHUP, duration or the
 //! target's exit, then print the report and summary.
 
-use std::io::Write;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::time::{Duration, Instant};
 
@@ -17,14 +16,6 @@ use crate::output::{self, Format as OutFormat, Printer, Summary, Value};
 use crate::session::{Loader, Session};
 use crate::symbolize::FrameStyle;
 use crate::tool::{Prep, Tool};
-
-fn check_root() -> Result<()> {
-    // SAFETY: no preconditions.
-    if unsafe { libc::geteuid() } != 0 {
-        return Err(Error::NotRoot);
-    }
-    Ok(())
-}
 
 fn pidfd_open(pid: u32) -> Option<OwnedFd> {
     // SAFETY: plain syscall; a valid fd is owned by the caller.
@@ -49,7 +40,7 @@ struct Phases(Option<Instant>);
 impl Phases {
     fn mark(&mut self, what: &str) {
         if let Some(t) = self.0 {
-            eprintln!(
+            say!(
                 "memtrace: timing: {what}: {:.1} ms",
                 t.elapsed().as_secs_f64() * 1e3
             );
@@ -124,7 +115,7 @@ pub fn attach(
 
 pub fn run(tool: &mut dyn Tool, common: &Common) -> Result<i32> {
     let mut phases = Phases(std::env::var_os("MEMTRACE_TIMING").map(|_| Instant::now()));
-    check_root()?;
+    crate::caps::check()?;
     crate::kernel::tracefs::root()?;
     // Opened before anything else: it proves the pid exists, and the target's
     // exit is seen even if it comes before the event loop starts.
@@ -186,8 +177,7 @@ pub fn run(tool: &mut dyn Tool, common: &Common) -> Result<i32> {
     if let Some(p) = common.pid {
         session.sym.maps.lock().unwrap().snapshot(p);
     }
-    eprintln!("Tracing {}{scope}... Hit Ctrl-C to end.", tool.what());
-    let _ = std::io::stderr().flush();
+    say!("Tracing {}{scope}... Hit Ctrl-C to end.", tool.what());
     let mut exited = None;
     if let Some(t) = traced.as_mut() {
         let _ = t.go.send(session.sym.maps.clone());
@@ -205,6 +195,9 @@ pub fn run(tool: &mut dyn Tool, common: &Common) -> Result<i32> {
         exited,
     ))?;
     tool.finish(&mut session, out.as_mut())?;
+    out.flush();
+    // A report that could not be written has no summary: the error says why.
+    output::check(out.as_ref())?;
     let mut extra = tool.summary_extra();
     if let Some(d) = &session.dwarf {
         let u = d.unwinder.stats;
@@ -232,7 +225,9 @@ pub fn run(tool: &mut dyn Tool, common: &Common) -> Result<i32> {
     };
     out.summary(&summary);
     out.flush();
-    // Dropping the session detaches and unloads every program.
+    output::check(out.as_ref())?;
+    // Dropping the session detaches and unloads every program (as it does
+    // when an error returns early).
     drop(session);
     // A command's failure is the run's, as with strace and time.
     Ok(match (tool.exit_code(), status) {
@@ -273,7 +268,7 @@ async fn event_loop(
         Some(fd) => Some(unsafe { AsyncFd::register(Fd(fd)) }.map_err(std::io::Error::from)?),
         None => None,
     };
-    let mut warned_loss = 0u64;
+    let mut warned_loss = Vec::new();
     let mut status = None;
     let mut last_maps = Instant::now();
     loop {
@@ -286,6 +281,9 @@ async fn event_loop(
                 }
                 out.flush();
                 guard.clear_ready();
+                // A closed pipe or a full disk ends the run: memtrace
+                // detaches rather than tracing for nobody.
+                output::check(out)?;
             }
             _ = drain.tick() => {
                 let ring = rb.get_mut();
@@ -293,6 +291,7 @@ async fn event_loop(
                     dispatch(&item, tool, session, out)?;
                 }
                 out.flush();
+                output::check(out)?;
             }
             _ = sig.int.recv() => break,
             _ = sig.term.recv() => break,
@@ -300,15 +299,17 @@ async fn event_loop(
             _ = tokio::time::sleep_until(deadline) => break,
             _ = interval.tick() => {
                 tool.on_interval(session, out)?;
+                out.flush();
+                output::check(out)?;
                 intervals += 1;
                 if limit.is_some_and(|n| intervals >= n) {
                     break;
                 }
             }
             _ = housekeeping.tick() => {
-                let lost: u64 = session.losses().iter().map(|(_, n)| n).sum();
-                if lost > warned_loss {
-                    eprintln!("memtrace: warning: {lost} events lost so far (see the summary for why; a bigger --buffer-size keeps more in bursts)");
+                let lost = session.losses();
+                if let Some(w) = crate::losses::warning(&lost, &warned_loss) {
+                    say!("{w}");
                     warned_loss = lost;
                 }
                 if let (Some(p), true) = (common.pid, last_maps.elapsed() > Duration::from_secs(1)) {

@@ -57,7 +57,7 @@ pub(crate) fn setup(
             let auto = args.stack_mode == crate::cli::StackMode::Auto;
             let d = args.dwarf(rare);
             if auto && !d {
-                eprintln!(
+                say!(
                     "memtrace: user stacks: fp (auto: too many events to copy each stack; \
                      --stack-mode dwarf --sample N unwinds one in N through code without frame pointers)"
                 );
@@ -120,7 +120,7 @@ pub(crate) fn setup(
     } else {
         "every event".to_string()
     };
-    eprintln!(
+    say!(
         "memtrace: user stacks: dwarf{} ({} bytes of stack copied, {how})",
         if auto { " (auto)" } else { "" },
         cfg.stack_bytes

@@ -443,6 +443,20 @@ fn main() {
         // madvise N LEN [LEN2]: N madvise(MADV_NORMAL) calls of LEN bytes,
         // each followed by one of LEN2 when given (count/trace tests).
         "madvise" => advise(arg(&args, 1, 10), arg(&args, 2, 4096), arg(&args, 3, 0)),
+        // badname N: names itself with an ESC sequence and a newline
+        // (prctl(PR_SET_NAME)), then a forked child, which inherits that
+        // name from its first fault on, touches N fresh pages.
+        "badname" => {
+            let name = b"ev\x1b[2Jil\nname\0";
+            unsafe { libc::prctl(libc::PR_SET_NAME, name.as_ptr()) };
+            let pid = unsafe { libc::fork() };
+            if pid == 0 {
+                touch_fresh_pages(arg(&args, 1, 100));
+                unsafe { libc::_exit(0) };
+            }
+            let mut st = 0;
+            unsafe { libc::waitpid(pid, &mut st, 0) };
+        }
         "exit" => std::process::exit(arg(&args, 1, 0)),
         "sleep" => std::thread::sleep(std::time::Duration::from_millis(arg(&args, 1, 1000))),
         _ => {

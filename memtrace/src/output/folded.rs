@@ -1,26 +1,30 @@
 use std::io::Write;
 
+use super::sink::{putln, Sink};
 use super::{Col, Hist, Printer, Row, StackReport, Summary, TextPrinter};
 
 /// Folded stacks (`comm;outer;...;inner count`) for flamegraph.pl and inferno;
 /// everything that is not a stack prints as text.
 pub struct FoldedPrinter {
-    out: Box<dyn Write>,
+    out: Sink,
     text: TextPrinter,
 }
 
 impl FoldedPrinter {
     pub fn new(out: Box<dyn Write>, timestamps: bool) -> Self {
         FoldedPrinter {
-            out,
+            out: Sink::new(out),
             text: TextPrinter::new(Box::new(std::io::stderr()), timestamps),
         }
     }
 }
 
-/// Frames may not contain the separators of the folded format.
+/// Frames may not contain the separators of the folded format, nor a line
+/// break or anything else a terminal acts on (names are the traced system's).
 fn clean(f: &str) -> String {
-    f.replace(';', ":").replace(' ', "_")
+    super::escape_controls(f)
+        .replace(';', ":")
+        .replace(' ', "_")
 }
 
 pub fn fold(s: &StackReport) -> String {
@@ -42,9 +46,9 @@ impl Printer for FoldedPrinter {
     }
     fn stacks(&mut self, _kind: &'static str, _title: &str, stacks: &[StackReport]) {
         for s in stacks {
-            let _ = writeln!(self.out, "{}", fold(s));
+            putln!(self.out, "{}", fold(s));
         }
-        let _ = self.out.flush();
+        self.out.flush();
     }
     fn histogram(&mut self, h: &Hist) {
         self.text.histogram(h)
@@ -54,7 +58,11 @@ impl Printer for FoldedPrinter {
     }
     fn flush(&mut self) {
         self.text.flush();
-        let _ = self.out.flush();
+        self.out.flush();
+    }
+    /// The stacks' (stdout) or else the rest's (stderr): both are the report.
+    fn error(&self) -> Option<&std::io::Error> {
+        self.out.error().or(self.text.error())
     }
 }
 

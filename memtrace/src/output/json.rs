@@ -2,21 +2,24 @@ use std::io::Write;
 
 use serde_json::{json, Map, Value as J};
 
+use super::sink::{putln, Sink};
 use super::{Col, Hist, Printer, Row, StackReport, Summary, Value};
 
 /// JSON Lines: one object per event, table row, stack or histogram, then one
 /// summary object.
 pub struct JsonPrinter {
-    out: Box<dyn Write>,
+    out: Sink,
 }
 
 impl JsonPrinter {
     pub fn new(out: Box<dyn Write>) -> Self {
-        JsonPrinter { out }
+        JsonPrinter {
+            out: Sink::new(out),
+        }
     }
 
     fn emit(&mut self, v: J) {
-        let _ = writeln!(self.out, "{v}");
+        putln!(self.out, "{v}");
     }
 }
 
@@ -58,7 +61,7 @@ impl Printer for JsonPrinter {
         let mut v = object(kind, cols, row);
         v["user_stack"] = json!(stack);
         self.emit(v);
-        let _ = self.out.flush();
+        self.out.flush();
     }
 
     fn table(&mut self, kind: &'static str, _title: &str, cols: &[Col], rows: &[Row]) {
@@ -66,7 +69,7 @@ impl Printer for JsonPrinter {
             let v = object(kind, cols, r);
             self.emit(v);
         }
-        let _ = self.out.flush();
+        self.out.flush();
     }
 
     fn stacks(&mut self, kind: &'static str, _title: &str, stacks: &[StackReport]) {
@@ -83,7 +86,7 @@ impl Printer for JsonPrinter {
                 "processes": s.processes.max(1),
             }));
         }
-        let _ = self.out.flush();
+        self.out.flush();
     }
 
     fn histogram(&mut self, h: &Hist) {
@@ -128,10 +131,14 @@ impl Printer for JsonPrinter {
             m.insert((*k).into(), to_json(v));
         }
         self.emit(J::Object(m));
-        let _ = self.out.flush();
+        self.out.flush();
     }
 
     fn flush(&mut self) {
-        let _ = self.out.flush();
+        self.out.flush();
+    }
+
+    fn error(&self) -> Option<&std::io::Error> {
+        self.out.error()
     }
 }

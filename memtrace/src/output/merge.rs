@@ -81,6 +81,9 @@ impl Printer for MergedStacks {
     fn flush(&mut self) {
         self.0.flush()
     }
+    fn error(&self) -> Option<&std::io::Error> {
+        self.0.error()
+    }
 }
 
 #[cfg(test)]

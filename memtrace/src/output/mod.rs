@@ -4,6 +4,7 @@
 mod folded;
 mod json;
 mod merge;
+mod sink;
 mod text;
 
 use std::io::Write;
@@ -11,6 +12,7 @@ use std::io::Write;
 pub use folded::FoldedPrinter;
 pub use json::JsonPrinter;
 pub use merge::{merge_stacks, MergedStacks};
+pub use sink::to_stderr;
 pub use text::TextPrinter;
 
 #[derive(Debug, Clone, PartialEq)]
@@ -199,6 +201,22 @@ pub trait Printer {
     fn histogram(&mut self, h: &Hist);
     fn summary(&mut self, s: &Summary);
     fn flush(&mut self) {}
+    /// The first error writing the output, if any; after it nothing more is
+    /// written.
+    fn error(&self) -> Option<&std::io::Error>;
+}
+
+/// An error once the printer failed to write: `Error::Output`, which ends
+/// the run (quietly for a closed pipe).
+pub fn check(out: &dyn Printer) -> crate::Result<()> {
+    match out.error() {
+        None => Ok(()),
+        // io::Error is not Clone: rebuild it from what it says.
+        Some(e) => Err(crate::Error::Output(match e.raw_os_error() {
+            Some(code) => std::io::Error::from_raw_os_error(code),
+            None => std::io::Error::new(e.kind(), e.to_string()),
+        })),
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -214,6 +232,36 @@ pub fn printer(format: Format, timestamps: bool, out: Box<dyn Write>) -> Box<dyn
         Format::Json => Box::new(JsonPrinter::new(out)),
         Format::Folded => Box::new(FoldedPrinter::new(out, timestamps)),
     }
+}
+
+/// Escapes what a terminal would act on in text that comes from the traced
+/// system (command names, paths, symbols): C0 controls, DEL and C1 controls.
+/// A process can set its name to anything (`prctl(PR_SET_NAME)`): raw, an
+/// ESC sequence repaints the operator's terminal and a newline forges a row.
+/// `ps` prints `?` for these; C-style escapes (`\n`, `\x1b`, `\u{9b}`) are
+/// used instead because they show what the process actually set, which is
+/// what someone hunting a disguised process wants to see. Backslashes are
+/// doubled so that a name cannot fake an escape.
+pub fn escape_controls(s: &str) -> std::borrow::Cow<'_, str> {
+    let special = |c: char| c.is_control() || c == '\\';
+    if !s.chars().any(special) {
+        return std::borrow::Cow::Borrowed(s);
+    }
+    let mut out = String::with_capacity(s.len() + 8);
+    for c in s.chars() {
+        match c {
+            '\\' => out.push_str("\\\\"),
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            '\t' => out.push_str("\\t"),
+            c if (c as u32) < 0x80 && c.is_control() => {
+                out.push_str(&format!("\\x{:02x}", c as u32));
+            }
+            c if c.is_control() => out.push_str(&format!("\\u{{{:x}}}", c as u32)),
+            c => out.push(c),
+        }
+    }
+    std::borrow::Cow::Owned(out)
 }
 
 /// Local wall-clock time as HH:MM:SS.

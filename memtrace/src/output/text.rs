@@ -1,9 +1,10 @@
 use std::io::Write;
 
-use super::{clock, Col, Hist, Printer, Row, StackReport, Summary};
+use super::sink::{putln, to_stderr, Sink};
+use super::{clock, escape_controls as esc, Col, Hist, Printer, Row, StackReport, Summary, Value};
 
 pub struct TextPrinter {
-    out: Box<dyn Write>,
+    out: Sink,
     timestamps: bool,
     header_done: bool,
     /// The line and the cell being put together, kept between lines: a
@@ -18,12 +19,17 @@ const TIME_COL: Col = Col::text("time", "TIME", 8);
 impl TextPrinter {
     pub fn new(out: Box<dyn Write>, timestamps: bool) -> Self {
         TextPrinter {
-            out,
+            out: Sink::new(out),
             timestamps,
             header_done: false,
             line: String::new(),
             cell: String::new(),
         }
+    }
+
+    /// An empty line between two tables.
+    pub fn blank_line(&mut self) {
+        putln!(self.out);
     }
 
     /// Appends one cell, padded to its column (the last left-aligned one is
@@ -46,7 +52,9 @@ impl TextPrinter {
         use std::fmt::Write as _;
         self.line.clear();
         let mut first = true;
-        if self.timestamps {
+        // -T adds a time column, unless the tool's lines start with one.
+        let own_time = cols.first().is_some_and(|c| c.key == TIME_COL.key);
+        if self.timestamps && !own_time {
             let t = if header { "TIME".to_string() } else { clock() };
             Self::push_cell(&mut self.line, &TIME_COL, &t, true, cols.is_empty());
             first = false;
@@ -63,7 +71,14 @@ impl TextPrinter {
                 Self::push_cell(&mut self.line, c, c.header, first, last);
             } else {
                 self.cell.clear();
-                let _ = write!(self.cell, "{}", row.0[i]);
+                match &row.0[i] {
+                    // Text comes from the traced system: see escape_controls.
+                    Value::S(s) => self.cell.push_str(&esc(s)),
+                    // Formatting into a String cannot fail.
+                    v => {
+                        let _ = write!(self.cell, "{v}");
+                    }
+                }
                 Self::push_cell(&mut self.line, c, &self.cell, first, last);
             }
             first = false;
@@ -71,7 +86,7 @@ impl TextPrinter {
         let end = self.line.trim_end().len();
         self.line.truncate(end);
         self.line.push('\n');
-        let _ = self.out.write_all(self.line.as_bytes());
+        self.out.put(self.line.as_bytes());
     }
 }
 
@@ -89,50 +104,52 @@ impl Printer for TextPrinter {
         self.event(kind, cols, row);
         // Frames under their event, indented, as BCC's tools print them.
         for f in stack {
-            let _ = writeln!(self.out, "        {f}");
+            putln!(self.out, "        {}", esc(f));
         }
         // Flushed by the session after each drained batch.
     }
 
     fn table(&mut self, _kind: &'static str, title: &str, cols: &[Col], rows: &[Row]) {
         if !title.is_empty() {
-            let _ = writeln!(self.out, "{title}");
+            putln!(self.out, "{}", esc(title));
         }
         self.render(cols, &Row::default(), true);
         for r in rows {
             self.render(cols, r, false);
         }
-        let _ = self.out.flush();
+        self.out.flush();
     }
 
     fn stacks(&mut self, _kind: &'static str, title: &str, stacks: &[StackReport]) {
         if !title.is_empty() {
-            let _ = writeln!(self.out, "{title}");
+            putln!(self.out, "{}", esc(title));
         }
         for s in stacks {
             // bpftrace/stackcount shape: frames innermost first, then the count.
             for f in s.kernel.iter().chain(s.user.iter()) {
-                let _ = writeln!(self.out, "    {f}");
+                putln!(self.out, "    {}", esc(f));
             }
             if let Some(n) = &s.note {
-                let _ = writeln!(self.out, "    [{n}]");
+                putln!(self.out, "    [{}]", esc(n));
             }
             let bytes = s.bytes.map(|b| format!(", {b} bytes")).unwrap_or_default();
             let who = match s.processes {
                 0 | 1 => s.pid.to_string(),
                 n => format!("{} and {} more", s.pid, n - 1),
             };
-            let _ = writeln!(
+            putln!(
                 self.out,
                 "    -- {} ({who})\n        {}{}\n",
-                s.comm, s.count, bytes
+                esc(&s.comm),
+                s.count,
+                bytes
             );
         }
-        let _ = self.out.flush();
+        self.out.flush();
     }
 
     fn histogram(&mut self, h: &Hist) {
-        let _ = writeln!(self.out, "{}", h.title);
+        putln!(self.out, "{}", esc(&h.title));
         let max = h.buckets.iter().copied().max().unwrap_or(0).max(1);
         let first = h.buckets.iter().position(|&n| n > 0).unwrap_or(0);
         let last = h.buckets.iter().rposition(|&n| n > 0).unwrap_or(0);
@@ -141,16 +158,16 @@ impl Printer for TextPrinter {
             let (lo, hi) = Hist::range(i);
             let bar = "@".repeat(((n * 40) / max) as usize);
             let range = format!("[{}, {})", human(lo), human(hi));
-            let _ = writeln!(self.out, "{range:<16} {n:>8} |{bar:<40}|");
+            putln!(self.out, "{range:<16} {n:>8} |{bar:<40}|");
         }
         if h.unit.is_empty() {
             return;
         }
-        let _ = writeln!(self.out, "({})", h.unit);
+        putln!(self.out, "({})", h.unit);
     }
 
     fn summary(&mut self, s: &Summary) {
-        let _ = self.out.flush();
+        self.out.flush();
         // The summary goes to stderr so that stdout stays parseable.
         let lost: Vec<String> = s
             .lost
@@ -170,11 +187,15 @@ impl Printer for TextPrinter {
         if let Some(st) = s.command_status {
             line.push_str(&format!(", command exited with status {st}"));
         }
-        eprintln!("{line}");
+        to_stderr(format_args!("{line}"));
     }
 
     fn flush(&mut self) {
-        let _ = self.out.flush();
+        self.out.flush();
+    }
+
+    fn error(&self) -> Option<&std::io::Error> {
+        self.out.error()
     }
 }
 
@@ -221,6 +242,47 @@ mod tests {
         p.event("x", &cols, &Row(vec![Value::U(7), "sh".into()]));
         let s = String::from_utf8(buf.0.lock().unwrap().clone()).unwrap();
         assert_eq!(s, "    PID COMM\n     42 bash\n      7 sh\n");
+    }
+
+    #[test]
+    fn control_characters_from_the_traced_system_are_escaped() {
+        let buf = Buf::default();
+        let mut p = TextPrinter::new(Box::new(buf.clone()), false);
+        let cols = [Col::num("pid", "PID", 3), Col::text("comm", "COMM", 4)];
+        let hostile = "a\x1b[2J\nb\u{9b}c\\n\x7f";
+        p.event("x", &cols, &Row(vec![Value::U(1), hostile.into()]));
+        p.stacks(
+            "s",
+            "",
+            &[StackReport {
+                comm: hostile.into(),
+                user: vec![hostile.into()],
+                ..Default::default()
+            }],
+        );
+        let s = String::from_utf8(buf.0.lock().unwrap().clone()).unwrap();
+        let want = r"a\x1b[2J\nb\u{9b}c\\n\x7f";
+        assert!(s.contains(&format!("  1 {want}\n")), "{s}");
+        assert!(s.contains(&format!("    {want}\n")), "{s}");
+        assert!(s.contains(&format!("-- {want} (0)")), "{s}");
+        assert!(!s.chars().any(|c| c.is_control() && c != '\n'), "{s:?}");
+    }
+
+    #[test]
+    fn timestamps_add_one_time_column_only() {
+        let buf = Buf::default();
+        let mut p = TextPrinter::new(Box::new(buf.clone()), true);
+        let own = [TIME_COL, Col::num("pid", "PID", 3)];
+        p.event("x", &own, &Row(vec!["12:00:00".into(), Value::U(1)]));
+        let s = String::from_utf8(buf.0.lock().unwrap().clone()).unwrap();
+        assert_eq!(s, "TIME     PID\n12:00:00   1\n");
+
+        let buf = Buf::default();
+        let mut p = TextPrinter::new(Box::new(buf.clone()), true);
+        p.table("t", "", &own[1..], &[Row(vec![Value::U(1)])]);
+        let s = String::from_utf8(buf.0.lock().unwrap().clone()).unwrap();
+        assert!(s.starts_with("TIME     PID\n"), "{s}");
+        assert_eq!(s.matches(':').count(), 2, "{s}");
     }
 
     #[test]

@@ -25,7 +25,7 @@ impl Session {
                 reasons,
             }),
             Err(reasons) => {
-                eprintln!("memtrace: warning: {} not traced: {reasons}", probe.what);
+                say!("memtrace: warning: {} not traced: {reasons}", probe.what);
                 Ok(None)
             }
         }
@@ -43,9 +43,11 @@ impl Session {
             match self.try_way(&way) {
                 Ok(()) => {
                     if self.verbose {
-                        eprintln!(
+                        say!(
                             "memtrace: {}: attached {} {}",
-                            probe.what, way.method, way.target
+                            probe.what,
+                            way.method,
+                            way.target
                         );
                     }
                     self.attached.push((
@@ -57,9 +59,11 @@ impl Session {
                 }
                 Err(why) => {
                     if self.verbose {
-                        eprintln!(
+                        say!(
                             "memtrace: {}: {} {} failed: {why}",
-                            probe.what, way.method, way.target
+                            probe.what,
+                            way.method,
+                            way.target
                         );
                     }
                     reasons.push(format!("{} {}: {why}", way.method, way.target));

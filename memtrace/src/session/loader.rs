@@ -90,7 +90,7 @@ fn loader_without_kernel_btf() -> EbpfLoader<'static> {
     std::thread::spawn(|| {
         if let Err(e) = hide_kernel_btf() {
             if std::env::var_os("MEMTRACE_TIMING").is_some() {
-                eprintln!("memtrace: timing: kernel BTF not hidden from aya: {e}");
+                say!("memtrace: timing: kernel BTF not hidden from aya: {e}");
             }
         }
         EbpfLoader::new()

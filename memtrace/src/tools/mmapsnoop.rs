@@ -120,7 +120,7 @@ fn fd_file_offsets(k: &mut Prep) -> FdFileOffsets {
         r.done("the fd-to-file offsets", o)
     });
     resolved.unwrap_or_else(|e| {
-        eprintln!("memtrace: warning: mapped files named from /proc only: {e}");
+        say!("memtrace: warning: mapped files named from /proc only: {e}");
         FdFileOffsets::default()
     })
 }

@@ -1,0 +1,122 @@
+//! The capabilities memtrace needs, checked before anything is loaded:
+//! CAP_BPF and CAP_PERFMON (load tracing programs, open tracepoint perf
+//! events), or CAP_SYS_ADMIN, which covers both and is all that kernels
+//! before 5.8 (no CAP_BPF) accept. Root has them all; a root shell whose
+//! capabilities were dropped (a container, `setpriv`, systemd's
+//! CapabilityBoundingSet) does not, whatever its uid says.
+
+use crate::error::{Error, Result};
+
+const CAP_SYS_ADMIN: u32 = 21;
+const CAP_PERFMON: u32 = 38;
+const CAP_BPF: u32 = 39;
+
+/// The effective capability set of this process, as a bit mask.
+fn effective() -> std::io::Result<u64> {
+    // _LINUX_CAPABILITY_VERSION_3: 64 bits in two 32-bit words.
+    #[repr(C)]
+    struct Header {
+        version: u32,
+        pid: i32,
+    }
+    #[repr(C)]
+    #[derive(Default, Clone, Copy)]
+    struct Data {
+        effective: u32,
+        permitted: u32,
+        inheritable: u32,
+    }
+    let mut h = Header {
+        version: 0x2008_0522,
+        pid: 0,
+    };
+    let mut d = [Data::default(); 2];
+    // SAFETY: the header and two data words are what capget v3 reads and writes.
+    let r = unsafe { libc::syscall(libc::SYS_capget, &mut h, d.as_mut_ptr()) };
+    if r != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(d[0].effective as u64 | (d[1].effective as u64) << 32)
+}
+
+/// The highest capability this kernel knows.
+fn last_cap() -> u32 {
+    std::fs::read_to_string("/proc/sys/kernel/cap_last_cap")
+        .ok()
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or(CAP_BPF)
+}
+
+/// What is missing from `eff` on a kernel whose last capability is
+/// `last_cap`, as the error says it; None when nothing is.
+pub fn missing(eff: u64, last_cap: u32) -> Option<String> {
+    let has = |c: u32| eff & (1 << c) != 0;
+    if has(CAP_SYS_ADMIN) {
+        return None;
+    }
+    if last_cap < CAP_BPF {
+        return Some("CAP_SYS_ADMIN (this kernel has no CAP_BPF)".into());
+    }
+    let lacking: Vec<&str> = [(CAP_BPF, "CAP_BPF"), (CAP_PERFMON, "CAP_PERFMON")]
+        .into_iter()
+        .filter(|(c, _)| !has(*c))
+        .map(|(_, n)| n)
+        .collect();
+    if lacking.is_empty() {
+        return None;
+    }
+    Some(format!("{} (or CAP_SYS_ADMIN)", lacking.join(" and ")))
+}
+
+/// An error naming what is missing, unless this process may load and attach
+/// tracing programs.
+pub fn check() -> Result<()> {
+    let eff = effective().map_err(|e| Error::Runtime(format!("capget: {e}")))?;
+    match missing(eff, last_cap()) {
+        None => Ok(()),
+        Some(m) => Err(Error::MissingCaps(m)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const ALL: u64 = (1 << 41) - 1;
+
+    #[test]
+    fn root_or_sys_admin_or_bpf_and_perfmon_are_enough() {
+        assert_eq!(missing(ALL, 40), None);
+        assert_eq!(missing(1 << CAP_SYS_ADMIN, 40), None);
+        assert_eq!(missing(1 << CAP_BPF | 1 << CAP_PERFMON, 40), None);
+    }
+
+    #[test]
+    fn names_exactly_what_is_missing() {
+        let without = |caps: &[u32]| caps.iter().fold(ALL, |m, c| m & !(1 << c));
+        assert_eq!(
+            missing(without(&[CAP_SYS_ADMIN, CAP_BPF, CAP_PERFMON]), 40).unwrap(),
+            "CAP_BPF and CAP_PERFMON (or CAP_SYS_ADMIN)"
+        );
+        assert_eq!(
+            missing(without(&[CAP_SYS_ADMIN, CAP_PERFMON]), 40).unwrap(),
+            "CAP_PERFMON (or CAP_SYS_ADMIN)"
+        );
+        // Before 5.8 only CAP_SYS_ADMIN will do.
+        assert_eq!(
+            missing(without(&[CAP_SYS_ADMIN]), 37).unwrap(),
+            "CAP_SYS_ADMIN (this kernel has no CAP_BPF)"
+        );
+    }
+
+    #[test]
+    fn capget_agrees_with_proc_status() {
+        let status = std::fs::read_to_string("/proc/self/status").unwrap();
+        let hex = status
+            .lines()
+            .find_map(|l| l.strip_prefix("CapEff:"))
+            .unwrap()
+            .trim();
+        assert_eq!(effective().unwrap(), u64::from_str_radix(hex, 16).unwrap());
+    }
+}

@@ -1,0 +1,320 @@
+//! What an incident tool meets besides the kernel: readers that go away,
+//! full disks, hostile process names, missing privileges.
+
+mod common;
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use common::*;
+
+/// The count once programs of earlier processes are freed (after an RCU
+/// grace period, not at once).
+fn settled_programs() -> usize {
+    let mut last = loaded_programs();
+    for _ in 0..25 {
+        std::thread::sleep(Duration::from_millis(200));
+        let now = loaded_programs();
+        if now == last {
+            return now;
+        }
+        last = now;
+    }
+    last
+}
+
+fn assert_programs_back_to(before: usize) {
+    for _ in 0..30 {
+        if loaded_programs() <= before {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    panic!(
+        "BPF programs before: {before}, after: {}",
+        loaded_programs()
+    );
+}
+
+/// memtrace with the given stdout, once it says "Tracing"; its stderr
+/// lines keep coming through the receiver.
+fn spawn_with_stdout(args: &[&str], stdout: Stdio) -> (Child, mpsc::Receiver<String>) {
+    let mut child = Command::new(memtrace_bin())
+        .args(args)
+        .stdout(stdout)
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn memtrace");
+    let (tx, rx) = mpsc::channel();
+    let err = child.stderr.take().unwrap();
+    std::thread::spawn(move || {
+        for l in BufReader::new(err).lines().map_while(Result::ok) {
+            if tx.send(l).is_err() {
+                break;
+            }
+        }
+    });
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        match rx.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
+            Ok(l) if l.starts_with("Tracing") => return (child, rx),
+            Ok(_) => {}
+            Err(_) => {
+                let _ = child.kill();
+                panic!("memtrace {args:?} did not start");
+            }
+        }
+    }
+}
+
+/// Waits up to `timeout` for `child` to exit, running `mmap-loop` workloads
+/// meanwhile so that memtrace has something to write; its exit code.
+fn wait_making_mmaps(child: &mut Child, timeout: Duration) -> Option<i32> {
+    let deadline = Instant::now() + timeout;
+    while Instant::now() < deadline {
+        if let Some(st) = child.try_wait().unwrap() {
+            return st.code();
+        }
+        let st = Command::new(workload_bin())
+            .args(["mmap-loop", "1", "500"])
+            .stdout(Stdio::null())
+            .status()
+            .unwrap();
+        assert!(st.success());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    None
+}
+
+fn rest(rx: &mpsc::Receiver<String>) -> String {
+    let mut s = String::new();
+    while let Ok(l) = rx.recv_timeout(Duration::from_secs(2)) {
+        s.push_str(&l);
+        s.push('\n');
+    }
+    s
+}
+
+#[test]
+fn a_reader_that_goes_away_ends_memtrace_quietly_and_detached() {
+    let before = settled_programs();
+    let (mut child, err) = spawn_with_stdout(&["mmapsnoop", "--json"], Stdio::piped());
+    assert!(loaded_programs() > before, "nothing loaded while tracing");
+    let mut out = BufReader::new(child.stdout.take().unwrap());
+    // Calls of our own, so that a line comes.
+    Command::new(workload_bin())
+        .args(["mmap-loop", "1", "10"])
+        .stdout(Stdio::null())
+        .status()
+        .unwrap();
+    let mut first = String::new();
+    out.read_line(&mut first).unwrap();
+    assert!(first.starts_with('{'), "first line: {first:?}");
+    // `head -1`: the reader closes its end after one line.
+    drop(out);
+    let code = wait_making_mmaps(&mut child, Duration::from_secs(5));
+    let stderr = rest(&err);
+    assert_eq!(code, Some(0), "did not end quietly in 5 s: {stderr}");
+    assert!(!stderr.contains("error"), "{stderr}");
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    assert_programs_back_to(before);
+}
+
+#[test]
+fn a_full_device_is_one_error_line_and_exit_1() {
+    let full = std::fs::File::create("/dev/full").unwrap();
+    let (mut child, err) = spawn_with_stdout(&["mmapsnoop", "-d", "2"], full.into());
+    let code = wait_making_mmaps(&mut child, Duration::from_secs(10));
+    let stderr = rest(&err);
+    assert_eq!(code, Some(1), "{stderr}");
+    let errors: Vec<&str> = stderr.lines().filter(|l| l.contains("error")).collect();
+    assert_eq!(errors.len(), 1, "{stderr}");
+    assert!(
+        errors[0].starts_with("memtrace: error: writing output: ")
+            && errors[0].contains("No space left on device"),
+        "{stderr}"
+    );
+    // Nothing reached the output: no summary claims otherwise.
+    assert!(!stderr.contains("memtrace mmapsnoop:"), "{stderr}");
+    assert!(!stderr.contains("panicked"), "{stderr}");
+}
+
+#[test]
+fn doctor_into_a_full_device_does_not_panic() {
+    let full = std::fs::File::create("/dev/full").unwrap();
+    let o = Command::new(memtrace_bin())
+        .arg("doctor")
+        .stdout(full)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{stderr}");
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    let errors: Vec<&str> = stderr.lines().filter(|l| l.contains("error")).collect();
+    assert_eq!(errors.len(), 1, "{stderr}");
+    assert!(
+        errors[0].starts_with("memtrace: error: writing output: "),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn stderr_and_stdout_into_a_closed_pipe_do_not_panic() {
+    // `memtrace faults -d 1 2>&1 | head -1`
+    let (r, w) = std::io::pipe().unwrap();
+    let mut child = Command::new(memtrace_bin())
+        .args(["faults", "-d", "1"])
+        .stdout(w.try_clone().unwrap())
+        .stderr(w)
+        .spawn()
+        .unwrap();
+    let mut r = BufReader::new(r);
+    let mut first = String::new();
+    r.read_line(&mut first).unwrap();
+    assert!(!first.is_empty());
+    drop(r);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let st = loop {
+        if let Some(st) = child.try_wait().unwrap() {
+            break st;
+        }
+        assert!(Instant::now() < deadline, "memtrace did not exit");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    // 101 is a panic.
+    assert_eq!(st.code(), Some(0));
+}
+
+#[test]
+fn hostile_command_names_are_escaped_in_text_output() {
+    // The workload names itself "ev ESC [2J il NEWLINE name"; its child
+    // touches 3000 pages under that name.
+    let cmd = format!("{} badname 3000", workload_bin().display());
+    let out = run(&["faults", "-c", &cmd]);
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    assert!(
+        !out.stdout.chars().any(|c| c.is_control() && c != '\n'),
+        "raw control characters: {:?}",
+        out.stdout
+    );
+    let escaped = r"ev\x1b[2Jil\nname";
+    let row = out
+        .stdout
+        .lines()
+        .find(|l| l.contains(escaped))
+        .unwrap_or_else(|| panic!("no row for the renamed child: {}", out.stdout));
+    // The whole row is one line: its counts follow the name.
+    let nums: Vec<u64> = row
+        .split_whitespace()
+        .rev()
+        .take(3)
+        .map(|w| w.parse().unwrap())
+        .collect();
+    assert!(nums[2] >= 3000, "user faults {row}");
+    // No line was forged out of the name's second half.
+    assert!(
+        !out.stdout.lines().any(|l| l.starts_with("name")),
+        "{}",
+        out.stdout
+    );
+}
+
+#[test]
+fn missing_capabilities_are_named_and_exit_2() {
+    // Root, but without the capabilities that load and attach programs.
+    if Command::new("setpriv").arg("--version").output().is_err() {
+        println!("skipped: setpriv (util-linux) is not installed");
+        return;
+    }
+    let before = settled_programs();
+    let o = Command::new("setpriv")
+        .args(["--inh-caps=-all", "--bounding-set=-bpf,-perfmon,-sys_admin"])
+        .arg(memtrace_bin())
+        .args(["faults", "-d", "1"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(2), "{stderr}");
+    let lines: Vec<&str> = stderr.lines().collect();
+    assert_eq!(lines.len(), 1, "{stderr}");
+    assert!(lines[0].starts_with("memtrace: error: "), "{stderr}");
+    assert!(
+        lines[0].contains("missing CAP_BPF and CAP_PERFMON (or CAP_SYS_ADMIN)"),
+        "{stderr}"
+    );
+    assert_programs_back_to(before);
+
+    // Without CAP_PERFMON alone, that is what it names.
+    let o = Command::new("setpriv")
+        .args(["--inh-caps=-all", "--bounding-set=-perfmon,-sys_admin"])
+        .arg(memtrace_bin())
+        .args(["faults", "-d", "1"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("missing CAP_PERFMON (or CAP_SYS_ADMIN)")
+            && !stderr.contains("missing CAP_BPF"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn a_full_ring_buffer_warns_with_buffer_size_advice() {
+    let (mut child, err) = spawn_with_stdout(
+        &["mmapsnoop", "--json", "--buffer-size", "8K"],
+        Stdio::null(),
+    );
+    let st = Command::new(workload_bin())
+        .args(["mmap-loop", "2", "50000"])
+        .stdout(Stdio::null())
+        .status()
+        .unwrap();
+    assert!(st.success());
+    // The warning comes from the 250 ms housekeeping tick.
+    std::thread::sleep(Duration::from_millis(600));
+    unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
+    let st = child.wait().unwrap();
+    let stderr = rest(&err);
+    assert_eq!(st.code(), Some(0), "{stderr}");
+    let w = stderr
+        .lines()
+        .find(|l| l.starts_with("memtrace: warning:") && l.contains("lost so far"))
+        .unwrap_or_else(|| panic!("no loss warning: {stderr}"));
+    assert!(
+        w.contains("ringbuf_full=") && w.contains("a bigger --buffer-size"),
+        "{w}"
+    );
+}
+
+#[test]
+fn timestamps_on_mmapsnoop_show_one_time_column() {
+    let (mut child, err) = spawn_with_stdout(&["mmapsnoop", "-T", "-d", "2"], Stdio::piped());
+    let stdout = child.stdout.take().unwrap();
+    let reader = std::thread::spawn(move || {
+        let mut s = String::new();
+        std::io::Read::read_to_string(&mut BufReader::new(stdout), &mut s).unwrap();
+        s
+    });
+    let code = wait_making_mmaps(&mut child, Duration::from_secs(10));
+    let stdout = reader.join().unwrap();
+    assert_eq!(code, Some(0), "{}", rest(&err));
+    let mut lines = stdout.lines();
+    let header: Vec<&str> = lines.next().unwrap_or("").split_whitespace().collect();
+    assert_eq!(header[..3], ["TIME", "PID", "COMM"], "{stdout}");
+    let row: Vec<&str> = lines.next().expect("no event").split_whitespace().collect();
+    let time = row[0].as_bytes();
+    assert!(
+        time.len() == 8 && time[2] == b':' && time[5] == b':',
+        "{row:?}"
+    );
+    assert!(
+        row[1].parse::<u32>().is_ok(),
+        "second column is not a pid: {row:?}"
+    );
+}
