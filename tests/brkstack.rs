@@ -87,6 +87,33 @@ fn command_stacks_symbolize_after_the_command_exited() {
     assert!(frames[0].contains("grow_heap_with_raw_brk"), "{frames:?}");
 }
 
+/// `lost.stack_truncated` of a run's summary.
+fn truncated(stdout: &str) -> u64 {
+    let summary = json_of(stdout, "summary").pop().unwrap();
+    summary["lost"]["stack_truncated"].as_u64().unwrap()
+}
+
+/// A walked stack cut at either bound of the walk (frames kept, pages of
+/// stack copied) is counted once per call; a stack that fits is not.
+#[test]
+fn stacks_cut_by_the_walk_are_counted() {
+    const N: u64 = 20;
+    let fp = &["--stack-mode", "fp"];
+    let out = traced(&["rawbrk", &N.to_string(), "4096"], fp);
+    assert_eq!(truncated(&out), 0, "{out}");
+    // 100 small frames: more than the 64 the walk keeps.
+    let out = traced(&["deepbrk", "100", &N.to_string()], fp);
+    let (calls, _) = totals(&out);
+    assert!(calls > N, "{out}");
+    assert_eq!(truncated(&out), calls, "{out}");
+    // 30 frames of 1 KiB: fewer frames, but more than the 16 KiB of stack
+    // the walk copies.
+    let out = traced(&["widebrk", "30", &N.to_string()], fp);
+    let (calls, _) = totals(&out);
+    assert!(calls > N, "{out}");
+    assert_eq!(truncated(&out), calls, "{out}");
+}
+
 #[test]
 fn children_are_followed_and_strangers_are_not() {
     const N: u64 = 30;

@@ -24,17 +24,22 @@ pub mod loss {
     pub const STACK: u32 = 1;
     /// An aggregation map was full when a new key was inserted.
     pub const MAP_FULL: u32 = 2;
-    /// A kernel memory read failed.
+    /// A kernel memory or tracepoint field read failed.
     pub const READ: u32 = 3;
     /// `--stack-mode dwarf`: not even part of the user stack could be copied.
     pub const STACK_COPY: u32 = 4;
-    pub const NR: u32 = 5;
+    /// A frame-pointer walk stopped at its bound (frames kept or stack
+    /// pages copied) with the chain still going: the event keeps a stack
+    /// without its outer frames.
+    pub const STACK_TRUNCATED: u32 = 5;
+    pub const NR: u32 = 6;
     pub const NAMES: [&str; NR as usize] = [
         "ringbuf_full",
         "stack_fail",
         "map_full",
         "read_fail",
         "stack_copy_fail",
+        "stack_truncated",
     ];
 }
 

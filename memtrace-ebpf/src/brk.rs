@@ -17,8 +17,8 @@ use memtrace_common::{
 };
 
 use crate::helpers::{
-    bump_by_stack, capture_stacks, count_loss, current_mm_u64, current_tgid, wanted, Stacks,
-    NO_PREALLOC, TASK,
+    bump_by_stack, capture_stacks, count_loss, current_mm_u64, current_tgid, tp_field, wanted,
+    Stacks, NO_PREALLOC, TASK,
 };
 
 #[unsafe(no_mangle)]
@@ -35,7 +35,7 @@ pub fn brk_enter(ctx: TracePointContext) -> u32 {
         return 0;
     }
     let t = TASK.load();
-    let requested = unsafe { ctx.read_at::<u64>(BRK_CFG.load().tp_brk as usize) }.unwrap_or(0);
+    let requested: u64 = tp_field(&ctx, BRK_CFG.load().tp_brk);
     let current = current_mm_u64(t.mm_brk);
     // brk(0) and shrinking calls grow nothing.
     let grew = if current != 0 && requested > current {

@@ -20,8 +20,8 @@ use memtrace_common::{
 };
 
 use crate::helpers::{
-    bump_by_stack, capture_stacks, capturing, count_loss, current_tgid, wanted, Stacks, FILTER,
-    NO_PREALLOC,
+    bump_by_stack, capture_stacks, capturing, count_loss, current_tgid, tp_field, wanted, Stacks,
+    FILTER, NO_PREALLOC,
 };
 
 #[unsafe(no_mangle)]
@@ -147,7 +147,7 @@ pub fn faults_kernel_raw(ctx: RawTracePointContext) -> i32 {
 
 #[inline(always)]
 fn tp_address(ctx: &TracePointContext) -> u64 {
-    unsafe { ctx.read_at::<u64>(FAULT_CFG.load().tp_address as usize) }.unwrap_or(0)
+    tp_field(ctx, FAULT_CFG.load().tp_address)
 }
 
 #[tracepoint]

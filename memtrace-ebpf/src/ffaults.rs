@@ -67,8 +67,16 @@ pub fn ffaults_tp(ctx: TracePointContext) -> u32 {
         return 0;
     }
     let c = FFAULT_CFG.load();
-    let ino = unsafe { ctx.read_at::<u64>(c.tp_ino as usize) }.unwrap_or(0);
-    let dev = unsafe { ctx.read_at::<u32>(c.tp_dev as usize) }.unwrap_or(0);
+    // Without them the fault has no file to be counted on: lost, counted.
+    let (Ok(ino), Ok(dev)) = (unsafe {
+        (
+            ctx.read_at::<u64>(c.tp_ino as usize),
+            ctx.read_at::<u32>(c.tp_dev as usize),
+        )
+    }) else {
+        count_loss(loss::READ);
+        return 0;
+    };
     count(tgid, dev, ino);
     0
 }

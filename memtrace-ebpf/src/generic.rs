@@ -4,7 +4,6 @@
 //! fields to key or sum by and the predicates to test.
 
 use aya_ebpf::{
-    bindings::BPF_RB_FORCE_WAKEUP,
     cty::c_void,
     helpers::{
         bpf_get_current_cgroup_id, bpf_get_current_comm, bpf_get_current_pid_tgid,
@@ -24,7 +23,7 @@ use memtrace_common::{
 };
 
 use crate::helpers::{
-    bump_by_stack, capture_stacks, count_loss, current_tgid, stack_ids, wanted, Stacks, EVENTS,
+    bump_by_stack, capture_stacks, count_loss, current_tgid, emit, stack_ids, wanted, Stacks,
     NO_PREALLOC,
 };
 
@@ -230,11 +229,6 @@ fn trace(ctx: &TracePointContext, index: u32) -> u32 {
     };
     unsafe { core::ptr::write_unaligned(base as *mut TraceHdr, hdr) };
     let rec = unsafe { core::slice::from_raw_parts(base as *const u8, TRACE_HDR + len) };
-    if EVENTS
-        .output::<[u8]>(rec, BPF_RB_FORCE_WAKEUP as u64)
-        .is_err()
-    {
-        count_loss(loss::RINGBUF);
-    }
+    emit::<[u8]>(rec);
     0
 }

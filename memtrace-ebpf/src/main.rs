@@ -2,6 +2,7 @@
 #![no_std]
 #![no_main]
 
+#[macro_use]
 mod helpers;
 
 mod brk;

@@ -1,13 +1,13 @@
 //! `mmapsnoop`: one record per mmap, munmap, mremap and brk call. Arguments
 //! are kept at sys_enter by thread and sent with the result at sys_exit.
 
-use aya_ebpf::{macros::tracepoint, programs::TracePointContext, Global};
+use aya_ebpf::Global;
 use memtrace_common::{
     kind,
-    snoop::{op, FdFileOffsets, MmapSnoopConfig, PendingCall},
+    snoop::{op, FdFileOffsets, MmapSnoopConfig},
 };
 
-use crate::helpers::{fd_file, syscall_enter, syscall_exit};
+use crate::helpers::fd_file;
 
 #[unsafe(no_mangle)]
 static MMAP_SNOOP: Global<MmapSnoopConfig> = Global::new(MmapSnoopConfig {
@@ -34,94 +34,13 @@ static MMAP_SNOOP: Global<MmapSnoopConfig> = Global::new(MmapSnoopConfig {
     },
 });
 
-/// The file behind an mmap call's fd (args[4]), read while the fd is certainly
-/// still open; userspace ignores it for anonymous mappings (fd is unused then).
-#[inline(always)]
-fn mmap_file(c: &MmapSnoopConfig, call: &PendingCall) -> (u32, u64) {
-    fd_file(&c.file, call.args[4])
-}
-
-#[tracepoint]
-pub fn mmap_enter(ctx: TracePointContext) -> u32 {
-    let c = MMAP_SNOOP.load();
-    syscall_enter(&ctx, op::MMAP, &c.mmap, c.self_tgid);
-    0
-}
-
-#[tracepoint]
-pub fn mmap_exit(ctx: TracePointContext) -> u32 {
-    let c = MMAP_SNOOP.load();
-    syscall_exit(
-        &ctx,
-        kind::MMAP_CALL,
-        op::MMAP,
-        c.mmap_ret,
-        c.failed_only,
-        |call| mmap_file(&c, call),
-    );
-    0
-}
-
-#[tracepoint]
-pub fn munmap_enter(ctx: TracePointContext) -> u32 {
-    let c = MMAP_SNOOP.load();
-    syscall_enter(&ctx, op::MUNMAP, &c.munmap, c.self_tgid);
-    0
-}
-
-#[tracepoint]
-pub fn munmap_exit(ctx: TracePointContext) -> u32 {
-    let c = MMAP_SNOOP.load();
-    syscall_exit(
-        &ctx,
-        kind::MMAP_CALL,
-        op::MUNMAP,
-        c.munmap_ret,
-        c.failed_only,
-        |_| (0, 0),
-    );
-    0
-}
-
-#[tracepoint]
-pub fn mremap_enter(ctx: TracePointContext) -> u32 {
-    let c = MMAP_SNOOP.load();
-    syscall_enter(&ctx, op::MREMAP, &c.mremap, c.self_tgid);
-    0
-}
-
-#[tracepoint]
-pub fn mremap_exit(ctx: TracePointContext) -> u32 {
-    let c = MMAP_SNOOP.load();
-    syscall_exit(
-        &ctx,
-        kind::MMAP_CALL,
-        op::MREMAP,
-        c.mremap_ret,
-        c.failed_only,
-        |_| (0, 0),
-    );
-    0
-}
-
-// Not `brk_enter`: brkstack's programs already have those names.
-#[tracepoint]
-pub fn snoop_brk_enter(ctx: TracePointContext) -> u32 {
-    let c = MMAP_SNOOP.load();
-    syscall_enter(&ctx, op::BRK, &[c.brk], c.self_tgid);
-    0
-}
-
-#[tracepoint]
-pub fn snoop_brk_exit(ctx: TracePointContext) -> u32 {
-    let c = MMAP_SNOOP.load();
-    syscall_exit(
-        &ctx,
-        kind::MMAP_CALL,
-        op::BRK,
-        c.brk_ret,
-        c.failed_only,
-        |_| (0, 0),
-    );
-    0
-}
+snoop_programs!(MMAP_SNOOP as c, kind::MMAP_CALL, {
+    // The file behind the fd (args[4]), read while it is certainly still
+    // open; userspace ignores it for anonymous mappings (fd is unused then).
+    mmap_enter, mmap_exit: op::MMAP, args c.mmap, ret c.mmap_ret,
+        file |call| fd_file(&c.file, call.args[4]);
+    munmap_enter, munmap_exit: op::MUNMAP, args c.munmap, ret c.munmap_ret;
+    mremap_enter, mremap_exit: op::MREMAP, args c.mremap, ret c.mremap_ret;
+    // Not `brk_enter`: brkstack's programs already have those names.
+    snoop_brk_enter, snoop_brk_exit: op::BRK, args [c.brk], ret c.brk_ret;
+});

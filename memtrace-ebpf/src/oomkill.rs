@@ -14,12 +14,14 @@ use aya_ebpf::{
     EbpfContext, Global,
 };
 use memtrace_common::{
-    kind, method,
+    kind, loss, method,
     oom::{OomEvent, OomKprobeOffsets, OomTpOffsets},
     TASK_COMM_LEN,
 };
 
-use crate::helpers::{css_cgroup_id, current_task, emit, memcg_id, read0, stack_ids, TASK};
+use crate::helpers::{
+    count_loss, css_cgroup_id, current_task, emit, memcg_id, read0, stack_ids, tp_field, TASK,
+};
 
 #[unsafe(no_mangle)]
 static OOM_TP: Global<OomTpOffsets> = Global::new(OomTpOffsets {
@@ -172,25 +174,26 @@ pub fn oom_tp_btf(ctx: BtfTracePointContext) -> i32 {
 pub fn oom_tracepoint(ctx: TracePointContext) -> u32 {
     let o = OOM_TP.load();
     let mut ev = new_event(&ctx, method::TRACEPOINT);
-    unsafe {
-        let pid = ctx.read_at::<i32>(o.pid as usize).unwrap_or(0) as u32;
-        ev.victim_tid = pid;
-        ev.victim_pid = pid;
-        if let Ok(loc) = ctx.read_at::<u32>(o.comm as usize) {
-            let src = (ctx.as_ptr() as *const u8).add((loc & 0xffff) as usize);
-            let _ = bpf_probe_read_kernel_str_bytes(src, &mut ev.victim_comm);
-        }
-        ev.uid = ctx.read_at::<u32>(o.uid as usize).unwrap_or(0);
-        if o.has_rss != 0 {
-            ev.total_vm_kb = ctx.read_at::<u64>(o.total_vm as usize).unwrap_or(0);
-            ev.anon_rss_kb = ctx.read_at::<u64>(o.anon_rss as usize).unwrap_or(0);
-            ev.file_rss_kb = ctx.read_at::<u64>(o.file_rss as usize).unwrap_or(0);
-            ev.shmem_rss_kb = ctx.read_at::<u64>(o.shmem_rss as usize).unwrap_or(0);
-            ev.oom_score_adj = ctx.read_at::<i16>(o.oom_score_adj as usize).unwrap_or(0) as i32;
-        }
-        ev.memcg_id = memcg_id(current_task());
-        ev.memcg_source = 3;
+    let pid = tp_field::<i32>(&ctx, o.pid) as u32;
+    ev.victim_tid = pid;
+    ev.victim_pid = pid;
+    // `__data_loc`: the string's offset in the record in the low 16 bits
+    // (0 only when that read failed, counted already).
+    let loc: u32 = tp_field(&ctx, o.comm);
+    let src = unsafe { (ctx.as_ptr() as *const u8).add((loc & 0xffff) as usize) };
+    if loc != 0 && unsafe { bpf_probe_read_kernel_str_bytes(src, &mut ev.victim_comm) }.is_err() {
+        count_loss(loss::READ);
     }
+    ev.uid = tp_field(&ctx, o.uid);
+    if o.has_rss != 0 {
+        ev.total_vm_kb = tp_field(&ctx, o.total_vm);
+        ev.anon_rss_kb = tp_field(&ctx, o.anon_rss);
+        ev.file_rss_kb = tp_field(&ctx, o.file_rss);
+        ev.shmem_rss_kb = tp_field(&ctx, o.shmem_rss);
+        ev.oom_score_adj = tp_field::<i16>(&ctx, o.oom_score_adj) as i32;
+    }
+    ev.memcg_id = unsafe { memcg_id(current_task()) };
+    ev.memcg_source = 3;
     emit(&ev);
     0
 }

@@ -18,7 +18,9 @@ use memtrace_common::{
     TASK_COMM_LEN,
 };
 
-use crate::helpers::{count_loss, current_task, current_tgid, emit, memcg_id, wanted, NO_PREALLOC};
+use crate::helpers::{
+    count_loss, current_task, current_tgid, emit, memcg_id, tp_field, wanted, NO_PREALLOC,
+};
 
 #[unsafe(no_mangle)]
 static RECLAIM_CFG: Global<ReclaimConfig> = Global::new(ReclaimConfig {
@@ -89,7 +91,7 @@ pub fn reclaim_end(ctx: TracePointContext) -> u32 {
     let _ = RECLAIM_START.remove(id);
     let cfg = RECLAIM_CFG.load();
     let lat = unsafe { bpf_ktime_get_ns() }.saturating_sub(start[0]);
-    let pages = unsafe { ctx.read_at::<u64>(cfg.tp_nr_reclaimed as usize) }.unwrap_or(0);
+    let pages: u64 = tp_field(&ctx, cfg.tp_nr_reclaimed);
     let kind_ = start[1] as u32;
     if kind_ == KIND_DIRECT {
         add(total::DIRECT_NS, lat);

@@ -37,6 +37,33 @@ fn grow_heap_with_raw_brk(n: usize, size: u64) {
     black_box(cur);
 }
 
+/// `grow_heap_with_raw_brk` below `depth` frames of recursion: a stack
+/// deeper than the walk keeps.
+#[inline(never)]
+fn raw_brk_deep(depth: usize, n: usize) {
+    if depth == 0 {
+        grow_heap_with_raw_brk(n, 4096);
+        return;
+    }
+    raw_brk_deep(depth - 1, n);
+    // Work after the call: no tail call, every level keeps its frame.
+    black_box(depth);
+}
+
+/// The same with 1 KiB frames: a stack longer than the pages the walk
+/// copies, in fewer frames than it keeps.
+#[inline(never)]
+fn raw_brk_deep_wide(depth: usize, n: usize) {
+    let mut pad = [0u8; 1024];
+    black_box(&mut pad);
+    if depth == 0 {
+        grow_heap_with_raw_brk(n, 4096);
+        return;
+    }
+    raw_brk_deep_wide(depth - 1, n);
+    black_box(&pad);
+}
+
 fn map_anon(len: usize) -> *mut u8 {
     // SAFETY: anonymous private mapping.
     let p = unsafe {
@@ -287,6 +314,10 @@ fn main() {
             // [LINGER_MS]: stay alive after, for reports taken meanwhile.
             std::thread::sleep(std::time::Duration::from_millis(arg(&args, 3, 0)));
         }
+        // deepbrk DEPTH N: rawbrk N 4096 below DEPTH frames of recursion.
+        "deepbrk" => raw_brk_deep(arg(&args, 1, 100), arg(&args, 2, 10)),
+        // widebrk DEPTH N: the same with 1 KiB frames.
+        "widebrk" => raw_brk_deep_wide(arg(&args, 1, 30), arg(&args, 2, 10)),
         // touch N: touch N fresh anonymous pages.
         "touch" => touch_fresh_pages(arg(&args, 1, 0)),
         // touch-timed N: the same, printing the loop's time in ns (benchmarks).

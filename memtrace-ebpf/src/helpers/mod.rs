@@ -1,0 +1,27 @@
+//! Mechanisms every tool shares, one file per concern. Tools import from
+//! here; the statics and programs keep their names whatever file holds
+//! them (`memtrace_common::names` refers to them by name).
+
+mod dwarf;
+mod emit;
+mod filter;
+mod floor;
+mod process;
+mod reads;
+// `snoop_programs!` for the snoop tools: declared before them in main.rs.
+#[macro_use]
+mod snoop;
+mod stacks;
+mod walk;
+
+pub use emit::{count_loss, emit};
+pub use filter::{current_tgid, wanted, FILTER};
+pub use reads::{
+    css_cgroup_id, current_mm_u64, current_task, fd_file, memcg_id, read, read0, tp_field, TASK,
+};
+pub use snoop::{syscall_enter, syscall_exit};
+pub use stacks::{bump_by_stack, capture_stacks, capturing, stack_ids, Stacks};
+
+/// For maps filled lazily: a preallocated map costs start-up time and locked
+/// memory for entries that are mostly never used.
+pub const NO_PREALLOC: u32 = aya_ebpf::bindings::BPF_F_NO_PREALLOC as u32;

@@ -1,0 +1,54 @@
+//! Programs that follow the process tree: forks of traced processes (for
+//! `--children`) and the names they take at exec.
+
+use aya_ebpf::{
+    helpers::bpf_get_current_comm,
+    macros::{map, tracepoint},
+    maps::LruHashMap,
+    programs::TracePointContext,
+};
+use memtrace_common::{loss, TASK_COMM_LEN};
+
+use super::{
+    emit::count_loss,
+    filter::{current_tgid, wanted, FILTER, FOLLOWED},
+};
+
+/// `sched:sched_process_fork`: follow the children of traced processes.
+#[tracepoint]
+pub fn follow_fork(ctx: TracePointContext) -> u32 {
+    let f = FILTER.load();
+    let parent = current_tgid();
+    if f.tgid == 0 || !(parent == f.tgid || unsafe { FOLLOWED.get(parent) }.is_some()) {
+        return 0;
+    }
+    match unsafe { ctx.read_at::<u32>(f.fork_child_pid as usize) } {
+        Ok(child) => {
+            if FOLLOWED.insert(child, 1u8, 0).is_err() {
+                count_loss(loss::MAP_FULL);
+            }
+        }
+        // A child not followed: its events go missing, so say so.
+        Err(_) => count_loss(loss::READ),
+    }
+    0
+}
+
+/// The name each traced process took at its last exec. Counting tools keep
+/// the name seen at a key's first event, and a forked child's first faults
+/// come before its exec, under its parent's name. Sized by the tools that
+/// use it; LRU: a name pushed out leaves the first-seen one.
+#[map]
+pub static EXEC_NAMES: LruHashMap<u32, [u8; TASK_COMM_LEN]> = LruHashMap::with_max_entries(1, 0);
+
+/// `sched:sched_process_exec` (rare): remember the new name.
+#[tracepoint]
+pub fn name_exec(_ctx: TracePointContext) -> u32 {
+    let tgid = current_tgid();
+    if wanted(tgid) {
+        if let Ok(comm) = bpf_get_current_comm() {
+            let _ = EXEC_NAMES.insert(&tgid, &comm, 0);
+        }
+    }
+    0
+}

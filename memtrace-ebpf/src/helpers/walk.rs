@@ -1,0 +1,181 @@
+//! The user frame-pointer walk (`--stack-mode fp`'s own walker): one copy of
+//! the top of the user stack, a bounded walk over it, and the stack stored
+//! under an id taken from its hash.
+
+use aya_ebpf::{
+    bindings::BPF_NOEXIST,
+    cty::c_void,
+    helpers::generated::bpf_probe_read_user,
+    macros::map,
+    maps::{HashMap, PerCpuArray},
+};
+use memtrace_common::{
+    loss,
+    stacks::{UserStack, MAX_UFRAMES},
+};
+
+use super::{
+    emit::count_loss,
+    reads::{stack_top, user_regs},
+    stacks::USTACK,
+};
+
+/// Pages of user stack, from sp's up, the frame-pointer walk reads at most.
+const PAGES: usize = 4;
+const WINDOW: usize = PAGES * 4096;
+
+#[repr(C, align(8))]
+pub struct WalkScratch {
+    /// User pages from sp's up, indexed from the start of sp's page; room
+    /// for a first read that starts part way into it, and for a record read
+    /// at the very end.
+    stack: [u8; WINDOW + 4096 + 16],
+    frames: UserStack,
+}
+
+#[map]
+static WALK_SCRATCH: PerCpuArray<WalkScratch> = PerCpuArray::with_max_entries(1, 0);
+
+/// User stacks of the walk, by id; sized by userspace when stacks are on.
+#[map]
+pub static USTACKS: HashMap<u32, UserStack> = HashMap::with_max_entries(8192, 0);
+
+/// Walks the user frame-pointer chain over one copy of the top of the stack,
+/// bounded so that no read faults (the kernel's own walker reads past the
+/// chain's end, and that fault cost more than the rest of the capture), and
+/// leaves the stack in this CPU's scratch, to be stored by
+/// `store_user_stack`. Returns its id and more bits of its hash.
+#[inline(always)]
+pub(super) fn walk_user_stack() -> (i32, u32) {
+    let cfg = USTACK.load();
+    let Some(s) = WALK_SCRATCH.get_ptr_mut(0) else {
+        return (-1, 0);
+    };
+    let s = unsafe { &mut *s };
+    let (ip, sp, bp) = user_regs(&cfg);
+    let top = stack_top(&cfg);
+    let base = sp & !4095;
+    let in0 = sp & 4095;
+    // Page k of the copy is user page k above sp's.
+    let buf = s.stack.as_mut_ptr();
+    let mut valid: u32 = 0;
+    // The main thread's stack is in use from sp to start_stack: one read
+    // takes it all when it fits. Elsewhere, sp's page now and the pages
+    // frame records are in as the walk reaches them (pages in between may
+    // never have been touched, and reading one would fault).
+    let whole = top.wrapping_sub(sp);
+    let first = if top > sp && whole <= (WINDOW as u64 - in0) {
+        whole
+    } else {
+        4096 - in0
+    };
+    if first <= WINDOW as u64
+        && unsafe {
+            bpf_probe_read_user(
+                buf.add(in0 as usize) as *mut c_void,
+                first as u32,
+                sp as *const c_void,
+            )
+        } == 0
+    {
+        valid = (1u32 << ((in0 + first + 4095) >> 12)) - 1;
+    }
+    let f = &mut s.frames;
+    f.ips[0] = ip;
+    let mut nr = 1u32;
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325 ^ ip;
+    let mut fp = bp;
+    // Set when the walk stops at one of its bounds (frames kept, pages
+    // copied) with the chain still going: the stack lacks its outer frames.
+    let mut cut = false;
+    for i in 1..MAX_UFRAMES {
+        // A frame record is [saved fp, return address] at fp, above sp.
+        if fp & 7 != 0 || fp < sp || (top > sp && fp + 16 > top) {
+            break;
+        }
+        let off = fp - base;
+        let page = off >> 12;
+        let last = (off + 15) >> 12;
+        if last >= PAGES as u64 {
+            cut = true;
+            break;
+        }
+        let need = (1u32 << page) | (1u32 << last);
+        if valid & need != need {
+            let mut ok = true;
+            for p in [page, last] {
+                if valid & (1 << p) == 0 {
+                    // Page 0 from sp: what is below it is not the stack.
+                    let p = p & (PAGES as u64 - 1);
+                    let at = if p == 0 { in0 } else { p * 4096 };
+                    let r = unsafe {
+                        bpf_probe_read_user(
+                            buf.add(at as usize) as *mut c_void,
+                            (4096 - (at & 4095)) as u32,
+                            (base + at) as *const c_void,
+                        )
+                    };
+                    if r != 0 {
+                        ok = false;
+                        break;
+                    }
+                    valid |= 1 << p;
+                }
+            }
+            if !ok {
+                break;
+            }
+        }
+        let off = off as usize & (WINDOW - 1);
+        // fp is 8-aligned and so is the buffer: whole-word loads (an
+        // unaligned read is eight byte loads in BPF).
+        let (next, ret) = unsafe {
+            let p = s.stack.as_ptr().add(off) as *const u64;
+            (p.read(), p.add(1).read())
+        };
+        if ret == 0 {
+            break;
+        }
+        f.ips[i] = ret;
+        nr = i as u32 + 1;
+        h = (h ^ ret).wrapping_mul(0x0000_0100_0000_01b3);
+        // Frames only go up the stack: anything else is not a chain.
+        if next <= fp {
+            break;
+        }
+        fp = next;
+        cut = i == MAX_UFRAMES - 1;
+    }
+    if cut {
+        count_loss(loss::STACK_TRUNCATED);
+    }
+    h = (h ^ nr as u64).wrapping_mul(0x0000_0100_0000_01b3);
+    f.hash = h;
+    f.nr = nr;
+    (
+        ((h ^ (h >> 32)) as u32 & 0x7fff_ffff) as i32,
+        (h >> 32) as u32,
+    )
+}
+
+/// Stores the stack the last walk on this CPU left in its scratch under
+/// `id`, unless it is there already. False when another stack holds the id
+/// or the map is full, both counted: the caller then counts the event
+/// without its stack.
+#[inline(always)]
+pub(super) fn store_user_stack(id: i32) -> bool {
+    let Some(s) = WALK_SCRATCH.get_ptr(0) else {
+        return false;
+    };
+    let f = unsafe { &(*s).frames };
+    let id = id as u32;
+    // NOEXIST: of two CPUs storing one id, the second finds the first's.
+    if USTACKS.insert(id, f, BPF_NOEXIST as u64).is_ok() {
+        return true;
+    }
+    if unsafe { USTACKS.get(id) }.is_some_and(|v| v.hash == f.hash) {
+        return true;
+    }
+    count_loss(loss::STACK);
+    false
+}
