@@ -1,5 +1,7 @@
-//! What a guest printed: its `MT-` lines parsed by case, and the checks of
-//! each case against what its workload did.
+//! What a guest printed: its `MT-` lines parsed by case, the cases the
+//! guest runs (`tests/guest/init.sh`), and the checks common to all of them;
+//! `tools.rs` checks each tool's output against what its workload did,
+//! `doctor.rs` the doctor table against the cases.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -12,6 +14,8 @@ pub(super) struct Guest {
     pub info: String,
     pub out: BTreeMap<String, Vec<String>>,
     pub err: BTreeMap<String, Vec<String>>,
+    /// The workload's own report (`MT-WORK`).
+    pub work: BTreeMap<String, Vec<String>>,
     pub cases: BTreeMap<String, BTreeMap<String, i64>>,
     pub end: Option<String>,
     pub console: String,
@@ -33,6 +37,7 @@ pub(super) fn parse(console: &str) -> Guest {
             "MT-INFO" => g.info = rest.to_string(),
             "MT-OUT" => g.out.entry(case.into()).or_default().push(body.into()),
             "MT-ERR" => g.err.entry(case.into()).or_default().push(body.into()),
+            "MT-WORK" => g.work.entry(case.into()).or_default().push(body.into()),
             "MT-CASE" => {
                 let kv = body
                     .split_whitespace()
@@ -48,168 +53,158 @@ pub(super) fn parse(console: &str) -> Guest {
     g
 }
 
-fn json(lines: &[String]) -> Vec<Value> {
+pub(super) fn json(lines: &[String]) -> Vec<Value> {
     lines
         .iter()
         .filter_map(|l| serde_json::from_str::<Value>(l).ok())
         .collect()
 }
 
-fn of_type<'a>(v: &'a [Value], ty: &str) -> Vec<&'a Value> {
+pub(super) fn of_type<'a>(v: &'a [Value], ty: &str) -> Vec<&'a Value> {
     v.iter().filter(|x| x["type"] == ty).collect()
 }
 
-/// The attach method of the tool's main probe, from the JSON summary.
-fn summary_method(v: &[Value], probe: &str) -> String {
+/// One case of the guest's script.
+pub(super) struct Case {
+    pub name: &'static str,
+    pub tool: &'static str,
+    /// memtrace's exit status.
+    pub rc: i64,
+    /// The method it must attach by: forced with `--attach`, or the best
+    /// one where the case runs with the default (then `forced` is false).
+    pub method: Option<&'static str>,
+    pub forced: bool,
+}
+
+const fn case(name: &'static str, tool: &'static str) -> Case {
+    Case {
+        name,
+        tool,
+        rc: 0,
+        method: None,
+        forced: false,
+    }
+}
+
+const fn best(name: &'static str, tool: &'static str, method: &'static str) -> Case {
+    Case {
+        method: Some(method),
+        ..case(name, tool)
+    }
+}
+
+const fn forced(name: &'static str, tool: &'static str, method: &'static str) -> Case {
+    Case {
+        method: Some(method),
+        forced: true,
+        ..case(name, tool)
+    }
+}
+
+/// Every case, in the order the guest runs them; doctor is checked last.
+pub(super) const CASES: [Case; 17] = [
+    case("doctor", "doctor"),
+    best("oom-best", "oomkill", "kprobe"),
+    forced("oom-fentry", "oomkill", "fentry"),
+    forced("oom-tp_btf", "oomkill", "tp_btf"),
+    forced("oom-tracepoint", "oomkill", "tracepoint"),
+    case("drsnoop", "drsnoop"),
+    case("faults-base", "faults"),
+    case("faults", "faults"),
+    case("brkstack", "brkstack"),
+    case("ffaults", "ffaults"),
+    // --fail: the threshold was crossed.
+    Case {
+        rc: 3,
+        ..case("rss", "rss")
+    },
+    case("mmapsnoop", "mmapsnoop"),
+    case("shmsnoop", "shmsnoop"),
+    best("swapin-best", "swapin", "kprobe"),
+    forced("swapin-kprobe", "swapin", "kprobe"),
+    forced("swapin-fentry", "swapin", "fentry"),
+    case("vmscan", "vmscan"),
+];
+
+/// The probe whose method a tool's row shows.
+fn main_probe(tool: &str) -> &'static str {
+    match tool {
+        "oomkill" => "oom kill",
+        "faults" => "user page faults",
+        "ffaults" => "file page faults",
+        "brkstack" => "brk calls",
+        "drsnoop" | "vmscan" => "memcg reclaim end",
+        "rss" => "rss changes",
+        "mmapsnoop" => "mmap entry",
+        "shmsnoop" => "shmget entry",
+        "swapin" => "swap-ins",
+        _ => "-",
+    }
+}
+
+/// `(probe, method)` of every probe the summary says attached.
+pub(super) fn attached(v: &[Value]) -> Vec<(String, String)> {
     of_type(v, "summary")
         .first()
         .and_then(|s| s["attached"].as_array())
-        .and_then(|a| a.iter().find(|p| p["probe"] == probe))
-        .and_then(|p| p["method"].as_str())
-        .unwrap_or("-")
-        .to_string()
+        .into_iter()
+        .flatten()
+        .map(|p| {
+            let s = |k: &str| p[k].as_str().unwrap_or("-").to_string();
+            (s("probe"), s("method"))
+        })
+        .collect()
 }
 
-/// Checks one case's output; returns the method it used and what was wrong.
-pub(super) fn check(g: &Guest, case: &str) -> (String, Vec<String>) {
+/// The result of one case on one guest.
+pub(super) struct Checked {
+    pub case: &'static Case,
+    pub method: String,
+    pub why: Vec<String>,
+}
+
+/// Checks every case of a guest; doctor's check uses the others' results.
+pub(super) fn check_all(g: &Guest) -> Vec<Checked> {
+    let mut done: Vec<Checked> = CASES[1..].iter().map(|c| check(g, c)).collect();
+    let doctor = super::doctor::check(g, &CASES[0], &done);
+    done.insert(0, doctor);
+    done
+}
+
+/// Checks one case's output: ran, exit status, method, nothing lost, and the
+/// tool's own checks.
+fn check(g: &Guest, case: &'static Case) -> Checked {
     let mut why = Vec::new();
-    let empty = Vec::new();
-    let out = g.out.get(case).unwrap_or(&empty);
-    let Some(st) = g.cases.get(case) else {
-        return ("-".into(), vec!["did not run".into()]);
+    let Some(st) = g.cases.get(case.name) else {
+        return Checked {
+            case,
+            method: "-".into(),
+            why: vec!["did not run".into()],
+        };
     };
     let rc = st.get("rc").copied().unwrap_or(-1);
-    if rc != 0 {
-        why.push(format!("memtrace exited with {rc}"));
+    if rc != case.rc {
+        why.push(format!("memtrace exited with {rc}, expected {}", case.rc));
     }
-    let v = json(out);
-    let probe = match case {
-        "faults" => "user page faults",
-        "brkstack" => "brk calls",
-        "drsnoop" => "memcg reclaim end",
-        _ => "oom kill",
-    };
-    let mut method = summary_method(&v, probe);
-    match case {
-        "doctor" => {
-            // FEATURE OK DETAIL rows, and TOOL PROBE METHOD TARGET rows.
-            let ok = |feature: &str| {
-                out.iter().any(|l| {
-                    l.strip_prefix(feature)
-                        .is_some_and(|r| r.split_whitespace().next() == Some("yes"))
-                })
-            };
-            for f in ["kprobe pmu", "fentry "] {
-                if !ok(f) {
-                    why.push(format!("doctor: {} not available", f.trim()));
-                }
-            }
-            method = out
-                .iter()
-                .find(|l| l.starts_with("oomkill "))
-                .and_then(|l| l.split_whitespace().nth(3))
-                .unwrap_or("-")
-                .to_string();
-            let avail: Vec<&str> = ["kprobe pmu", "fentry "]
-                .iter()
-                .filter(|f| ok(f))
-                .map(|f| f.split(' ').next().unwrap())
-                .collect();
-            if !avail.is_empty() {
-                method = format!("{} (oomkill: {method})", avail.join("+"));
-            }
-        }
-        c if c.starts_with("oom-") => {
-            let want = match &c[4..] {
-                "best" => "kprobe",
-                m => m,
-            };
-            if method != want {
-                why.push(format!("attached by {method}, expected {want}"));
-            }
-            let wpid = st.get("wpid").copied().unwrap_or(0);
-            if st.get("wrc") != Some(&137) {
-                why.push(format!("workload not OOM-killed: {:?}", st.get("wrc")));
-            }
-            let kills: Vec<_> = of_type(&v, "oom_kill")
-                .into_iter()
-                .filter(|k| k["victim_pid"] == wpid)
-                .collect();
-            if kills.len() != 1 {
-                why.push(format!("{} kills of {wpid} reported", kills.len()));
-            }
-            if let Some(k) = kills.first() {
-                let mut expect = |field: &str, want: Value| {
-                    if k[field] != want {
-                        why.push(format!("{field} {} != {want}", k[field]));
-                    }
-                };
-                expect("victim_comm", "memtrace-worklo".into());
-                expect("memcg", format!("/mt-{c}").into());
-                // A 64 MiB limit in 4 KiB pages, from oom_control where the
-                // method sees it (kprobe, fentry), else from the memcg limit.
-                expect("pages", 16384.into());
-                let source = if matches!(want, "kprobe" | "fentry") {
-                    "oom_control"
-                } else {
-                    "memcg_limit"
-                };
-                expect("pages_source", source.into());
-                expect("method", want.into());
-                if k["anon_rss_kb"].as_u64().unwrap_or(0) <= 32 * 1024 {
-                    why.push(format!("anon_rss_kb {} too small", k["anon_rss_kb"]));
-                }
-            }
-        }
-        "faults" => {
-            let user: u64 = of_type(&v, "faults")
-                .iter()
-                .map(|r| r["user"].as_u64().unwrap_or(0))
-                .sum();
-            if user < 2000 {
-                why.push(format!("{user} user faults < 2000"));
-            }
-        }
-        "drsnoop" => {
-            // The kernel reclaims in the memcg before it kills: stalls of the
-            // workload, memcg kind, in its cgroup.
-            let wpid = st.get("wpid").copied().unwrap_or(0);
-            if st.get("wrc") != Some(&137) {
-                why.push(format!("workload not OOM-killed: {:?}", st.get("wrc")));
-            }
-            let stalls: Vec<_> = of_type(&v, "reclaim_stall")
-                .into_iter()
-                .filter(|s| s["pid"] == wpid)
-                .collect();
-            if stalls.is_empty() {
-                why.push(format!("no reclaim stall of {wpid}"));
-            }
-            if !stalls
-                .iter()
-                .all(|s| s["kind"] == "memcg" && s["memcg"] == "/mt-drsnoop")
-            {
-                why.push(format!("stalls not in /mt-drsnoop: {stalls:?}"));
-            }
-        }
-        "brkstack" => {
-            let hit = of_type(&v, "brk_stack")
-                .iter()
-                .any(|s| s["count"] == 50 && s["bytes"] == 204800);
-            if !hit {
-                why.push("no brk stack with count 50 and 204800 bytes".into());
-            }
-        }
-        _ => {}
-    }
-    if case != "doctor" {
-        let lost = of_type(&v, "summary")
-            .first()
-            .map(|s| s["lost_total"].clone());
-        if lost != Some(0.into()) {
-            why.push(format!("lost_total {lost:?}"));
+    let v = json(g.out.get(case.name).map_or(&[][..], |v| v));
+    let probe = main_probe(case.tool);
+    let method = attached(&v)
+        .into_iter()
+        .find(|(p, _)| p == probe)
+        .map_or_else(|| "-".to_string(), |(_, m)| m);
+    if let Some(want) = case.method {
+        if method != want {
+            why.push(format!("{probe}: attached by {method}, expected {want}"));
         }
     }
-    (method, why)
+    let lost = of_type(&v, "summary")
+        .first()
+        .map(|s| s["lost_total"].clone());
+    if lost != Some(0.into()) {
+        why.push(format!("lost_total {lost:?}"));
+    }
+    super::tools::check(g, case, &v, &mut why);
+    Checked { case, method, why }
 }
 
 #[cfg(test)]
@@ -220,11 +215,13 @@ mod tests {
     fn parses_guest_lines() {
         let g = parse(
             "noise\r\nMT-INFO kernel=6.1 cgroup=v1\r\nMT-OUT faults {\"a\":1}\n\
-             [  1.0] MT-CASE faults rc=0 wrc=0 wpid=0 ms=1234\nMT-END PASS\n",
+             [  1.0] MT-CASE faults rc=0 wrc=0 wpid=0 ms=1234\nMT-WORK swapin swapped 3 of 9\n\
+             MT-END PASS\n",
         );
         assert_eq!(g.info, "kernel=6.1 cgroup=v1");
         assert_eq!(g.out["faults"], ["{\"a\":1}"]);
         assert_eq!(g.cases["faults"]["ms"], 1234);
+        assert_eq!(g.work["swapin"], ["swapped 3 of 9"]);
         assert_eq!(g.end.as_deref(), Some("PASS"));
     }
 }

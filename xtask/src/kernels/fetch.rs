@@ -238,10 +238,17 @@ pub(super) fn fetch(cache: &Path) -> Result<Assets> {
                 eprintln!("xtask: kernels: {pkg}: booting the vmlinuz ({e:#})");
             }
         }
+        let modules = dir.join("modules");
+        if !modules.join("order").exists() {
+            let d = deb(&debs, &[&pkg])?.remove(0);
+            super::modules::extract(&d, &modules)
+                .with_context(|| format!("{pkg}: taking zram out of the package"))?;
+        }
         kernels.push(Kernel {
             series,
             name: pkg.trim_start_matches("linux-image-").to_string(),
             image: if vmlinux.exists() { vmlinux } else { vmlinuz },
+            modules,
         });
     }
     Ok(Assets { qemu_root, kernels })

@@ -8,6 +8,7 @@ use std::process::Command;
 
 use anyhow::{Context, Result};
 
+use super::Assets;
 use crate::{root, target_dir};
 
 /// A cpio archive in the "newc" format the kernel unpacks as initramfs.
@@ -112,7 +113,8 @@ fn libs(bin: &Path) -> Result<Vec<PathBuf>> {
     Ok(v)
 }
 
-pub(super) fn initramfs(qemu_root: &Path, out: &Path) -> Result<()> {
+pub(super) fn initramfs(assets: &Assets, out: &Path) -> Result<()> {
+    let qemu_root = &assets.qemu_root;
     let release = target_dir().join("release");
     let mut c = Cpio::default();
     for d in ["dev", "proc", "sys", "tmp", "sbin", "usr/bin", "usr/sbin"] {
@@ -143,6 +145,17 @@ pub(super) fn initramfs(qemu_root: &Path, out: &Path) -> Result<()> {
     for l in shared {
         // At the path ldd names, with the content of what it links to.
         c.file(&l.to_string_lossy(), 0o755, &std::fs::read(&l)?);
+    }
+    // Each kernel's modules where `uname -r` finds them.
+    for k in &assets.kernels {
+        for e in std::fs::read_dir(&k.modules)?.flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            c.file(
+                &format!("lib/modules/{}/{name}", k.name),
+                0o644,
+                &std::fs::read(e.path())?,
+            );
+        }
     }
     std::fs::write(out, c.finish())?;
     Ok(())

@@ -13,8 +13,12 @@
 
 mod boot;
 mod check;
+mod doctor;
 mod fetch;
 mod initramfs;
+mod modules;
+mod snoop;
+mod tools;
 
 use std::path::PathBuf;
 use std::time::Instant;
@@ -32,6 +36,8 @@ struct Kernel {
     name: String,
     /// The uncompressed vmlinux, or the vmlinuz when unpacking failed.
     image: PathBuf,
+    /// Modules for the guest (`modules.rs`), with their load `order`.
+    modules: PathBuf,
 }
 
 struct Assets {
@@ -49,17 +55,6 @@ struct Row {
     why: Vec<String>,
 }
 
-const CASES: [&str; 8] = [
-    "doctor",
-    "oom-best",
-    "oom-fentry",
-    "oom-tp_btf",
-    "oom-tracepoint",
-    "drsnoop",
-    "faults",
-    "brkstack",
-];
-
 /// Runs the matrix. When `required` is false, kernels that cannot be
 /// fetched (no network to the Debian mirror, no apt) skip it with one line.
 pub fn run(required: bool) -> Result<()> {
@@ -75,7 +70,7 @@ pub fn run(required: bool) -> Result<()> {
         Err(e) => return Err(e.context("fetching the kernels and qemu")),
     };
     let initrd = cache.join("initrd.cpio");
-    initramfs::initramfs(&assets.qemu_root, &initrd)?;
+    initramfs::initramfs(&assets, &initrd)?;
     eprintln!(
         "xtask: kernels: booting {} under qemu (TCG)",
         assets
@@ -102,20 +97,19 @@ pub fn run(required: bool) -> Result<()> {
         let log = logs.join(format!("{}.log", k.name));
         std::fs::write(&log, &g.console)?;
         let end_ok = g.end.as_deref() == Some("PASS");
-        for case in CASES {
-            let (method, why) = check::check(&g, case);
+        for c in check::check_all(&g) {
             rows.push(Row {
                 kernel: format!("{} ({})", k.series, k.name),
-                case: case.to_string(),
-                method,
-                ok: why.is_empty(),
+                case: c.case.name.to_string(),
+                method: c.method,
+                ok: c.why.is_empty(),
                 ms: g
                     .cases
-                    .get(case)
-                    .and_then(|c| c.get("ms"))
+                    .get(c.case.name)
+                    .and_then(|s| s.get("ms"))
                     .copied()
                     .unwrap_or(-1),
-                why,
+                why: c.why,
             });
         }
         let bad = rows.iter().any(|r| !r.ok && r.kernel.contains(&k.name));

@@ -1,0 +1,66 @@
+//! `swap MIB`: anonymous pages pushed out to swap, then read back, with the
+//! exact number of pages that must come back from the swap device.
+//!
+//! Run it in a memory cgroup whose limit is below MIB. It touches MIB MiB,
+//! which the cgroup's reclaim swaps partly out; counts the pages that are in
+//! swap and not in the swap cache (`swapped K of N`), since only those need
+//! a read from the device; waits for a line on stdin (the caller lifts the
+//! limit meanwhile, so reading them back pushes nothing out again); reads
+//! every page, checking its content, and prints `retouched N`.
+
+use std::hint::black_box;
+use std::io::{BufRead, Read, Seek, SeekFrom, Write};
+
+use crate::{map_anon, PAGE};
+
+/// Pagemap entry bit: the page is in swap (its PTE is a swap entry).
+const PM_SWAP: u64 = 1 << 62;
+
+/// How many of the `n` pages at `p` are in swap and not resident: the pages
+/// whose next touch reads the swap device. mincore(2) reports a swapped page
+/// that is still in the swap cache as resident; touching it reads nothing.
+fn swapped_out(p: *mut u8, n: usize) -> usize {
+    let mut pagemap = std::fs::File::open("/proc/self/pagemap").expect("open pagemap");
+    pagemap
+        .seek(SeekFrom::Start((p as u64 / PAGE as u64) * 8))
+        .unwrap();
+    let mut raw = vec![0u8; n * 8];
+    pagemap.read_exact(&mut raw).expect("read pagemap");
+    let mut resident = vec![0u8; n];
+    // SAFETY: `p` is our mapping of `n` pages; `resident` has n bytes.
+    let r = unsafe { libc::mincore(p as *mut libc::c_void, n * PAGE, resident.as_mut_ptr()) };
+    assert_eq!(r, 0, "mincore failed");
+    raw.chunks_exact(8)
+        .zip(&resident)
+        .filter(|(e, res)| {
+            let e = u64::from_le_bytes((*e).try_into().unwrap());
+            e & PM_SWAP != 0 && *res & 1 == 0
+        })
+        .count()
+}
+
+pub fn swap(mib: usize) {
+    let n = (mib << 20) / PAGE;
+    let p = map_anon(n * PAGE);
+    // Distinct content per page: zram keeps same-filled pages without
+    // compressing them, and the check below sees any page swapped in wrong.
+    for i in 0..n {
+        // SAFETY: inside the mapping, 8-byte aligned.
+        unsafe { std::ptr::write_volatile(p.add(i * PAGE) as *mut u64, i as u64 + 1) };
+    }
+    let k = swapped_out(p, n);
+    println!("swapped {k} of {n}");
+    std::io::stdout().flush().unwrap();
+    // End of input counts as the go-ahead too.
+    let mut line = String::new();
+    let _ = std::io::stdin().lock().read_line(&mut line);
+    let mut bad = 0;
+    for i in 0..n {
+        // SAFETY: as above.
+        let v = unsafe { std::ptr::read_volatile(p.add(i * PAGE) as *const u64) };
+        bad += (v != i as u64 + 1) as usize;
+    }
+    black_box(p);
+    assert_eq!(bad, 0, "{bad} pages came back from swap with wrong content");
+    println!("retouched {n}");
+}
