@@ -173,9 +173,9 @@ oom_case() {
 }
 
 # `memtrace TOOL --json -v ARGS` while `memtrace-workload swap 64` runs in a
-# 32 MiB memcg that may swap. Once the workload says how many of its pages
-# are out, the limit is lifted and it reads them all back: exactly that many
-# swap-ins. CASE TOOL ARGS...
+# 32 MiB memcg that may swap. Once the workload has touched its pages, the
+# limit is lifted; it counts those in swap and reads them all back: exactly
+# that many swap-ins. CASE TOOL ARGS...
 swap_case() {
     mk_memcg "$1" 32M yes
     n=$1
@@ -194,7 +194,7 @@ swap_case() {
         # lets the workload read its pages back.
         exec 3>/tmp/go
         i=0
-        while ! grep -qs '^swapped' /tmp/$name.w && kill -0 $wpid 2>/dev/null &&
+        while ! grep -qs '^touched' /tmp/$name.w && kill -0 $wpid 2>/dev/null &&
             [ $i -lt 1200 ]; do
             i=$((i + 1))
             usleep 100000

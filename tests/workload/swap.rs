@@ -2,12 +2,13 @@
 //! exact number of pages that must come back from the swap device.
 //!
 //! Run it in a memory cgroup whose limit is below MIB. It touches MIB MiB,
-//! which the cgroup's reclaim swaps partly out; counts the pages that are in
-//! swap and not in the swap cache (`swapped K of N`), since only those need
-//! a read from the device; waits for a line on stdin (the caller lifts the
-//! limit meanwhile, so reading them back pushes nothing out again); reads
-//! every page, checking its content, and prints `retouched N`. Its other
-//! pages are locked in memory, so K is exactly the swap-ins to expect.
+//! which the cgroup's reclaim swaps partly out, and says `touched N`; waits
+//! for a line on stdin (the caller lifts the limit meanwhile, so nothing is
+//! pushed out any more); counts the pages that are in swap and not in the
+//! swap cache, since only those need a read from the device; reads every
+//! page, checking its content, and prints `swapped K of N`, `retouched N`.
+//! Its other pages are locked in memory, so K is exactly the swap-ins to
+//! expect.
 
 use std::hint::black_box;
 use std::io::{BufRead, Read, Seek, SeekFrom, Write};
@@ -58,11 +59,14 @@ pub fn swap(mib: usize) {
         // SAFETY: inside the mapping, 8-byte aligned.
         unsafe { std::ptr::write_volatile(p.add(i * PAGE) as *mut u64, i as u64 + 1) };
     }
-    let k = swapped_out(p, n);
-    writeln!(out, "swapped {k} of {n}").unwrap();
+    writeln!(out, "touched {n}").unwrap();
     out.flush().unwrap();
     // End of input counts as the go-ahead too.
     let _ = input.lock().read_line(&mut line);
+    // Counted only now that the limit is gone: anything charged while at
+    // the limit (even the line above, written to a tmpfs file) would push
+    // more pages out after the count.
+    let k = swapped_out(p, n);
     let mut bad = 0;
     for i in 0..n {
         // SAFETY: as above.
@@ -71,5 +75,6 @@ pub fn swap(mib: usize) {
     }
     black_box(p);
     assert_eq!(bad, 0, "{bad} pages came back from swap with wrong content");
+    writeln!(out, "swapped {k} of {n}").unwrap();
     writeln!(out, "retouched {n}").unwrap();
 }
