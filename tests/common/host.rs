@@ -10,9 +10,11 @@ use std::time::Duration;
 
 use super::{run_with, wait_child};
 
-/// Prints why a test does not run here; the test then returns.
+/// Prints why a test does not run here; the test then returns. Written to
+/// stderr directly, past the test harness's capture, so that it shows.
 pub fn skip(test: &str, why: &str) {
-    eprintln!("SKIPPED {test}: {why}");
+    use std::io::Write;
+    let _ = writeln!(std::io::stderr(), "SKIPPED {test}: {why}");
 }
 
 pub fn kprobes() -> bool {
