@@ -261,8 +261,13 @@ fn main() {
             std::io::stdout().flush().unwrap();
             std::thread::sleep(std::time::Duration::from_secs(60));
         }
-        // readfile PATH K: map PATH and read K distinct pages, uncached.
-        "readfile" => read_file_pages(&args[1], arg(&args, 2, 100)),
+        // readfile PATH K [HOLD_MS]: map PATH and read K distinct pages,
+        // uncached; then stay HOLD_MS with the file mapped, so that a
+        // tracer slower than the read (under emulation) can still name it.
+        "readfile" => {
+            read_file_pages(&args[1], arg(&args, 2, 100));
+            std::thread::sleep(std::time::Duration::from_millis(arg(&args, 3, 0)));
+        }
         // fork-alloc MIB: a forked child allocates and touches MIB MiB, holds
         // it for a second and exits; the parent waits for it.
         "fork-alloc" => {
