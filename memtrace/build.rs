@@ -3,7 +3,7 @@ use aya_build::{Package, Toolchain};
 use object::{Object as _, ObjectSection as _};
 
 /// Builds the kernel programs (memtrace-ebpf) for the BPF target with the
-/// nightly toolchain and leaves the object in OUT_DIR for `include_bytes!`,
+/// nightly pinned in memtrace-ebpf/rust-toolchain.toml and leaves the object in OUT_DIR for `include_bytes!`,
 /// without DWARF or BTF line info (`memtrace.obj`).
 fn main() -> anyhow::Result<()> {
     build()?;
@@ -84,12 +84,39 @@ fn build() -> anyhow::Result<()> {
         .manifest_path
         .parent()
         .ok_or_else(|| anyhow!("no parent dir"))?;
+    let toolchain = pinned_nightly(root.as_std_path())?;
     aya_build::build_ebpf(
         [Package {
             name: pkg.name.as_str(),
             root_dir: root.as_str(),
             ..Default::default()
         }],
-        Toolchain::default(),
+        Toolchain::Custom(&toolchain),
     )
+}
+
+/// The `channel` of the eBPF crate's rust-toolchain.toml, checked to be
+/// installed: aya-build's own error for a missing one does not say so.
+fn pinned_nightly(ebpf_root: &std::path::Path) -> anyhow::Result<String> {
+    let file = ebpf_root.join("rust-toolchain.toml");
+    println!("cargo:rerun-if-changed={}", file.display());
+    let text = std::fs::read_to_string(&file).with_context(|| format!("{}", file.display()))?;
+    let channel = text
+        .lines()
+        .find_map(|l| {
+            let (k, v) = l.split_once('=')?;
+            (k.trim() == "channel").then(|| v.trim().trim_matches('"').to_string())
+        })
+        .ok_or_else(|| anyhow!("no channel in {}", file.display()))?;
+    let installed = std::process::Command::new("rustup")
+        .args(["run", &channel, "rustc", "-V"])
+        .env("RUSTUP_AUTO_INSTALL", "0")
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !installed {
+        anyhow::bail!(
+            "toolchain {channel} (the eBPF build's pin) is not installed: run `cargo xtask setup`"
+        );
+    }
+    Ok(channel)
 }

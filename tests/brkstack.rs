@@ -121,10 +121,10 @@ fn children_are_followed_and_strangers_are_not() {
     let pid = w.pid.to_string();
     let t = Tracer::start(&["brkstack", "-p", &pid, "--children", "--json"]);
     // An unrelated process doing the same meanwhile.
-    let stranger = std::process::Command::new(workload_bin())
-        .args(["sbrk", "77", "4096"])
-        .status()
-        .unwrap();
+    let stranger = status_within(
+        std::process::Command::new(workload_bin()).args(["sbrk", "77", "4096"]),
+        WAIT,
+    );
     assert!(stranger.success());
     w.go();
     assert!(w.wait().success());

@@ -3,7 +3,6 @@
 
 mod common;
 
-use std::io::BufRead;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
@@ -21,18 +20,22 @@ fn traced(pre: &[&str], work: &[&str], extra: &[&str], on_step: impl Fn(u32, &st
         .stdin(Stdio::piped())
         .stdout(Stdio::piped());
     let mut child = c.spawn().unwrap();
-    let mut lines = std::io::BufReader::new(child.stdout.take().unwrap()).lines();
-    let pid: u32 = lines.next().unwrap().unwrap().trim().parse().unwrap();
+    let lines = lines_of(child.stdout.take().unwrap());
+    let pid: u32 = lines.recv_timeout(WAIT).unwrap().trim().parse().unwrap();
     let pid_s = pid.to_string();
     let mut args = vec!["rss", "-p", &pid_s, "--json", "-i", "200ms"];
     args.extend_from_slice(extra);
     let t = Tracer::start(&args);
     use std::io::Write;
     child.stdin.take().unwrap().write_all(b"go\n").unwrap();
-    for l in lines.map_while(Result::ok) {
+    // Its lines until it exits (the channel closes with its stdout).
+    let deadline = std::time::Instant::now() + WAIT;
+    while let Ok(l) =
+        lines.recv_timeout(deadline.saturating_duration_since(std::time::Instant::now()))
+    {
         on_step(pid, &l);
     }
-    child.wait().unwrap();
+    wait_child(&mut child, WAIT);
     t.wait(Duration::from_secs(20))
 }
 

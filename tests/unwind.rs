@@ -18,7 +18,10 @@ fn src(name: &str) -> PathBuf {
 
 fn build(out: &str, cmd: &mut Command) -> PathBuf {
     let path = Path::new(env!("CARGO_TARGET_TMPDIR")).join(out);
-    let st = cmd.arg("-o").arg(&path).status().expect("run the compiler");
+    let st = status_within(
+        cmd.arg("-o").arg(&path),
+        std::time::Duration::from_secs(300),
+    );
     assert!(st.success(), "building {out} failed");
     path
 }

@@ -1,9 +1,15 @@
 //! Helpers for tests that run the real memtrace binary against workloads.
+//! Every wait on memtrace or on a child has a timeout: a test fails, never
+//! hangs, whatever the host offers.
 #![allow(dead_code)]
+
+mod host;
+#[allow(unused_imports)]
+pub use host::*;
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::path::PathBuf;
-use std::process::{Child, ChildStdin, Command, Stdio};
+use std::process::{Child, ChildStdin, Command, ExitStatus, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
@@ -36,8 +42,9 @@ pub struct Tracer {
     child: Child,
     stderr: mpsc::Receiver<String>,
     pub early_stderr: String,
-    /// stdout lines as they come, once `stdout_line` has been used.
-    stdout: Option<mpsc::Receiver<String>>,
+    /// stdout lines as they come, read from the start so that memtrace
+    /// never blocks on a full pipe.
+    stdout: mpsc::Receiver<String>,
     seen_stdout: String,
 }
 
@@ -49,6 +56,7 @@ impl Tracer {
             .stderr(Stdio::piped())
             .spawn()
             .expect("spawn memtrace");
+        let stdout = lines_of(child.stdout.take().unwrap());
         let (tx, rx) = mpsc::channel();
         let err = child.stderr.take().unwrap();
         std::thread::spawn(move || {
@@ -80,7 +88,7 @@ impl Tracer {
             child,
             stderr: rx,
             early_stderr: early,
-            stdout: None,
+            stdout,
             seen_stdout: String::new(),
         }
     }
@@ -92,19 +100,7 @@ impl Tracer {
         pred: impl Fn(&str) -> bool,
         timeout: Duration,
     ) -> Option<String> {
-        if self.stdout.is_none() {
-            let (tx, rx) = mpsc::channel();
-            let out = self.child.stdout.take().unwrap();
-            std::thread::spawn(move || {
-                for line in BufReader::new(out).lines().map_while(Result::ok) {
-                    if tx.send(line).is_err() {
-                        break;
-                    }
-                }
-            });
-            self.stdout = Some(rx);
-        }
-        let rx = self.stdout.as_ref().unwrap();
+        let rx = &self.stdout;
         let deadline = Instant::now() + timeout;
         while let Ok(l) = rx.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
             self.seen_stdout.push_str(&l);
@@ -130,21 +126,10 @@ impl Tracer {
         loop {
             if let Some(st) = self.child.try_wait().unwrap() {
                 let mut stdout = std::mem::take(&mut self.seen_stdout);
-                match &self.stdout {
-                    Some(rx) => {
-                        while let Ok(l) = rx.recv_timeout(Duration::from_secs(2)) {
-                            stdout.push_str(&l);
-                            stdout.push('\n');
-                        }
-                    }
-                    None => {
-                        self.child
-                            .stdout
-                            .take()
-                            .unwrap()
-                            .read_to_string(&mut stdout)
-                            .unwrap();
-                    }
+                // The reader thread ends with the pipe.
+                while let Ok(l) = self.stdout.recv_timeout(Duration::from_secs(2)) {
+                    stdout.push_str(&l);
+                    stdout.push('\n');
                 }
                 let mut stderr = self.early_stderr.clone();
                 // The reader thread ends with the pipe.
@@ -188,16 +173,68 @@ impl Drop for Tracer {
     }
 }
 
-/// Runs memtrace to completion.
+/// How long a test waits for a workload or for memtrace by default.
+pub const WAIT: Duration = Duration::from_secs(60);
+
+/// Waits for `child` to exit within `timeout`; past it, kills it and panics.
+pub fn wait_child(child: &mut Child, timeout: Duration) -> ExitStatus {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(st) = child.try_wait().expect("wait for a child") {
+            return st;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("process {} did not exit in {timeout:?}", child.id());
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// Lines read from `r` by a thread, to be taken with a timeout.
+pub fn lines_of(r: impl Read + Send + 'static) -> mpsc::Receiver<String> {
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(r).lines().map_while(Result::ok) {
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    rx
+}
+
+/// All of `r`, read by a thread until it ends.
+fn read_all(mut r: impl Read + Send + 'static) -> std::thread::JoinHandle<String> {
+    std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = r.read_to_string(&mut s);
+        s
+    })
+}
+
+/// Runs memtrace to completion (within WAIT).
 pub fn run(args: &[&str]) -> Output {
-    let o = Command::new(memtrace_bin())
+    run_with(args, WAIT)
+}
+
+/// Runs memtrace to completion within `timeout`.
+pub fn run_with(args: &[&str], timeout: Duration) -> Output {
+    let mut child = Command::new(memtrace_bin())
         .args(args)
-        .output()
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
         .expect("run memtrace");
+    let out = read_all(child.stdout.take().unwrap());
+    let err = read_all(child.stderr.take().unwrap());
+    let st = wait_child(&mut child, timeout);
     Output {
-        stdout: String::from_utf8_lossy(&o.stdout).into_owned(),
-        stderr: String::from_utf8_lossy(&o.stderr).into_owned(),
-        code: o.status.code().unwrap_or(-1),
+        stdout: out.join().unwrap(),
+        stderr: err.join().unwrap(),
+        code: st.code().unwrap_or(-1),
     }
 }
 
@@ -241,15 +278,19 @@ impl Workload {
         s.write_all(b"go\n").unwrap();
     }
 
-    pub fn wait(mut self) -> std::process::ExitStatus {
-        self.child.wait().unwrap()
+    /// Waits for it to exit (within WAIT).
+    pub fn wait(mut self) -> ExitStatus {
+        wait_child(&mut self.child, WAIT)
     }
 
-    /// Waits for it to exit and returns what it printed after its pid.
-    pub fn wait_output(mut self) -> (std::process::ExitStatus, String) {
-        let mut out = String::new();
-        self.stdout.read_to_string(&mut out).unwrap();
-        (self.child.wait().unwrap(), out)
+    /// Waits for it to exit (within WAIT); returns what it printed after its pid.
+    pub fn wait_output(self) -> (ExitStatus, String) {
+        let Workload {
+            mut child, stdout, ..
+        } = self;
+        let out = read_all(stdout);
+        let st = wait_child(&mut child, WAIT);
+        (st, out.join().unwrap())
     }
 }
 
@@ -294,46 +335,4 @@ pub fn json_of(stdout: &str, ty: &str) -> Vec<serde_json::Value> {
         .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
         .filter(|v| v["type"] == ty)
         .collect()
-}
-
-/// A v1 memory cgroup with a limit, removed on drop.
-pub struct Memcg {
-    pub path: PathBuf,
-    pub name: String,
-}
-
-impl Memcg {
-    pub fn new(tag: &str, limit: &str) -> Memcg {
-        let name = format!("memtrace-test-{tag}-{}", std::process::id());
-        let path = PathBuf::from("/sys/fs/cgroup/memory").join(&name);
-        std::fs::create_dir_all(&path).expect("create memcg (cgroup v1 memory controller)");
-        std::fs::write(path.join("memory.limit_in_bytes"), limit).unwrap();
-        let _ = std::fs::write(path.join("memory.memsw.limit_in_bytes"), limit);
-        Memcg { path, name }
-    }
-
-    /// A command that joins this cgroup before it execs.
-    pub fn command(&self, program: &std::path::Path) -> Command {
-        use std::os::unix::process::CommandExt;
-        let procs = self.path.join("cgroup.procs");
-        let mut c = Command::new(program);
-        unsafe {
-            c.pre_exec(move || {
-                std::fs::write(&procs, format!("{}", std::process::id()))?;
-                Ok(())
-            });
-        }
-        c
-    }
-}
-
-impl Drop for Memcg {
-    fn drop(&mut self) {
-        for _ in 0..50 {
-            if std::fs::remove_dir(&self.path).is_ok() {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(100));
-        }
-    }
 }

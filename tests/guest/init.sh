@@ -1,12 +1,13 @@
 #!/bin/sh
 # /init of the kernel-matrix guest (cargo xtask test --kernels). Drives the
 # real memtrace binary against real workloads and prints its output on the
-# serial console, one "MT-" line at a time; xtask/src/kernels.rs parses and
-# checks it. Lines:
+# serial console, one "MT-" line at a time; xtask/src/kernels/check.rs
+# parses and checks it. Lines:
 #   MT-INFO key=value ...
 #   MT-OUT CASE LINE      memtrace's stdout
 #   MT-ERR CASE LINE      memtrace's stderr
-#   MT-CASE CASE rc=N wrc=N wpid=N ms=N   (wrc/wpid: the OOM workload's)
+#   MT-WORK CASE LINE     the workload's own report (what it did)
+#   MT-CASE CASE rc=N wrc=N wpid=N ms=N ...   (wrc/wpid: the workload's)
 #   MT-END PASS|FAIL      every case ran and exited as expected, or not
 
 /bin/busybox --install -s /bin
@@ -22,6 +23,10 @@ mount -t tmpfs tmpfs /tmp
 mount -t tracefs tracefs /sys/kernel/tracing
 mount -t debugfs debugfs /sys/kernel/debug
 mkdir -p /sys/fs/bpf && mount -t bpf bpf /sys/fs/bpf
+# Files whose faults go through filemap_fault (tmpfs has its own fault
+# handler), with no fault-around: each page read is one fault.
+mkdir -p /mnt/ram && mount -t ramfs ramfs /mnt/ram
+echo 4096 >/sys/kernel/debug/fault_around_bytes
 
 # Memory cgroup: v1 where the kernel still has it (6.1), else v2 (6.12).
 mount -t tmpfs cgroup /sys/fs/cgroup
@@ -37,7 +42,19 @@ else
     CG=v2
     CGROOT=/sys/fs/cgroup
 fi
-echo "MT-INFO kernel=$(uname -r) cgroup=$CG cpus=$(nproc)"
+
+# Swap on zram (the modules xtask put in, in dependency order); turned on
+# only for the swap cases, so the OOM cases cannot swap instead.
+KMOD=/lib/modules/$(uname -r)
+ZRAM=no
+for m in $(cat "$KMOD/order" 2>/dev/null); do
+    insmod "$KMOD/$m.ko" || echo "MT-INFO insmod $m failed"
+done
+if [ -e /sys/block/zram0 ] && echo 256M >/sys/block/zram0/disksize &&
+    mkswap /dev/zram0 >/dev/null; then
+    ZRAM=yes
+fi
+echo "MT-INFO kernel=$(uname -r) cgroup=$CG cpus=$(nproc) zram=$ZRAM"
 
 FAILED=0
 
@@ -49,40 +66,63 @@ now_ms() {
 }
 
 emit() { # CASE FILE TAG
+    [ -f "$2" ] || return 0
     while IFS= read -r l; do echo "$3 $1 $l"; done <"$2"
 }
 
-# Runs memtrace to completion with a hard timeout: CASE SECS ARGS...
+# Runs memtrace to completion with a hard timeout: CASE SECS WANT_RC ARGS...
 run_case() {
     name=$1
     secs=$2
-    shift 2
+    want=$3
+    shift 3
+    rm -f /tmp/$name.w
     t0=$(now_ms)
     timeout -s KILL "$secs" memtrace "$@" >/tmp/$name.out 2>/tmp/$name.err
     rc=$?
     t1=$(now_ms)
     emit "$name" /tmp/$name.out MT-OUT
     emit "$name" /tmp/$name.err MT-ERR
+    emit "$name" /tmp/$name.w MT-WORK
     echo "MT-CASE $name rc=$rc wrc=0 wpid=0 ms=$((t1 - t0))"
-    [ "$rc" = 0 ] || FAILED=1
+    [ "$rc" = "$want" ] || FAILED=1
 }
 
-# A memcg OOM kill traced by `memtrace TOOL --json -v ARGS` (TOOL defaults
-# to oomkill): CASE ARGS...
-oom_case() {
-    name=$1
-    shift
-    cg=$CGROOT/mt-$name
+# A memory cgroup $CGROOT/mt-NAME limited to LIMIT: NAME LIMIT SWAP. With
+# SWAP=no its swap is limited too (memsw in v1, swap.max in v2).
+mk_memcg() {
+    cg=$CGROOT/mt-$1
     mkdir "$cg"
     if [ $CG = v1 ]; then
-        echo 64M >"$cg/memory.limit_in_bytes"
+        echo "$2" >"$cg/memory.limit_in_bytes"
+        if [ "$3" = no ] && [ -f "$cg/memory.memsw.limit_in_bytes" ]; then
+            echo "$2" >"$cg/memory.memsw.limit_in_bytes"
+        fi
     else
-        echo 64M >"$cg/memory.max"
+        echo "$2" >"$cg/memory.max"
+        if [ "$3" = no ] && [ -f "$cg/memory.swap.max" ]; then
+            echo 0 >"$cg/memory.swap.max"
+        fi
     fi
+}
+
+lift_memcg() {
+    if [ $CG = v1 ]; then
+        echo -1 >"$cg/memory.limit_in_bytes"
+    else
+        echo max >"$cg/memory.max"
+    fi
+}
+
+# `memtrace ARGS` in the background, until it says "Tracing" (program
+# loads are slow under emulation): NAME ARGS...
+start_bg() {
+    name=$1
+    shift
+    rm -f /tmp/$name.w
     t0=$(now_ms)
-    memtrace ${TOOL:-oomkill} --json -v "$@" >/tmp/$name.out 2>/tmp/$name.err &
+    memtrace "$@" >/tmp/$name.out 2>/tmp/$name.err &
     tp=$!
-    # Attached once it says "Tracing"; program loads are slow under emulation.
     i=0
     while ! grep -q '^Tracing' /tmp/$name.err; do
         if ! kill -0 $tp 2>/dev/null || [ $i -ge 1200 ]; then
@@ -92,15 +132,10 @@ oom_case() {
         usleep 100000
     done
     t_att=$(now_ms)
-    wpid=0
-    wrc=0
-    if kill -0 $tp 2>/dev/null; then
-        sh -c "echo \$\$ >$cg/cgroup.procs && exec memtrace-workload alloc 200" &
-        wpid=$!
-        wait $wpid
-        wrc=$?
-        sleep 1
-    fi
+}
+
+# Ctrl-C to the background memtrace (killed after 120 s), then its lines.
+stop_bg() {
     t_int=$(now_ms)
     kill -INT $tp 2>/dev/null
     (sleep 120 && kill -KILL $tp) 2>/dev/null &
@@ -112,20 +147,105 @@ oom_case() {
     rmdir "$cg"
     emit "$name" /tmp/$name.out MT-OUT
     emit "$name" /tmp/$name.err MT-ERR
+    emit "$name" /tmp/$name.w MT-WORK
     echo "MT-CASE $name rc=$rc wrc=$wrc wpid=$wpid ms=$((t1 - t0)) attach_ms=$((t_att - t0)) exit_ms=$((t1 - t_int))"
+}
+
+# A memcg OOM kill traced by `memtrace TOOL --json -v ARGS`: CASE TOOL ARGS...
+oom_case() {
+    mk_memcg "$1" 64M no
+    n=$1
+    tool=$2
+    shift 2
+    start_bg "$n" "$tool" --json -v "$@"
+    wpid=0
+    wrc=0
+    if kill -0 $tp 2>/dev/null; then
+        sh -c "echo \$\$ >$cg/cgroup.procs && exec memtrace-workload alloc 200" &
+        wpid=$!
+        wait $wpid
+        wrc=$?
+        sleep 1
+    fi
+    stop_bg
     # The workload must have been SIGKILLed (128 + 9).
     [ "$rc" = 0 ] && [ "$wrc" = 137 ] || FAILED=1
 }
 
-run_case doctor 300 doctor
-oom_case oom-best
-oom_case oom-fentry --attach fentry
-oom_case oom-tp_btf --attach tp_btf
-oom_case oom-tracepoint --attach tracepoint
+# `memtrace TOOL --json -v ARGS` while `memtrace-workload swap 64` runs in a
+# 32 MiB memcg that may swap. Once the workload has touched its pages, the
+# limit is lifted; it counts those in swap and reads them all back: exactly
+# that many swap-ins. CASE TOOL ARGS...
+swap_case() {
+    mk_memcg "$1" 32M yes
+    n=$1
+    tool=$2
+    shift 2
+    start_bg "$n" "$tool" --json -v "$@"
+    wpid=0
+    wrc=-1
+    if kill -0 $tp 2>/dev/null; then
+        rm -f /tmp/go
+        mkfifo /tmp/go
+        sh -c "echo \$\$ >$cg/cgroup.procs && exec memtrace-workload swap 64" \
+            </tmp/go >/tmp/$name.w &
+        wpid=$!
+        # Opening the fifo lets the workload's stdin open; a line on it
+        # lets the workload read its pages back.
+        exec 3>/tmp/go
+        i=0
+        while ! grep -qs '^touched' /tmp/$name.w && kill -0 $wpid 2>/dev/null &&
+            [ $i -lt 1200 ]; do
+            i=$((i + 1))
+            usleep 100000
+        done
+        lift_memcg
+        echo go >&3
+        exec 3>&-
+        wait $wpid
+        wrc=$?
+        sleep 1
+    fi
+    stop_bg
+    [ "$rc" = 0 ] && [ "$wrc" = 0 ] || FAILED=1
+}
+
+run_case doctor 300 0 doctor
+oom_case oom-best oomkill
+oom_case oom-fentry oomkill --attach fentry
+oom_case oom-tp_btf oomkill --attach tp_btf
+oom_case oom-tracepoint oomkill --attach tracepoint
 # The memcg reclaim the kernel tries before that OOM kill, seen by drsnoop.
-TOOL=drsnoop oom_case drsnoop
-run_case faults 300 faults -c 'memtrace-workload touch 2000' --json -v
-run_case brkstack 300 brkstack -c 'memtrace-workload rawbrk 50 4096' --json -v
+oom_case drsnoop drsnoop
+# The workload's own faults (start-up, exit), then with 2000 more.
+run_case faults-base 300 0 faults -c 'memtrace-workload touch 0' --json -v
+run_case faults 300 0 faults -c 'memtrace-workload touch 2000' --json -v
+run_case brkstack 300 0 brkstack -c 'memtrace-workload rawbrk 50 4096' --json -v
+dd if=/dev/zero of=/mnt/ram/ffaults bs=4096 count=310 2>/dev/null
+run_case ffaults 300 0 ffaults --json -v \
+    -c 'memtrace-workload readfile /mnt/ram/ffaults 300 500'
+# Four steps of 16 MiB: 40 MiB is crossed during the third; --fail exits 3.
+run_case rss 300 3 rss --threshold 40MiB --fail --json -v -i 200ms \
+    -c 'memtrace-workload steps 16 4 300'
+dd if=/dev/zero of=/mnt/ram/mmapsnoop bs=4096 count=3 2>/dev/null
+run_case mmapsnoop 300 0 mmapsnoop --json -v \
+    -c 'memtrace-workload maps /mnt/ram/mmapsnoop >/tmp/mmapsnoop.w'
+run_case shmsnoop 300 0 shmsnoop --json -v \
+    -c 'memtrace-workload shm >/tmp/shmsnoop.w'
+if [ $ZRAM = yes ] && swapon /dev/zram0; then
+    # One report, at the end: a count added just as an interval report
+    # takes its key can be lost (as for faults --slots 0; 1 of about 8400
+    # was, once), and this check is exact.
+    swap_case swapin-best swapin -i 600
+    swap_case swapin-kprobe swapin -i 600 --attach kprobe
+    swap_case swapin-fentry swapin -i 600 --attach fentry
+    # The memcg reclaim that swaps those pages out, by process.
+    swap_case vmscan vmscan -P
+    swapoff /dev/zram0
+else
+    echo "MT-INFO no swap: swapin and vmscan not run"
+    FAILED=1
+fi
 
 if [ $FAILED = 0 ]; then echo "MT-END PASS"; else echo "MT-END FAIL"; fi
 sync

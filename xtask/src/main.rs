@@ -1,8 +1,7 @@
 //! Project tasks: `cargo xtask setup|build|run|test|bench`.
 //!
-//! Set-up is idempotent and says what it installs: the nightly toolchain's
-//! rust-src (for `-Z build-std=core`) and bpf-linker, built against the
-//! nightly's own LLVM.
+//! Set-up (`setup.rs`) is idempotent and says what it installs: the pinned
+//! nightly that builds the eBPF programs, its rust-src and bpf-linker.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -12,6 +11,7 @@ use clap::{Parser, Subcommand};
 
 mod bench;
 mod kernels;
+mod setup;
 
 #[derive(Parser)]
 struct Cli {
@@ -21,7 +21,7 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Cmd {
-    /// Install what building memtrace needs (nightly rust-src, bpf-linker).
+    /// Install what building memtrace needs (the pinned nightly, its rust-src, bpf-linker).
     Setup,
     /// Build memtrace (release) with its eBPF object embedded.
     Build,
@@ -72,92 +72,15 @@ pub fn sh(cmd: &mut Command) -> Result<()> {
     Ok(())
 }
 
-fn output(cmd: &mut Command) -> Option<String> {
+pub fn output(cmd: &mut Command) -> Option<String> {
     let o = cmd.output().ok()?;
     o.status
         .success()
         .then(|| String::from_utf8_lossy(&o.stdout).into_owned())
 }
 
-fn setup() -> Result<()> {
-    let have_nightly = output(Command::new("rustup").args(["toolchain", "list"]))
-        .is_some_and(|s| s.lines().any(|l| l.starts_with("nightly")));
-    if !have_nightly {
-        eprintln!("xtask: installing the nightly toolchain (builds the eBPF programs)");
-        sh(Command::new("rustup").args([
-            "toolchain",
-            "install",
-            "nightly",
-            "--profile",
-            "minimal",
-        ]))?;
-    }
-    let have_src = output(Command::new("rustup").args([
-        "component",
-        "list",
-        "--toolchain",
-        "nightly",
-        "--installed",
-    ]))
-    .is_some_and(|s| s.lines().any(|l| l.starts_with("rust-src")));
-    if !have_src {
-        eprintln!("xtask: installing rust-src for nightly (needed by -Z build-std=core)");
-        sh(Command::new("rustup").args([
-            "component",
-            "add",
-            "rust-src",
-            "--toolchain",
-            "nightly",
-        ]))?;
-    }
-    let linker_ok = Command::new("rustup")
-        .args(["run", "nightly", "bpf-linker", "--version"])
-        .output()
-        .is_ok_and(|o| o.status.success());
-    if !linker_ok {
-        eprintln!(
-            "xtask: installing bpf-linker, built against the nightly's LLVM (about a minute)"
-        );
-        let sysroot = output(Command::new("rustc").args(["+nightly", "--print", "sysroot"]))
-            .context("rustc +nightly --print sysroot")?;
-        let lib = Path::new(sysroot.trim()).join("lib");
-        let llvm = std::fs::read_dir(&lib)?
-            .flatten()
-            .map(|e| e.path())
-            .find(|p| {
-                p.file_name()
-                    .and_then(|n| n.to_str())
-                    .is_some_and(|n| n.starts_with("libLLVM.so") || n.starts_with("libLLVM-"))
-            })
-            .with_context(|| format!("no libLLVM in {}", lib.display()))?;
-        let major = output(Command::new("rustc").args(["+nightly", "-vV"]))
-            .and_then(|v| {
-                v.lines()
-                    .find_map(|l| l.strip_prefix("LLVM version: "))
-                    .and_then(|s| s.split('.').next().map(str::to_string))
-            })
-            .context("nightly LLVM version")?;
-        let prefix = target_dir().join("xtask-llvm");
-        std::fs::create_dir_all(prefix.join("lib"))?;
-        let link = prefix.join("lib/libLLVM.so");
-        let _ = std::fs::remove_file(&link);
-        std::os::unix::fs::symlink(&llvm, &link)?;
-        sh(Command::new("cargo")
-            .args([
-                "install",
-                "bpf-linker",
-                "--locked",
-                "--no-default-features",
-                "--features",
-                &format!("llvm-{major}"),
-            ])
-            .env("LLVM_PREFIX", &prefix))?;
-    }
-    Ok(())
-}
-
 fn build() -> Result<()> {
-    setup()?;
+    setup::setup()?;
     sh(Command::new("cargo")
         .current_dir(root())
         .args(["build", "--release"]))
@@ -182,7 +105,7 @@ fn as_root(program: &Path, args: &[String]) -> Command {
 
 fn main() -> Result<()> {
     match Cli::parse().cmd {
-        Cmd::Setup => setup(),
+        Cmd::Setup => setup::setup(),
         Cmd::Build => build(),
         Cmd::Run { args } => {
             build()?;

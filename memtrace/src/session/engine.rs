@@ -88,40 +88,60 @@ impl Session {
             .program_mut(way.prog.0)
             .ok_or_else(|| format!("program {} missing from the object", way.prog.0))?;
         let e = |e: &dyn std::error::Error| chain(e);
+        // A program that loaded and failed to attach stays loaded for the
+        // next way (kprobe, tracepoint: the target is given at attach);
+        // `load_err` marks it not loaded.
+        let mut load_failed = false;
+        let mut load_err = |m: String| {
+            load_failed = true;
+            m
+        };
         let res: std::result::Result<(), String> = (|| {
             match (way.method, &way.target) {
                 (Method::Kprobe, Target::Func(f)) => {
                     let p: &mut KProbe = prog.try_into().map_err(|x| e(&x))?;
                     if first {
-                        p.load().map_err(|x| e(&x))?;
+                        p.load().map_err(|x| load_err(e(&x)))?;
                     }
                     p.attach(f.as_ref(), 0).map_err(|x| e(&x))?;
                 }
                 (Method::Fentry, Target::Func(f)) => {
                     let p: &mut FEntry = prog.try_into().map_err(|x| e(&x))?;
                     if let Some(btf) = &btf {
-                        p.load(f.as_ref(), btf).map_err(|x| e(&x))?;
+                        p.load(f.as_ref(), btf).map_err(|x| load_err(e(&x)))?;
                     }
-                    p.attach().map_err(|x| e(&x))?;
+                    if let Err(x) = p.attach() {
+                        // The target is bound at load: unload, so that
+                        // another way loads it for its own target.
+                        if first {
+                            let _ = p.unload();
+                        }
+                        return Err(load_err(e(&x)));
+                    }
                 }
                 (Method::TpBtf, Target::Tp(_, n)) => {
                     let p: &mut BtfTracePoint = prog.try_into().map_err(|x| e(&x))?;
                     if let Some(btf) = &btf {
-                        p.load(n.as_ref(), btf).map_err(|x| e(&x))?;
+                        p.load(n.as_ref(), btf).map_err(|x| load_err(e(&x)))?;
                     }
-                    p.attach().map_err(|x| e(&x))?;
+                    if let Err(x) = p.attach() {
+                        if first {
+                            let _ = p.unload();
+                        }
+                        return Err(load_err(e(&x)));
+                    }
                 }
                 (Method::RawTp, Target::Tp(_, n)) => {
                     let p: &mut RawTracePoint = prog.try_into().map_err(|x| e(&x))?;
                     if first {
-                        p.load().map_err(|x| e(&x))?;
+                        p.load().map_err(|x| load_err(e(&x)))?;
                     }
                     p.attach(n.as_ref()).map_err(|x| e(&x))?;
                 }
                 (Method::Tracepoint, Target::Tp(c, n)) => {
                     let p: &mut TracePoint = prog.try_into().map_err(|x| e(&x))?;
                     if first {
-                        p.load().map_err(|x| e(&x))?;
+                        p.load().map_err(|x| load_err(e(&x)))?;
                     }
                     if way.cookie == 0 {
                         p.attach(c.as_ref(), n.as_ref()).map_err(|x| e(&x))?;
@@ -134,7 +154,7 @@ impl Session {
                 (Method::Perf, Target::PageFaults) => {
                     let p: &mut PerfEvent = prog.try_into().map_err(|x| e(&x))?;
                     if first {
-                        p.load().map_err(|x| e(&x))?;
+                        p.load().map_err(|x| load_err(e(&x)))?;
                     }
                     let cpus = online_cpus().map_err(|(_, x)| x.to_string())?;
                     for cpu in cpus {
@@ -151,8 +171,8 @@ impl Session {
             }
             Ok(())
         })();
-        if res.is_err() && first {
-            // A failed load leaves nothing loaded; let another way retry.
+        if load_failed && first {
+            // Nothing loaded; let another way load it again.
             self.loaded.remove(way.prog.0);
         }
         res.map_err(|m| explain(way, m))

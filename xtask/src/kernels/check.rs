@@ -1,0 +1,227 @@
+//! What a guest printed: its `MT-` lines parsed by case, the cases the
+//! guest runs (`tests/guest/init.sh`), and the checks common to all of them;
+//! `tools.rs` checks each tool's output against what its workload did,
+//! `doctor.rs` the doctor table against the cases.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use serde_json::Value;
+
+/// What one guest printed, by case.
+#[derive(Default)]
+pub(super) struct Guest {
+    pub info: String,
+    pub out: BTreeMap<String, Vec<String>>,
+    pub err: BTreeMap<String, Vec<String>>,
+    /// The workload's own report (`MT-WORK`).
+    pub work: BTreeMap<String, Vec<String>>,
+    pub cases: BTreeMap<String, BTreeMap<String, i64>>,
+    pub end: Option<String>,
+    pub console: String,
+    pub wall: Duration,
+}
+
+pub(super) fn parse(console: &str) -> Guest {
+    let mut g = Guest {
+        console: console.to_string(),
+        ..Default::default()
+    };
+    for line in console.lines() {
+        let line = line.trim_end_matches('\r');
+        let Some(i) = line.find("MT-") else { continue };
+        let line = &line[i..];
+        let (tag, rest) = line.split_once(' ').unwrap_or((line, ""));
+        let (case, body) = rest.split_once(' ').unwrap_or((rest, ""));
+        match tag {
+            "MT-INFO" => g.info = rest.to_string(),
+            "MT-OUT" => g.out.entry(case.into()).or_default().push(body.into()),
+            "MT-ERR" => g.err.entry(case.into()).or_default().push(body.into()),
+            "MT-WORK" => g.work.entry(case.into()).or_default().push(body.into()),
+            "MT-CASE" => {
+                let kv = body
+                    .split_whitespace()
+                    .filter_map(|f| f.split_once('='))
+                    .filter_map(|(k, v)| Some((k.to_string(), v.parse().ok()?)))
+                    .collect();
+                g.cases.insert(case.into(), kv);
+            }
+            "MT-END" => g.end = Some(case.to_string()),
+            _ => {}
+        }
+    }
+    g
+}
+
+pub(super) fn json(lines: &[String]) -> Vec<Value> {
+    lines
+        .iter()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .collect()
+}
+
+pub(super) fn of_type<'a>(v: &'a [Value], ty: &str) -> Vec<&'a Value> {
+    v.iter().filter(|x| x["type"] == ty).collect()
+}
+
+/// One case of the guest's script.
+pub(super) struct Case {
+    pub name: &'static str,
+    pub tool: &'static str,
+    /// memtrace's exit status.
+    pub rc: i64,
+    /// The method it must attach by: forced with `--attach`, or the best
+    /// one where the case runs with the default (then `forced` is false).
+    pub method: Option<&'static str>,
+    pub forced: bool,
+}
+
+const fn case(name: &'static str, tool: &'static str) -> Case {
+    Case {
+        name,
+        tool,
+        rc: 0,
+        method: None,
+        forced: false,
+    }
+}
+
+const fn best(name: &'static str, tool: &'static str, method: &'static str) -> Case {
+    Case {
+        method: Some(method),
+        ..case(name, tool)
+    }
+}
+
+const fn forced(name: &'static str, tool: &'static str, method: &'static str) -> Case {
+    Case {
+        method: Some(method),
+        forced: true,
+        ..case(name, tool)
+    }
+}
+
+/// Every case, in the order the guest runs them; doctor is checked last.
+pub(super) const CASES: [Case; 17] = [
+    case("doctor", "doctor"),
+    best("oom-best", "oomkill", "kprobe"),
+    forced("oom-fentry", "oomkill", "fentry"),
+    forced("oom-tp_btf", "oomkill", "tp_btf"),
+    forced("oom-tracepoint", "oomkill", "tracepoint"),
+    case("drsnoop", "drsnoop"),
+    case("faults-base", "faults"),
+    case("faults", "faults"),
+    case("brkstack", "brkstack"),
+    case("ffaults", "ffaults"),
+    // --fail: the threshold was crossed.
+    Case {
+        rc: 3,
+        ..case("rss", "rss")
+    },
+    case("mmapsnoop", "mmapsnoop"),
+    case("shmsnoop", "shmsnoop"),
+    best("swapin-best", "swapin", "kprobe"),
+    forced("swapin-kprobe", "swapin", "kprobe"),
+    forced("swapin-fentry", "swapin", "fentry"),
+    case("vmscan", "vmscan"),
+];
+
+/// The probe whose method a tool's row shows.
+fn main_probe(tool: &str) -> &'static str {
+    match tool {
+        "oomkill" => "oom kill",
+        "faults" => "user page faults",
+        "ffaults" => "file page faults",
+        "brkstack" => "brk calls",
+        "drsnoop" | "vmscan" => "memcg reclaim end",
+        "rss" => "rss changes",
+        "mmapsnoop" => "mmap entry",
+        "shmsnoop" => "shmget entry",
+        "swapin" => "swap-ins",
+        _ => "-",
+    }
+}
+
+/// `(probe, method)` of every probe the summary says attached.
+pub(super) fn attached(v: &[Value]) -> Vec<(String, String)> {
+    of_type(v, "summary")
+        .first()
+        .and_then(|s| s["attached"].as_array())
+        .into_iter()
+        .flatten()
+        .map(|p| {
+            let s = |k: &str| p[k].as_str().unwrap_or("-").to_string();
+            (s("probe"), s("method"))
+        })
+        .collect()
+}
+
+/// The result of one case on one guest.
+pub(super) struct Checked {
+    pub case: &'static Case,
+    pub method: String,
+    pub why: Vec<String>,
+}
+
+/// Checks every case of a guest; doctor's check uses the others' results.
+pub(super) fn check_all(g: &Guest) -> Vec<Checked> {
+    let mut done: Vec<Checked> = CASES[1..].iter().map(|c| check(g, c)).collect();
+    let doctor = super::doctor::check(g, &CASES[0], &done);
+    done.insert(0, doctor);
+    done
+}
+
+/// Checks one case's output: ran, exit status, method, nothing lost, and the
+/// tool's own checks.
+fn check(g: &Guest, case: &'static Case) -> Checked {
+    let mut why = Vec::new();
+    let Some(st) = g.cases.get(case.name) else {
+        return Checked {
+            case,
+            method: "-".into(),
+            why: vec!["did not run".into()],
+        };
+    };
+    let rc = st.get("rc").copied().unwrap_or(-1);
+    if rc != case.rc {
+        why.push(format!("memtrace exited with {rc}, expected {}", case.rc));
+    }
+    let v = json(g.out.get(case.name).map_or(&[][..], |v| v));
+    let probe = main_probe(case.tool);
+    let method = attached(&v)
+        .into_iter()
+        .find(|(p, _)| p == probe)
+        .map_or_else(|| "-".to_string(), |(_, m)| m);
+    if let Some(want) = case.method {
+        if method != want {
+            why.push(format!("{probe}: attached by {method}, expected {want}"));
+        }
+    }
+    let lost = of_type(&v, "summary")
+        .first()
+        .map(|s| s["lost_total"].clone());
+    if lost != Some(0.into()) {
+        why.push(format!("lost_total {lost:?}"));
+    }
+    super::tools::check(g, case, &v, &mut why);
+    Checked { case, method, why }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_guest_lines() {
+        let g = parse(
+            "noise\r\nMT-INFO kernel=6.1 cgroup=v1\r\nMT-OUT faults {\"a\":1}\n\
+             [  1.0] MT-CASE faults rc=0 wrc=0 wpid=0 ms=1234\nMT-WORK swapin swapped 3 of 9\n\
+             MT-END PASS\n",
+        );
+        assert_eq!(g.info, "kernel=6.1 cgroup=v1");
+        assert_eq!(g.out["faults"], ["{\"a\":1}"]);
+        assert_eq!(g.cases["faults"]["ms"], 1234);
+        assert_eq!(g.work["swapin"], ["swapped 3 of 9"]);
+        assert_eq!(g.end.as_deref(), Some("PASS"));
+    }
+}

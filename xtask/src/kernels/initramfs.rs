@@ -1,0 +1,162 @@
+//! The guest's initramfs: a cpio "newc" archive written here with busybox,
+//! the freshly built memtrace and memtrace-workload with their shared
+//! libraries, and `tests/guest/init.sh` as `/init`.
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use anyhow::{Context, Result};
+
+use super::Assets;
+use crate::{root, target_dir};
+
+/// A cpio archive in the "newc" format the kernel unpacks as initramfs.
+#[derive(Default)]
+struct Cpio {
+    buf: Vec<u8>,
+    ino: u32,
+    dirs: BTreeSet<String>,
+}
+
+impl Cpio {
+    fn entry(&mut self, path: &str, mode: u32, rdev: (u32, u32), data: &[u8]) {
+        self.ino += 1;
+        let name = path.trim_start_matches('/');
+        let fields = [
+            self.ino,
+            mode,
+            0,
+            0,
+            1,
+            0,
+            data.len() as u32,
+            0,
+            0,
+            rdev.0,
+            rdev.1,
+            name.len() as u32 + 1,
+            0,
+        ];
+        self.buf.extend_from_slice(b"070701");
+        for f in fields {
+            self.buf.extend_from_slice(format!("{f:08x}").as_bytes());
+        }
+        self.buf.extend_from_slice(name.as_bytes());
+        self.buf.push(0);
+        self.pad();
+        self.buf.extend_from_slice(data);
+        self.pad();
+    }
+
+    fn pad(&mut self) {
+        while !self.buf.len().is_multiple_of(4) {
+            self.buf.push(0);
+        }
+    }
+
+    fn dir(&mut self, path: &str) {
+        let path = path.trim_matches('/');
+        if path.is_empty() || self.dirs.contains(path) {
+            return;
+        }
+        if let Some((parent, _)) = path.rsplit_once('/') {
+            self.dir(parent);
+        }
+        self.dirs.insert(path.to_string());
+        self.entry(path, 0o040755, (0, 0), &[]);
+    }
+
+    fn parent(&mut self, path: &str) {
+        if let Some((parent, _)) = path.trim_start_matches('/').rsplit_once('/') {
+            self.dir(parent);
+        }
+    }
+
+    fn file(&mut self, path: &str, mode: u32, data: &[u8]) {
+        self.parent(path);
+        self.entry(path, 0o100000 | mode, (0, 0), data);
+    }
+
+    fn symlink(&mut self, path: &str, target: &str) {
+        self.parent(path);
+        self.entry(path, 0o120777, (0, 0), target.as_bytes());
+    }
+
+    fn char_dev(&mut self, path: &str, major: u32, minor: u32) {
+        self.parent(path);
+        self.entry(path, 0o020600, (major, minor), &[]);
+    }
+
+    fn finish(mut self) -> Vec<u8> {
+        self.entry("TRAILER!!!", 0, (0, 0), &[]);
+        self.buf
+    }
+}
+
+/// Shared libraries `ldd` lists for `bin` (the dynamic loader included).
+fn libs(bin: &Path) -> Result<Vec<PathBuf>> {
+    let out = Command::new("ldd")
+        .arg(bin)
+        .output()
+        .context("running ldd")?;
+    let mut v = Vec::new();
+    for l in String::from_utf8_lossy(&out.stdout).lines() {
+        let path = match l.split_once("=>") {
+            Some((_, r)) => r.split_whitespace().next(),
+            None => l.split_whitespace().next(),
+        };
+        if let Some(p) = path.filter(|p| p.starts_with('/')) {
+            v.push(PathBuf::from(p));
+        }
+    }
+    Ok(v)
+}
+
+pub(super) fn initramfs(assets: &Assets, out: &Path) -> Result<()> {
+    let qemu_root = &assets.qemu_root;
+    let release = target_dir().join("release");
+    let mut c = Cpio::default();
+    for d in ["dev", "proc", "sys", "tmp", "sbin", "usr/bin", "usr/sbin"] {
+        c.dir(d);
+    }
+    c.char_dev("dev/console", 5, 1);
+    c.file(
+        "bin/busybox",
+        0o755,
+        &std::fs::read(qemu_root.join("bin/busybox"))?,
+    );
+    c.symlink("bin/sh", "busybox");
+    c.file(
+        "init",
+        0o755,
+        &std::fs::read(root().join("tests/guest/init.sh"))?,
+    );
+    let mut shared = BTreeSet::new();
+    for b in ["memtrace", "memtrace-workload"] {
+        let p = release.join(b);
+        c.file(
+            &format!("bin/{b}"),
+            0o755,
+            &std::fs::read(&p).with_context(|| format!("{}", p.display()))?,
+        );
+        shared.extend(libs(&p)?);
+    }
+    for l in shared {
+        // At the path ldd names, with the content of what it links to.
+        c.file(&l.to_string_lossy(), 0o755, &std::fs::read(&l)?);
+    }
+    // Each kernel's modules where `uname -r` finds them.
+    for k in &assets.kernels {
+        for e in std::fs::read_dir(&k.modules)?.flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            c.file(
+                &format!("lib/modules/{}/{name}", k.name),
+                0o644,
+                &std::fs::read(e.path())?,
+            );
+        }
+    }
+    std::fs::write(out, c.finish())?;
+    Ok(())
+}

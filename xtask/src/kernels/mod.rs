@@ -1,0 +1,153 @@
+//! The kernel matrix (`cargo xtask test --kernels`): memtrace's kprobe and
+//! fentry paths, which this host cannot run, on stock Debian 6.1 and 6.12
+//! kernels booted under qemu with software emulation (TCG).
+//!
+//! Everything downloaded is cached under `<target>/kernels/` and reused:
+//! qemu and busybox from Debian packages (`apt-get download` + `dpkg-deb -x`,
+//! never installed), and one `linux-image` package per series, whose
+//! compressed kernel is unpacked to a plain vmlinux once (it boots ~3 s
+//! faster under emulation). Each run builds an initramfs (cpio newc, written
+//! here) with busybox, the freshly built memtrace and memtrace-workload with
+//! their shared libraries, and `tests/guest/init.sh` as `/init`; boots each
+//! kernel with a hard timeout, and checks what the guest printed.
+
+mod boot;
+mod check;
+mod doctor;
+mod fetch;
+mod initramfs;
+mod modules;
+mod snoop;
+mod tools;
+
+use std::path::PathBuf;
+use std::time::Instant;
+
+use anyhow::{bail, Result};
+
+use crate::target_dir;
+
+/// Kernel series and how their package names look.
+const SERIES: [&str; 2] = ["6.1", "6.12"];
+
+struct Kernel {
+    series: &'static str,
+    /// e.g. `6.1.0-56-amd64`
+    name: String,
+    /// The uncompressed vmlinux, or the vmlinuz when unpacking failed.
+    image: PathBuf,
+    /// Modules for the guest (`modules.rs`), with their load `order`.
+    modules: PathBuf,
+}
+
+struct Assets {
+    qemu_root: PathBuf,
+    kernels: Vec<Kernel>,
+}
+
+/// One row of the summary: a check on one kernel.
+struct Row {
+    kernel: String,
+    case: String,
+    method: String,
+    ok: bool,
+    ms: i64,
+    why: Vec<String>,
+}
+
+/// Runs the matrix. When `required` is false, kernels that cannot be
+/// fetched (no network to the Debian mirror, no apt) skip it with one line.
+pub fn run(required: bool) -> Result<()> {
+    let t0 = Instant::now();
+    let cache = target_dir().join("kernels");
+    std::fs::create_dir_all(&cache)?;
+    let assets = match fetch::fetch(&cache) {
+        Ok(a) => a,
+        Err(e) if !required => {
+            eprintln!("xtask: kernel matrix skipped: cannot fetch the kernels or qemu: {e:#}");
+            return Ok(());
+        }
+        Err(e) => return Err(e.context("fetching the kernels and qemu")),
+    };
+    let initrd = cache.join("initrd.cpio");
+    initramfs::initramfs(&assets, &initrd)?;
+    eprintln!(
+        "xtask: kernels: booting {} under qemu (TCG)",
+        assets
+            .kernels
+            .iter()
+            .map(|k| k.name.as_str())
+            .collect::<Vec<_>>()
+            .join(" and ")
+    );
+    let guests: Vec<Result<check::Guest>> = std::thread::scope(|s| {
+        let hs: Vec<_> = assets
+            .kernels
+            .iter()
+            .map(|k| s.spawn(|| boot::boot(&assets, k, &initrd)))
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    let mut rows = Vec::new();
+    let mut failed = false;
+    let logs = cache.join("logs");
+    std::fs::create_dir_all(&logs)?;
+    for (k, g) in assets.kernels.iter().zip(guests) {
+        let g = g?;
+        let log = logs.join(format!("{}.log", k.name));
+        std::fs::write(&log, &g.console)?;
+        let end_ok = g.end.as_deref() == Some("PASS");
+        for c in check::check_all(&g) {
+            rows.push(Row {
+                kernel: format!("{} ({})", k.series, k.name),
+                case: c.case.name.to_string(),
+                method: c.method,
+                ok: c.why.is_empty(),
+                ms: g
+                    .cases
+                    .get(c.case.name)
+                    .and_then(|s| s.get("ms"))
+                    .copied()
+                    .unwrap_or(-1),
+                why: c.why,
+            });
+        }
+        let bad = rows.iter().any(|r| !r.ok && r.kernel.contains(&k.name));
+        eprintln!(
+            "xtask: kernels: {}: {} [{}], guest {} in {:.1}s, console log {}",
+            k.name,
+            if bad || !end_ok { "FAIL" } else { "PASS" },
+            g.info,
+            g.end.as_deref().unwrap_or("never finished"),
+            g.wall.as_secs_f64(),
+            log.display()
+        );
+        failed |= bad || !end_ok;
+    }
+    println!();
+    println!(
+        "{:<28} {:<15} {:<34} {:<6} {:>7}",
+        "KERNEL", "CHECK", "ATTACH METHOD", "RESULT", "TIME"
+    );
+    for r in &rows {
+        println!(
+            "{:<28} {:<15} {:<34} {:<6} {:>6.1}s",
+            r.kernel,
+            r.case,
+            r.method,
+            if r.ok { "pass" } else { "FAIL" },
+            r.ms as f64 / 1000.0
+        );
+        for w in &r.why {
+            println!("    {w}");
+        }
+    }
+    println!(
+        "kernel matrix: {:.0}s wall (guests run in parallel)",
+        t0.elapsed().as_secs_f64()
+    );
+    if failed {
+        bail!("kernel matrix failed (console logs in {})", logs.display());
+    }
+    Ok(())
+}

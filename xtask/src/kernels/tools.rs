@@ -1,0 +1,187 @@
+//! Each tool's checks in the guest, against what its workload did: the same
+//! exact figures the host tests assert, where the guest can know them.
+
+use serde_json::Value;
+
+use super::check::{json, of_type, Case, Guest};
+
+/// What the workload printed (`MT-WORK`), split into words, for lines that
+/// start with `tag`.
+pub(super) fn report<'a>(g: &'a Guest, case: &str, tag: &str) -> Vec<Vec<&'a str>> {
+    g.work
+        .get(case)
+        .into_iter()
+        .flatten()
+        .map(|l| l.split_whitespace().collect::<Vec<_>>())
+        .filter(|w| w.first() == Some(&tag))
+        .collect()
+}
+
+/// `swapped K of N` from the swap workload: K, the pages it must read back.
+fn swapped(g: &Guest, case: &str) -> Option<u64> {
+    report(g, case, "swapped").first()?.get(1)?.parse().ok()
+}
+
+fn sum(rows: &[&Value], field: &str) -> u64 {
+    rows.iter().map(|r| r[field].as_u64().unwrap_or(0)).sum()
+}
+
+pub(super) fn check(g: &Guest, case: &Case, v: &[Value], why: &mut Vec<String>) {
+    let st = &g.cases[case.name];
+    let wpid = st.get("wpid").copied().unwrap_or(0);
+    let wrc = st.get("wrc").copied();
+    match case.tool {
+        "oomkill" => oomkill(case, v, wpid, why),
+        "drsnoop" => {
+            // The kernel reclaims in the memcg before it kills: stalls of the
+            // workload, memcg kind, in its cgroup.
+            let stalls: Vec<_> = of_type(v, "reclaim_stall")
+                .into_iter()
+                .filter(|s| s["pid"] == wpid)
+                .collect();
+            if stalls.is_empty() {
+                why.push(format!("no reclaim stall of {wpid}"));
+            }
+            if !stalls
+                .iter()
+                .all(|s| s["kind"] == "memcg" && s["memcg"] == "/mt-drsnoop")
+            {
+                why.push(format!("stalls not in /mt-drsnoop: {stalls:?}"));
+            }
+        }
+        "faults" if case.name == "faults" => {
+            // 2000 pages, plus at most the workload's own faults (measured by
+            // faults-base) and 2 more, as the host test allows.
+            let user = |c: &str| {
+                let v = json(g.out.get(c).map_or(&[][..], |v| v));
+                sum(&of_type(&v, "faults"), "user")
+            };
+            let (got, base) = (user("faults"), user("faults-base"));
+            if got < 2000 || got > 2000 + base + 2 {
+                why.push(format!(
+                    "{got} user faults, expected 2000 + at most {base} + 2"
+                ));
+            }
+        }
+        "brkstack" => {
+            let hit = of_type(v, "brk_stack")
+                .iter()
+                .any(|s| s["count"] == 50 && s["bytes"] == 204800);
+            if !hit {
+                why.push("no brk stack with count 50 and 204800 bytes".into());
+            }
+        }
+        "ffaults" => {
+            // 300 distinct pages of a ramfs file, read with no fault-around.
+            let rows: Vec<_> = of_type(v, "file_faults")
+                .into_iter()
+                .filter(|r| r["file"] == "/mnt/ram/ffaults")
+                .collect();
+            let n = sum(&rows, "faults");
+            if n != 300 {
+                why.push(format!(
+                    "{n} faults of /mnt/ram/ffaults, expected 300: {rows:?}"
+                ));
+            }
+        }
+        "rss" => {
+            // Steps of 16 MiB: the 40 MiB threshold is crossed in the third.
+            let ev = of_type(v, "rss_threshold");
+            if ev.len() != 1 {
+                why.push(format!("{} threshold events, expected 1", ev.len()));
+            }
+            if let Some(e) = ev.first() {
+                let kb = e["rss_kb"].as_u64().unwrap_or(0);
+                if kb <= 40 << 10 || kb >= 56 << 10 {
+                    why.push(format!("threshold crossed at {kb} kB"));
+                }
+            }
+            let in_alloc = of_type(v, "rss_threshold_stack").iter().any(|s| {
+                s["user_stack"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .any(|f| f.as_str().unwrap_or("").contains("allocate_and_touch_mib"))
+            });
+            if !in_alloc {
+                why.push("no threshold stack through allocate_and_touch_mib".into());
+            }
+        }
+        "mmapsnoop" => super::snoop::mmapsnoop(g, v, why),
+        "shmsnoop" => super::snoop::shmsnoop(g, v, why),
+        "swapin" => {
+            // Exactly the pages that were in swap, not in the swap cache,
+            // when the workload read them back.
+            let got = sum(
+                &of_type(v, "swapin")
+                    .into_iter()
+                    .filter(|r| r["pid"] == wpid)
+                    .collect::<Vec<_>>(),
+                "swapins",
+            );
+            match swapped(g, case.name) {
+                Some(k) if k > 0 && got == k => {}
+                Some(k) => why.push(format!("{got} swap-ins of {wpid}, expected {k}")),
+                None => why.push("the workload did not say what it swapped".into()),
+            }
+        }
+        "vmscan" => {
+            let pages = sum(&of_type(v, "vmscan"), "memcg_pages");
+            if pages == 0 {
+                why.push("no memcg reclaim pages".into());
+            }
+            let stalled = of_type(v, "vmscan_process")
+                .iter()
+                .any(|p| p["pid"] == wpid && p["kind"] == "memcg");
+            if !stalled {
+                why.push(format!("no memcg row of {wpid}"));
+            }
+            if swapped(g, case.name).unwrap_or(0) == 0 {
+                why.push("the workload had nothing swapped out".into());
+            }
+        }
+        _ => {}
+    }
+    let want_wrc = match case.tool {
+        // SIGKILLed by the OOM killer (128 + 9).
+        "oomkill" | "drsnoop" => 137,
+        _ => 0,
+    };
+    if wrc.is_some_and(|w| w != want_wrc) {
+        why.push(format!(
+            "the workload exited with {wrc:?}, expected {want_wrc}"
+        ));
+    }
+}
+
+fn oomkill(case: &Case, v: &[Value], wpid: i64, why: &mut Vec<String>) {
+    let want = case.method.unwrap_or("-");
+    let kills: Vec<_> = of_type(v, "oom_kill")
+        .into_iter()
+        .filter(|k| k["victim_pid"] == wpid)
+        .collect();
+    if kills.len() != 1 {
+        why.push(format!("{} kills of {wpid} reported", kills.len()));
+    }
+    let Some(k) = kills.first() else { return };
+    let mut expect = |field: &str, want: Value| {
+        if k[field] != want {
+            why.push(format!("{field} {} != {want}", k[field]));
+        }
+    };
+    expect("victim_comm", "memtrace-worklo".into());
+    expect("memcg", format!("/mt-{}", case.name).into());
+    // A 64 MiB limit in 4 KiB pages, from oom_control where the method sees
+    // it (kprobe, fentry), else from the memcg limit.
+    expect("pages", 16384.into());
+    let source = if matches!(want, "kprobe" | "fentry") {
+        "oom_control"
+    } else {
+        "memcg_limit"
+    };
+    expect("pages_source", source.into());
+    expect("method", want.into());
+    if k["anon_rss_kb"].as_u64().unwrap_or(0) <= 32 * 1024 {
+        why.push(format!("anon_rss_kb {} too small", k["anon_rss_kb"]));
+    }
+}
