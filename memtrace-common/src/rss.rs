@@ -2,7 +2,8 @@
 
 use crate::TASK_COMM_LEN;
 
-/// mm counter indexes (`MM_FILEPAGES`...), as `kmem:rss_stat` reports them.
+/// memtrace's slots for the mm counters; the kernel's own indexes
+/// (`MM_FILEPAGES`...) come from BTF and map onto these (`RssConfig.slots`).
 pub const FILE: usize = 0;
 pub const ANON: usize = 1;
 pub const SWAP: usize = 2;
@@ -18,6 +19,9 @@ pub struct RssConfig {
     pub tp_size: u32,
     /// Bytes; 0: no threshold.
     pub threshold: u64,
+    /// The slot (`FILE`...) of each kernel counter index `member`; `NR` for
+    /// counters memtrace does not keep.
+    pub slots: [u8; 8],
 }
 
 /// Latest counters of one process, in bytes.

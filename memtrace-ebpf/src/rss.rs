@@ -24,6 +24,7 @@ static RSS_CFG: Global<RssConfig> = Global::new(RssConfig {
     tp_member: 0,
     tp_size: 0,
     threshold: 0,
+    slots: [NR as u8; 8],
 });
 
 /// mm_id (a hash of the mm pointer) -> the process that owns it, learnt from
@@ -80,9 +81,17 @@ pub fn rss_stat(ctx: TracePointContext) -> u32 {
         count_loss(loss::READ);
         return 0;
     };
-    // One unsigned check on the value used as the index (a negative member
-    // wraps above NR): with two checks LLVM indexed with an unchecked copy.
-    let slot = core::hint::black_box(member as u32) as usize;
+    // The kernel's counter index to memtrace's slot (from BTF, set by
+    // userspace); a negative or unknown member maps to NR and is dropped.
+    // One unsigned check on the value used as the index: with two checks
+    // LLVM indexed with an unchecked copy.
+    let member = member as u32;
+    let slot = if member < 8 {
+        c.slots[member as usize] as usize
+    } else {
+        NR
+    };
+    let slot = core::hint::black_box(slot);
     if slot >= NR {
         return 0;
     }

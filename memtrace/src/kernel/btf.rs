@@ -313,9 +313,17 @@ impl KernelBtf {
             .map(|(_, _, size)| size)
     }
 
-    /// Value of enumerator `name` in the enum `enum_name`.
+    /// Value of enumerator `name` in the enum `enum_name`, or in any enum
+    /// when `enum_name` is empty: many kernel enums have no name
+    /// (`enum { MM_FILEPAGES, ... }`), and C enumerators share one scope, so
+    /// the name alone is unique.
     pub fn enumerator(&self, enum_name: &str, name: &str) -> Option<u32> {
-        for id in self.ids(enum_name) {
+        let all: Box<dyn Iterator<Item = u32>> = if enum_name.is_empty() {
+            Box::new(1..self.types.len() as u32)
+        } else {
+            Box::new(self.ids(enum_name))
+        };
+        for id in all {
             let Some((ENUM, vlen, _)) = self.head(id) else {
                 continue;
             };
@@ -407,9 +415,11 @@ impl Resolve<'_> {
         })
     }
 
+    /// Enumerator `n` of enum `e` (of any enum when `e` is empty).
     pub fn enumerator(&mut self, e: &str, n: &str) -> u32 {
         self.btf.enumerator(e, n).unwrap_or_else(|| {
-            self.missing.push(format!("enum {e} {n}"));
+            self.missing
+                .push(format!("enum {e} {n}").replace("enum  ", "enumerator "));
             0
         })
     }
@@ -488,5 +498,22 @@ mod tests {
         assert!(e.contains("task_struct.no_such_member"), "{e}");
         assert!(e.contains("no_such_id"), "{e}");
         assert!(b.resolver().done("nothing", 7).is_ok());
+    }
+
+    #[test]
+    fn enumerators_of_enums_without_a_name_are_found() {
+        // `enum { MM_FILEPAGES, MM_ANONPAGES, MM_SWAPENTS, MM_SHMEMPAGES }`.
+        let b = saved();
+        let v: Vec<Option<u32>> = [
+            "MM_FILEPAGES",
+            "MM_ANONPAGES",
+            "MM_SWAPENTS",
+            "MM_SHMEMPAGES",
+        ]
+        .iter()
+        .map(|n| b.enumerator("", n))
+        .collect();
+        assert_eq!(v, [Some(0), Some(1), Some(2), Some(3)]);
+        assert_eq!(b.enumerator("", "MM_NO_SUCH_COUNTER"), None);
     }
 }
