@@ -242,3 +242,29 @@ fn bad_patterns_and_fields_exit_2_naming_the_closest() {
         );
     }
 }
+
+#[test]
+fn nothing_is_counted_before_the_configuration_is_in_place() {
+    // kmalloc fires constantly, also between attach and configuration: an
+    // event then must not pass as tracepoint 0 with no filter.
+    let out = run(&[
+        "count",
+        "kmem:kmalloc",
+        "--filter",
+        "bytes_alloc > 1000000000",
+        "--by",
+        "pid",
+        "-d",
+        "1",
+        "--json",
+    ]);
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    assert!(counts(&out.stdout).is_empty(), "{}", out.stdout);
+}
+
+#[test]
+fn a_negative_value_for_an_unsigned_field_is_an_error() {
+    let out = run(&["count", "kmem:kmalloc", "--filter", "bytes_alloc > -1"]);
+    assert_eq!(out.code, 2, "{}", out.stderr);
+    assert!(out.stderr.contains("unsigned"), "{}", out.stderr);
+}

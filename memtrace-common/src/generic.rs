@@ -62,7 +62,10 @@ pub struct TpConfig {
     pub filters: [Predicate; MAX_FILTERS],
     /// `trace`: bytes of the record to copy (at most `MAX_COPY`).
     pub copy: u32,
-    pub _pad: u32,
+    /// Set by userspace once the entry is written: the array's entries
+    /// exist (zeroed) from the start, and an event that fires between
+    /// attach and configuration must not be taken for tracepoint 0.
+    pub valid: u32,
 }
 
 #[repr(C)]

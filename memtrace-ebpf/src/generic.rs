@@ -48,11 +48,15 @@ static TRACE_SCRATCH: PerCpuArray<TraceBuf> = PerCpuArray::with_max_entries(1, 0
 /// The configuration of tracepoint `index` of userspace's list.
 #[inline(always)]
 fn config(index: u32) -> Option<&'static TpConfig> {
-    let c = COUNT_TPS.get(index);
-    if c.is_none() {
-        count_loss(loss::READ);
+    match COUNT_TPS.get(index) {
+        // Not configured yet: before tracing starts, not an event lost.
+        Some(c) if c.valid == 0 => None,
+        Some(c) => Some(c),
+        None => {
+            count_loss(loss::READ);
+            None
+        }
     }
-    c
 }
 
 /// Which tracepoint fired: the cookie it was attached with. (The record's

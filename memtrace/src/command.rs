@@ -32,12 +32,31 @@ pub struct Traced {
     pub exited: tokio::sync::oneshot::Receiver<i32>,
 }
 
-/// Whether `cmd` is plain words the shell would exec as they are.
+/// Whether `cmd` is plain words naming a program the shell can exec as
+/// they are: no shell syntax, no variable assignment in front and no
+/// builtin such as `cd` (which `exec` cannot run).
 pub fn is_simple(cmd: &str) -> bool {
-    !cmd.trim().is_empty()
-        && cmd
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || " \t_-./,:=+@%".contains(c))
+    let plain = cmd
+        .chars()
+        .all(|c| c.is_ascii_alphanumeric() || " \t_-./,:=+@%".contains(c));
+    let Some(first) = cmd.split_whitespace().next() else {
+        return false;
+    };
+    plain && !first.contains('=') && is_program(first)
+}
+
+/// A path, or a name found as an executable file in PATH.
+fn is_program(word: &str) -> bool {
+    use std::os::unix::fs::PermissionsExt;
+    let exec = |p: &std::path::Path| {
+        std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+    };
+    if word.contains('/') {
+        return true;
+    }
+    std::env::var_os("PATH")
+        .map(|p| std::env::split_paths(&p).any(|d| exec(&d.join(word))))
+        .unwrap_or(false)
 }
 
 pub fn spawn_traced(cmd: &str) -> Result<Traced> {

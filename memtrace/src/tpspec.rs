@@ -167,6 +167,8 @@ pub struct FilterSpec {
     pub field: String,
     pub op: u32,
     pub value: u64,
+    /// The value was written negative: meaningless for an unsigned field.
+    pub negative: bool,
 }
 
 const OPS: [(&str, u32); 7] = [
@@ -196,11 +198,13 @@ pub fn parse_filter(s: &str) -> std::result::Result<FilterSpec, String> {
     if !valid {
         return Err(bad());
     }
+    let negative = value.starts_with('-');
     let value = parse_number(value).ok_or_else(bad)?;
     Ok(FilterSpec {
         field: field.into(),
         op,
         value,
+        negative,
     })
 }
 
@@ -242,6 +246,7 @@ impl Spec {
             index: index as u32,
             by: self.by,
             copy,
+            valid: 1,
             ..Default::default()
         };
         for (slot, k) in c.keys.iter_mut().zip(&self.keys) {
@@ -251,8 +256,17 @@ impl Spec {
             c.sum = numeric(sel, s)?;
         }
         for (slot, f) in c.filters.iter_mut().zip(&self.filters) {
+            let field = numeric(sel, &f.field)?;
+            if f.negative && field.signed == 0 {
+                return Err(usage(format!(
+                    "field '{}' of {} is unsigned: '{}' can never compare with a negative value",
+                    f.field,
+                    sel.label(),
+                    f.field
+                )));
+            }
             *slot = Predicate {
-                field: numeric(sel, &f.field)?,
+                field,
                 op: f.op,
                 value: f.value,
             };

@@ -72,9 +72,9 @@ impl Printer for JsonPrinter {
         self.out.flush();
     }
 
-    fn stacks(&mut self, kind: &'static str, _title: &str, stacks: &[StackReport]) {
+    fn stacks(&mut self, kind: &'static str, title: &str, stacks: &[StackReport]) {
         for s in stacks {
-            self.emit(json!({
+            let mut v = json!({
                 "type": kind,
                 "pid": s.pid,
                 "comm": s.comm,
@@ -84,7 +84,12 @@ impl Printer for JsonPrinter {
                 "kernel_stack": s.kernel,
                 "note": s.note,
                 "processes": s.processes.max(1),
-            }));
+            });
+            // What the stacks are of, where the tool says (count: the tracepoint).
+            if !title.is_empty() {
+                v["title"] = json!(title);
+            }
+            self.emit(v);
         }
         self.out.flush();
     }
