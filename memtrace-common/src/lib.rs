@@ -32,7 +32,11 @@ pub mod loss {
     /// pages copied) with the chain still going: the event keeps a stack
     /// without its outer frames.
     pub const STACK_TRUNCATED: u32 = 5;
-    pub const NR: u32 = 6;
+    /// A new key could not be stored though the map had room: no memory
+    /// for it where the program ran (an interrupt, or inside the
+    /// allocator the program traces).
+    pub const MAP_BUSY: u32 = 6;
+    pub const NR: u32 = 7;
     pub const NAMES: [&str; NR as usize] = [
         "ringbuf_full",
         "stack_fail",
@@ -40,6 +44,7 @@ pub mod loss {
         "read_fail",
         "stack_copy_fail",
         "stack_truncated",
+        "map_busy",
     ];
 }
 

@@ -27,6 +27,9 @@ use crate::helpers::{
     NO_PREALLOC,
 };
 
+/// errno of a map insert into a full map.
+const E2BIG: i32 = 7;
+
 /// Configurations by the tracepoint's place in userspace's list; userspace
 /// sizes it to the tracepoints matched.
 #[map]
@@ -169,8 +172,15 @@ fn count(ctx: &TracePointContext, index: u32) -> u32 {
         sum: add,
         comm,
     };
-    if COUNTS.insert(&key, &v, 0).is_err() {
-        count_loss(loss::MAP_FULL);
+    if let Err(e) = COUNTS.insert(&key, &v, 0) {
+        // Another CPU may have made the key meanwhile (per-CPU values: the
+        // key is there for every CPU): count into it. Otherwise the map is
+        // full (E2BIG) or the key could not be allocated here.
+        match COUNTS.get_ptr_mut(&key) {
+            Some(v) => bump(unsafe { &mut *v }),
+            None if e == -E2BIG => count_loss(loss::MAP_FULL),
+            None => count_loss(loss::MAP_BUSY),
+        }
     }
     0
 }

@@ -13,6 +13,11 @@ pub fn advice(reason: &str) -> &'static str {
         }
         "stack_copy_fail" => "the user stack could not be read (not resident)",
         "read_fail" => "kernel memory reads failed (usually processes exiting meanwhile)",
+        "stack_truncated" => "stacks deeper than the walk keeps were cut (counted, still reported)",
+        "map_busy" => "a new key could not be allocated where the event fired (an interrupt, or inside the allocator traced)",
+        "missed_runs" => {
+            "the kernel skipped memtrace's programs while another BPF program ran on that CPU"
+        }
         _ => "see the summary",
     }
 }

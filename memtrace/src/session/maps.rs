@@ -225,6 +225,7 @@ impl Session {
                 slot.1 = vals.iter().sum();
             }
         }
+        out.push(("missed_runs", self.missed_runs()));
         out
     }
 }

@@ -6,6 +6,7 @@ mod cookie;
 mod engine;
 mod loader;
 mod maps;
+mod misses;
 
 use std::collections::HashSet;
 

@@ -1,0 +1,55 @@
+//! Program runs the kernel skipped. A tracing program does not run when
+//! another BPF program is already running on its CPU (an interrupt that
+//! arrives while one runs, or another tool's program), and the kernel
+//! counts each such run in the program's `recursion_misses` (Linux 5.12):
+//! events memtrace never saw, which must be shown like any other loss. aya
+//! 0.14's `ProgramInfo` does not expose the counter, so it is read here with
+//! BPF_OBJ_GET_INFO_BY_FD.
+
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
+
+use aya_obj::generated::bpf_prog_info;
+
+use super::Session;
+
+const BPF_OBJ_GET_INFO_BY_FD: libc::c_long = 15;
+
+/// `union bpf_attr`'s `info` member.
+#[repr(C)]
+struct InfoAttr {
+    bpf_fd: u32,
+    info_len: u32,
+    info: u64,
+}
+
+/// The program's skipped runs; None where the kernel does not say.
+fn recursion_misses(fd: BorrowedFd<'_>) -> Option<u64> {
+    // SAFETY: plain data; the kernel fills what it knows of it.
+    let mut info: bpf_prog_info = unsafe { std::mem::zeroed() };
+    let attr = InfoAttr {
+        bpf_fd: fd.as_raw_fd() as u32,
+        info_len: std::mem::size_of::<bpf_prog_info>() as u32,
+        info: &mut info as *mut bpf_prog_info as u64,
+    };
+    // SAFETY: attr points at a buffer of the size it claims.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_bpf,
+            BPF_OBJ_GET_INFO_BY_FD,
+            &attr as *const InfoAttr,
+            std::mem::size_of::<InfoAttr>(),
+        )
+    };
+    (r == 0).then_some(info.recursion_misses)
+}
+
+impl Session {
+    /// Runs the kernel skipped, over every program this session loaded.
+    pub fn missed_runs(&self) -> u64 {
+        self.bpf
+            .programs()
+            .filter(|(name, _)| self.loaded.contains(name))
+            .filter_map(|(_, p)| recursion_misses(p.fd().ok()?.as_fd()))
+            .sum()
+    }
+}
