@@ -143,3 +143,43 @@ fn stacks_merge_by_function_across_processes_unless_asked() {
         "{raw:?}"
     );
 }
+
+fn brk_stacks(cmd: &str) -> Vec<serde_json::Value> {
+    let out = run(&[
+        "brkstack",
+        "--stack-mode",
+        "fp",
+        "--per-pid",
+        "--json",
+        "-c",
+        cmd,
+    ]);
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    json_of(&out.stdout, "brk_stack")
+}
+
+#[test]
+fn a_forked_child_symbolizes_with_its_parents_maps_after_it_exits() {
+    // The child calls sbrk 20 times and exits; its parent waits for it.
+    let s = brk_stacks(&format!("{} fork-sbrk 20", workload_bin().display()));
+    let child = s
+        .iter()
+        .find(|s| s["count"] == 20)
+        .unwrap_or_else(|| panic!("{s:?}"));
+    let f = user_frames(child);
+    assert!(f[0].starts_with("__brk") && f[0].contains("libc"), "{f:?}");
+}
+
+#[test]
+fn exec_d_children_symbolize_after_they_exit() {
+    let w = workload_bin();
+    let w = w.display();
+    let s = brk_stacks(&format!("{w} rawbrk 30 4096 & {w} rawbrk 30 4096; wait"));
+    let named: Vec<_> = s
+        .iter()
+        .filter(|s| user_frames(s)[0].contains("grow_heap_with_raw_brk"))
+        .collect();
+    // Each: 30 calls in its loop and the brk(0) before it.
+    assert_eq!(named.len(), 2, "{s:?}");
+    assert!(named.iter().all(|s| s["count"] == 31), "{s:?}");
+}

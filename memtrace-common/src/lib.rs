@@ -62,6 +62,22 @@ pub mod kind {
     pub const STACK_SAMPLE: u32 = 7;
     /// One tracepoint record (`generic::TraceHdr` and the record's bytes).
     pub const TRACE: u32 = 8;
+    /// A followed process forked one (`ProcEvent`).
+    pub const PROC_FORK: u32 = 9;
+    /// A followed process exec'd (`ProcEvent`).
+    pub const PROC_EXEC: u32 = 10;
+}
+
+/// A process the kernel programs follow started or changed image: memtrace
+/// reads its maps then, so its stacks symbolize after it is gone.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct ProcEvent {
+    pub kind: u32,
+    pub pid: u32,
+    /// The forking process (`PROC_FORK`); 0 for an exec.
+    pub parent: u32,
+    pub _pad: u32,
 }
 
 /// Which attach method a program ran under; reported in records so userspace
@@ -136,6 +152,7 @@ pub struct TaskOffsets {
 mod pod {
     // SAFETY: all of these are repr(C) plain data without padding-sensitive invariants.
     unsafe impl aya::Pod for super::Filter {}
+    unsafe impl aya::Pod for super::ProcEvent {}
     unsafe impl aya::Pod for super::TaskOffsets {}
     unsafe impl aya::Pod for super::stacks::UstackConfig {}
     unsafe impl aya::Pod for super::stacks::UserStack {}

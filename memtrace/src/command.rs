@@ -59,6 +59,66 @@ fn is_program(word: &str) -> bool {
         .unwrap_or(false)
 }
 
+/// Every process the command starts is followed the same way (fork, vfork;
+/// threads share their process's maps and are left alone), so its maps
+/// are read as it execs and as it exits, however short it lives.
+const CHILD_OPTS: libc::c_int = libc::PTRACE_O_TRACEFORK | libc::PTRACE_O_TRACEVFORK;
+
+/// Runs the command's process tree to the end of its first process: each
+/// process stops at its execs and its exit, where its maps are read; the
+/// first process's exit status goes to `exit_tx`. Processes left when it
+/// ends keep running (only the command itself dies with memtrace).
+fn follow_tree(pid: libc::pid_t, maps: &SharedMaps, exit_tx: tokio::sync::oneshot::Sender<i32>) {
+    let mut exit_tx = Some(exit_tx);
+    let mut seen = std::collections::HashSet::from([pid]);
+    let mut status = 0;
+    loop {
+        // SAFETY: waiting for our own tracees.
+        let w = unsafe { libc::waitpid(-1, &mut status, libc::__WALL) };
+        if w < 0 {
+            // ECHILD: nothing left to wait for.
+            if let Some(tx) = exit_tx.take() {
+                let _ = tx.send(-1);
+            }
+            return;
+        }
+        let code = if libc::WIFEXITED(status) {
+            Some(libc::WEXITSTATUS(status))
+        } else if libc::WIFSIGNALED(status) {
+            Some(128 + libc::WTERMSIG(status))
+        } else {
+            None
+        };
+        if let Some(code) = code {
+            if w == pid {
+                if let Some(tx) = exit_tx.take() {
+                    let _ = tx.send(code);
+                }
+            }
+            continue;
+        }
+        if !libc::WIFSTOPPED(status) {
+            continue;
+        }
+        let sig = libc::WSTOPSIG(status);
+        let event = status >> 16;
+        let mut deliver = 0;
+        if event == libc::PTRACE_EVENT_EXIT || event == libc::PTRACE_EVENT_EXEC {
+            // Still mapped: keep what symbolization needs after exit.
+            maps.lock().unwrap().snapshot(w as u32);
+        } else if event == 0 && sig == libc::SIGSTOP && seen.insert(w) {
+            // A new process's first stop: follow it as its parent is
+            // followed, but let it outlive memtrace.
+            let opts = libc::PTRACE_O_TRACEEXIT | libc::PTRACE_O_TRACEEXEC | CHILD_OPTS;
+            let _ = ptrace(libc::PTRACE_SETOPTIONS, w, opts as usize);
+        } else if event == 0 && sig != libc::SIGTRAP {
+            deliver = sig;
+        }
+        // ESRCH: killed meanwhile; waitpid reports how.
+        let _ = ptrace(libc::PTRACE_CONT, w, deliver as usize);
+    }
+}
+
 pub fn spawn_traced(cmd: &str) -> Result<Traced> {
     let (pid_tx, pid_rx) = mpsc::channel::<std::result::Result<u32, String>>();
     let (go_tx, go_rx) = mpsc::channel::<SharedMaps>();
@@ -115,8 +175,10 @@ pub fn spawn_traced(cmd: &str) -> Result<Traced> {
                 return;
             }
             execs += 1;
-            let opts =
-                libc::PTRACE_O_TRACEEXIT | libc::PTRACE_O_TRACEEXEC | libc::PTRACE_O_EXITKILL;
+            let opts = libc::PTRACE_O_TRACEEXIT
+                | libc::PTRACE_O_TRACEEXEC
+                | libc::PTRACE_O_EXITKILL
+                | CHILD_OPTS;
             if let Err(e) = ptrace(libc::PTRACE_SETOPTIONS, pid, opts as usize) {
                 let _ = pid_tx.send(Err(format!("cannot trace '{cmd}': ptrace: {e}")));
                 return;
@@ -139,33 +201,7 @@ pub fn spawn_traced(cmd: &str) -> Result<Traced> {
             let _ = exit_tx.send(-1);
             return;
         }
-        loop {
-            if unsafe { libc::waitpid(pid, &mut status, libc::__WALL) } < 0 {
-                let _ = exit_tx.send(-1);
-                return;
-            }
-            if libc::WIFEXITED(status) {
-                let _ = exit_tx.send(libc::WEXITSTATUS(status));
-                return;
-            }
-            if libc::WIFSIGNALED(status) {
-                let _ = exit_tx.send(128 + libc::WTERMSIG(status));
-                return;
-            }
-            if libc::WIFSTOPPED(status) {
-                let sig = libc::WSTOPSIG(status);
-                let event = status >> 16;
-                let mut deliver = 0;
-                if event == libc::PTRACE_EVENT_EXIT || event == libc::PTRACE_EVENT_EXEC {
-                    // Still mapped: keep what symbolization needs after exit.
-                    maps.lock().unwrap().snapshot(pid as u32);
-                } else if sig != libc::SIGTRAP {
-                    deliver = sig;
-                }
-                // ESRCH: killed meanwhile; waitpid reports how.
-                let _ = ptrace(libc::PTRACE_CONT, pid, deliver as usize);
-            }
-        }
+        follow_tree(pid, &maps, exit_tx);
     });
     match pid_rx.recv() {
         Ok(Ok(pid)) => Ok(Traced {

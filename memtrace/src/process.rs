@@ -4,6 +4,7 @@
 use std::collections::HashMap;
 
 use memtrace_common::names::{EXEC_NAMES, FOLLOWED, FOLLOW_FORK, NAME_EXEC};
+use memtrace_common::{kind, ProcEvent};
 
 use crate::attach::Probe;
 use crate::error::Result;
@@ -13,6 +14,20 @@ use crate::session::Session;
 /// Follows forks of traced processes into FOLLOWED.
 pub fn fork_probe() -> Probe {
     Probe::new("process forks").tracepoint(FOLLOW_FORK, "sched", "sched_process_fork")
+}
+
+/// A fork or exec of a followed process (`ProcEvent`): its maps are kept
+/// for symbolization. False for any other record.
+pub fn on_record(data: &[u8], s: &mut Session) -> bool {
+    let fork = crate::records::record::<ProcEvent>(data, kind::PROC_FORK);
+    let exec = crate::records::record::<ProcEvent>(data, kind::PROC_EXEC);
+    let mut maps = s.sym.maps.lock().unwrap();
+    match (fork, exec) {
+        (Some(ev), _) => maps.inherit(ev.parent, ev.pid),
+        (_, Some(ev)) => maps.exec(ev.pid),
+        _ => return false,
+    }
+    true
 }
 
 /// Every descendant of `root` alive now, found through /proc.

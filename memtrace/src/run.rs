@@ -106,6 +106,15 @@ pub fn attach(
     };
     if follow {
         session.attach(&crate::process::fork_probe())?;
+        // Execs of followed processes, for their maps (the tool may attach
+        // the same program for names: once is enough).
+        let probes = tool.probes();
+        let has_exec = probes
+            .iter()
+            .any(|p| p.ways.iter().any(|w| w.prog == names::NAME_EXEC));
+        if !has_exec {
+            session.attach(&crate::process::exec_probe())?;
+        }
     }
     for p in tool.probes() {
         session.attach(&if common.floor { p.floor() } else { p })?;
@@ -286,6 +295,7 @@ async fn event_loop(
                 output::check(out)?;
             }
             _ = drain.tick() => {
+                session.sym.maps.lock().unwrap().refresh_due();
                 let ring = rb.get_mut();
                 while let Some(item) = ring.next() {
                     dispatch(&item, tool, session, out)?;
@@ -342,6 +352,9 @@ fn dispatch(
     session: &mut Session,
     out: &mut dyn Printer,
 ) -> Result<()> {
+    if crate::process::on_record(item, session) {
+        return Ok(());
+    }
     if item.get(..4) == Some(&kind::STACK_SAMPLE.to_ne_bytes()) {
         if let Some(d) = session.dwarf.as_mut() {
             d.add(&mut session.sym.maps.lock().unwrap(), item);

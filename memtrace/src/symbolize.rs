@@ -18,7 +18,8 @@ use crate::proc::exiting;
 pub use crate::proc::{parse_maps, read_maps, Mapping};
 
 struct Snapshot {
-    maps: Vec<Mapping>,
+    /// Shared by a forked child and its parent until either reads its own.
+    maps: Arc<Vec<Mapping>>,
 }
 
 /// Maps of the processes seen, and open handles on their files.
@@ -27,6 +28,9 @@ pub struct MapsCache {
     procs: HashMap<u32, Snapshot>,
     /// (dev, inode) -> open file, so the path stays valid after exit.
     files: HashMap<((u32, u32), u64), Arc<File>>,
+    /// Processes to read again soon, and when: a process that just exec'd
+    /// maps its libraries in its first milliseconds.
+    pending: Vec<(u32, std::time::Instant)>,
 }
 
 impl MapsCache {
@@ -57,8 +61,53 @@ impl MapsCache {
                 self.files.insert(key, Arc::new(f));
             }
         }
-        self.procs.insert(pid, Snapshot { maps });
+        self.procs.insert(
+            pid,
+            Snapshot {
+                maps: Arc::new(maps),
+            },
+        );
         true
+    }
+
+    /// A forked child: its image is its parent's until it execs. The
+    /// parent's maps are read now (it may have mapped libraries since its
+    /// last copy) and shared; the child's own if the parent is gone.
+    pub fn inherit(&mut self, parent: u32, child: u32) {
+        self.snapshot(parent);
+        match self.procs.get(&parent).map(|s| s.maps.clone()) {
+            Some(maps) => {
+                self.procs.insert(child, Snapshot { maps });
+            }
+            None => {
+                self.snapshot(child);
+            }
+        }
+    }
+
+    /// A process that exec'd: its maps now, and again a little later.
+    pub fn exec(&mut self, pid: u32) {
+        self.snapshot(pid);
+        let now = std::time::Instant::now();
+        for ms in [30, 300] {
+            self.pending
+                .push((pid, now + std::time::Duration::from_millis(ms)));
+        }
+    }
+
+    /// Reads again the processes whose time has come (those still there).
+    pub fn refresh_due(&mut self) {
+        let now = std::time::Instant::now();
+        let due: Vec<u32> = self
+            .pending
+            .iter()
+            .filter(|(_, at)| *at <= now)
+            .map(|(p, _)| *p)
+            .collect();
+        self.pending.retain(|(_, at)| *at > now);
+        for p in due {
+            self.snapshot(p);
+        }
     }
 
     pub fn has(&self, pid: u32) -> bool {

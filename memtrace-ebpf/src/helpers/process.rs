@@ -7,10 +7,10 @@ use aya_ebpf::{
     maps::LruHashMap,
     programs::TracePointContext,
 };
-use memtrace_common::{loss, TASK_COMM_LEN};
+use memtrace_common::{kind, loss, ProcEvent, TASK_COMM_LEN};
 
 use super::{
-    emit::count_loss,
+    emit::{count_loss, emit},
     filter::{current_tgid, wanted, FILTER, FOLLOWED},
 };
 
@@ -27,6 +27,13 @@ pub fn follow_fork(ctx: TracePointContext) -> u32 {
             if FOLLOWED.insert(child, 1u8, 0).is_err() {
                 count_loss(loss::MAP_FULL);
             }
+            // Userspace keeps the parent's maps for the child (rare event).
+            emit(&ProcEvent {
+                kind: kind::PROC_FORK,
+                pid: child,
+                parent,
+                _pad: 0,
+            });
         }
         // A child not followed: its events go missing, so say so.
         Err(_) => count_loss(loss::READ),
@@ -48,6 +55,15 @@ pub fn name_exec(_ctx: TracePointContext) -> u32 {
     if wanted(tgid) {
         if let Ok(comm) = bpf_get_current_comm() {
             let _ = EXEC_NAMES.insert(&tgid, &comm, 0);
+        }
+        // A followed process's new image: userspace reads its maps.
+        if FILTER.load().children != 0 {
+            emit(&ProcEvent {
+                kind: kind::PROC_EXEC,
+                pid: tgid,
+                parent: 0,
+                _pad: 0,
+            });
         }
     }
     0
