@@ -183,3 +183,28 @@ fn exec_d_children_symbolize_after_they_exit() {
     assert_eq!(named.len(), 2, "{s:?}");
     assert!(named.iter().all(|s| s["count"] == 31), "{s:?}");
 }
+
+#[test]
+fn memtrace_does_not_count_itself() {
+    // System-wide, every syscall by process: memtrace makes many of its own
+    // (polling, timers, reading its maps), none of which may show.
+    let t = Tracer::start(&[
+        "count",
+        "raw_syscalls:sys_enter",
+        "--by",
+        "pid",
+        "-d",
+        "1",
+        "--json",
+    ]);
+    let me = t.pid();
+    let out = t.wait(Duration::from_secs(20));
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    let rows = json_of(&out.stdout, "count");
+    assert!(rows.len() > 1, "{}", out.stdout);
+    assert!(
+        rows.iter().all(|r| r["pid"] != me),
+        "memtrace ({me}) counted: {}",
+        out.stdout
+    );
+}

@@ -103,6 +103,9 @@ pub struct Filter {
     pub stacks: u32,
     /// `sched:sched_process_fork` offset of `child_pid`.
     pub fork_child_pid: u32,
+    /// memtrace itself: system-wide, its own faults, calls and stacks are
+    /// not the workload's.
+    pub myself: u32,
 }
 
 pub mod stack_mode {

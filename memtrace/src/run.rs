@@ -69,6 +69,7 @@ pub fn attach(
         children: follow as u32,
         stacks: tool.stack_mode(),
         fork_child_pid: 0,
+        myself: std::process::id(),
     };
     if follow {
         filter.fork_child_pid = Format::load("sched", "sched_process_fork")?.offset("child_pid")?;

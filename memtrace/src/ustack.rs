@@ -179,12 +179,35 @@ impl Session {
         }
     }
 
+    /// A kernel stack, without the frames of the tracing machinery that ran
+    /// memtrace's program (`bpf_prog_*`, `bpf_trace_run*`, `__traceiter_*`,
+    /// `perf_trace_*`...): they are memtrace's, not the workload's.
     pub fn kernel_frames(&mut self, id: i32) -> Vec<String> {
-        match self.stack(id) {
+        let mut frames = match self.stack(id) {
             Some(ips) => self.sym.kernel(&ips),
             None => Vec::new(),
-        }
+        };
+        let ours = frames.iter().take_while(|f| is_tracing_frame(f)).count();
+        frames.drain(..ours);
+        frames
     }
+}
+
+/// A frame of the code that runs BPF programs, innermost in a stack the
+/// program itself captured.
+fn is_tracing_frame(f: &str) -> bool {
+    const PREFIXES: [&str; 9] = [
+        "perf_syscall_",
+        "bpf_prog_",
+        "bpf_trace_run",
+        "__bpf_trace_",
+        "__traceiter_",
+        "perf_trace_",
+        "trace_call_bpf",
+        "perf_tp_event",
+        "bpf_get_stack",
+    ];
+    PREFIXES.iter().any(|p| f.starts_with(p)) || f.starts_with("0x")
 }
 
 /// In dwarf mode, the unwound samples as stack reports, largest first,
@@ -272,6 +295,27 @@ pub fn stack_report(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_tracing_machinery_is_recognised_and_the_workload_is_not() {
+        for f in [
+            "bpf_prog_6deef7357e7b4530_oom_tp",
+            "bpf_trace_run2",
+            "__traceiter_mark_victim",
+            "perf_trace_run_bpf_submit",
+            "0xffffffffc0a1b2c3",
+        ] {
+            assert!(is_tracing_frame(f), "{f}");
+        }
+        for f in [
+            "mark_oom_victim",
+            "out_of_memory",
+            "handle_mm_fault",
+            "do_brk_flags",
+        ] {
+            assert!(!is_tracing_frame(f), "{f}");
+        }
+    }
     use crate::attach::Probe;
     use crate::cli::{StackArgs, StackMode};
     use crate::tool::Prep;

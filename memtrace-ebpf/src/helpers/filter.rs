@@ -11,6 +11,7 @@ pub static FILTER: Global<Filter> = Global::new(Filter {
     children: 0,
     stacks: 0,
     fork_child_pid: 0,
+    myself: 0,
 });
 
 /// Processes forked from the traced one (`--children`).
@@ -26,7 +27,10 @@ pub fn current_tgid() -> u32 {
 #[inline(always)]
 pub fn wanted(tgid: u32) -> bool {
     let f = FILTER.load();
-    if f.tgid == 0 || f.tgid == tgid {
+    if f.tgid == 0 {
+        return tgid != f.myself;
+    }
+    if f.tgid == tgid {
         return true;
     }
     f.children != 0 && unsafe { FOLLOWED.get(tgid) }.is_some()
