@@ -268,3 +268,21 @@ fn a_negative_value_for_an_unsigned_field_is_an_error() {
     assert_eq!(out.code, 2, "{}", out.stderr);
     assert!(out.stderr.contains("unsigned"), "{}", out.stderr);
 }
+
+#[test]
+fn trace_shows_the_user_strings_syscalls_point_to() {
+    // A path only this test opens: the line that names it is the open.
+    let path = format!("/tmp/memtrace-oneliners-{}", std::process::id());
+    std::fs::write(&path, "x").unwrap();
+    let cmd = format!("cat {path}");
+    let out = run(&["trace", "syscalls:sys_enter_openat", "--json", "-c", &cmd]);
+    std::fs::remove_file(&path).unwrap();
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    let lines = json_of(&out.stdout, "trace");
+    let open = lines
+        .iter()
+        .find(|l| l["filename"] == path.as_str())
+        .unwrap_or_else(|| panic!("{}", out.stdout));
+    // AT_FDCWD, read as the int it is.
+    assert_eq!(open["dfd"], -100, "{open}");
+}

@@ -9,6 +9,9 @@ pub const MAX_KEY_FIELDS: usize = 3;
 pub const MAX_FILTERS: usize = 4;
 /// Bytes of a record `trace` copies at most (fields and `__data_loc` data).
 pub const MAX_COPY: usize = 1024;
+/// Bytes of a user string a syscall argument points to that `trace` copies
+/// after the record (a path, a name).
+pub const MAX_USTR: usize = 256;
 
 /// A field of the record: where it is and how to widen it to 64 bits.
 #[repr(C)]
@@ -59,6 +62,10 @@ pub struct TpConfig {
     pub by: u32,
     pub keys: [FieldRef; MAX_KEY_FIELDS],
     pub sum: FieldRef,
+    /// `trace`: a field holding a pointer to a user string (a syscall's
+    /// `const char *`), copied after the record.
+    pub ustr: FieldRef,
+    pub _pad: u32,
     pub filters: [Predicate; MAX_FILTERS],
     /// `trace`: bytes of the record to copy (at most `MAX_COPY`).
     pub copy: u32,
@@ -104,7 +111,8 @@ pub struct TraceHdr {
     pub ustack: i32,
     pub kstack: i32,
     pub len: u32,
-    pub _pad: u32,
+    /// Bytes of the user string after the record, its NUL included; 0 for none.
+    pub ustr_len: u32,
     pub comm: [u8; TASK_COMM_LEN],
 }
 

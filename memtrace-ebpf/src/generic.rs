@@ -7,7 +7,7 @@ use aya_ebpf::{
     cty::c_void,
     helpers::{
         bpf_get_current_cgroup_id, bpf_get_current_comm, bpf_get_current_pid_tgid,
-        generated::{bpf_get_attach_cookie, bpf_probe_read_kernel},
+        generated::{bpf_get_attach_cookie, bpf_probe_read_kernel, bpf_probe_read_user_str},
     },
     macros::{map, tracepoint},
     maps::{Array, PerCpuArray, PerCpuHashMap},
@@ -17,7 +17,7 @@ use aya_ebpf::{
 use memtrace_common::{
     generic::{
         by, CountKey, CountVal, FieldRef, TpConfig, TraceHdr, MAX_COPY, MAX_FILTERS,
-        MAX_KEY_FIELDS, TRACE_HDR,
+        MAX_KEY_FIELDS, MAX_USTR, TRACE_HDR,
     },
     kind, loss, TASK_COMM_LEN,
 };
@@ -42,7 +42,7 @@ static COUNTS: PerCpuHashMap<CountKey, CountVal> =
 #[repr(C)]
 pub struct TraceBuf {
     hdr: TraceHdr,
-    data: [u8; MAX_COPY],
+    data: [u8; MAX_COPY + MAX_USTR],
 }
 
 #[map]
@@ -230,6 +230,23 @@ fn trace(ctx: &TracePointContext, index: u32) -> u32 {
         count_loss(loss::READ);
         return 0;
     }
+    // The user string a syscall argument points to, after the record.
+    let mut slen = 0usize;
+    if cfg.ustr.size != 0 {
+        let ptr = field(ctx, &cfg.ustr);
+        let n = unsafe {
+            bpf_probe_read_user_str(
+                base.add(TRACE_HDR + len) as *mut c_void,
+                MAX_USTR as u32,
+                ptr as *const c_void,
+            )
+        };
+        if n > 0 {
+            slen = (n as usize).min(MAX_USTR);
+        } else {
+            count_loss(loss::READ);
+        }
+    }
     let hdr = TraceHdr {
         kind: kind::TRACE,
         index: cfg.index,
@@ -238,11 +255,11 @@ fn trace(ctx: &TracePointContext, index: u32) -> u32 {
         ustack,
         kstack,
         len: len as u32,
-        _pad: 0,
+        ustr_len: slen as u32,
         comm: bpf_get_current_comm().unwrap_or([0; TASK_COMM_LEN]),
     };
     unsafe { core::ptr::write_unaligned(base as *mut TraceHdr, hdr) };
-    let rec = unsafe { core::slice::from_raw_parts(base as *const u8, TRACE_HDR + len) };
+    let rec = unsafe { core::slice::from_raw_parts(base as *const u8, TRACE_HDR + len + slen) };
     emit::<[u8]>(rec);
     0
 }

@@ -3,7 +3,7 @@
 //! kernel (BCC's trace, `perf trace -e`, bpftrace's `printf(args)`).
 
 use memtrace_common::{
-    generic::{TraceHdr, MAX_COPY, TRACE_HDR},
+    generic::{FieldRef, TraceHdr, MAX_COPY, TRACE_HDR},
     kind,
     names::{COUNT_TPS, EVENTS, TRACE_ONE, TRACE_TP},
     stack_mode,
@@ -99,6 +99,16 @@ fn copy_size(sel: &Selected) -> u32 {
     want.min(MAX_COPY as u32)
 }
 
+/// The field of a syscall tracepoint that points to a user string (a path,
+/// a name): `trace` copies the string, not just the pointer. The first
+/// such field; syscalls with two (rename) show the second as a pointer.
+fn user_string(sel: &Selected) -> Option<&Field> {
+    if sel.category != "syscalls" {
+        return None;
+    }
+    own_fields(&sel.format).find(|f| f.ty.contains("char *") && f.size == 8)
+}
+
 /// One field of `rec` decoded by its type; `None` when it lies (partly)
 /// past what was copied.
 fn decode(f: &Field, rec: &[u8]) -> Option<(Value, bool)> {
@@ -136,6 +146,13 @@ fn decode(f: &Field, rec: &[u8]) -> Option<(Value, bool)> {
         || f.name.ends_with("_addr");
     if f.ty.contains('*') || f.name.ends_with("flags") || address {
         return Some((format!("{v:#x}").into(), false));
+    }
+    // Syscall formats declare every argument 8 bytes and unsigned; the C
+    // type says how to read it (`int dfd` is -100, not 4294967196).
+    match f.ty.trim() {
+        "int" | "pid_t" => return Some((Value::I(v as u32 as i32 as i64), false)),
+        "long" | "off_t" | "loff_t" | "ssize_t" => return Some((Value::I(v as i64), false)),
+        _ => {}
     }
     if f.signed {
         let shift = 64 - 8 * size as u32;
@@ -176,7 +193,14 @@ impl Tool for Trace {
 
     fn on_start(&mut self, s: &mut Session) -> Result<()> {
         for (i, sel) in self.selected.iter().enumerate() {
-            let cfg = self.spec.config(i, sel, copy_size(sel))?;
+            let mut cfg = self.spec.config(i, sel, copy_size(sel))?;
+            if let Some(f) = user_string(sel) {
+                cfg.ustr = FieldRef {
+                    offset: f.offset as u16,
+                    size: 8,
+                    signed: 0,
+                };
+            }
             s.set_array(COUNT_TPS, i as u32, cfg)?;
         }
         Ok(())
@@ -190,19 +214,33 @@ impl Tool for Trace {
             return Ok(());
         };
         self.events += 1;
-        let rec = data.get(TRACE_HDR..TRACE_HDR + h.len as usize).unwrap_or(&[]);
+        let end = TRACE_HDR + h.len as usize;
+        let rec = data.get(TRACE_HDR..end).unwrap_or(&[]);
+        let ustr = data.get(end..end + h.ustr_len as usize).map(|b| {
+            let n = b.iter().position(|&c| c == 0).unwrap_or(b.len());
+            // No NUL within the copy: the string was longer.
+            (String::from_utf8_lossy(&b[..n]).into_owned(), n == b.len())
+        });
+        let ustr_field = user_string(sel).map(|f| f.offset);
         let head: [Value; 4] = [clock().into(), h.tgid.into(), comm(&h.comm).into(), sel.label().into()];
         let mut vals = Vec::new();
         let mut args = String::new();
         for f in own_fields(&sel.format) {
-            let (v, cut) = decode(f, rec).unwrap_or((Value::Null, true));
+            let (v, cut) = match (&ustr, ustr_field) {
+                (Some((text, cut)), Some(off)) if off == f.offset && h.ustr_len > 0 => {
+                    (Value::S(text.clone()), *cut)
+                }
+                _ => decode(f, rec).unwrap_or((Value::Null, true)),
+            };
             self.truncated += cut as u64;
             if !args.is_empty() {
                 args.push(' ');
             }
             let mark = if cut { "..." } else { "" };
             match &v {
-                Value::S(t) => args.push_str(&format!("{}=\"{t}{mark}\"", f.name)),
+                Value::S(t) if f.ty.contains("char") => {
+                    args.push_str(&format!("{}=\"{t}{mark}\"", f.name))
+                }
                 other => args.push_str(&format!("{}={other}", f.name)),
             }
             vals.push(v);
