@@ -184,3 +184,37 @@ fn ffaults_names_the_file_with_its_faults() {
         .unwrap_or_else(|| panic!("{p} not in {rows:?}"));
     assert!(ours["faults"].as_u64().unwrap() >= K, "{ours}");
 }
+
+/// 3000 short processes and then a workload, counted by process in a map of
+/// 4096 keys: without interval reports, memtrace still empties the map as
+/// it goes, so nothing is lost and the workload started last is there.
+#[test]
+fn long_runs_without_intervals_never_fill_the_map() {
+    let w = workload_bin();
+    let cmd = format!(
+        "for i in $(seq 3000); do /bin/true; done; {} touch 2000",
+        w.display()
+    );
+    let lost = |extra: &[&str]| {
+        let mut args = vec![
+            "faults", "--slots", "0", "--keys", "4096", "--json", "-c", &cmd,
+        ];
+        args.extend_from_slice(extra);
+        let out = run(&args);
+        assert_eq!(out.code, 0, "{}", out.stderr);
+        let s = json_of(&out.stdout, "summary");
+        (s[0]["lost"]["map_full"].as_u64().unwrap(), out.stdout)
+    };
+    // The churn does overflow such a map when nothing empties it (a report
+    // interval longer than the run): the check below can fail.
+    let (full, out) = lost(&["-i", "600"]);
+    assert!(full > 0, "the churn never filled the map: {out}");
+    let (full, out) = lost(&[]);
+    assert_eq!(full, 0, "{out}");
+    let work: u64 = json_of(&out, "faults")
+        .iter()
+        .filter(|r| r["comm"] == "memtrace-worklo")
+        .map(|r| r["total"].as_u64().unwrap())
+        .sum();
+    assert!(work >= 2000, "the workload started last: {out}");
+}

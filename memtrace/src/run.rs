@@ -51,6 +51,10 @@ impl Phases {
 /// The EVENTS ring buffer's size in the kernel object, unless a tool sets one.
 const DEFAULT_RING_BYTES: u32 = 256 * 1024;
 
+/// How often counting tools without interval reports empty the kernel's
+/// maps into their own totals (`Tool::drain`).
+const DRAIN_MAPS_EVERY: Duration = Duration::from_secs(1);
+
 /// How often the ring buffer is drained without a wakeup: batched records
 /// wait no longer than this.
 const DRAIN_EVERY: Duration = Duration::from_millis(20);
@@ -281,6 +285,7 @@ async fn event_loop(
     let mut warned_loss = Vec::new();
     let mut status = None;
     let mut last_maps = Instant::now();
+    let mut last_drain = Instant::now();
     loop {
         tokio::select! {
             guard = rb.readable_mut() => {
@@ -322,6 +327,10 @@ async fn event_loop(
                 if let Some(w) = crate::losses::warning(&lost, &warned_loss) {
                     say!("{w}");
                     warned_loss = lost;
+                }
+                if tool.interval().is_none() && last_drain.elapsed() >= DRAIN_MAPS_EVERY {
+                    tool.drain(session)?;
+                    last_drain = Instant::now();
                 }
                 if let (Some(p), true) = (common.pid, last_maps.elapsed() > Duration::from_secs(1)) {
                     session.sym.maps.lock().unwrap().snapshot(p);

@@ -52,6 +52,12 @@ pub trait Tool {
     fn report(&mut self, _s: &mut Session, _out: &mut dyn Printer, _clear: bool) -> Result<()> {
         Ok(())
     }
+    /// Every second or so when no interval reports clear the kernel's maps:
+    /// counting tools move what the kernel counted into their own totals,
+    /// so a long run never fills a map (processes come and go all day).
+    fn drain(&mut self, _s: &mut Session) -> Result<()> {
+        Ok(())
+    }
     /// Every interval.
     fn on_interval(&mut self, s: &mut Session, out: &mut dyn Printer) -> Result<()> {
         self.report(s, out, true)

@@ -51,6 +51,10 @@ pub struct Args {
     /// Tests shrink it to force processes onto the hash map.
     #[arg(long, hide = true, default_value_t = 1024)]
     pub slots: u32,
+    /// Keys of the kernel's count map (default 16384, 262144 by mapping).
+    /// Tests shrink it to show that long runs never fill it.
+    #[arg(long, hide = true)]
+    pub keys: Option<u32>,
 }
 
 pub fn probes() -> Vec<Probe> {
@@ -135,6 +139,9 @@ pub struct Faults {
     total: u64,
     /// Everything counted, for the final report in interval mode.
     seen: u64,
+    /// Counts moved out of the kernel's map while no interval reports clear
+    /// it (`drain`), for the final report.
+    kept: std::collections::HashMap<FaultKey, (u64, String)>,
 }
 
 impl Faults {
@@ -156,6 +163,7 @@ impl Faults {
             slots: Slots::default(),
             total: 0,
             seen: 0,
+            kept: Default::default(),
         })
     }
 
@@ -210,7 +218,20 @@ impl Faults {
         } else {
             self.seen = self.total + n;
         }
-        Ok(out)
+        if self.kept.is_empty() {
+            return Ok(out);
+        }
+        // What `drain` moved out joins what the kernel holds now.
+        let mut all = if clear {
+            std::mem::take(&mut self.kept)
+        } else {
+            self.kept.clone()
+        };
+        for (k, c, name) in out {
+            let e = all.entry(k).or_insert((0, name));
+            e.0 += c;
+        }
+        Ok(all.into_iter().map(|(k, (c, n))| (k, c, n)).collect())
     }
 
     fn report_counts(
@@ -384,11 +405,11 @@ impl Tool for Faults {
             cfg.tp_address = f.offset("address")?;
             cfg.tp_error_code = f.offset("error_code")?;
         }
-        let size = if self.args.by_mapping {
+        let size = self.args.keys.unwrap_or(if self.args.by_mapping {
             262_144
         } else {
             16_384
-        };
+        });
         self.slotted = self.mode() == 0 && !self.args.by_mapping && self.args.slots != 0;
         if self.slotted {
             cfg.slot_mask = self.args.slots - 1;
@@ -407,6 +428,16 @@ impl Tool for Faults {
 
     fn report(&mut self, s: &mut Session, out: &mut dyn Printer, clear: bool) -> Result<()> {
         self.report_counts(s, out, clear)
+    }
+
+    fn drain(&mut self, s: &mut Session) -> Result<()> {
+        let mut kept = std::mem::take(&mut self.kept);
+        for (k, c, name) in self.collect(s, true)? {
+            let e = kept.entry(k).or_insert((0, name));
+            e.0 += c;
+        }
+        self.kept = kept;
+        Ok(())
     }
 
     fn events(&self) -> u64 {
