@@ -199,7 +199,7 @@ pub fn run(tool: &mut dyn Tool, common: &Common) -> Result<i32> {
     }
 
     let started = Instant::now();
-    let status = rt.block_on(event_loop(
+    let (status, counted_out) = rt.block_on(event_loop(
         tool,
         &mut session,
         out.as_mut(),
@@ -208,7 +208,11 @@ pub fn run(tool: &mut dyn Tool, common: &Common) -> Result<i32> {
         pidfd,
         exited,
     ))?;
-    tool.finish(&mut session, out.as_mut())?;
+    // After the last of COUNT interval reports there is nothing more to say
+    // (as BCC's `tool 1 3`): only a run cut short reports what is left.
+    if !counted_out {
+        tool.finish(&mut session, out.as_mut())?;
+    }
     out.flush();
     // A report that could not be written has no summary: the error says why.
     output::check(out.as_ref())?;
@@ -265,7 +269,7 @@ async fn event_loop(
     mut sig: Signals,
     pidfd: Option<OwnedFd>,
     mut exited: Option<&mut tokio::sync::oneshot::Receiver<i32>>,
-) -> Result<Option<i32>> {
+) -> Result<(Option<i32>, bool)> {
     let rb = session.ring_buffer()?;
     // SAFETY: the ring buffer owns its map fd for as long as the AsyncFd lives.
     let mut rb = unsafe { AsyncFd::register(rb) }.map_err(std::io::Error::from)?;
@@ -286,6 +290,7 @@ async fn event_loop(
     let mut status = None;
     let mut last_maps = Instant::now();
     let mut last_drain = Instant::now();
+    let mut counted_out = false;
     loop {
         tokio::select! {
             guard = rb.readable_mut() => {
@@ -319,6 +324,7 @@ async fn event_loop(
                 output::check(out)?;
                 intervals += 1;
                 if limit.is_some_and(|n| intervals >= n) {
+                    counted_out = true;
                     break;
                 }
             }
@@ -352,7 +358,7 @@ async fn event_loop(
     while let Some(item) = ring.next() {
         dispatch(&item, tool, session, out)?;
     }
-    Ok(status)
+    Ok((status, counted_out))
 }
 
 /// Copied stacks go to the unwinder, every other record to the tool.

@@ -75,6 +75,9 @@ pub struct Count {
     mode: u32,
     selected: Vec<Selected>,
     total: u64,
+    /// Counts moved out of the kernel's map while no interval reports clear
+    /// it (`drain`), for the final report.
+    kept: std::collections::HashMap<CountKey, CountVal>,
 }
 
 /// Trailing plain numbers are `INTERVAL [COUNT]`: a tracepoint always has a colon.
@@ -161,6 +164,7 @@ impl Count {
             mode,
             selected,
             total: 0,
+            kept: Default::default(),
         })
     }
 
@@ -224,6 +228,15 @@ impl Count {
     }
 }
 
+/// Adds `b` into `a` (counts, sums; the first name seen stays).
+fn add(a: &mut CountVal, b: &CountVal) {
+    a.count += b.count;
+    a.sum = a.sum.wrapping_add(b.sum);
+    if a.comm[0] == 0 {
+        a.comm = b.comm;
+    }
+}
+
 impl Fold for CountVal {
     fn fold(vals: &[Self]) -> Self {
         CountVal {
@@ -279,7 +292,19 @@ impl Tool for Count {
     fn report(&mut self, s: &mut Session, out: &mut dyn Printer, clear: bool) -> Result<()> {
         let mut v = s.read_folded(COUNTS, clear)?;
         let n: u64 = v.iter().map(|(_, val)| val.count).sum();
-        self.total = if clear { self.total + n } else { n };
+        let drained: u64 = self.kept.values().map(|c| c.count).sum();
+        self.total = if clear { self.total + n } else { n + drained };
+        if !self.kept.is_empty() {
+            let mut all = if clear {
+                std::mem::take(&mut self.kept)
+            } else {
+                self.kept.clone()
+            };
+            for (k, val) in v {
+                add(all.entry(k).or_default(), &val);
+            }
+            v = all.into_iter().collect();
+        }
         v.sort_by(|a, b| (a.0.index, b.1.count).cmp(&(b.0.index, a.1.count)));
         let stamp = if self.interval().is_some() { format!("{} ", clock()) } else { String::new() };
         if self.mode != 0 {
@@ -302,6 +327,13 @@ impl Tool for Count {
             rows.extend(mine.take(top).map(|(k, val)| self.row(k, val)));
         }
         out.table("count", &format!("{stamp}{}", self.what()), &self.header(), &rows);
+        Ok(())
+    }
+
+    fn drain(&mut self, s: &mut Session) -> Result<()> {
+        for (k, val) in s.read_folded(COUNTS, true)? {
+            add(self.kept.entry(k).or_default(), &val);
+        }
         Ok(())
     }
 
