@@ -150,3 +150,23 @@ fn stack_option_symbolizes_the_trigger_of_another_process_kill() {
         "{user:?}"
     );
 }
+
+#[test]
+fn pid_keeps_the_kills_of_that_process_only() {
+    if !memcg_here("pid_keeps_the_kills_of_that_process_only") {
+        return;
+    }
+    // A process that is neither victim nor trigger: its kills are none.
+    let mut bystander = std::process::Command::new("sleep")
+        .arg("60")
+        .spawn()
+        .unwrap();
+    let pid = bystander.id().to_string();
+    let (_, kills, victim, _, out) = oom_in_memcg(&["-p", &pid]);
+    let _ = bystander.kill();
+    let _ = bystander.wait();
+    assert!(
+        kills.iter().all(|k| k["victim_pid"] != victim),
+        "a kill of {victim} shown for -p {pid}: {out}"
+    );
+}

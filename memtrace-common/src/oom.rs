@@ -56,7 +56,6 @@ pub struct OomEvent {
     pub ustack: i32,
     pub kstack: i32,
     pub _pad: u32,
-    pub ts_ns: u64,
     pub trigger_comm: [u8; TASK_COMM_LEN],
     pub victim_comm: [u8; TASK_COMM_LEN],
 }

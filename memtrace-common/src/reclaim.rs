@@ -67,6 +67,5 @@ pub struct ReclaimEvent {
     pub lat_ns: u64,
     pub pages: u64,
     pub memcg_id: u64,
-    pub ts_ns: u64,
     pub comm: [u8; TASK_COMM_LEN],
 }

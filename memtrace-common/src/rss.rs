@@ -49,7 +49,6 @@ pub struct RssCross {
     pub excluded: u64,
     pub ustack: i32,
     pub kstack: i32,
-    pub ts_ns: u64,
     pub comm: [u8; TASK_COMM_LEN],
     pub task_comm: [u8; TASK_COMM_LEN],
 }

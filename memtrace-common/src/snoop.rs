@@ -38,7 +38,6 @@ pub struct SyscallEvent {
     pub tid: u32,
     /// The syscall's return value: an address, a count, or -errno.
     pub ret: i64,
-    pub ts_ns: u64,
     pub args: [u64; MAX_ARGS],
     pub ustack: i32,
     pub kstack: i32,

@@ -3,10 +3,7 @@
 //! tp_btf and the classic tracepoint on `mark_victim` see only the victim.
 
 use aya_ebpf::{
-    helpers::{
-        bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_ktime_get_ns,
-        bpf_probe_read_kernel_str_bytes,
-    },
+    helpers::{bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_probe_read_kernel_str_bytes},
     macros::{btf_tracepoint, fentry, kprobe, raw_tracepoint, tracepoint},
     programs::{
         BtfTracePointContext, FEntryContext, ProbeContext, RawTracePointContext, TracePointContext,
@@ -72,7 +69,6 @@ fn new_event<C: aya_ebpf::programs::tracing::StackIdContext>(ctx: &C, how: u32) 
         ustack,
         kstack,
         _pad: 0,
-        ts_ns: unsafe { bpf_ktime_get_ns() },
         trigger_comm: bpf_get_current_comm().unwrap_or([0; TASK_COMM_LEN]),
         victim_comm: [0; TASK_COMM_LEN],
     }

@@ -141,7 +141,6 @@ pub fn reclaim_end(ctx: TracePointContext) -> u32 {
             lat_ns: lat,
             pages,
             memcg_id: memcg,
-            ts_ns: unsafe { bpf_ktime_get_ns() },
             comm: bpf_get_current_comm().unwrap_or([0; TASK_COMM_LEN]),
         });
     }

@@ -3,7 +3,7 @@
 //! change that crosses it, so the stack is the allocating task's.
 
 use aya_ebpf::{
-    helpers::{bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_ktime_get_ns},
+    helpers::{bpf_get_current_comm, bpf_get_current_pid_tgid},
     macros::{map, tracepoint},
     maps::HashMap,
     programs::TracePointContext,
@@ -146,7 +146,6 @@ pub fn rss_stat(ctx: TracePointContext) -> u32 {
         excluded,
         ustack,
         kstack,
-        ts_ns: unsafe { bpf_ktime_get_ns() },
         comm: v.comm,
         task_comm: bpf_get_current_comm().unwrap_or([0; TASK_COMM_LEN]),
     });

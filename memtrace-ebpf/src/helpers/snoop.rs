@@ -3,7 +3,7 @@
 //! enter/exit program pair of each call.
 
 use aya_ebpf::{
-    helpers::{bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_ktime_get_ns},
+    helpers::{bpf_get_current_comm, bpf_get_current_pid_tgid},
     macros::map,
     maps::HashMap,
     programs::TracePointContext,
@@ -138,7 +138,6 @@ pub fn syscall_exit(
         pid: (id >> 32) as u32,
         tid,
         ret,
-        ts_ns: unsafe { bpf_ktime_get_ns() },
         args: call.args,
         ustack,
         kstack,

@@ -58,6 +58,9 @@ pub struct Oomkill {
     stack: bool,
     stack_args: crate::cli::StackArgs,
     kills: u64,
+    /// `-p`/`-c`: only kills whose victim or trigger is this process (or
+    /// one it forked, with `--children`). Kills are rare: filtered here.
+    target: Option<u32>,
 }
 
 impl Oomkill {
@@ -66,6 +69,7 @@ impl Oomkill {
             stack: a.stack,
             stack_args: a.stacks.clone(),
             kills: 0,
+            target: None,
         })
     }
 }
@@ -110,6 +114,7 @@ impl Tool for Oomkill {
     }
 
     fn prepare(&mut self, k: &mut Prep) -> Result<()> {
+        self.target = k.target;
         k.task_offsets()?;
         // Each way needs its own offsets: where they are missing, that way
         // is ruled out with the reason (the others may still work).
@@ -160,6 +165,12 @@ impl Tool for Oomkill {
         let Some(ev) = record::<OomEvent>(data, kind::OOM) else {
             return Ok(());
         };
+        if let Some(t) = self.target {
+            let ours = |p: u32| p == t || s.hash_get(names::FOLLOWED, &p).is_some();
+            if !ours(ev.victim_pid) && !ours(ev.trigger_pid) {
+                return Ok(());
+            }
+        }
         self.kills += 1;
         // The trigger is often the victim and dies right after: read its
         // maps (in user_frames) before anything slower, or its user stack
