@@ -10,34 +10,6 @@ use std::time::{Duration, Instant};
 
 use common::*;
 
-/// The count once programs of earlier processes are freed (after an RCU
-/// grace period, not at once).
-fn settled_programs() -> usize {
-    let mut last = loaded_programs();
-    for _ in 0..25 {
-        std::thread::sleep(Duration::from_millis(200));
-        let now = loaded_programs();
-        if now == last {
-            return now;
-        }
-        last = now;
-    }
-    last
-}
-
-fn assert_programs_back_to(before: usize) {
-    for _ in 0..30 {
-        if loaded_programs() <= before {
-            return;
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    panic!(
-        "BPF programs before: {before}, after: {}",
-        loaded_programs()
-    );
-}
-
 /// memtrace with the given stdout, once it says "Tracing"; its stderr
 /// lines keep coming through the receiver.
 fn spawn_with_stdout(args: &[&str], stdout: Stdio) -> (Child, mpsc::Receiver<String>) {

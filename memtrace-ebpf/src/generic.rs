@@ -106,6 +106,19 @@ fn passes(ctx: &TracePointContext, cfg: &TpConfig) -> bool {
     true
 }
 
+/// The traced process and the tracepoint's configuration, when the event
+/// is one to take: a wanted process, a configured tracepoint, every filter
+/// holding.
+#[inline(always)]
+fn selected(ctx: &TracePointContext, index: u32) -> Option<(u32, &'static TpConfig)> {
+    let tgid = current_tgid();
+    if !wanted(tgid) {
+        return None;
+    }
+    let cfg = config(index)?;
+    passes(ctx, cfg).then_some((tgid, cfg))
+}
+
 /// Counts an event of any of several tracepoints, told apart by cookie.
 #[tracepoint]
 pub fn count_tp(ctx: TracePointContext) -> u32 {
@@ -120,16 +133,9 @@ pub fn count_one(ctx: TracePointContext) -> u32 {
 
 #[inline(always)]
 fn count(ctx: &TracePointContext, index: u32) -> u32 {
-    let tgid = current_tgid();
-    if !wanted(tgid) {
-        return 0;
-    }
-    let Some(cfg) = config(index) else {
+    let Some((tgid, cfg)) = selected(ctx, index) else {
         return 0;
     };
-    if !passes(ctx, cfg) {
-        return 0;
-    }
     // Stacks first: the walk is the largest part of the program, and the
     // verifier walks it once per distinct state reaching it; the key's
     // optional parts below would multiply those states.
@@ -199,16 +205,9 @@ pub fn trace_one(ctx: TracePointContext) -> u32 {
 
 #[inline(always)]
 fn trace(ctx: &TracePointContext, index: u32) -> u32 {
-    let tgid = current_tgid();
-    if !wanted(tgid) {
-        return 0;
-    }
-    let Some(cfg) = config(index) else {
+    let Some((tgid, cfg)) = selected(ctx, index) else {
         return 0;
     };
-    if !passes(ctx, cfg) {
-        return 0;
-    }
     let Some(buf) = TRACE_SCRATCH.get_ptr_mut(0) else {
         count_loss(loss::RINGBUF);
         return 0;

@@ -111,6 +111,14 @@ fn select(category: &str, name: &str) -> Result<Selected> {
     })
 }
 
+/// "kmem:kmalloc events", or "events of 19 tracepoints": for the banner.
+pub fn what(selected: &[Selected]) -> String {
+    match selected {
+        [one] => format!("{} events", one.label()),
+        many => format!("events of {} tracepoints", many.len()),
+    }
+}
+
 /// One probe per tracepoint, each with its place in the list as cookie;
 /// without cookies (before Linux 5.15) a single tracepoint still works,
 /// through the program that assumes index 0.

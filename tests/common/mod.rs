@@ -336,3 +336,34 @@ pub fn json_of(stdout: &str, ty: &str) -> Vec<serde_json::Value> {
         .filter(|v| v["type"] == ty)
         .collect()
 }
+
+/// The count once programs of earlier processes are freed (the kernel frees
+/// them after an RCU grace period, not at once).
+pub fn settled_programs() -> usize {
+    let mut last = loaded_programs();
+    for _ in 0..25 {
+        std::thread::sleep(Duration::from_millis(200));
+        let now = loaded_programs();
+        if now == last {
+            return now;
+        }
+        last = now;
+    }
+    last
+}
+
+/// Other tests are serial (--test-threads=1), but other tools on the host may
+/// load programs; retry the comparison a few times.
+pub fn assert_programs_back_to(before: usize) {
+    for _ in 0..20 {
+        // Fewer is fine: programs of an earlier test may still be freed (RCU).
+        if loaded_programs() <= before {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    panic!(
+        "BPF programs before: {before}, after: {}",
+        loaded_programs()
+    );
+}

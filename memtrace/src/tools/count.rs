@@ -252,10 +252,7 @@ impl Tool for Count {
         "count"
     }
     fn what(&self) -> String {
-        match self.selected.as_slice() {
-            [one] => format!("{} events", one.label()),
-            many => format!("events of {} tracepoints", many.len()),
-        }
+        crate::tpspec::what(&self.selected)
     }
     fn probes(&self) -> Vec<Probe> {
         tracepoint_probes(&self.selected, COUNT_TP, COUNT_ONE)
