@@ -221,6 +221,9 @@ oom_case drsnoop drsnoop
 run_case faults-base 300 0 faults -c 'memtrace-workload touch 0' --json -v
 run_case faults 300 0 faults -c 'memtrace-workload touch 2000' --json -v
 run_case brkstack 300 0 brkstack -c 'memtrace-workload rawbrk 50 4096' --json -v
+# Two tracepoints told apart by attach cookie (Linux 5.15 and later).
+run_case count 300 0 count syscalls:sys_enter_madvise syscalls:sys_enter_munmap \
+    --json -v -c 'memtrace-workload madvise 30 8192'
 dd if=/dev/zero of=/mnt/ram/ffaults bs=4096 count=310 2>/dev/null
 run_case ffaults 300 0 ffaults --json -v \
     -c 'memtrace-workload readfile /mnt/ram/ffaults 300 500'

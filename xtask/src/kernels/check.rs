@@ -102,7 +102,7 @@ const fn forced(name: &'static str, tool: &'static str, method: &'static str) ->
 }
 
 /// Every case, in the order the guest runs them; doctor is checked last.
-pub(super) const CASES: [Case; 17] = [
+pub(super) const CASES: [Case; 18] = [
     case("doctor", "doctor"),
     best("oom-best", "oomkill", "kprobe"),
     forced("oom-fentry", "oomkill", "fentry"),
@@ -112,6 +112,7 @@ pub(super) const CASES: [Case; 17] = [
     case("faults-base", "faults"),
     case("faults", "faults"),
     case("brkstack", "brkstack"),
+    case("count", "count"),
     case("ffaults", "ffaults"),
     // --fail: the threshold was crossed.
     Case {
@@ -133,6 +134,7 @@ fn main_probe(tool: &str) -> &'static str {
         "faults" => "user page faults",
         "ffaults" => "file page faults",
         "brkstack" => "brk calls",
+        "count" => "syscalls:sys_enter_madvise",
         "drsnoop" | "vmscan" => "memcg reclaim end",
         "rss" => "rss changes",
         "mmapsnoop" => "mmap entry",

@@ -64,11 +64,19 @@ pub(super) fn check(g: &Guest, case: &Case, v: &[Value], why: &mut Vec<String>) 
             }
         }
         "brkstack" => {
-            let hit = of_type(v, "brk_stack")
-                .iter()
-                .any(|s| s["count"] == 50 && s["bytes"] == 204800);
+            // The loop's 50 calls and the brk(0) before it: two call sites
+            // of one function, one stack when frames are by function.
+            let hit = of_type(v, "brk_stack").iter().any(|s| {
+                s["count"] == 51
+                    && s["bytes"] == 204800
+                    && s["user_stack"][0]
+                        .as_str()
+                        .is_some_and(|f| f.contains("grow_heap_with_raw_brk"))
+            });
             if !hit {
-                why.push("no brk stack with count 50 and 204800 bytes".into());
+                why.push(
+                    "no brk stack of grow_heap_with_raw_brk with count 51 and 204800 bytes".into(),
+                );
             }
         }
         "ffaults" => {
@@ -123,6 +131,18 @@ pub(super) fn check(g: &Guest, case: &Case, v: &[Value], why: &mut Vec<String>) 
                 Some(k) if k > 0 && got == k => {}
                 Some(k) => why.push(format!("{got} swap-ins of {wpid}, expected {k}")),
                 None => why.push("the workload did not say what it swapped".into()),
+            }
+        }
+        "count" => {
+            // 30 madvise calls, apart from the munmap calls.
+            let rows = of_type(v, "count");
+            let of = |tp: &str| rows.iter().find(|r| r["tracepoint"] == tp).copied();
+            let ok = of("syscalls:sys_enter_madvise").is_some_and(|r| r["count"] == 30);
+            if !ok {
+                why.push("no madvise row with 30 calls".into());
+            }
+            if of("syscalls:sys_enter_munmap").is_none() {
+                why.push("no munmap row".into());
             }
         }
         "vmscan" => {
