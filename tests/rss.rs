@@ -223,3 +223,26 @@ fn exited_children_leave_the_table_and_its_total() {
         out.stdout
     );
 }
+
+#[test]
+fn a_process_over_the_threshold_at_start_is_reported_at_once() {
+    // 24 MiB touched before tracing starts, then no change at all.
+    let out = traced(
+        &["--extra-mib", "24"],
+        &["sleep", "1500"],
+        &["--threshold", "16MiB", "--fail"],
+        |_, _| {},
+    );
+    assert_eq!(out.code, 3, "--fail must exit 3: {}", out.stderr);
+    let ev = json_of(&out.stdout, "rss_threshold");
+    assert_eq!(ev.len(), 1, "{}", out.stdout);
+    assert!(ev[0]["rss_kb"].as_u64().unwrap() >= 24 * 1024, "{}", ev[0]);
+    let st = json_of(&out.stdout, "rss_threshold_stack");
+    assert!(
+        st[0]["note"]
+            .as_str()
+            .is_some_and(|n| n.contains("already")),
+        "{}",
+        out.stdout
+    );
+}

@@ -109,6 +109,10 @@ pub struct Rss {
     args: Args,
     excludes: Vec<Exclude>,
     crossed: bool,
+    /// Over the threshold already when tracing started: reported with the
+    /// first table (the kernel only sees changes, and an idle process may
+    /// make none).
+    over_at_start: Option<RssCross>,
     target: u32,
     /// Processes reported so far, and how many of them exited.
     seen: std::collections::HashSet<u32>,
@@ -127,6 +131,7 @@ impl Rss {
             excludes: a.exclude.iter().map(|s| Exclude::parse(s)).collect(),
             args: a.clone(),
             crossed: false,
+            over_at_start: None,
             target: 0,
             seen: Default::default(),
             exited: 0,
@@ -172,6 +177,9 @@ impl Rss {
     }
 
     fn table(&mut self, s: &mut Session, out: &mut dyn Printer) -> Result<()> {
+        if let Some(ev) = self.over_at_start.take() {
+            self.print_cross(s, out, &ev, true)?;
+        }
         let rows = self.read(s)?;
         self.seen.extend(rows.iter().map(|(p, _)| *p));
         // The target's own last state is what the final report is for; any
@@ -332,61 +340,39 @@ impl Tool for Rss {
         let Some(ev) = record::<RssCross>(data, kind::RSS_CROSS) else {
             return Ok(());
         };
-        self.crossed = true;
-        let rss = ev.bytes[FILE] + ev.bytes[ANON] + ev.bytes[SHMEM];
-        let cols = [
-            Col::text("time", "TIME", 8),
-            Col::num("pid", "PID", 7),
-            Col::text("comm", "COMM", 16),
-            Col::num("threshold_kb", "THRESH_KB", 10),
-            Col::num("rss_kb", "RSS_KB", 10),
-            Col::num("anon_kb", "ANON_KB", 10),
-            Col::num("file_kb", "FILE_KB", 10),
-            Col::num("shmem_kb", "SHMEM_KB", 9),
-            Col::num("excluded_kb", "EXCL_KB", 9),
-            Col::num("task_pid", "BY_PID", 7),
-            Col::text("task_comm", "BY_COMM", 16),
-        ];
-        let kb = |b: i64| Value::U(b.max(0) as u64 / 1024);
-        let row = Row(vec![
-            clock().into(),
-            ev.pid.into(),
-            comm(&ev.comm).into(),
-            Value::U(self.args.threshold.unwrap_or(0) / 1024),
-            kb(rss),
-            kb(ev.bytes[ANON]),
-            kb(ev.bytes[FILE]),
-            kb(ev.bytes[SHMEM]),
-            Value::U(ev.excluded / 1024),
-            ev.task_pid.into(),
-            comm(&ev.task_comm).into(),
-        ]);
-        out.event("rss_threshold", &cols, &row);
-        let stack = crate::ustack::stack_report(
-            s,
-            ev.task_pid,
-            comm(&ev.task_comm),
-            (ev.ustack, ev.kstack),
-            self.stack_mode(),
-            1,
-            None,
-        );
-        out.stacks("rss_threshold_stack", "", &[stack]);
-        // pmap-like: the largest mappings by RSS, at the moment it was seen.
-        crate::pmap::largest_mappings(out, "rss_mapping", ev.pid, 10);
-        Ok(())
+        self.print_cross(s, out, &ev, false)
     }
 
     fn on_start(&mut self, s: &mut Session) -> Result<()> {
         // The kernel only reports changes: seed the counters with what the
         // process already has, read from /proc at the same moment.
-        if let Some(seed) = seed(self.target) {
-            // NOEXIST: a change seen since attach is newer than this.
-            s.hash_insert(names::RSS, self.target, seed, BPF_NOEXIST)?;
-        }
         // Exclusions known before the first change, so the threshold never
         // counts an excluded mapping that is already there.
-        self.refresh_excluded(s, &[self.target]).map(|_| ())
+        let excluded = self.refresh_excluded(s, &[self.target])?;
+        let Some(mut seed) = seed(self.target) else {
+            return Ok(());
+        };
+        let rss = seed.bytes[FILE] + seed.bytes[ANON] + seed.bytes[SHMEM];
+        let counted = rss - excluded.get(&self.target).copied().unwrap_or(0) as i64;
+        if self.args.threshold.is_some_and(|t| counted > t as i64) {
+            // Over already: the kernel must not report it again.
+            seed.crossed = 1;
+            self.over_at_start = Some(RssCross {
+                kind: kind::RSS_CROSS,
+                pid: self.target,
+                task_pid: self.target,
+                task_tid: self.target,
+                bytes: seed.bytes,
+                excluded: excluded.get(&self.target).copied().unwrap_or(0),
+                ustack: -1,
+                kstack: -1,
+                comm: seed.comm,
+                task_comm: seed.comm,
+            });
+        }
+        // NOEXIST: a change seen since attach is newer than this.
+        s.hash_insert(names::RSS, self.target, seed, BPF_NOEXIST)?;
+        Ok(())
     }
 
     /// The table shows the counters as they stand, not what changed.
@@ -415,6 +401,7 @@ impl Tool for Rss {
     }
 }
 
+mod cross;
+
 #[cfg(test)]
-#[path = "rss_tests.rs"]
 mod tests;
