@@ -1,0 +1,193 @@
+//! `cargo xtask bench`: memtrace against the peer tools on the same
+//! workloads, alternating tools, medians of several runs. Writes
+//! bench/RESULTS.md.
+
+use std::process::Command;
+
+use anyhow::Result;
+
+use crate::root;
+
+mod measure;
+mod tracer;
+
+use measure::{per_event, startup_rss, streaming};
+use tracer::{ensure_peers, have, memtrace, run_workload, s, Config};
+
+// Runs of a second or more: at 0.1 s, this VM's jitter moved medians by
+// 50-100 ns per event from one bench run to the next.
+const PAGES: u64 = 1_000_000;
+const BRKS: u64 = 1_000_000;
+const MMAPS: u64 = 300_000;
+pub fn run(runs: usize) -> Result<()> {
+    // A warm-up run: the first runs after a build page in binaries.
+    let _ = run_workload(&["zero-faults", "10000", "2"]);
+    ensure_peers();
+    let m = memtrace();
+    let bpftrace = have("bpftrace");
+    let bt = |prog: &str| bpftrace.then(|| s(&["bpftrace", "-e", prog]));
+    // A peer that is not installed is listed as such.
+    let tool = |name: &str| -> Option<Vec<String>> {
+        // Line-buffered, or a C tool's banner stays in its stdio buffer.
+        have(name).then(|| s(&["stdbuf", "-oL", "-eL", name]))
+    };
+    let mut out = String::new();
+    let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+    let cpu = std::fs::read_to_string("/proc/cpuinfo")
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix("model name\t: ").map(str::to_string))
+        .unwrap_or_default();
+    let date = Command::new("date").arg("-u").arg("+%Y-%m-%d").output()?;
+    out.push_str(&format!(
+        "# memtrace benchmarks\n\n{} UTC, kernel {}, {} ({} CPUs), {runs} runs each, alternating; medians.\n",
+        String::from_utf8_lossy(&date.stdout).trim(),
+        kernel.trim(),
+        cpu,
+        std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0)
+    ));
+    let zero_n = (PAGES / 10).to_string();
+    let none = |name| Config {
+        name,
+        argv: None,
+        ready: "",
+    };
+    let bt_missing = "bpftrace not installed";
+    let cfg = |name, argv: Option<Vec<String>>, ready| Config { name, argv, ready };
+    per_event(
+        &format!("Page faults, count by process ({PAGES} zero-page read faults)"),
+        &["zero-faults", &zero_n, "10"],
+        PAGES,
+        &[
+            none("untraced"),
+            cfg(
+                "empty raw_tp program (floor)",
+                Some(s(&[&m, "faults", "--floor"])),
+                "Tracing",
+            ),
+            cfg("memtrace faults", Some(s(&[&m, "faults"])), "Tracing"),
+            cfg(
+                "bpftrace @[pid] = count()",
+                bt("tracepoint:exceptions:page_fault_user { @[pid] = count(); }"),
+                "Attaching",
+            ),
+        ],
+        runs,
+        &mut out,
+    )?;
+    per_event(
+        &format!("Page faults, count by user stack ({PAGES} zero-page read faults)"),
+        &["zero-faults", &zero_n, "10"],
+        PAGES,
+        &[
+            none("untraced"),
+            cfg("memtrace faults --stacks", Some(s(&[&m, "faults", "--stacks"])), "Tracing"),
+            cfg(
+                "memtrace faults --stacks --stack-mode dwarf --sample 10",
+                Some(s(&[&m, "faults", "--stacks", "--stack-mode", "dwarf", "--sample", "10"])),
+                "Tracing",
+            ),
+            cfg(
+                "bpftrace @[ustack] = count()",
+                // The predicate keeps bpftrace from symbolizing every stack on the host at exit.
+                bt("tracepoint:exceptions:page_fault_user /comm == \"memtrace-worklo\"/ { @[ustack] = count(); }"),
+                "Attaching",
+            ),
+        ],
+        runs,
+        &mut out,
+    )?;
+    let brks = BRKS.to_string();
+    per_event(
+        &format!("brk calls by user stack ({BRKS} calls)"),
+        &["rawbrk-timed", &brks],
+        BRKS,
+        &[
+            none("untraced"),
+            cfg(
+                "empty tracepoint program (floor)",
+                Some(s(&[&m, "brkstack", "--floor"])),
+                "Tracing",
+            ),
+            cfg(
+                "memtrace brkstack --stack-mode fp",
+                Some(s(&[&m, "brkstack", "--stack-mode", "fp"])),
+                "Tracing",
+            ),
+            // The default: every call's stack copied (16 KiB) and unwound here.
+            cfg(
+                "memtrace brkstack (dwarf)",
+                Some(s(&[&m, "brkstack"])),
+                "Tracing",
+            ),
+            cfg(
+                "bpftrace brkstack.bt",
+                bt("tracepoint:syscalls:sys_enter_brk { @[ustack, comm] = count(); }"),
+                "Attaching",
+            ),
+        ],
+        runs,
+        &mut out,
+    )?;
+    per_event(
+        &format!("mmap + munmap streamed one record per call ({MMAPS} pairs, one thread)"),
+        &["mmap-loop", "1", &MMAPS.to_string()],
+        2 * MMAPS,
+        &[
+            none("untraced"),
+            cfg(
+                "empty tracepoint programs (floor)",
+                Some(s(&[&m, "mmapsnoop", "--floor"])),
+                "Tracing",
+            ),
+            cfg("memtrace mmapsnoop", Some(s(&[&m, "mmapsnoop"])), "Tracing"),
+            cfg(
+                "bpftrace printf",
+                bt("tracepoint:syscalls:sys_exit_mmap,tracepoint:syscalls:sys_exit_munmap { printf(\"%d %s %d\\n\", pid, comm, args->ret); }"),
+                "Attaching",
+            ),
+        ],
+        runs,
+        &mut out,
+    )?;
+    streaming(runs, &mut out)?;
+    startup_rss(
+        &[
+            cfg("memtrace oomkill", Some(s(&[&m, "oomkill"])), "Tracing"),
+            cfg("memtrace faults", Some(s(&[&m, "faults"])), "Tracing"),
+            cfg("memtrace brkstack", Some(s(&[&m, "brkstack"])), "Tracing"),
+            cfg("memtrace drsnoop", Some(s(&[&m, "drsnoop"])), "Tracing"),
+            cfg("memtrace mmapsnoop", Some(s(&[&m, "mmapsnoop"])), "Tracing"),
+            cfg("libbpf-tools oomkill", tool("oomkill"), "Tracing"),
+            cfg("libbpf-tools drsnoop", tool("drsnoop"), "LAT(ms)"),
+            cfg("BCC oomkill", tool("oomkill-bpfcc"), "Tracing"),
+            cfg("BCC stackcount -U t:syscalls:sys_enter_brk", tool("stackcount-bpfcc").map(|mut v| { v.extend(s(&["-U", "t:syscalls:sys_enter_brk"])); v }), "Tracing"),
+            cfg(
+                "bpftrace brkstack.bt",
+                bt("tracepoint:syscalls:sys_enter_brk /comm == \"memtrace-worklo\"/ { @[ustack, comm] = count(); }"),
+                "Attaching",
+            ),
+            cfg(
+                "bpftrace oom:mark_victim",
+                bt("tracepoint:oom:mark_victim { printf(\"%d\\n\", args->pid); }"),
+                "Attaching",
+            ),
+            cfg(
+                "bpftrace faults by pid",
+                bt("tracepoint:exceptions:page_fault_user { @[pid] = count(); }"),
+                "Attaching",
+            ),
+        ],
+        runs,
+        &mut out,
+    )?;
+    if !bpftrace {
+        out.push_str(&format!("\nbpftrace: {bt_missing}\n"));
+    }
+    print!("{out}");
+    let dir = root().join("bench");
+    std::fs::create_dir_all(&dir)?;
+    std::fs::write(dir.join("RESULTS.md"), &out)?;
+    eprintln!("bench: wrote bench/RESULTS.md");
+    Ok(())
+}
