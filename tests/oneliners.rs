@@ -270,7 +270,8 @@ fn a_negative_value_for_an_unsigned_field_is_an_error() {
 fn trace_shows_the_user_strings_syscalls_point_to() {
     // A path only this test opens: the line that names it is the open.
     let path = format!("/tmp/memtrace-oneliners-{}", std::process::id());
-    std::fs::write(&path, "x").unwrap();
+    // Empty: what cat prints goes to the same stdout as the JSON lines.
+    std::fs::write(&path, "").unwrap();
     let cmd = format!("cat {path}");
     let out = run(&["trace", "syscalls:sys_enter_openat", "--json", "-c", &cmd]);
     std::fs::remove_file(&path).unwrap();
