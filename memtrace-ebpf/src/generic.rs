@@ -154,9 +154,8 @@ fn count(ctx: &TracePointContext, index: u32) -> u32 {
     if cfg.by & by::TID != 0 {
         key.tid = bpf_get_current_pid_tgid() as u32;
     }
-    let comm = bpf_get_current_comm().unwrap_or([0; TASK_COMM_LEN]);
     if cfg.by & by::COMM != 0 {
-        key.comm = comm;
+        key.comm = bpf_get_current_comm().unwrap_or([0; TASK_COMM_LEN]);
     }
     if cfg.by & by::CGROUP != 0 {
         key.cgroup = unsafe { bpf_get_current_cgroup_id() };
@@ -173,10 +172,11 @@ fn count(ctx: &TracePointContext, index: u32) -> u32 {
     if bump_by_stack(&COUNTS, &mut key, &mut st, set_user, bump) {
         return 0;
     }
+    // The name only for a new key: a helper call saved on every other event.
     let v = CountVal {
         count: 1,
         sum: add,
-        comm,
+        comm: bpf_get_current_comm().unwrap_or([0; TASK_COMM_LEN]),
     };
     if let Err(e) = COUNTS.insert(&key, &v, 0) {
         // Another CPU may have made the key meanwhile (per-CPU values: the

@@ -19,13 +19,21 @@ pub fn fork_probe() -> Probe {
 /// A fork or exec of a followed process (`ProcEvent`): its maps are kept
 /// for symbolization. False for any other record.
 pub fn on_record(data: &[u8], s: &mut Session) -> bool {
-    let fork = crate::records::record::<ProcEvent>(data, kind::PROC_FORK);
-    let exec = crate::records::record::<ProcEvent>(data, kind::PROC_EXEC);
+    // Every record passes here: look at its kind before anything else.
+    let kind = data
+        .get(..4)
+        .map(|k| u32::from_ne_bytes([k[0], k[1], k[2], k[3]]));
+    let Some(k @ (kind::PROC_FORK | kind::PROC_EXEC)) = kind else {
+        return false;
+    };
+    let Some(ev) = crate::records::record::<ProcEvent>(data, k) else {
+        return false;
+    };
     let mut maps = s.sym.maps.lock().unwrap();
-    match (fork, exec) {
-        (Some(ev), _) => maps.inherit(ev.parent, ev.pid),
-        (_, Some(ev)) => maps.exec(ev.pid),
-        _ => return false,
+    if k == kind::PROC_FORK {
+        maps.inherit(ev.parent, ev.pid);
+    } else {
+        maps.exec(ev.pid);
     }
     true
 }

@@ -54,6 +54,8 @@ pub struct Trace {
     selected: Vec<Selected>,
     /// `--json`: one column per field, named by it (leaked once per run).
     json_cols: Vec<Vec<Col>>,
+    /// Per tracepoint, the offset of the field whose user string is copied.
+    ustr: Vec<Option<u32>>,
     events: u64,
     truncated: u64,
 }
@@ -79,7 +81,9 @@ impl Trace {
                 c
             })
             .collect();
+        let ustr = selected.iter().map(|s| user_string(s).map(|f| f.offset)).collect();
         Ok(Trace {
+            ustr,
             args: a.clone(),
             spec,
             selected,
@@ -218,7 +222,7 @@ impl Tool for Trace {
             // No NUL within the copy: the string was longer.
             (String::from_utf8_lossy(&b[..n]).into_owned(), n == b.len())
         });
-        let ustr_field = user_string(sel).map(|f| f.offset);
+        let ustr_field = self.ustr.get(h.index as usize).copied().flatten();
         let head: [Value; 4] = [clock().into(), h.tgid.into(), comm(&h.comm).into(), sel.label().into()];
         let mut vals = Vec::new();
         let mut args = String::new();
