@@ -6,6 +6,7 @@
 pub mod faults;
 pub mod ffaults;
 pub mod generic;
+pub mod memleak;
 pub mod names;
 pub mod oom;
 pub mod reclaim;
@@ -36,7 +37,11 @@ pub mod loss {
     /// for it where the program ran (an interrupt, or inside the
     /// allocator the program traces).
     pub const MAP_BUSY: u32 = 6;
-    pub const NR: u32 = 7;
+    /// A traced call whose return was never seen (the entry of the next
+    /// call on the thread found it still pending): longjmp, or a return
+    /// probe the kernel could not place.
+    pub const MISSED_RETURN: u32 = 7;
+    pub const NR: u32 = 8;
     pub const NAMES: [&str; NR as usize] = [
         "ringbuf_full",
         "stack_fail",
@@ -45,6 +50,7 @@ pub mod loss {
         "stack_copy_fail",
         "stack_truncated",
         "map_busy",
+        "missed_return",
     ];
 }
 
@@ -191,4 +197,9 @@ mod pod {
     unsafe impl aya::Pod for super::snoop::SyscallEvent {}
     unsafe impl aya::Pod for super::snoop::PendingCall {}
     unsafe impl aya::Pod for super::stacks::StackSample {}
+    unsafe impl aya::Pod for super::memleak::MemleakConfig {}
+    unsafe impl aya::Pod for super::memleak::PendingAlloc {}
+    unsafe impl aya::Pod for super::memleak::AllocKey {}
+    unsafe impl aya::Pod for super::memleak::AllocInfo {}
+    unsafe impl aya::Pod for super::memleak::AllocStats {}
 }

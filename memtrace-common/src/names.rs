@@ -14,6 +14,7 @@ use crate::{
     faults::{FaultConfig, FaultKey, FaultSlot, FaultVal},
     ffaults::{FfaultsConfig, FileKey},
     generic::{CountKey, CountVal, TpConfig},
+    memleak::{AllocInfo, AllocKey, AllocStats, MemleakConfig, PendingAlloc},
     oom::{OomKprobeOffsets, OomTpOffsets},
     reclaim::{ProcReclaimKey, ProcReclaimVal, ReclaimConfig, ReclaimTotals},
     rss::{RssConfig, RssVal},
@@ -137,6 +138,13 @@ maps! {
     COUNT_TPS: u32 => TpConfig, OnDemand;
     COUNTS: CountKey => CountVal, OnDemand;
     TRACE_SCRATCH: () => (), Compiled;
+    ML_PENDING: u64 => PendingAlloc, OnDemand;
+    ML_ALLOCS: AllocKey => AllocInfo, OnDemand;
+    ML_STACKS: StackKey => AllocStats, OnDemand;
+    ML_KALLOCS: AllocKey => AllocInfo, OnDemand;
+    ML_KSTACKS: StackKey => AllocStats, OnDemand;
+    ML_COUNTS: u32 => u64, OnDemand;
+    ML_SAMPLE: u32 => u64, OnDemand;
 }
 
 globals! {
@@ -153,6 +161,7 @@ globals! {
     RSS_CFG: RssConfig;
     MMAP_SNOOP: MmapSnoopConfig;
     SHM_SNOOP: ShmSnoopConfig;
+    MEMLEAK_CFG: MemleakConfig;
 }
 
 progs! {
@@ -217,4 +226,20 @@ progs! {
     COUNT_ONE = count_one,
     TRACE_TP = trace_tp,
     TRACE_ONE = trace_one,
+    // memleak.
+    ML_ALLOC_ENTER = ml_alloc_enter,
+    ML_ALLOC_RETURN = ml_alloc_return,
+    ML_FREE = ml_free,
+    ML_MMAP_ENTER = ml_mmap_enter,
+    ML_MMAP_EXIT = ml_mmap_exit,
+    ML_MUNMAP = ml_munmap,
+    ML_EXEC = ml_exec,
+    ML_KMALLOC = ml_kmalloc,
+    ML_CACHE_ALLOC = ml_cache_alloc,
+    ML_KFREE = ml_kfree,
+    ML_CACHE_FREE = ml_cache_free,
+    ML_PAGE_ALLOC = ml_page_alloc,
+    ML_PAGE_FREE = ml_page_free,
+    ML_PCPU_ALLOC = ml_pcpu_alloc,
+    ML_PCPU_FREE = ml_pcpu_free,
 }

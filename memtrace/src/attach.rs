@@ -25,6 +25,8 @@ pub enum Method {
     Tracepoint,
     #[value(name = "perf_event", alias = "perf")]
     Perf,
+    Uprobe,
+    Uretprobe,
 }
 
 impl Method {
@@ -36,6 +38,8 @@ impl Method {
             Method::RawTp => "raw_tp",
             Method::Tracepoint => "tracepoint",
             Method::Perf => "perf_event",
+            Method::Uprobe => "uprobe",
+            Method::Uretprobe => "uretprobe",
         }
     }
 }
@@ -54,6 +58,13 @@ pub enum Target {
     Tp(Name, Name),
     /// The software page-fault perf event on every CPU.
     PageFaults,
+    /// An instruction in an object file, by file offset; for one process
+    /// (the kernel puts the breakpoint in no other) or for all.
+    User {
+        path: Name,
+        offset: u64,
+        pid: Option<u32>,
+    },
 }
 
 impl fmt::Display for Target {
@@ -62,6 +73,7 @@ impl fmt::Display for Target {
             Target::Func(n) => f.write_str(n),
             Target::Tp(c, n) => write!(f, "{c}:{n}"),
             Target::PageFaults => f.write_str("software:page-faults"),
+            Target::User { path, offset, .. } => write!(f, "{path}:{offset:#x}"),
         }
     }
 }
@@ -127,6 +139,20 @@ impl Probe {
     }
     pub fn perf_page_faults(self, prog: Prog) -> Self {
         self.way(Method::Perf, prog, Target::PageFaults)
+    }
+    pub fn uprobe(self, prog: Prog, path: impl Into<Name>, offset: u64, pid: Option<u32>) -> Self {
+        let path = path.into();
+        self.way(Method::Uprobe, prog, Target::User { path, offset, pid })
+    }
+    pub fn uretprobe(
+        self,
+        prog: Prog,
+        path: impl Into<Name>,
+        offset: u64,
+        pid: Option<u32>,
+    ) -> Self {
+        let path = path.into();
+        self.way(Method::Uretprobe, prog, Target::User { path, offset, pid })
     }
     /// Sets `cookie` on the ways added so far.
     pub fn cookie(mut self, cookie: u64) -> Self {

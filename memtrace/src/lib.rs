@@ -29,6 +29,7 @@ pub mod tool;
 pub mod tools;
 pub mod tpspec;
 pub mod unwind;
+pub mod uprobe;
 pub mod ustack;
 
 pub use error::{Error, Result};

@@ -184,6 +184,7 @@ pub fn run(tool: &mut dyn Tool, common: &Common) -> Result<i32> {
             int: signal(SignalKind::interrupt())?,
             term: signal(SignalKind::terminate())?,
             hup: signal(SignalKind::hangup())?,
+            usr1: signal(SignalKind::user_defined1())?,
         }
     };
     // Snapshot the target's maps now, so its stacks symbolize after it
@@ -258,6 +259,7 @@ struct Signals {
     int: tokio::signal::unix::Signal,
     term: tokio::signal::unix::Signal,
     hup: tokio::signal::unix::Signal,
+    usr1: tokio::signal::unix::Signal,
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -317,6 +319,11 @@ async fn event_loop(
             _ = sig.int.recv() => break,
             _ = sig.term.recv() => break,
             _ = sig.hup.recv() => break,
+            _ = sig.usr1.recv() => {
+                tool.on_mark(session, out)?;
+                out.flush();
+                output::check(out)?;
+            }
             _ = tokio::time::sleep_until(deadline) => break,
             _ = interval.tick() => {
                 tool.on_interval(session, out)?;

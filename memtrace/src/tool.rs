@@ -62,6 +62,10 @@ pub trait Tool {
     fn on_interval(&mut self, s: &mut Session, out: &mut dyn Printer) -> Result<()> {
         self.report(s, out, true)
     }
+    /// SIGUSR1: a report now, without ending the run or clearing counts.
+    fn on_mark(&mut self, s: &mut Session, out: &mut dyn Printer) -> Result<()> {
+        self.report(s, out, false)
+    }
     /// The final report: what is left since the last interval, or everything.
     fn finish(&mut self, s: &mut Session, out: &mut dyn Printer) -> Result<()> {
         let per_interval = self.interval().is_some();

@@ -243,6 +243,7 @@ pub fn sampled_reports(
                 kernel,
                 note,
                 processes: 1,
+                alloc: None,
             }
         })
         .collect();
@@ -289,6 +290,7 @@ pub fn stack_report(
         kernel,
         note,
         processes: 1,
+        alloc: None,
     }
 }
 

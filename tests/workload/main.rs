@@ -7,6 +7,7 @@
 use std::hint::black_box;
 use std::io::{BufRead, Write};
 
+mod leak;
 mod snoop;
 mod swap;
 
@@ -375,6 +376,19 @@ fn main() {
             let mut st = 0;
             unsafe { libc::waitpid(pid, &mut st, 0) };
         }
+        // leak K SIZE M BIG N [LINGER_MS]: K blocks of SIZE and M of BIG
+        // leaked, N rounds through every allocator function freed.
+        "leak" => leak::leak(
+            arg(&args, 1, 10),
+            arg(&args, 2, 100),
+            arg(&args, 3, 2),
+            arg(&args, 4, 1 << 20),
+            arg(&args, 5, 100),
+            arg(&args, 6, 0),
+        ),
+        "leak-mapping" => leak::leak_mapping(arg(&args, 1, 1 << 20)),
+        "phases" => leak::phases(arg(&args, 1, 10), arg(&args, 2, 100), arg(&args, 3, 1000)),
+        "malloc-loop" => leak::malloc_loop(arg(&args, 1, 1_000_000)),
         "exit" => std::process::exit(arg(&args, 1, 0)),
         "sleep" => std::thread::sleep(std::time::Duration::from_millis(arg(&args, 1, 1000))),
         _ => {

@@ -31,7 +31,12 @@ pub fn fold(s: &StackReport) -> String {
     let mut parts = vec![clean(&s.comm)];
     parts.extend(s.user.iter().rev().map(|f| clean(f)));
     parts.extend(s.kernel.iter().rev().map(|f| clean(f)));
-    format!("{} {}", parts.join(";"), s.count)
+    // Leaks weigh by the bytes they hold, as memleak flame graphs do.
+    let weight = match (s.alloc, s.bytes) {
+        (Some(a), Some(b)) if a.by_bytes => b,
+        _ => s.count,
+    };
+    format!("{} {weight}", parts.join(";"))
 }
 
 impl Printer for FoldedPrinter {

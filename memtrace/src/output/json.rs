@@ -85,6 +85,13 @@ impl Printer for JsonPrinter {
                 "note": s.note,
                 "processes": s.processes.max(1),
             });
+            if let Some(a) = &s.alloc {
+                v["allocs"] = json!(a.allocs);
+                v["bytes_allocated"] = json!(a.bytes);
+                v["frees"] = json!(a.frees);
+                v["bytes_freed"] = json!(a.freed_bytes);
+                v["estimated"] = json!(a.estimated);
+            }
             // What the stacks are of, where the tool says (count: the tracepoint).
             if !title.is_empty() {
                 v["title"] = json!(title);

@@ -38,6 +38,9 @@ pub fn merge_stacks(stacks: &[StackReport], per_pid: bool) -> Vec<StackReport> {
                     (Some(a), Some(b)) => Some(a + b),
                     (a, b) => a.or(b),
                 };
+                if let (Some(a), Some(b)) = (&mut m.alloc, &s.alloc) {
+                    a.add(b);
+                }
                 pids[i].insert(s.pid);
                 m.processes = pids[i].len().max(s.processes);
             }
@@ -51,7 +54,11 @@ pub fn merge_stacks(stacks: &[StackReport], per_pid: bool) -> Vec<StackReport> {
             }
         }
     }
-    out.sort_by_key(|s| std::cmp::Reverse(s.count));
+    if out.iter().all(|s| s.alloc.is_some_and(|a| a.by_bytes)) {
+        out.sort_by_key(|s| std::cmp::Reverse(s.bytes));
+    } else {
+        out.sort_by_key(|s| std::cmp::Reverse(s.count));
+    }
     out
 }
 

@@ -123,6 +123,33 @@ pub struct StackReport {
     /// Processes whose identical stacks were merged into this one (0 or 1:
     /// only `pid`).
     pub processes: usize,
+    /// Allocation statistics (memleak): `count` and `bytes` are then what
+    /// is outstanding.
+    pub alloc: Option<AllocFigures>,
+}
+
+/// Per stack: allocations made and freed, in number and bytes.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct AllocFigures {
+    pub allocs: u64,
+    pub bytes: u64,
+    pub frees: u64,
+    pub freed_bytes: u64,
+    /// Shown beside what is outstanding (`--all`).
+    pub churn: bool,
+    /// Scaled up from sampled allocations.
+    pub estimated: bool,
+    /// Reports are sorted by outstanding bytes (else by count).
+    pub by_bytes: bool,
+}
+
+impl AllocFigures {
+    pub fn add(&mut self, o: &AllocFigures) {
+        self.allocs += o.allocs;
+        self.bytes += o.bytes;
+        self.frees += o.frees;
+        self.freed_bytes += o.freed_bytes;
+    }
 }
 
 /// A power-of-two histogram.

@@ -125,6 +125,10 @@ impl Printer for TextPrinter {
             putln!(self.out, "{}", esc(title));
         }
         for s in stacks {
+            if let Some(a) = &s.alloc {
+                alloc_stack(&mut self.out, s, a);
+                continue;
+            }
             // bpftrace/stackcount shape: frames innermost first, then the count.
             for f in s.kernel.iter().chain(s.user.iter()) {
                 putln!(self.out, "    {}", esc(f));
@@ -200,6 +204,38 @@ impl Printer for TextPrinter {
 }
 
 /// 1024 -> "1K", as bpftrace labels histogram buckets.
+/// memleak's shape, as BCC prints it: what is outstanding, then the frames
+/// one per line, innermost first.
+fn alloc_stack(out: &mut Sink, s: &StackReport, a: &super::AllocFigures) {
+    let est = if a.estimated { "~" } else { "" };
+    let who = match s.processes {
+        0 | 1 => format!("{} {}", s.pid, esc(&s.comm)),
+        n => format!("{} {} and {} more", s.pid, esc(&s.comm), n - 1),
+    };
+    putln!(
+        out,
+        "\t{est}{} bytes in {est}{} allocations from stack ({who})",
+        s.bytes.unwrap_or(0),
+        s.count
+    );
+    if a.churn {
+        putln!(
+            out,
+            "\t  allocated {est}{} ({est}{} bytes), freed {est}{} ({est}{} bytes)",
+            a.allocs,
+            a.bytes,
+            a.frees,
+            a.freed_bytes
+        );
+    }
+    for f in s.kernel.iter().chain(s.user.iter()) {
+        putln!(out, "\t\t{}", esc(f));
+    }
+    if let Some(n) = &s.note {
+        putln!(out, "\t\t[{}]", esc(n));
+    }
+}
+
 pub fn human(v: u64) -> String {
     const UNITS: [(u64, &str); 4] = [
         (1 << 40, "T"),

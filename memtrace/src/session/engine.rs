@@ -6,7 +6,8 @@ use std::path::Path;
 
 use aya::programs::{
     perf_event::{PerfEventConfig, PerfEventScope, SamplePolicy, SoftwareEvent},
-    BtfTracePoint, FEntry, KProbe, PerfEvent, RawTracePoint, TracePoint,
+    uprobe::{UProbeAttachLocation, UProbeAttachPoint, UProbeScope},
+    BtfTracePoint, FEntry, KProbe, PerfEvent, RawTracePoint, TracePoint, UProbe,
 };
 use aya::util::online_cpus;
 
@@ -166,6 +167,21 @@ impl Session {
                         )
                         .map_err(|x| e(&x))?;
                     }
+                }
+                (Method::Uprobe | Method::Uretprobe, Target::User { path, offset, pid }) => {
+                    let p: &mut UProbe = prog.try_into().map_err(|x| e(&x))?;
+                    if first {
+                        p.load().map_err(|x| load_err(e(&x)))?;
+                    }
+                    let scope = match pid.and_then(std::num::NonZeroU32::new) {
+                        Some(pid) => UProbeScope::OneProcess(pid),
+                        None => UProbeScope::AllProcesses,
+                    };
+                    let point = UProbeAttachPoint {
+                        location: UProbeAttachLocation::AbsoluteOffset(*offset),
+                        cookie: (way.cookie != 0).then_some(way.cookie),
+                    };
+                    p.attach(point, path.as_ref(), scope).map_err(|x| e(&x))?;
                 }
                 _ => return Err("method does not fit target".into()),
             }

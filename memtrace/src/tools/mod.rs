@@ -50,6 +50,8 @@ tools! {
     Mmapsnoop => mmapsnoop::Mmapsnoop,
     /// One line per SysV shm call (shmget, shmat, shmdt, shmctl).
     Shmsnoop => shmsnoop::Shmsnoop,
+    /// Allocations outstanding by stack: a process's allocator, or the kernel's.
+    Memleak => memleak::Memleak,
     /// Events of any tracepoint counted in the kernel, by process, stack or field.
     Count => count::Count,
     /// One line per event of any tracepoint, fields decoded from its format.

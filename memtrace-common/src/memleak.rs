@@ -1,0 +1,129 @@
+//! `memleak`: allocations outstanding by stack. The kernel programs keep one
+//! entry per live allocation (address -> size, time, stack) and per-stack
+//! totals; userspace reads both at report time, so a hot allocation site
+//! costs no ring-buffer traffic.
+
+use crate::{stacks::StackKey, TASK_COMM_LEN};
+
+/// How an allocator entry point passes its arguments, given to the entry
+/// program as the probe's cookie: one program serves every function.
+pub mod shape {
+    /// `f(size)`: malloc, valloc.
+    pub const SIZE: u64 = 1;
+    /// `calloc(n, size)`.
+    pub const CALLOC: u64 = 2;
+    /// `realloc(ptr, size)`.
+    pub const REALLOC: u64 = 3;
+    /// `reallocarray(ptr, n, size)`.
+    pub const REALLOCARRAY: u64 = 4;
+    /// `f(align, size)`: memalign, aligned_alloc.
+    pub const ALIGNED: u64 = 5;
+    /// `posix_memalign(&ptr, align, size)`: the address is written to `*ptr`.
+    pub const POSIX_MEMALIGN: u64 = 6;
+    /// `pvalloc(size)`: the size is rounded up to pages.
+    pub const PVALLOC: u64 = 7;
+    /// An anonymous `mmap` outside the allocator (syscall tracepoints).
+    pub const MMAP: u64 = 8;
+}
+
+/// What the allocation came from, part of its key: a page frame number and
+/// a slab address can be the same number.
+pub mod origin {
+    pub const USER: u32 = 0;
+    pub const MMAP: u32 = 1;
+    pub const SLAB: u32 = 2;
+    pub const PAGE: u32 = 3;
+    pub const PERCPU: u32 = 4;
+}
+
+/// Indexes of the per-CPU `MEMLEAK_COUNTS`: what was seen, beside losses.
+pub mod counter {
+    pub const ALLOCS: u32 = 0;
+    pub const FREES: u32 = 1;
+    /// Frees of addresses not allocated while traced (before memtrace
+    /// started, or not sampled): counted apart, never shown as anything.
+    pub const FREE_UNKNOWN: u32 = 2;
+    /// Allocations left out by `--sample-bytes`.
+    pub const UNSAMPLED: u32 = 3;
+    /// Outside `-z`/`-Z`.
+    pub const OUT_OF_BOUNDS: u32 = 4;
+    pub const NR: u32 = 5;
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct MemleakConfig {
+    /// Size bounds (`-z`, `-Z`); 0 for no upper bound.
+    pub min_size: u64,
+    pub max_size: u64,
+    /// `--sample-bytes`: 0 records every allocation.
+    pub sample_bytes: u64,
+    /// Tracepoint field offsets: `sys_enter_mmap` len and flags,
+    /// `sys_exit_mmap`/`sys_exit_*` ret, `sys_enter_munmap` addr.
+    pub mmap_len: u32,
+    pub mmap_flags: u32,
+    pub sys_ret: u32,
+    pub munmap_addr: u32,
+    /// kmem: `kmalloc`/`kmem_cache_alloc` ptr and bytes_alloc, `kfree` and
+    /// `kmem_cache_free` ptr, `mm_page_alloc`/`mm_page_free` pfn and order,
+    /// percpu ptr and bytes_alloc, `free_percpu` ptr.
+    pub kmalloc_ptr: u32,
+    pub kmalloc_bytes: u32,
+    pub cache_alloc_ptr: u32,
+    pub cache_alloc_bytes: u32,
+    pub kfree_ptr: u32,
+    pub cache_free_ptr: u32,
+    pub page_alloc_pfn: u32,
+    pub page_alloc_order: u32,
+    pub page_free_pfn: u32,
+    pub pcpu_alloc_ptr: u32,
+    pub pcpu_alloc_bytes: u32,
+    pub pcpu_free_ptr: u32,
+    /// Bytes in a page, for page allocations.
+    pub page_size: u32,
+}
+
+/// A call in flight, between an allocator's entry and its return.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct PendingAlloc {
+    pub size: u64,
+    /// realloc's old pointer; posix_memalign's result pointer.
+    pub ptr: u64,
+    pub shape: u64,
+    /// The stack pointer at entry: allocators call each other (glibc's
+    /// realloc(NULL) calls malloc), and only the outermost call counts.
+    pub sp: u64,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct AllocKey {
+    pub addr: u64,
+    pub tgid: u32,
+    pub origin: u32,
+}
+
+/// A live allocation.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct AllocInfo {
+    pub size: u64,
+    pub ts_ns: u64,
+    /// What this allocation stands for: 1 and its size when exact; more
+    /// under `--sample-bytes` (an estimate).
+    pub weight: u64,
+    pub weight_bytes: u64,
+    pub stack: StackKey,
+}
+
+/// Per stack, per CPU: allocations and frees, in number and bytes (weighted).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct AllocStats {
+    pub allocs: u64,
+    pub bytes: u64,
+    pub frees: u64,
+    pub freed_bytes: u64,
+    pub comm: [u8; TASK_COMM_LEN],
+}

@@ -1,0 +1,277 @@
+//! `memtrace memleak`: allocations outstanding by stack. With `-p`/`-c`, the
+//! process's allocator by uprobes (placed where the kernel emulates the
+//! probed instruction) and its anonymous mmaps; without, the kernel's
+//! allocators by the kmem tracepoints and kernel stacks.
+
+mod probes;
+mod report;
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use memtrace_common::{
+    memleak::{counter, MemleakConfig},
+    names::{ML_COUNTS, ML_PENDING, ML_SAMPLE, MEMLEAK_CFG},
+    stack_mode,
+};
+
+use crate::attach::Probe;
+use crate::cli::{parse_size, IntervalArgs, StackArgs};
+use crate::error::{Error, Result};
+use crate::output::{Printer, Value};
+use crate::session::Session;
+use crate::tool::{Prep, Tool};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Sort {
+    Size,
+    Count,
+}
+
+#[derive(Debug, Clone, clap::Args)]
+pub struct Args {
+    #[command(flatten)]
+    pub common: crate::cli::Common,
+    #[command(flatten)]
+    pub interval: IntervalArgs,
+    /// Show the N stacks holding most.
+    #[arg(long, default_value_t = 10)]
+    pub top: usize,
+    /// Order stacks by outstanding bytes or allocations.
+    #[arg(long, value_enum, default_value_t = Sort::Size)]
+    pub sort: Sort,
+    /// Only allocations older than this (milliseconds, or 2s, 1m).
+    #[arg(short = 'o', long = "older", value_parser = parse_age)]
+    pub older: Option<Duration>,
+    /// Ignore allocations smaller than this (bytes, or 4K, 1M).
+    #[arg(short = 'z', long = "min-size", value_parser = parse_size)]
+    pub min_size: Option<u64>,
+    /// Ignore allocations larger than this.
+    #[arg(short = 'Z', long = "max-size", value_parser = parse_size)]
+    pub max_size: Option<u64>,
+    /// Also show, per stack, allocations made and freed (churn), not only
+    /// what is outstanding.
+    #[arg(long)]
+    pub all: bool,
+    /// Print stacks folded, weighted by outstanding bytes, for flame graphs.
+    #[arg(long)]
+    pub folded: bool,
+    /// The allocator's object (a jemalloc or tcmalloc library, a static
+    /// binary); default: the libc the process maps.
+    #[arg(short = 'O', long = "object")]
+    pub object: Option<PathBuf>,
+    /// Prefix of the allocator's function names (jemalloc `je_`, mimalloc `mi_`).
+    #[arg(long, default_value = "")]
+    pub symbol_prefix: String,
+    /// Record about one allocation per N bytes allocated, weighted: cheaper,
+    /// and the report is an estimate (marked ~).
+    #[arg(long, value_parser = parse_size)]
+    pub sample_bytes: Option<u64>,
+    /// Add kernel stacks to user-mode stacks.
+    #[arg(long)]
+    pub kernel_stacks: bool,
+    /// Live allocations tracked at most (a full table is counted as map_full).
+    #[arg(long, default_value_t = DEFAULT_MAX_ALLOCS, hide = true)]
+    pub max_allocs: u32,
+    #[command(flatten)]
+    pub stacks: StackArgs,
+}
+
+const DEFAULT_MAX_ALLOCS: u32 = 1 << 20;
+
+/// `-o 500` is 500 ms, as BCC takes it; units as elsewhere.
+fn parse_age(s: &str) -> std::result::Result<Duration, String> {
+    match s.parse::<u64>() {
+        Ok(ms) => Ok(Duration::from_millis(ms)),
+        Err(_) => crate::cli::parse_duration(s),
+    }
+}
+
+pub struct Memleak {
+    args: Args,
+    user: bool,
+    probes: Vec<Probe>,
+    /// How each allocator function was probed, for `-v` and the summary.
+    placements: Vec<String>,
+    counts: [u64; counter::NR as usize],
+    phase: report::Phase,
+}
+
+impl Memleak {
+    pub fn new(a: &Args) -> Result<Self> {
+        if matches!((a.min_size, a.max_size), (Some(lo), Some(hi)) if lo > hi) {
+            return Err(Error::Usage("--min-size is larger than --max-size".into()));
+        }
+        let user = a.common.pid.is_some() || a.common.command.is_some();
+        if !user && (a.object.is_some() || !a.symbol_prefix.is_empty()) {
+            return Err(Error::Usage(
+                "-O and --symbol-prefix need a process (-p PID or -c CMD)".into(),
+            ));
+        }
+        Ok(Memleak {
+            args: a.clone(),
+            user,
+            probes: Vec::new(),
+            placements: Vec::new(),
+            counts: [0; counter::NR as usize],
+            phase: report::Phase::default(),
+        })
+    }
+
+    fn tables(&self) -> report::Tables {
+        if self.user {
+            report::USER
+        } else {
+            report::KERNEL
+        }
+    }
+
+    fn read_counts(&mut self, s: &Session) -> Result<()> {
+        for (i, per_cpu) in s.read_percpu_array(ML_COUNTS)?.iter().enumerate() {
+            if let Some(c) = self.counts.get_mut(i) {
+                *c = per_cpu.iter().sum();
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Tool for Memleak {
+    fn name(&self) -> &'static str {
+        "memleak"
+    }
+    fn what(&self) -> String {
+        let what = if self.user {
+            "outstanding allocations"
+        } else {
+            "outstanding kernel allocations"
+        };
+        match self.args.sample_bytes {
+            Some(n) => format!("{what} (sampled, one per {n} bytes)"),
+            None => what.into(),
+        }
+    }
+    fn probes(&self) -> Vec<Probe> {
+        self.probes.clone()
+    }
+    fn stack_mode(&self) -> u32 {
+        if !self.user {
+            return stack_mode::KERNEL;
+        }
+        stack_mode::USER
+            | if self.args.kernel_stacks {
+                stack_mode::KERNEL
+            } else {
+                0
+            }
+    }
+    fn user_stacks(&self) -> Option<(&StackArgs, bool)> {
+        self.user.then_some((&self.args.stacks, false))
+    }
+    fn folded(&self) -> bool {
+        self.args.folded
+    }
+    fn intervals(&self) -> Option<&IntervalArgs> {
+        Some(&self.args.interval)
+    }
+
+    fn prepare(&mut self, k: &mut Prep) -> Result<()> {
+        if self.args.stacks.stack_mode == crate::cli::StackMode::Dwarf {
+            return Err(Error::Usage(
+                "memleak keeps a stack id per live allocation: --stack-mode dwarf is not available; \
+                 use fp (the default)"
+                    .into(),
+            ));
+        }
+        let mut cfg = MemleakConfig {
+            min_size: self.args.min_size.unwrap_or(0),
+            max_size: self.args.max_size.unwrap_or(0),
+            sample_bytes: self.args.sample_bytes.unwrap_or(0),
+            page_size: crate::kernel::btf::page_size() as u32,
+            ..Default::default()
+        };
+        let (probes, placements) = if self.user {
+            probes::user(&self.args, k.target, &mut cfg)?
+        } else {
+            (probes::kernel(&mut cfg)?, Vec::new())
+        };
+        if self.args.common.verbose {
+            for p in &placements {
+                say!("memtrace: memleak: {p}");
+            }
+        }
+        self.probes = probes;
+        self.placements = placements;
+        k.loader.global(MEMLEAK_CFG, &cfg);
+        let t = self.tables();
+        if self.user {
+            k.loader.max_entries(ML_PENDING, 16384);
+        }
+        // Kernel mode preallocates: a smaller default table.
+        let allocs = match (self.user, self.args.max_allocs) {
+            (false, n) if n == DEFAULT_MAX_ALLOCS => 1 << 18,
+            (_, n) => n.max(1),
+        };
+        k.loader.max_entries(t.allocs, allocs);
+        k.loader.max_entries(t.stacks, 16384);
+        k.loader.max_entries(ML_COUNTS, counter::NR);
+        k.loader.max_entries(ML_SAMPLE, 1);
+        Ok(())
+    }
+
+    fn report(&mut self, s: &mut Session, out: &mut dyn Printer, _clear: bool) -> Result<()> {
+        // Outstanding allocations are a state, not a count per interval:
+        // every report shows all that is held (as BCC does).
+        self.read_counts(s)?;
+        let reports = report::outstanding(s, self.tables(), &self.args, &self.phase, self.stack_mode())?;
+        let n = reports.len().min(self.args.top);
+        let est = if self.args.sample_bytes.is_some() {
+            " (estimated from samples)"
+        } else {
+            ""
+        };
+        let title = format!(
+            "[{}] Top {n} stacks with outstanding allocations{est}:",
+            crate::output::clock()
+        );
+        out.stacks("memleak", &title, &reports[..n]);
+        Ok(())
+    }
+
+    fn on_interval(&mut self, s: &mut Session, out: &mut dyn Printer) -> Result<()> {
+        self.report(s, out, false)
+    }
+
+    fn finish(&mut self, s: &mut Session, out: &mut dyn Printer) -> Result<()> {
+        self.report(s, out, false)
+    }
+
+    /// SIGUSR1: what is outstanding now, then a new phase: later reports
+    /// show only what is allocated after this point and still held.
+    fn on_mark(&mut self, s: &mut Session, out: &mut dyn Printer) -> Result<()> {
+        self.report(s, out, false)?;
+        self.phase = report::Phase::start(s, self.tables())?;
+        say!("memtrace: memleak: new phase: reports now show allocations made from here on");
+        Ok(())
+    }
+
+    fn events(&self) -> u64 {
+        self.counts[counter::ALLOCS as usize] + self.counts[counter::FREES as usize]
+    }
+
+    fn summary_extra(&self) -> Vec<(&'static str, Value)> {
+        let c = |i: u32| Value::from(self.counts[i as usize]);
+        let mut v = vec![
+            ("allocations", c(counter::ALLOCS)),
+            ("frees", c(counter::FREES)),
+            ("frees_untracked", c(counter::FREE_UNKNOWN)),
+        ];
+        if self.args.sample_bytes.is_some() {
+            v.push(("not_sampled", c(counter::UNSAMPLED)));
+        }
+        if self.args.min_size.is_some() || self.args.max_size.is_some() {
+            v.push(("out_of_bounds", c(counter::OUT_OF_BOUNDS)));
+        }
+        v
+    }
+}

@@ -1,0 +1,196 @@
+//! memleak's probe points: the allocator functions of the object the
+//! process maps (each at its cheapest instruction), its anonymous mmaps,
+//! or the kernel's allocator tracepoints.
+
+use iced_x86::Register;
+use memtrace_common::{
+    memleak::{shape, MemleakConfig},
+    names::{
+        ML_ALLOC_ENTER, ML_ALLOC_RETURN, ML_CACHE_ALLOC, ML_CACHE_FREE, ML_EXEC, ML_FREE, ML_KFREE,
+        ML_KMALLOC, ML_MMAP_ENTER, ML_MMAP_EXIT, ML_MUNMAP, ML_PAGE_ALLOC, ML_PAGE_FREE,
+        ML_PCPU_ALLOC, ML_PCPU_FREE,
+    },
+};
+
+use super::Args;
+use crate::attach::Probe;
+use crate::error::{Error, Result};
+use crate::kernel::Format;
+use crate::uprobe::{is_libc, mapped_library, placement, Library, Symbols};
+
+/// Allocation functions with how they take their arguments, and the
+/// argument registers the entry program reads for that shape.
+const ALLOCATORS: &[(&str, u64)] = &[
+    ("malloc", shape::SIZE),
+    ("calloc", shape::CALLOC),
+    ("realloc", shape::REALLOC),
+    ("reallocarray", shape::REALLOCARRAY),
+    ("posix_memalign", shape::POSIX_MEMALIGN),
+    ("aligned_alloc", shape::ALIGNED),
+    ("memalign", shape::ALIGNED),
+    ("valloc", shape::SIZE),
+    ("pvalloc", shape::PVALLOC),
+];
+
+fn args_read(sh: u64) -> &'static [Register] {
+    match sh {
+        shape::CALLOC | shape::REALLOC => &[Register::RDI, Register::RSI],
+        shape::REALLOCARRAY => &[Register::RDI, Register::RSI, Register::RDX],
+        shape::ALIGNED => &[Register::RSI],
+        shape::POSIX_MEMALIGN => &[Register::RDI, Register::RDX],
+        _ => &[Register::RDI],
+    }
+}
+
+/// The allocator's object: `-O`, or the libc the process maps (for a `-c`
+/// command not started yet, the one memtrace maps: the same file).
+fn object(a: &Args, target: Option<u32>) -> Result<Library> {
+    if let Some(p) = &a.object {
+        return Ok(Library {
+            path: p.clone(),
+            shown: p.display().to_string(),
+        });
+    }
+    let pid = if a.common.pid.is_some() { target } else { None };
+    mapped_library(pid, is_libc).ok_or_else(|| {
+        Error::Usage(format!(
+            "no C library mapped by process {}: name the allocator's object with -O PATH",
+            target.unwrap_or(0)
+        ))
+    })
+}
+
+/// Probes for a process's allocator; the placements chosen, in words.
+pub fn user(
+    a: &Args,
+    target: Option<u32>,
+    cfg: &mut MemleakConfig,
+) -> Result<(Vec<Probe>, Vec<String>)> {
+    let lib = object(a, target)?;
+    let syms = Symbols::open(&lib.path)?;
+    // One process unless its children are followed: then the breakpoints go
+    // into every process mapping the object (the kernel filters by mm), and
+    // the programs keep the followed ones.
+    let follow = a.common.children
+        || a.common.command.as_deref().is_some_and(|c| !crate::command::is_simple(c));
+    let pid = if follow { None } else { target };
+    let path = lib.path.to_string_lossy().into_owned();
+    let mut probes = Vec::new();
+    let mut said = Vec::new();
+    let mut seen = std::collections::HashSet::new();
+    let prefix = &a.symbol_prefix;
+    for &(f, sh) in ALLOCATORS {
+        let name = format!("{prefix}{f}");
+        let Some(func) = syms.function(&name) else {
+            if f == "malloc" {
+                return Err(Error::Usage(format!(
+                    "{}: no function {name} (is it the allocator? -O and --symbol-prefix choose)",
+                    lib.shown
+                )));
+            }
+            said.push(format!("{name}: not in {}, not traced", lib.shown));
+            continue;
+        };
+        // Aliases (memalign and aligned_alloc in glibc) share code: one
+        // probe, or each call would be seen twice.
+        if !seen.insert(func.file_offset) {
+            continue;
+        }
+        let at = placement(&func.code, args_read(sh), true);
+        let off = func.file_offset + at.offset;
+        said.push(describe(&name, at.offset, at.emulated));
+        probes.push(
+            Probe::new(format!("{name} calls"))
+                .uprobe(ML_ALLOC_ENTER, path.clone(), off, pid)
+                .cookie(sh),
+        );
+        probes.push(Probe::new(format!("{name} returns")).uretprobe(
+            ML_ALLOC_RETURN,
+            path.clone(),
+            off,
+            pid,
+        ));
+    }
+    let free = format!("{prefix}free");
+    let func = syms.function(&free).ok_or_else(|| {
+        Error::Usage(format!("{}: no function {free}", lib.shown))
+    })?;
+    let at = placement(&func.code, &[Register::RDI], false);
+    said.push(describe(&free, at.offset, at.emulated));
+    probes.push(Probe::new(format!("{free} calls")).uprobe(
+        ML_FREE,
+        path,
+        func.file_offset + at.offset,
+        pid,
+    ));
+    said.insert(0, format!("allocator in {}", lib.shown));
+
+    let enter = Format::load("syscalls", "sys_enter_mmap")?;
+    cfg.mmap_len = enter.offset("len")?;
+    cfg.mmap_flags = enter.offset("flags")?;
+    cfg.sys_ret = Format::load("syscalls", "sys_exit_mmap")?.offset("ret")?;
+    cfg.munmap_addr = Format::load("syscalls", "sys_enter_munmap")?.offset("addr")?;
+    probes.push(Probe::new("anonymous mmap calls").tracepoint(
+        ML_MMAP_ENTER,
+        "syscalls",
+        "sys_enter_mmap",
+    ));
+    probes.push(Probe::new("mmap returns").tracepoint(ML_MMAP_EXIT, "syscalls", "sys_exit_mmap"));
+    probes.push(Probe::new("munmap calls").tracepoint(ML_MUNMAP, "syscalls", "sys_enter_munmap"));
+    probes.push(Probe::new("execs").tracepoint(ML_EXEC, "sched", "sched_process_exec"));
+    Ok((probes, said))
+}
+
+fn describe(name: &str, offset: u64, emulated: bool) -> String {
+    match (offset, emulated) {
+        (0, true) => format!("{name}: probed at its entry (instruction emulated)"),
+        (o, true) => format!(
+            "{name}: probed {o} bytes in, at the first instruction the kernel emulates \
+             (the ones before it are single-stepped otherwise)"
+        ),
+        _ => format!("{name}: probed at its entry (instruction single-stepped: slower)"),
+    }
+}
+
+/// The kernel's allocators, by the kmem and percpu tracepoints. Slab and
+/// page allocations are required; percpu ones are traced where they exist.
+pub fn kernel(cfg: &mut MemleakConfig) -> Result<Vec<Probe>> {
+    let f = |n: &str| Format::load("kmem", n);
+    let kmalloc = f("kmalloc")?;
+    cfg.kmalloc_ptr = kmalloc.offset("ptr")?;
+    cfg.kmalloc_bytes = kmalloc.offset("bytes_alloc")?;
+    let cache = f("kmem_cache_alloc")?;
+    cfg.cache_alloc_ptr = cache.offset("ptr")?;
+    cfg.cache_alloc_bytes = cache.offset("bytes_alloc")?;
+    cfg.kfree_ptr = f("kfree")?.offset("ptr")?;
+    cfg.cache_free_ptr = f("kmem_cache_free")?.offset("ptr")?;
+    let page = f("mm_page_alloc")?;
+    cfg.page_alloc_pfn = page.offset("pfn")?;
+    cfg.page_alloc_order = page.offset("order")?;
+    cfg.page_free_pfn = f("mm_page_free")?.offset("pfn")?;
+    let tp = |what: &str, prog, cat: &str, name: &str| {
+        Probe::new(what.to_string()).tracepoint(prog, cat.to_string(), name.to_string())
+    };
+    let mut probes = vec![
+        tp("kmalloc", ML_KMALLOC, "kmem", "kmalloc"),
+        tp("kmem_cache_alloc", ML_CACHE_ALLOC, "kmem", "kmem_cache_alloc"),
+        tp("kfree", ML_KFREE, "kmem", "kfree"),
+        tp("kmem_cache_free", ML_CACHE_FREE, "kmem", "kmem_cache_free"),
+        tp("page allocations", ML_PAGE_ALLOC, "kmem", "mm_page_alloc"),
+        tp("page frees", ML_PAGE_FREE, "kmem", "mm_page_free"),
+    ];
+    let pcpu = Format::load("percpu", "percpu_alloc_percpu")
+        .and_then(|a| Ok((a.offset("ptr")?, a.offset("bytes_alloc")?)))
+        .and_then(|(p, b)| {
+            Ok((p, b, Format::load("percpu", "percpu_free_percpu")?.offset("ptr")?))
+        });
+    match pcpu {
+        Ok((p, b, fp)) => {
+            (cfg.pcpu_alloc_ptr, cfg.pcpu_alloc_bytes, cfg.pcpu_free_ptr) = (p, b, fp);
+            probes.push(tp("percpu allocations", ML_PCPU_ALLOC, "percpu", "percpu_alloc_percpu").optional());
+            probes.push(tp("percpu frees", ML_PCPU_FREE, "percpu", "percpu_free_percpu").optional());
+        }
+        Err(e) => say!("memtrace: warning: percpu allocations not traced: {e}"),
+    }
+    Ok(probes)
+}

@@ -1,0 +1,131 @@
+//! What is outstanding, by stack: from the per-stack totals, or from the
+//! live allocations themselves when they are filtered by age or phase.
+
+use std::collections::HashMap;
+
+use memtrace_common::{
+    memleak::{AllocInfo, AllocKey, AllocStats},
+    names::{MapName, ML_ALLOCS, ML_KALLOCS, ML_KSTACKS, ML_STACKS},
+    stacks::StackKey,
+};
+
+/// The maps of one mode: user (lazily allocated) or kernel (preallocated).
+#[derive(Clone, Copy)]
+pub struct Tables {
+    pub allocs: MapName<AllocKey, AllocInfo>,
+    pub stacks: MapName<StackKey, AllocStats>,
+}
+
+pub const USER: Tables = Tables {
+    allocs: ML_ALLOCS,
+    stacks: ML_STACKS,
+};
+pub const KERNEL: Tables = Tables {
+    allocs: ML_KALLOCS,
+    stacks: ML_KSTACKS,
+};
+
+use super::{Args, Sort};
+use crate::error::Result;
+use crate::output::{AllocFigures, StackReport};
+use crate::session::{first_name, Fold, Session};
+use crate::ustack::stack_report;
+
+impl Fold for AllocStats {
+    fn fold(vals: &[Self]) -> Self {
+        AllocStats {
+            allocs: vals.iter().map(|v| v.allocs).sum(),
+            bytes: vals.iter().map(|v| v.bytes).sum(),
+            frees: vals.iter().map(|v| v.frees).sum(),
+            freed_bytes: vals.iter().map(|v| v.freed_bytes).sum(),
+            comm: first_name(vals.iter().map(|v| v.comm)),
+        }
+    }
+}
+
+/// Where the current phase began (SIGUSR1): its time, and the per-stack
+/// totals then, so churn figures count from it.
+#[derive(Default)]
+pub struct Phase {
+    since_ns: u64,
+    base: HashMap<StackKey, AllocStats>,
+}
+
+impl Phase {
+    pub fn start(s: &mut Session, t: Tables) -> Result<Phase> {
+        Ok(Phase {
+            since_ns: monotonic_ns(),
+            base: s.read_folded(t.stacks, false)?.into_iter().collect(),
+        })
+    }
+}
+
+/// The clock of `bpf_ktime_get_ns`.
+fn monotonic_ns() -> u64 {
+    let mut t = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: a valid timespec to fill.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut t) };
+    t.tv_sec as u64 * 1_000_000_000 + t.tv_nsec as u64
+}
+
+/// The stacks holding most, symbolized, best first (`args.top` of them).
+pub fn outstanding(
+    s: &mut Session,
+    t: Tables,
+    args: &Args,
+    phase: &Phase,
+    mode: u32,
+) -> Result<Vec<StackReport>> {
+    let stats: HashMap<StackKey, AllocStats> = s.read_folded(t.stacks, false)?.into_iter().collect();
+    let mut held: HashMap<StackKey, (u64, u64)> = HashMap::new();
+    if args.older.is_some() || phase.since_ns > 0 {
+        let now = monotonic_ns();
+        let min_age = args.older.map_or(0, |d| d.as_nanos() as u64);
+        for (_, a) in s.hash_entries(t.allocs) {
+            if a.ts_ns < phase.since_ns || now.saturating_sub(a.ts_ns) < min_age {
+                continue;
+            }
+            let h = held.entry(a.stack).or_default();
+            h.0 += a.weight;
+            h.1 += a.weight_bytes;
+        }
+    } else {
+        for (k, v) in &stats {
+            let n = v.allocs.saturating_sub(v.frees);
+            let b = v.bytes.saturating_sub(v.freed_bytes);
+            if n > 0 {
+                held.insert(*k, (n, b));
+            }
+        }
+    }
+    let mut top: Vec<(StackKey, (u64, u64))> = held.into_iter().filter(|(_, h)| h.0 > 0).collect();
+    match args.sort {
+        Sort::Size => top.sort_by(|a, b| b.1 .1.cmp(&a.1 .1).then(b.1 .0.cmp(&a.1 .0))),
+        Sort::Count => top.sort_by(|a, b| b.1 .0.cmp(&a.1 .0).then(b.1 .1.cmp(&a.1 .1))),
+    }
+    top.truncate(args.top);
+    let reports = top
+        .into_iter()
+        .map(|(k, (n, bytes))| {
+            let v = stats.get(&k).copied().unwrap_or_default();
+            let base = phase.base.get(&k).copied().unwrap_or_default();
+            let comm = crate::records::comm(&v.comm);
+            let ids = (k.ustack, k.kstack);
+            let mut r = stack_report(s, k.tgid, comm, ids, mode, n, Some(bytes));
+            r.alloc = Some(AllocFigures {
+                allocs: v.allocs - base.allocs.min(v.allocs),
+                bytes: v.bytes - base.bytes.min(v.bytes),
+                frees: v.frees - base.frees.min(v.frees),
+                freed_bytes: v.freed_bytes - base.freed_bytes.min(v.freed_bytes),
+                churn: args.all,
+                estimated: args.sample_bytes.is_some(),
+                by_bytes: args.sort == Sort::Size,
+            });
+            r
+        })
+        .collect();
+    Ok(reports)
+}

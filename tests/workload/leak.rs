@@ -1,0 +1,92 @@
+//! Allocation patterns with known outcomes, for memleak.
+
+use std::hint::black_box;
+use std::time::Duration;
+
+/// K blocks of SIZE bytes, never freed.
+#[inline(never)]
+pub fn leak_small_blocks(k: usize, size: usize) {
+    for _ in 0..k {
+        black_box(unsafe { libc::malloc(size) });
+    }
+}
+
+/// M blocks of SIZE bytes (above glibc's mmap threshold: each its own
+/// mapping), never freed. (Each body differs from the others': identical
+/// functions would be folded into one by the linker.)
+#[inline(never)]
+pub fn leak_big_blocks(m: usize, size: usize) {
+    for _ in 0..m {
+        let p = unsafe { libc::malloc(size) } as *mut u8;
+        unsafe { std::ptr::write_volatile(p, 1) };
+    }
+}
+
+/// N blocks through every allocation function, all freed again.
+#[inline(never)]
+pub fn churn_and_free(n: usize) {
+    for i in 0..n {
+        unsafe {
+            let a = libc::malloc(64 + i % 64);
+            let b = libc::calloc(4, 32);
+            let c = libc::realloc(libc::malloc(16), 256);
+            let mut d = std::ptr::null_mut();
+            libc::posix_memalign(&mut d, 64, 128);
+            let e = libc::aligned_alloc(64, 192);
+            let f = libc::memalign(64, 320);
+            for p in [a, b, c, d, e, f] {
+                libc::free(black_box(p));
+            }
+        }
+    }
+}
+
+/// An anonymous mapping of SIZE bytes, never unmapped, and one unmapped.
+#[inline(never)]
+pub fn leak_mapping(size: usize) {
+    let map = || unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            size,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        )
+    };
+    black_box(map());
+    let p = map();
+    unsafe { libc::munmap(p, size) };
+}
+
+/// `leak K SIZE M BIG N [LINGER_MS]`.
+pub fn leak(k: usize, size: usize, m: usize, big: usize, n: usize, linger_ms: u64) {
+    leak_small_blocks(k, size);
+    leak_big_blocks(m, big);
+    churn_and_free(n);
+    std::thread::sleep(Duration::from_millis(linger_ms));
+}
+
+/// `phases K SIZE GAP_MS`: K blocks, a pause, K more from another function.
+#[inline(never)]
+pub fn leak_in_second_phase(k: usize, size: usize) {
+    for _ in 0..k {
+        let p = unsafe { libc::malloc(size) } as *mut u8;
+        unsafe { std::ptr::write_volatile(p, 2) };
+    }
+}
+
+pub fn phases(k: usize, size: usize, gap_ms: u64) {
+    leak_small_blocks(k, size);
+    std::thread::sleep(Duration::from_millis(gap_ms));
+    leak_in_second_phase(k, size);
+    std::thread::sleep(Duration::from_millis(gap_ms));
+}
+
+/// `malloc-loop N`: N malloc(16)/free pairs (for the benchmark).
+#[inline(never)]
+pub fn malloc_loop(n: usize) {
+    for _ in 0..n {
+        unsafe { libc::free(black_box(libc::malloc(16))) };
+    }
+}
