@@ -90,3 +90,21 @@ pub fn malloc_loop(n: usize) {
         unsafe { libc::free(black_box(libc::malloc(16))) };
     }
 }
+
+/// `pipes N KEEP LINGER_MS`: N pipes, left open (KEEP=1) or closed at once;
+/// each holds kernel memory (the pipe and its buffer array) while open.
+pub fn pipes(n: usize, keep: bool, linger_ms: u64) {
+    let mut fds = Vec::with_capacity(n);
+    for _ in 0..n {
+        let mut p = [0; 2];
+        assert_eq!(unsafe { libc::pipe(p.as_mut_ptr()) }, 0, "pipe");
+        if keep {
+            fds.push(p);
+        } else {
+            unsafe { libc::close(p[0]) };
+            unsafe { libc::close(p[1]) };
+        }
+    }
+    std::thread::sleep(Duration::from_millis(linger_ms));
+    black_box(fds);
+}

@@ -1,0 +1,189 @@
+//! `memtrace memleak`: exactly what a workload leaks, by stack, with `-c`
+//! and `-p`; age and phase filters; kernel mode; a full table reported.
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+
+const K: u64 = 7;
+const SIZE: u64 = 1000;
+const M: u64 = 3;
+const BIG: u64 = 1 << 20;
+
+/// Outstanding (allocations, bytes) of the stacks whose innermost user
+/// frame is in `func`.
+fn held(rows: &[serde_json::Value], func: &str) -> (u64, u64) {
+    rows.iter()
+        .filter(|r| user_frames(r).first().is_some_and(|f| f.contains(func)))
+        .fold((0, 0), |(n, b), r| {
+            (
+                n + r["count"].as_u64().unwrap(),
+                b + r["bytes"].as_u64().unwrap(),
+            )
+        })
+}
+
+fn lost(stdout: &str, what: &str) -> u64 {
+    json_of(stdout, "summary")[0]["lost"][what]
+        .as_u64()
+        .unwrap()
+}
+
+fn leak_args(linger_ms: u64) -> Vec<String> {
+    [
+        "leak".to_string(),
+        K.to_string(),
+        SIZE.to_string(),
+        M.to_string(),
+        BIG.to_string(),
+        "200".into(),
+        linger_ms.to_string(),
+    ]
+    .to_vec()
+}
+
+fn assert_exact(stdout: &str) {
+    let rows = json_of(stdout, "memleak");
+    assert_eq!(held(&rows, "leak_small_blocks"), (K, K * SIZE), "{stdout}");
+    assert_eq!(held(&rows, "leak_big_blocks"), (M, M * BIG), "{stdout}");
+    // 200 rounds through every allocation function, all freed.
+    assert_eq!(held(&rows, "churn_and_free"), (0, 0), "{stdout}");
+    assert_eq!(lost(stdout, "missed_return"), 0, "{stdout}");
+    assert_eq!(lost(stdout, "map_full"), 0, "{stdout}");
+}
+
+#[test]
+fn a_command_s_leaks_are_reported_exactly_by_stack() {
+    let cmd = format!("{} {}", workload_bin().display(), leak_args(0).join(" "));
+    let out = run(&["memleak", "--json", "--top", "50", "-c", &cmd]);
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    assert_exact(&out.stdout);
+}
+
+#[test]
+fn a_running_process_s_leaks_are_reported_exactly_by_stack() {
+    let args = leak_args(300);
+    let args: Vec<&str> = args.iter().map(|s| s.as_str()).collect();
+    let mut w = Workload::start(&args);
+    let pid = w.pid.to_string();
+    let t = Tracer::start(&["memleak", "--json", "--top", "50", "-p", &pid]);
+    w.go();
+    assert!(w.wait().success());
+    let out = t.wait(Duration::from_secs(20));
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    assert_exact(&out.stdout);
+    // Every allocation function was seen: 200 rounds of six, and the leaks.
+    let summary = &json_of(&out.stdout, "summary")[0];
+    assert!(
+        summary["frees"].as_u64().unwrap() >= 200 * 6,
+        "{}",
+        out.stdout
+    );
+}
+
+#[test]
+fn older_keeps_only_allocations_older_than_asked() {
+    // K blocks, 1 s, K more from another function, 1 s, exit: at the end
+    // the first are about 2 s old, the second about 1 s.
+    let cmd = format!("{} phases {K} {SIZE} 1000", workload_bin().display());
+    let out = run(&["memleak", "--json", "-o", "1500", "-c", &cmd]);
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    let rows = json_of(&out.stdout, "memleak");
+    assert_eq!(
+        held(&rows, "leak_small_blocks"),
+        (K, K * SIZE),
+        "{}",
+        out.stdout
+    );
+    assert_eq!(
+        held(&rows, "leak_in_second_phase"),
+        (0, 0),
+        "{}",
+        out.stdout
+    );
+}
+
+#[test]
+fn usr1_reports_and_starts_a_new_phase() {
+    let mut w = Workload::start(&["phases", &K.to_string(), &SIZE.to_string(), "1500"]);
+    let pid = w.pid.to_string();
+    let t = Tracer::start(&["memleak", "-p", &pid]);
+    w.go();
+    // Between the two leaks (at 0 and 1.5 s).
+    std::thread::sleep(Duration::from_millis(750));
+    t.signal(libc::SIGUSR1);
+    assert!(w.wait().success());
+    let out = t.wait(Duration::from_secs(20));
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    let reports: Vec<&str> = out
+        .stdout
+        .split("stacks with outstanding allocations")
+        .skip(1)
+        .collect();
+    assert_eq!(reports.len(), 2, "{}", out.stdout);
+    let (first, last) = (reports[0], reports[1]);
+    assert!(first.contains("leak_small_blocks"), "{first}");
+    assert!(!first.contains("leak_in_second_phase"), "{first}");
+    assert!(!last.contains("leak_small_blocks"), "{last}");
+    let line = format!("{} bytes in {K} allocations", K * SIZE);
+    assert!(
+        last.contains("leak_in_second_phase") && last.contains(&line),
+        "{last}"
+    );
+}
+
+#[test]
+fn a_full_table_is_counted_not_silent() {
+    let cmd = format!("{} {}", workload_bin().display(), leak_args(0).join(" "));
+    let out = run(&["memleak", "--json", "--max-allocs", "4", "-c", &cmd]);
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    let rows = json_of(&out.stdout, "memleak");
+    let shown: u64 = rows.iter().map(|r| r["count"].as_u64().unwrap()).sum();
+    assert!(shown <= 4, "{}", out.stdout);
+    // 10 leaked blocks and more: at least 6 could not be kept.
+    assert!(lost(&out.stdout, "map_full") >= 6, "{}", out.stdout);
+    assert!(out.stderr.contains("map_full"), "{}", out.stderr);
+}
+
+/// Outstanding kernel allocations made under `alloc_pipe_info`, reported
+/// while the workload still holds (or has closed) its pipes.
+fn pipe_allocations(keep: bool) -> u64 {
+    const N: u64 = 400;
+    let t = Tracer::start(&["memleak", "--json", "--top", "100000"]);
+    let keep = if keep { "1" } else { "0" };
+    let mut w = Workload::start(&["pipes", &N.to_string(), keep, "2000"]);
+    w.go();
+    std::thread::sleep(Duration::from_millis(1000));
+    let out = t.interrupt();
+    assert!(w.wait().success());
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    json_of(&out.stdout, "memleak")
+        .iter()
+        .filter(|r| {
+            r["kernel_stack"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|f| f.as_str().unwrap().contains("alloc_pipe_info"))
+        })
+        .map(|r| r["count"].as_u64().unwrap())
+        .sum()
+}
+
+#[test]
+fn kernel_mode_sees_what_open_pipes_hold() {
+    // Each open pipe holds its pipe_inode_info and its buffer array: two
+    // allocations under alloc_pipe_info. Other processes make a few pipes.
+    let open = pipe_allocations(true);
+    assert!(
+        (800..900).contains(&open),
+        "{open} pipe allocations outstanding"
+    );
+    let closed = pipe_allocations(false);
+    assert!(
+        closed < 40,
+        "{closed} pipe allocations outstanding after close"
+    );
+}
