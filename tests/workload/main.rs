@@ -389,7 +389,12 @@ fn main() {
         "leak-mapping" => leak::leak_mapping(arg(&args, 1, 1 << 20)),
         "phases" => leak::phases(arg(&args, 1, 10), arg(&args, 2, 100), arg(&args, 3, 1000)),
         "pipes" => leak::pipes(arg(&args, 1, 100), arg(&args, 2, 1) != 0, arg(&args, 3, 0)),
-        "malloc-loop" => leak::malloc_loop(arg(&args, 1, 1_000_000)),
+        // malloc-loop N: N malloc(16)/free pairs, timed.
+        "malloc-loop" => {
+            let t = std::time::Instant::now();
+            leak::malloc_loop(arg(&args, 1, 1_000_000));
+            println!("elapsed_ns {}", t.elapsed().as_nanos());
+        }
         "exit" => std::process::exit(arg(&args, 1, 0)),
         "sleep" => std::thread::sleep(std::time::Duration::from_millis(arg(&args, 1, 1000))),
         _ => {

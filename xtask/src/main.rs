@@ -46,6 +46,9 @@ enum Cmd {
         /// Runs per configuration (medians are reported).
         #[arg(long, default_value_t = 5)]
         runs: usize,
+        /// Only this section (`memleak`), replaced in bench/RESULTS.md.
+        #[arg(long)]
+        only: Option<String>,
     },
 }
 
@@ -124,9 +127,12 @@ fn main() -> Result<()> {
             println!("tests: {passed} passed, {failed} failed");
             Ok(())
         }
-        Cmd::Bench { runs } => {
+        Cmd::Bench { runs, only } => {
             build()?;
-            bench::run(runs)
+            match only.as_deref() {
+                Some(section) => bench::run_only(section, runs),
+                None => bench::run(runs),
+            }
         }
     }
 }

@@ -9,6 +9,7 @@ use anyhow::Result;
 use crate::root;
 
 mod measure;
+mod memleak;
 mod tracer;
 
 use measure::{per_event, startup_rss, streaming};
@@ -19,6 +20,32 @@ use tracer::{ensure_peers, have, memtrace, run_workload, s, Config};
 const PAGES: u64 = 1_000_000;
 const BRKS: u64 = 1_000_000;
 const MMAPS: u64 = 300_000;
+/// One section, replacing its earlier figures in bench/RESULTS.md.
+pub fn run_only(section: &str, runs: usize) -> Result<()> {
+    let mut out = String::new();
+    match section {
+        "memleak" => memleak::memleak_cost(runs, &mut out)?,
+        _ => anyhow::bail!("no bench section {section} (sections: memleak)"),
+    }
+    print!("{out}");
+    let path = root().join("bench").join("RESULTS.md");
+    let old = std::fs::read_to_string(&path).unwrap_or_default();
+    let head = out.trim_start().lines().next().unwrap_or("").to_string();
+    let kept = match old.find(&head) {
+        Some(at) => {
+            let rest = &old[at + head.len()..];
+            let end = rest
+                .find("\n### ")
+                .map_or(old.len(), |e| at + head.len() + e + 1);
+            format!("{}{}", &old[..at], &old[end..])
+        }
+        None => old,
+    };
+    std::fs::write(&path, format!("{}\n{}", kept.trim_end(), out))?;
+    eprintln!("bench: updated the {section} section of bench/RESULTS.md");
+    Ok(())
+}
+
 pub fn run(runs: usize) -> Result<()> {
     // A warm-up run: the first runs after a build page in binaries.
     let _ = run_workload(&["zero-faults", "10000", "2"]);
@@ -151,6 +178,7 @@ pub fn run(runs: usize) -> Result<()> {
         &mut out,
     )?;
     streaming(runs, &mut out)?;
+    memleak::memleak_cost(runs, &mut out)?;
     startup_rss(
         &[
             cfg("memtrace oomkill", Some(s(&[&m, "oomkill"])), "Tracing"),

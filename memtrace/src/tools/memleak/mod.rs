@@ -70,6 +70,10 @@ pub struct Args {
     /// Add kernel stacks to user-mode stacks.
     #[arg(long)]
     pub kernel_stacks: bool,
+    /// Probe every function at its first instruction, as other tools do
+    /// (to measure what the placement saves).
+    #[arg(long, hide = true)]
+    pub probe_at_entry: bool,
     /// Live allocations tracked at most (a full table is counted as map_full).
     #[arg(long, default_value_t = DEFAULT_MAX_ALLOCS, hide = true)]
     pub max_allocs: u32,

@@ -16,7 +16,7 @@ use super::Args;
 use crate::attach::Probe;
 use crate::error::{Error, Result};
 use crate::kernel::Format;
-use crate::uprobe::{is_libc, mapped_library, placement, Library, Symbols};
+use crate::uprobe::{is_libc, mapped_library, placement, Library, Placement, Symbols};
 
 /// Allocation functions with how they take their arguments, and the
 /// argument registers the entry program reads for that shape.
@@ -96,7 +96,7 @@ pub fn user(
         if !seen.insert(func.file_offset) {
             continue;
         }
-        let at = placement(&func.code, args_read(sh), true);
+        let at = place(a, &func.code, args_read(sh), true);
         let off = func.file_offset + at.offset;
         said.push(describe(&name, at.offset, at.emulated));
         probes.push(
@@ -115,7 +115,7 @@ pub fn user(
     let func = syms.function(&free).ok_or_else(|| {
         Error::Usage(format!("{}: no function {free}", lib.shown))
     })?;
-    let at = placement(&func.code, &[Register::RDI], false);
+    let at = place(a, &func.code, &[Register::RDI], false);
     said.push(describe(&free, at.offset, at.emulated));
     probes.push(Probe::new(format!("{free} calls")).uprobe(
         ML_FREE,
@@ -139,6 +139,16 @@ pub fn user(
     probes.push(Probe::new("munmap calls").tracepoint(ML_MUNMAP, "syscalls", "sys_enter_munmap"));
     probes.push(Probe::new("execs").tracepoint(ML_EXEC, "sched", "sched_process_exec"));
     Ok((probes, said))
+}
+
+fn place(a: &Args, code: &[u8], args: &[Register], keeps_sp: bool) -> Placement {
+    if a.probe_at_entry {
+        return Placement {
+            offset: 0,
+            emulated: false,
+        };
+    }
+    placement(code, args, keeps_sp)
 }
 
 fn describe(name: &str, offset: u64, emulated: bool) -> String {
