@@ -208,7 +208,8 @@ fn memtrace_does_not_count_itself() {
     assert_eq!(out.code, 0, "{}", out.stderr);
     let rows = json_of(&out.stdout, "count");
     assert!(
-        rows.iter().any(|r| r["pid"] == w_pid && r["count"].as_u64() >= Some(50)),
+        rows.iter()
+            .any(|r| r["pid"] == w_pid && r["count"].as_u64() >= Some(50)),
         "workload {w_pid} not counted: {}",
         out.stdout
     );

@@ -6,6 +6,7 @@
 pub mod faults;
 pub mod ffaults;
 pub mod generic;
+pub mod memcg;
 pub mod names;
 pub mod oom;
 pub mod reclaim;
@@ -180,6 +181,7 @@ mod pod {
     unsafe impl aya::Pod for super::generic::TraceHdr {}
     unsafe impl aya::Pod for super::rss::RssConfig {}
     unsafe impl aya::Pod for super::rss::RssVal {}
+    unsafe impl aya::Pod for super::memcg::MemcgProc {}
     unsafe impl aya::Pod for super::snoop::MmapSnoopConfig {}
     unsafe impl aya::Pod for super::snoop::ShmSnoopConfig {}
     unsafe impl aya::Pod for super::snoop::FdFileOffsets {}

@@ -14,6 +14,7 @@ use crate::{
     faults::{FaultConfig, FaultKey, FaultSlot, FaultVal},
     ffaults::{FfaultsConfig, FileKey},
     generic::{CountKey, CountVal, TpConfig},
+    memcg::MemcgProc,
     oom::{OomKprobeOffsets, OomTpOffsets},
     reclaim::{ProcReclaimKey, ProcReclaimVal, ReclaimConfig, ReclaimTotals},
     rss::{RssConfig, RssVal},
@@ -131,6 +132,9 @@ maps! {
     SLAB_START: u32 => u64, OnDemand;
     RECLAIM_TOTALS: u32 => ReclaimTotals, Compiled;
     PROC_RECLAIM: ProcReclaimKey => ProcReclaimVal, OnDemand;
+    MEMCG_RECLAIM: u64 => ProcReclaimVal, OnDemand;
+    MEMCG_WATCH: u64 => u8, OnDemand;
+    MEMCG_PROCS: u32 => MemcgProc, OnDemand;
     RSS: u32 => RssVal, OnDemand;
     RSS_OWNER: u32 => u32, OnDemand;
     RSS_EXCLUDED: u32 => u64, OnDemand;
@@ -151,6 +155,7 @@ globals! {
     OOM_CONTROL: OomKprobeOffsets;
     RECLAIM_CFG: ReclaimConfig;
     RSS_CFG: RssConfig;
+    MEMCG_CFG: RssConfig;
     MMAP_SNOOP: MmapSnoopConfig;
     SHM_SNOOP: ShmSnoopConfig;
 }
@@ -191,6 +196,8 @@ progs! {
     RECLAIM_WRITE = reclaim_write,
     // rss.
     RSS_STAT = rss_stat,
+    // memcg.
+    MEMCG_RSS = memcg_rss,
     // swapin.
     SWAPIN_KPROBE = swapin_kprobe,
     SWAPIN_FENTRY = swapin_fentry,

@@ -9,6 +9,7 @@ mod brk;
 mod faults;
 mod ffaults;
 mod generic;
+mod memcg;
 mod mmapsnoop;
 mod oomkill;
 mod reclaim;

@@ -9,6 +9,7 @@ macro_rules! say {
 
 pub mod attach;
 pub mod caps;
+pub mod cgroup;
 pub mod cli;
 pub mod command;
 pub mod doctor;
@@ -21,6 +22,7 @@ pub mod proc;
 pub mod process;
 pub mod reclaim;
 pub mod records;
+pub mod rssstat;
 pub mod run;
 pub mod session;
 pub mod symbolize;
