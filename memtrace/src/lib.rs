@@ -16,6 +16,7 @@ pub mod doctor;
 pub mod error;
 pub mod kernel;
 pub mod losses;
+pub mod oom;
 pub mod output;
 pub mod pmap;
 pub mod proc;

@@ -18,6 +18,7 @@ use crate::reclaim::{prepare_reclaim, reclaim_probes};
 use crate::session::Session;
 use crate::tool::{Prep, Tool};
 
+mod oom;
 mod warn;
 
 #[derive(Debug, Clone, clap::Args)]
@@ -326,6 +327,8 @@ impl Tool for Memcg {
                 "rss_stat",
             ));
         }
+        // Optional: the table and warnings work without it.
+        p.extend(crate::oom::probes().into_iter().map(Probe::optional));
         p
     }
     fn intervals(&self) -> Option<&IntervalArgs> {
@@ -354,6 +357,7 @@ impl Tool for Memcg {
             },
         )?;
         k.loader.max_entries(names::MEMCG_RECLAIM, 1024);
+        crate::oom::prepare(k)?;
         if self.warning() {
             let cfg = crate::rssstat::config(k, 0)?;
             k.loader.global(names::MEMCG_CFG, &cfg);
@@ -366,6 +370,10 @@ impl Tool for Memcg {
     fn on_start(&mut self, s: &mut Session) -> Result<()> {
         self.sample(s)?;
         self.arm()
+    }
+
+    fn on_record(&mut self, data: &[u8], _s: &mut Session, out: &mut dyn Printer) -> Result<()> {
+        self.on_oom(data, out)
     }
 
     fn wakeup_fd(&self) -> Option<std::os::fd::RawFd> {

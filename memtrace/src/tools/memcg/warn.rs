@@ -100,7 +100,7 @@ impl Memcg {
             psi.map_or(Value::Null, |p| Value::F(p.some_avg10, 2)),
             pids.join(",").into(),
         ]);
-        out.event("memcg_warn", &cols, &row);
+        out.table("memcg_warn", "WARNING: memory cgroup near its limit", &cols, &[row]);
         let pcols = [
             Col::num("pid", "PID", 7),
             Col::text("comm", "COMM", 16),
