@@ -181,6 +181,20 @@ pub fn hierarchies() -> Vec<(PathBuf, Version)> {
 }
 
 impl Group {
+    /// The group at `path` in the hierarchy mounted at `root`.
+    pub fn at(root: PathBuf, path: String) -> Group {
+        let version = if root.join("memory.usage_in_bytes").exists() {
+            Version::V1
+        } else {
+            Version::V2
+        };
+        Group {
+            root,
+            path,
+            version,
+        }
+    }
+
     pub fn dir(&self) -> PathBuf {
         self.root.join(self.path.trim_start_matches('/'))
     }

@@ -28,7 +28,7 @@ pub fn probes() -> Vec<Probe> {
     crate::oom::probes()
 }
 
-const COLS: [Col; 16] = [
+const COLS: [Col; 18] = [
     Col::text("time", "TIME", 8),
     Col::num("trigger_pid", "TPID", 7),
     Col::text("trigger_comm", "TCOMM", 15),
@@ -43,6 +43,8 @@ const COLS: [Col; 16] = [
     Col::num("pages", "PAGES", 9),
     Col::text("pages_source", "PAGES_FROM", 11),
     Col::text("memcg", "MEMCG", 20),
+    Col::text("limit_at", "LIMIT_AT", 20),
+    Col::num("limit_kb", "LIMIT_KB", 10),
     Col::text("loadavg", "LOADAVG", 22),
     Col::text("method", "VIA", 10),
 ];
@@ -75,6 +77,21 @@ fn method_name(m: u32) -> &'static str {
         method::RAW_TP => "raw_tp",
         _ => "tracepoint",
     }
+}
+
+/// The cgroup level whose limit was hit, and that limit: the OOM's own
+/// memcg where the way in sees it (`oom_control.memcg`), else the smallest
+/// limit on the way up from the victim's group. None: a system-wide OOM.
+fn limiting_level(
+    ev: &OomEvent,
+    memcg: Option<&(std::path::PathBuf, String)>,
+) -> Option<(u64, crate::cgroup::Group)> {
+    let (root, path) = memcg.filter(|(_, p)| p != "/")?;
+    let g = crate::cgroup::Group::at(root.clone(), path.clone());
+    if ev.memcg_source == 1 {
+        return g.limit().map(|l| (l, g));
+    }
+    g.limiting()
 }
 
 fn mem_total_pages() -> u64 {
@@ -146,6 +163,10 @@ impl Tool for Oomkill {
         } else {
             (mem_total_pages(), "system")
         };
+        let (limit_at, limit_kb) = match limiting_level(&ev, memcg.as_ref()) {
+            Some((l, g)) => (Value::S(g.path), Value::U(l / 1024)),
+            None => (Value::Null, Value::Null),
+        };
         let loadavg = crate::proc::loadavg();
         let loadavg: Vec<&str> = loadavg.split_whitespace().take(4).collect();
         let row = Row(vec![
@@ -163,6 +184,8 @@ impl Tool for Oomkill {
             pages.into(),
             source.into(),
             memcg.map(|(_, p)| Value::S(p)).unwrap_or(Value::Null),
+            limit_at,
+            limit_kb,
             loadavg.join(" ").into(),
             method_name(ev.method).into(),
         ]);
