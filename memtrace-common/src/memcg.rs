@@ -21,3 +21,45 @@ pub struct MemcgProc {
     pub kstack: i32,
     pub comm: [u8; TASK_COMM_LEN],
 }
+
+/// Offsets to read a memory cgroup's usage from its css, from BTF.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct MemcgOffsets {
+    /// `cgroup_subsys_state.parent`.
+    pub css_parent: u32,
+    /// `mem_cgroup.css`.
+    pub memcg_css: u32,
+    /// `mem_cgroup.memory` (a `page_counter`).
+    pub memcg_memory: u32,
+    /// `page_counter.usage`, in pages.
+    pub counter_usage: u32,
+    /// Non-zero when all were found.
+    pub valid: u32,
+}
+
+/// The warning line of the group that sets a limit, in pages.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct MemcgLine {
+    pub pages: u64,
+    /// Set once crossed: reported once.
+    pub crossed: u64,
+}
+
+/// Sent when an RSS change in a watched group finds the group that sets
+/// its limit over the line: the allocation that crossed it.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct MemcgCross {
+    pub kind: u32,
+    pub pid: u32,
+    /// Kernfs id of the group that sets the limit.
+    pub limit_id: u64,
+    /// Kernfs id of the allocating task's group.
+    pub task_id: u64,
+    pub usage_pages: u64,
+    pub ustack: i32,
+    pub kstack: i32,
+    pub comm: [u8; TASK_COMM_LEN],
+}

@@ -14,7 +14,7 @@ use crate::{
     faults::{FaultConfig, FaultKey, FaultSlot, FaultVal},
     ffaults::{FfaultsConfig, FileKey},
     generic::{CountKey, CountVal, TpConfig},
-    memcg::MemcgProc,
+    memcg::{MemcgLine, MemcgOffsets, MemcgProc},
     oom::{OomKprobeOffsets, OomTpOffsets},
     reclaim::{ProcReclaimKey, ProcReclaimVal, ReclaimConfig, ReclaimTotals},
     rss::{RssConfig, RssVal},
@@ -135,6 +135,7 @@ maps! {
     MEMCG_RECLAIM: u64 => ProcReclaimVal, OnDemand;
     MEMCG_WATCH: u64 => u8, OnDemand;
     MEMCG_PROCS: u32 => MemcgProc, OnDemand;
+    MEMCG_LINES: u64 => MemcgLine, OnDemand;
     RSS: u32 => RssVal, OnDemand;
     RSS_OWNER: u32 => u32, OnDemand;
     RSS_EXCLUDED: u32 => u64, OnDemand;
@@ -156,6 +157,7 @@ globals! {
     RECLAIM_CFG: ReclaimConfig;
     RSS_CFG: RssConfig;
     MEMCG_CFG: RssConfig;
+    MEMCG_OFFS: MemcgOffsets;
     MMAP_SNOOP: MmapSnoopConfig;
     SHM_SNOOP: ShmSnoopConfig;
 }

@@ -10,13 +10,16 @@ use aya_ebpf::{
     Global,
 };
 use memtrace_common::{
-    loss,
-    memcg::{MemcgProc, STACK_STEP},
+    kind, loss,
+    memcg::{MemcgCross, MemcgLine, MemcgOffsets, MemcgProc, STACK_STEP},
     rss::{RssConfig, NR},
     TASK_COMM_LEN,
 };
 
-use crate::helpers::{count_loss, current_task, current_tgid, memcg_id, stack_ids, NO_PREALLOC};
+use crate::helpers::{
+    count_loss, css_cgroup_id, current_task, current_tgid, emit, read0, stack_ids, NO_PREALLOC,
+    TASK,
+};
 
 #[unsafe(no_mangle)]
 static MEMCG_CFG: Global<RssConfig> = Global::new(RssConfig {
@@ -27,6 +30,22 @@ static MEMCG_CFG: Global<RssConfig> = Global::new(RssConfig {
     threshold: 0,
     slots: [NR as u8; 8],
 });
+
+#[unsafe(no_mangle)]
+static MEMCG_OFFS: Global<MemcgOffsets> = Global::new(MemcgOffsets {
+    css_parent: 0,
+    memcg_css: 0,
+    memcg_memory: 0,
+    counter_usage: 0,
+    valid: 0,
+});
+
+/// Warning lines by the kernfs id of the group that sets the limit.
+#[map]
+static MEMCG_LINES: HashMap<u64, MemcgLine> = HashMap::with_max_entries(1024, NO_PREALLOC);
+
+/// How many levels up from a task's group the group that sets the limit is looked for.
+const MAX_LEVELS: usize = 8;
 
 #[map]
 static MEMCG_WATCH: HashMap<u64, u8> = HashMap::with_max_entries(1024, NO_PREALLOC);
@@ -46,7 +65,16 @@ pub fn memcg_rss(ctx: TracePointContext) -> u32 {
     if curr == 0 {
         return 0;
     }
-    let memcg = unsafe { memcg_id(current_task()) };
+    let t = TASK.load();
+    if t.valid == 0 {
+        return 0;
+    }
+    // The task's memory css, and its group's id.
+    let css = unsafe {
+        let cset = read0::<*const u8>(current_task(), t.cgroups);
+        read0::<*const u8>(cset, t.css_set_subsys + t.memory_cgrp_id * 8)
+    };
+    let memcg = unsafe { css_cgroup_id(css) };
     if unsafe { MEMCG_WATCH.get(&memcg) }.is_none() {
         return 0;
     }
@@ -101,5 +129,49 @@ pub fn memcg_rss(ctx: TracePointContext) -> u32 {
         // Shrunk: the next growth step is counted from here.
         v.stack_at = total;
     }
+    check_line(&ctx, css, memcg, tgid);
     0
+}
+
+/// Whether the group that sets the limit of the task's group (`css`, id
+/// `memcg`) is over its warning line, read from its page counter now:
+/// reported once, at the allocation that crossed it.
+#[inline(always)]
+fn check_line(ctx: &TracePointContext, css: *const u8, memcg: u64, tgid: u32) {
+    let o = MEMCG_OFFS.load();
+    if o.valid == 0 {
+        return;
+    }
+    let mut css = css;
+    for _ in 0..MAX_LEVELS {
+        if css.is_null() {
+            return;
+        }
+        let id = unsafe { css_cgroup_id(css) };
+        if let Some(line) = MEMCG_LINES.get_ptr_mut(&id) {
+            let line = unsafe { &mut *line };
+            if line.crossed != 0 {
+                return;
+            }
+            let counter = css.wrapping_sub(o.memcg_css as usize);
+            let usage: u64 = unsafe { read0(counter, o.memcg_memory + o.counter_usage) };
+            if usage < line.pages {
+                return;
+            }
+            line.crossed = 1;
+            let (ustack, kstack) = stack_ids(ctx, 0, 0);
+            emit(&MemcgCross {
+                kind: kind::MEMCG_CROSS,
+                pid: tgid,
+                limit_id: id,
+                task_id: memcg,
+                usage_pages: usage,
+                ustack,
+                kstack,
+                comm: bpf_get_current_comm().unwrap_or([0; TASK_COMM_LEN]),
+            });
+            return;
+        }
+        css = unsafe { read0::<*const u8>(css, o.css_parent) };
+    }
 }

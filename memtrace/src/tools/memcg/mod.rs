@@ -7,7 +7,13 @@
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::time::{Duration, Instant};
 
-use memtrace_common::{memcg::MemcgProc, names, reclaim::ReclaimConfig, stack_mode};
+use memtrace_common::{
+    kind,
+    memcg::{MemcgCross, MemcgLine, MemcgOffsets, MemcgProc},
+    names,
+    reclaim::ReclaimConfig,
+    stack_mode,
+};
 
 use crate::attach::Probe;
 use crate::cgroup::{notify::Poller, Events, Group, Psi, Version};
@@ -15,6 +21,7 @@ use crate::cli::IntervalArgs;
 use crate::error::{Error, Result};
 use crate::output::{Printer, Value};
 use crate::reclaim::{prepare_reclaim, reclaim_probes};
+use crate::records::record;
 use crate::session::Session;
 use crate::tool::{Prep, Tool};
 
@@ -282,16 +289,48 @@ impl Tool for Memcg {
             k.loader.global(names::MEMCG_CFG, &cfg);
             k.loader.max_entries(names::MEMCG_WATCH, 1024);
             k.loader.max_entries(names::MEMCG_PROCS, 4096);
+            k.loader.max_entries(names::MEMCG_LINES, 1024);
+            // To read a group's usage at each allocation in it; without
+            // these offsets only the cgroup notifiers warn.
+            let mut r = k.btf()?.resolver();
+            let o = MemcgOffsets {
+                css_parent: r.member("cgroup_subsys_state", "parent"),
+                memcg_css: r.member("mem_cgroup", "css"),
+                memcg_memory: r.member("mem_cgroup", "memory"),
+                counter_usage: r.member("page_counter", "usage"),
+                valid: 1,
+            };
+            match r.done("a memory cgroup's usage", o) {
+                Ok(o) => {
+                    k.loader.global(names::MEMCG_OFFS, &o);
+                }
+                Err(e) => say!("memtrace: no usage check at allocations: {e}"),
+            }
         }
         Ok(())
     }
 
     fn on_start(&mut self, s: &mut Session) -> Result<()> {
         self.sample(s)?;
+        if let Some(pct) = self.args.warn {
+            let page = crate::kernel::btf::page_size();
+            for w in &self.groups {
+                if let (Some(thr), Some((_, at))) = (w.threshold(pct), &w.limit) {
+                    let line = MemcgLine {
+                        pages: thr.div_ceil(page),
+                        crossed: 0,
+                    };
+                    s.hash_insert(names::MEMCG_LINES, at.id(), line, 0)?;
+                }
+            }
+        }
         self.arm()
     }
 
-    fn on_record(&mut self, data: &[u8], _s: &mut Session, out: &mut dyn Printer) -> Result<()> {
+    fn on_record(&mut self, data: &[u8], s: &mut Session, out: &mut dyn Printer) -> Result<()> {
+        if let Some(ev) = record::<MemcgCross>(data, kind::MEMCG_CROSS) {
+            return self.on_cross(&ev, s, out);
+        }
         self.on_oom(data, out)
     }
 

@@ -3,7 +3,7 @@
 
 use std::time::Instant;
 
-use memtrace_common::names;
+use memtrace_common::{memcg::MemcgCross, names};
 
 use super::{rss, Memcg};
 use crate::error::Result;
@@ -34,6 +34,25 @@ impl Memcg {
         };
         if usage >= thr {
             self.warn(i, why, s, out)?;
+        }
+        Ok(())
+    }
+
+    /// The kernel saw an allocation take the group that sets a limit over
+    /// the line: every watched group under that limit with the allocating
+    /// task in it is warned about.
+    pub(super) fn on_cross(
+        &mut self,
+        ev: &MemcgCross,
+        s: &mut Session,
+        out: &mut dyn Printer,
+    ) -> Result<()> {
+        for i in 0..self.groups.len() {
+            let w = &self.groups[i];
+            let under = w.limit.as_ref().is_some_and(|(_, at)| at.id() == ev.limit_id);
+            if under && w.ids.contains(&ev.task_id) {
+                self.warn(i, "allocation", s, out)?;
+            }
         }
         Ok(())
     }
