@@ -227,6 +227,20 @@ impl Group {
         })
     }
 
+    /// The group whose memory this one's processes are charged to: itself,
+    /// or on v2 the nearest ancestor with the memory controller enabled
+    /// (a v2 group without it is no memory cgroup).
+    pub fn charged_to(self) -> Group {
+        let mut g = self;
+        while g.version == Version::V2 && !g.is_root() && !g.dir().join("memory.current").exists() {
+            match g.parent() {
+                Some(p) => g = p,
+                None => break,
+            }
+        }
+        g
+    }
+
     /// Its own limit, if it has one (the root never has).
     pub fn limit(&self) -> Option<u64> {
         let f = match self.version {

@@ -129,10 +129,20 @@ impl Memcg {
         let groups = if a.cgroups.is_empty() {
             crate::cgroup::limited_groups()
         } else {
-            a.cgroups
-                .iter()
-                .map(|c| crate::cgroup::resolve(c).map_err(Error::Usage))
-                .collect::<Result<Vec<_>>>()?
+            let mut v = Vec::new();
+            for c in &a.cgroups {
+                let g = crate::cgroup::resolve(c).map_err(Error::Usage)?;
+                let to = g.clone().charged_to();
+                if to != g {
+                    say!(
+                        "memtrace: {} has no memory controller: watching {}, where its memory is charged",
+                        g.path,
+                        to.path
+                    );
+                }
+                v.push(to);
+            }
+            v
         };
         if groups.is_empty() {
             say!("memtrace: no memory cgroup has a limit here; name groups with --cgroup");
@@ -331,7 +341,7 @@ impl Tool for Memcg {
         if let Some(ev) = record::<MemcgCross>(data, kind::MEMCG_CROSS) {
             return self.on_cross(&ev, s, out);
         }
-        self.on_oom(data, out)
+        self.on_oom(data, s, out)
     }
 
     fn wakeup_fd(&self) -> Option<std::os::fd::RawFd> {

@@ -3,20 +3,37 @@
 
 use std::time::Instant;
 
-use memtrace_common::{kind, oom::OomEvent};
+use memtrace_common::{kind, names, oom::OomEvent};
 
 use super::Memcg;
 use crate::error::Result;
 use crate::output::{clock, Col, Printer, Row, Value};
 use crate::records::{comm, record};
+use crate::session::Session;
 
 impl Memcg {
-    pub(super) fn on_oom(&mut self, data: &[u8], out: &mut dyn Printer) -> Result<()> {
+    pub(super) fn on_oom(
+        &mut self,
+        data: &[u8],
+        s: &mut Session,
+        out: &mut dyn Printer,
+    ) -> Result<()> {
         let Some(ev) = record::<OomEvent>(data, kind::OOM) else {
             return Ok(());
         };
-        // The victim's group (or, by kprobe, the OOM's) is one watched or below one.
-        let Some(w) = self.groups.iter().find(|w| w.ids.contains(&ev.memcg_id)) else {
+        // The victim's group is one watched or below one. By kprobe or
+        // fentry the group is the OOM's, the one that sets the limit: then
+        // the victim must have been seen in a watched group.
+        let seen = |w: &super::Watched| {
+            s.hash_get(names::MEMCG_PROCS, &ev.victim_pid)
+                .is_some_and(|p| w.ids.contains(&p.memcg_id))
+                || crate::cgroup::resolve(&ev.victim_pid.to_string())
+                    .is_ok_and(|g| w.ids.contains(&g.charged_to().id()))
+        };
+        let Some(w) = self.groups.iter().find(|w| {
+            w.ids.contains(&ev.memcg_id)
+                || (w.limit.as_ref().is_some_and(|(_, at)| at.id() == ev.memcg_id) && seen(w))
+        }) else {
             return Ok(());
         };
         self.kills += 1;
@@ -31,7 +48,7 @@ impl Memcg {
             Col::text("cgroup", "CGROUP", 24),
             Col::num("victim_pid", "VPID", 7),
             Col::text("victim_comm", "VCOMM", 15),
-            Col::text("victim_cgroup", "VCGROUP", 24),
+            Col::text("memcg", "MEMCG", 24),
             Col::num("anon_rss_kb", "ANON_KB", 9),
             Col::num("file_rss_kb", "FILE_KB", 8),
             Col::num("shmem_rss_kb", "SHMEM_KB", 8),
