@@ -9,7 +9,6 @@ mod brk;
 mod faults;
 mod ffaults;
 mod generic;
-mod memcg;
 mod memleak;
 mod mmapsnoop;
 mod oomkill;
