@@ -59,6 +59,9 @@ fn check_kill(kills: &[serde_json::Value], victim: u32, cg: &str) {
     assert_eq!(k["victim_comm"], "memtrace-worklo");
     assert!(k["anon_rss_kb"].as_u64().unwrap() > 32 * 1024, "{k}");
     assert_eq!(k["memcg"], format!("/{cg}"));
+    // The victim's own group set the limit.
+    assert_eq!(k["limit_at"], format!("/{cg}"), "{k}");
+    assert_eq!(k["limit_kb"], 64 * 1024, "{k}");
     // 64 MiB limit in 4 KiB pages.
     assert_eq!(k["pages"], 16384, "{k}");
     assert!(k["loadavg"].as_str().unwrap().split(' ').count() == 4);
@@ -169,4 +172,42 @@ fn pid_keeps_the_kills_of_that_process_only() {
         kills.iter().all(|k| k["victim_pid"] != victim),
         "a kill of {victim} shown for -p {pid}: {out}"
     );
+}
+
+#[test]
+fn a_kill_under_a_limit_set_on_the_parent_names_the_parent() {
+    use std::os::unix::process::CommandExt;
+    if !memcg_here("a_kill_under_a_limit_set_on_the_parent_names_the_parent") {
+        return;
+    }
+    let cg = Memcg::new("oomparent", "64M");
+    let kid = cg.path.join("kid");
+    std::fs::create_dir_all(&kid).unwrap();
+    let tracer = Tracer::start(&["oomkill", "--json"]);
+    let procs = kid.join("cgroup.procs");
+    let mut cmd = std::process::Command::new(workload_bin());
+    cmd.args(["alloc", "200"]);
+    // SAFETY: only a write(2) between fork and exec.
+    unsafe {
+        cmd.pre_exec(move || std::fs::write(&procs, format!("{}", std::process::id())));
+    }
+    let mut child = cmd.spawn().unwrap();
+    let victim = child.id();
+    wait_child(&mut child, WAIT);
+    std::thread::sleep(Duration::from_millis(500));
+    let out = tracer.interrupt();
+    for _ in 0..50 {
+        if std::fs::remove_dir(&kid).is_ok() {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let kills = json_of(&out.stdout, "oom_kill");
+    let k = kills
+        .iter()
+        .find(|k| k["victim_pid"] == victim)
+        .unwrap_or_else(|| panic!("no kill of {victim}: {}", out.stdout));
+    assert_eq!(k["memcg"], format!("/{}/kid", cg.name), "{k}");
+    assert_eq!(k["limit_at"], format!("/{}", cg.name), "{k}");
+    assert_eq!(k["limit_kb"], 64 * 1024, "{k}");
 }

@@ -6,6 +6,7 @@
 pub mod faults;
 pub mod ffaults;
 pub mod generic;
+pub mod memcg;
 pub mod memleak;
 pub mod names;
 pub mod oom;
@@ -72,6 +73,8 @@ pub mod kind {
     pub const PROC_FORK: u32 = 9;
     /// A followed process exec'd (`ProcEvent`).
     pub const PROC_EXEC: u32 = 10;
+    /// A watched memory cgroup crossed its warning line (`memcg::MemcgCross`).
+    pub const MEMCG_CROSS: u32 = 11;
 }
 
 /// A process the kernel programs follow started or changed image: memtrace
@@ -186,6 +189,10 @@ mod pod {
     unsafe impl aya::Pod for super::generic::TraceHdr {}
     unsafe impl aya::Pod for super::rss::RssConfig {}
     unsafe impl aya::Pod for super::rss::RssVal {}
+    unsafe impl aya::Pod for super::memcg::MemcgProc {}
+    unsafe impl aya::Pod for super::memcg::MemcgOffsets {}
+    unsafe impl aya::Pod for super::memcg::MemcgLine {}
+    unsafe impl aya::Pod for super::memcg::MemcgCross {}
     unsafe impl aya::Pod for super::snoop::MmapSnoopConfig {}
     unsafe impl aya::Pod for super::snoop::ShmSnoopConfig {}
     unsafe impl aya::Pod for super::snoop::FdFileOffsets {}

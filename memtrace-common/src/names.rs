@@ -14,6 +14,7 @@ use crate::{
     faults::{FaultConfig, FaultKey, FaultSlot, FaultVal},
     ffaults::{FfaultsConfig, FileKey},
     generic::{CountKey, CountVal, TpConfig},
+    memcg::{MemcgLine, MemcgOffsets, MemcgProc},
     memleak::{AllocInfo, AllocKey, AllocStats, MemleakConfig, PendingAlloc},
     oom::{OomKprobeOffsets, OomTpOffsets},
     reclaim::{ProcReclaimKey, ProcReclaimVal, ReclaimConfig, ReclaimTotals},
@@ -132,6 +133,10 @@ maps! {
     SLAB_START: u32 => u64, OnDemand;
     RECLAIM_TOTALS: u32 => ReclaimTotals, Compiled;
     PROC_RECLAIM: ProcReclaimKey => ProcReclaimVal, OnDemand;
+    MEMCG_RECLAIM: u64 => ProcReclaimVal, OnDemand;
+    MEMCG_WATCH: u64 => u8, OnDemand;
+    MEMCG_PROCS: u32 => MemcgProc, OnDemand;
+    MEMCG_LINES: u64 => MemcgLine, OnDemand;
     RSS: u32 => RssVal, OnDemand;
     RSS_OWNER: u32 => u32, OnDemand;
     RSS_EXCLUDED: u32 => u64, OnDemand;
@@ -159,6 +164,8 @@ globals! {
     OOM_CONTROL: OomKprobeOffsets;
     RECLAIM_CFG: ReclaimConfig;
     RSS_CFG: RssConfig;
+    MEMCG_CFG: RssConfig;
+    MEMCG_OFFS: MemcgOffsets;
     MMAP_SNOOP: MmapSnoopConfig;
     SHM_SNOOP: ShmSnoopConfig;
     MEMLEAK_CFG: MemleakConfig;
@@ -200,6 +207,8 @@ progs! {
     RECLAIM_WRITE = reclaim_write,
     // rss.
     RSS_STAT = rss_stat,
+    // memcg.
+    MEMCG_RSS = memcg_rss,
     // swapin.
     SWAPIN_KPROBE = swapin_kprobe,
     SWAPIN_FENTRY = swapin_fentry,

@@ -13,8 +13,8 @@ pub struct ReclaimConfig {
     pub min_latency_ns: u64,
     /// `nr_reclaimed` offset in `mm_vmscan_*_reclaim_end`.
     pub tp_nr_reclaimed: u32,
-    /// `nr_reclaimed`... offsets for write_folio / shrink_slab_end are not needed.
-    pub _pad: u32,
+    /// Aggregate stall time per memory cgroup of the stalled task (memcg).
+    pub per_memcg: u32,
 }
 
 /// Index into the per-CPU `RECLAIM_TOTALS` array counters.

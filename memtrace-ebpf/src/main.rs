@@ -9,6 +9,7 @@ mod brk;
 mod faults;
 mod ffaults;
 mod generic;
+mod memcg;
 mod memleak;
 mod mmapsnoop;
 mod oomkill;

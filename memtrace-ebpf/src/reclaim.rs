@@ -28,7 +28,7 @@ static RECLAIM_CFG: Global<ReclaimConfig> = Global::new(ReclaimConfig {
     per_process: 0,
     min_latency_ns: 0,
     tp_nr_reclaimed: 0,
-    _pad: 0,
+    per_memcg: 0,
 });
 
 /// Start of the reclaim in progress, by thread: [ts, kind].
@@ -44,6 +44,12 @@ static RECLAIM_TOTALS: PerCpuArray<ReclaimTotals> = PerCpuArray::with_max_entrie
 #[map]
 static PROC_RECLAIM: PerCpuHashMap<ProcReclaimKey, ProcReclaimVal> =
     PerCpuHashMap::with_max_entries(4096, NO_PREALLOC);
+
+/// Stall time by the memory cgroup (kernfs id) of the task that stalled:
+/// the reclaim tracepoints do not say which group is being reclaimed.
+#[map]
+static MEMCG_RECLAIM: PerCpuHashMap<u64, ProcReclaimVal> =
+    PerCpuHashMap::with_max_entries(1024, NO_PREALLOC);
 
 #[inline(always)]
 fn tid() -> u32 {
@@ -119,6 +125,26 @@ pub fn reclaim_end(ctx: TracePointContext) -> u32 {
                 comm: bpf_get_current_comm().unwrap_or([0; TASK_COMM_LEN]),
             };
             if PROC_RECLAIM.insert(&key, &v, 0).is_err() {
+                count_loss(loss::MAP_FULL);
+            }
+        }
+    }
+    if cfg.per_memcg != 0 {
+        let id = unsafe { memcg_id(current_task()) };
+        if let Some(v) = MEMCG_RECLAIM.get_ptr_mut(&id) {
+            unsafe {
+                (*v).ns += lat;
+                (*v).stalls += 1;
+                (*v).pages += pages;
+            }
+        } else {
+            let v = ProcReclaimVal {
+                ns: lat,
+                stalls: 1,
+                pages,
+                comm: bpf_get_current_comm().unwrap_or([0; TASK_COMM_LEN]),
+            };
+            if MEMCG_RECLAIM.insert(&id, &v, 0).is_err() {
                 count_loss(loss::MAP_FULL);
             }
         }

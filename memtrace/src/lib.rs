@@ -9,18 +9,21 @@ macro_rules! say {
 
 pub mod attach;
 pub mod caps;
+pub mod cgroup;
 pub mod cli;
 pub mod command;
 pub mod doctor;
 pub mod error;
 pub mod kernel;
 pub mod losses;
+pub mod oom;
 pub mod output;
 pub mod pmap;
 pub mod proc;
 pub mod process;
 pub mod reclaim;
 pub mod records;
+pub mod rssstat;
 pub mod run;
 pub mod session;
 pub mod symbolize;

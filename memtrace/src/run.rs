@@ -34,6 +34,14 @@ impl AsRawFd for Fd {
     }
 }
 
+/// A descriptor the tool owns, watched for it.
+struct Borrowed(RawFd);
+impl AsRawFd for Borrowed {
+    fn as_raw_fd(&self) -> RawFd {
+        self.0
+    }
+}
+
 /// With MEMTRACE_TIMING set, prints how long each start-up phase took.
 struct Phases(Option<Instant>);
 
@@ -288,6 +296,11 @@ async fn event_loop(
         Some(fd) => Some(unsafe { AsyncFd::register(Fd(fd)) }.map_err(std::io::Error::from)?),
         None => None,
     };
+    let wakeup = match tool.wakeup_fd() {
+        // SAFETY: the tool keeps its fd open for as long as the run lasts.
+        Some(fd) => Some(unsafe { AsyncFd::register(Borrowed(fd)) }.map_err(std::io::Error::from)?),
+        None => None,
+    };
     let mut warned_loss = Vec::new();
     let mut status = None;
     let mut last_maps = Instant::now();
@@ -358,6 +371,16 @@ async fn event_loop(
                 status = Some(st.unwrap_or(-1));
                 break;
             }
+            guard = async { wakeup.as_ref().unwrap().readable().await }, if wakeup.is_some() => {
+                let mut guard = guard?;
+                tool.on_wakeup(session, out)?;
+                guard.clear_ready();
+                out.flush();
+                output::check(out)?;
+            }
+        }
+        if tool.done() {
+            break;
         }
     }
     // Whatever is still in the buffer belongs to the report.

@@ -71,6 +71,19 @@ pub trait Tool {
         let per_interval = self.interval().is_some();
         self.report(s, out, per_interval)
     }
+    /// A descriptor that turns readable when the tool has work outside its
+    /// records and intervals (kernel notifiers it armed, its own timers):
+    /// `on_wakeup` is called then.
+    fn wakeup_fd(&self) -> Option<std::os::fd::RawFd> {
+        None
+    }
+    fn on_wakeup(&mut self, _s: &mut Session, _out: &mut dyn Printer) -> Result<()> {
+        Ok(())
+    }
+    /// The tool saw what the run was for (`--fail` after a warning): end it.
+    fn done(&self) -> bool {
+        false
+    }
     /// Events seen, for the summary.
     fn events(&self) -> u64;
     fn summary_extra(&self) -> Vec<(&'static str, Value)> {

@@ -210,6 +210,32 @@ swap_case() {
     [ "$rc" = 0 ] && [ "$wrc" = 0 ] || FAILED=1
 }
 
+# memcg: the limit set on mt-memcg, the workload in mt-memcg/kid growing
+# 4 MiB per 100 ms to 160 MiB: warned at 75% of 64 MiB, then OOM-killed.
+memcg_case() {
+    mk_memcg memcg 64M no
+    # v2: the kid is a memory cgroup only with the controller enabled for it.
+    [ $CG = v1 ] || echo +memory >"$cg/cgroup.subtree_control"
+    mkdir "$cg/kid"
+    start_bg memcg memcg --json -v --cgroup /mt-memcg/kid --warn 75
+    wpid=0
+    wrc=0
+    if kill -0 $tp 2>/dev/null; then
+        sh -c "echo \$\$ >$cg/kid/cgroup.procs && exec memtrace-workload steps 4 40 100" \
+            >/dev/null &
+        wpid=$!
+        wait $wpid
+        wrc=$?
+        sleep 2
+    fi
+    # The last table reads the kid's files: it goes after memtrace.
+    parent=$cg
+    cg=$cg/kid
+    stop_bg
+    rmdir "$parent"
+    [ "$rc" = 0 ] && [ "$wrc" = 137 ] || FAILED=1
+}
+
 run_case doctor 300 0 doctor
 oom_case oom-best oomkill
 oom_case oom-fentry oomkill --attach fentry
@@ -217,6 +243,7 @@ oom_case oom-tp_btf oomkill --attach tp_btf
 oom_case oom-tracepoint oomkill --attach tracepoint
 # The memcg reclaim the kernel tries before that OOM kill, seen by drsnoop.
 oom_case drsnoop drsnoop
+memcg_case
 # The workload's own faults (start-up, exit), then with 2000 more.
 run_case faults-base 300 0 faults -c 'memtrace-workload touch 0' --json -v
 run_case faults 300 0 faults -c 'memtrace-workload touch 2000' --json -v

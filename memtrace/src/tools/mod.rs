@@ -42,6 +42,8 @@ tools! {
     Vmscan => vmscan::Vmscan,
     /// One line per direct or memcg reclaim stall.
     Drsnoop => drsnoop::Drsnoop,
+    /// Memory cgroups: usage against the limit in force, pressure, events, and a warning before the OOM kill.
+    Memcg => memcg::Memcg,
     /// Swap-ins by process (needs kprobe or fentry).
     Swapin => swapin::Swapin,
     /// RSS of a process from the kernel's counter changes, with a threshold guard.

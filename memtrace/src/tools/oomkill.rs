@@ -25,17 +25,10 @@ pub struct Args {
 }
 
 pub fn probes() -> Vec<Probe> {
-    vec![Probe::new("oom kill")
-        .kprobe(names::OOM_KPROBE, "oom_kill_process")
-        .fentry(names::OOM_FENTRY, "oom_kill_process")
-        // raw_tp before tp_btf: the same data, and it attaches without
-        // parsing kernel BTF (tens of ms at start-up).
-        .raw_tp(names::OOM_RAW_TP, "oom", "mark_victim")
-        .tp_btf(names::OOM_TP_BTF, "oom", "mark_victim")
-        .tracepoint(names::OOM_TRACEPOINT, "oom", "mark_victim")]
+    crate::oom::probes()
 }
 
-const COLS: [Col; 16] = [
+const COLS: [Col; 18] = [
     Col::text("time", "TIME", 8),
     Col::num("trigger_pid", "TPID", 7),
     Col::text("trigger_comm", "TCOMM", 15),
@@ -50,6 +43,8 @@ const COLS: [Col; 16] = [
     Col::num("pages", "PAGES", 9),
     Col::text("pages_source", "PAGES_FROM", 11),
     Col::text("memcg", "MEMCG", 20),
+    Col::text("limit_at", "LIMIT_AT", 20),
+    Col::num("limit_kb", "LIMIT_KB", 10),
     Col::text("loadavg", "LOADAVG", 22),
     Col::text("method", "VIA", 10),
 ];
@@ -84,6 +79,21 @@ fn method_name(m: u32) -> &'static str {
     }
 }
 
+/// The cgroup level whose limit was hit, and that limit: the OOM's own
+/// memcg where the way in sees it (`oom_control.memcg`), else the smallest
+/// limit on the way up from the victim's group. None: a system-wide OOM.
+fn limiting_level(
+    ev: &OomEvent,
+    memcg: Option<&(std::path::PathBuf, String)>,
+) -> Option<(u64, crate::cgroup::Group)> {
+    let (root, path) = memcg.filter(|(_, p)| p != "/")?;
+    let g = crate::cgroup::Group::at(root.clone(), path.clone());
+    if ev.memcg_source == 1 {
+        return g.limit().map(|l| (l, g));
+    }
+    g.limiting()
+}
+
 fn mem_total_pages() -> u64 {
     crate::proc::mem_total_kb().map_or(0, |kb| kb * 1024 / page_size())
 }
@@ -115,50 +125,7 @@ impl Tool for Oomkill {
 
     fn prepare(&mut self, k: &mut Prep) -> Result<()> {
         self.target = k.target;
-        k.task_offsets()?;
-        // Each way needs its own offsets: where they are missing, that way
-        // is ruled out with the reason (the others may still work).
-        let mut r = k.btf()?.resolver();
-        let oc = OomKprobeOffsets {
-            totalpages: r.member("oom_control", "totalpages"),
-            chosen: r.member("oom_control", "chosen"),
-            memcg: r.member("oom_control", "memcg"),
-            memcg_css: r.member("mem_cgroup", "css"),
-        };
-        match r.done("oom_kill_process's offsets", oc) {
-            Ok(oc) => {
-                k.loader.global(names::OOM_CONTROL, &oc);
-            }
-            Err(e) => {
-                k.loader.rule_out(names::OOM_KPROBE, e.to_string());
-                k.loader.rule_out(names::OOM_FENTRY, e.to_string());
-            }
-        }
-        let tp = k.format("oom", "mark_victim").and_then(|f| {
-            // The RSS fields came in 5.18; without them the victim's RSS is
-            // read through its task (has_rss 0).
-            let rss = |n| f.field(n).map_or(0, |x| x.offset);
-            Ok(OomTpOffsets {
-                pid: f.offset("pid")?,
-                comm: f.offset("comm")?,
-                total_vm: f.offset("total_vm")?,
-                anon_rss: rss("anon_rss"),
-                file_rss: rss("file_rss"),
-                shmem_rss: rss("shmem_rss"),
-                uid: f.offset("uid")?,
-                oom_score_adj: f.offset("oom_score_adj")?,
-                has_rss: f.field("anon_rss").is_some() as u32,
-            })
-        });
-        match tp {
-            Ok(tp) => {
-                k.loader.global(names::OOM_TP, &tp);
-            }
-            Err(e) => {
-                k.loader.rule_out(names::OOM_TRACEPOINT, e.to_string());
-            }
-        }
-        Ok(())
+        crate::oom::prepare(k)
     }
 
     fn on_record(&mut self, data: &[u8], s: &mut Session, out: &mut dyn Printer) -> Result<()> {
@@ -196,6 +163,10 @@ impl Tool for Oomkill {
         } else {
             (mem_total_pages(), "system")
         };
+        let (limit_at, limit_kb) = match limiting_level(&ev, memcg.as_ref()) {
+            Some((l, g)) => (Value::S(g.path), Value::U(l / 1024)),
+            None => (Value::Null, Value::Null),
+        };
         let loadavg = crate::proc::loadavg();
         let loadavg: Vec<&str> = loadavg.split_whitespace().take(4).collect();
         let row = Row(vec![
@@ -213,6 +184,8 @@ impl Tool for Oomkill {
             pages.into(),
             source.into(),
             memcg.map(|(_, p)| Value::S(p)).unwrap_or(Value::Null),
+            limit_at,
+            limit_kb,
             loadavg.join(" ").into(),
             method_name(ev.method).into(),
         ]);

@@ -102,13 +102,14 @@ const fn forced(name: &'static str, tool: &'static str, method: &'static str) ->
 }
 
 /// Every case, in the order the guest runs them; doctor is checked last.
-pub(super) const CASES: [Case; 18] = [
+pub(super) const CASES: [Case; 19] = [
     case("doctor", "doctor"),
     best("oom-best", "oomkill", "kprobe"),
     forced("oom-fentry", "oomkill", "fentry"),
     forced("oom-tp_btf", "oomkill", "tp_btf"),
     forced("oom-tracepoint", "oomkill", "tracepoint"),
     case("drsnoop", "drsnoop"),
+    case("memcg", "memcg"),
     case("faults-base", "faults"),
     case("faults", "faults"),
     case("brkstack", "brkstack"),
@@ -137,6 +138,7 @@ fn main_probe(tool: &str) -> &'static str {
         "count" => "syscalls:sys_enter_madvise",
         "drsnoop" | "vmscan" => "memcg reclaim end",
         "rss" => "rss changes",
+        "memcg" => "rss changes in the groups",
         "mmapsnoop" => "mmap entry",
         "shmsnoop" => "shmget entry",
         "swapin" => "swap-ins",

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use memtrace_common::{
     kind,
-    rss::{RssConfig, RssCross, RssVal, ANON, FILE, NR, SHMEM, SWAP},
+    rss::{RssCross, RssVal, ANON, FILE, SHMEM, SWAP},
     stack_mode,
 };
 
@@ -305,30 +305,7 @@ impl Tool for Rss {
 
     fn prepare(&mut self, k: &mut Prep) -> Result<()> {
         self.target = k.target.unwrap_or(0);
-        let f = k.format("kmem", "rss_stat")?;
-        // The kernel's mm counter indexes, by name: their order is not ABI.
-        let mut r = k.btf()?.resolver();
-        let mut slots = [NR as u8; 8];
-        for (name, slot) in [
-            ("MM_FILEPAGES", FILE),
-            ("MM_ANONPAGES", ANON),
-            ("MM_SWAPENTS", SWAP),
-            ("MM_SHMEMPAGES", SHMEM),
-        ] {
-            let i = r.enumerator("", name) as usize;
-            if let Some(s) = slots.get_mut(i) {
-                *s = slot as u8;
-            }
-        }
-        let slots = r.done("the mm counters of kmem:rss_stat", slots)?;
-        let cfg = RssConfig {
-            tp_mm_id: f.offset("mm_id")?,
-            tp_curr: f.offset("curr")?,
-            tp_member: f.offset("member")?,
-            tp_size: f.offset("size")?,
-            threshold: self.args.threshold.unwrap_or(0),
-            slots,
-        };
+        let cfg = crate::rssstat::config(k, self.args.threshold.unwrap_or(0))?;
         k.loader.global(names::RSS_CFG, &cfg);
         k.loader.max_entries(names::RSS, 4096);
         k.loader.max_entries(names::RSS_OWNER, 4096);

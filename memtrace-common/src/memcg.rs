@@ -1,0 +1,65 @@
+//! `memcg`: the processes of watched memory cgroups, their RSS counters and
+//! the stack of their latest growth (from kmem:rss_stat).
+
+use crate::{rss::NR, TASK_COMM_LEN};
+
+/// A user stack is taken each time a process's RSS has grown this much
+/// since the last one: its latest allocations, without a stack per page.
+pub const STACK_STEP: u64 = 1 << 20;
+
+/// One process in a watched group.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct MemcgProc {
+    /// RSS counters in bytes, by `rss::FILE`... slot.
+    pub bytes: [i64; NR],
+    /// RSS (file + anon + shmem) when the last stack was taken.
+    pub stack_at: u64,
+    /// Kernfs id of the process's memory cgroup at its latest change.
+    pub memcg_id: u64,
+    pub ustack: i32,
+    pub kstack: i32,
+    pub comm: [u8; TASK_COMM_LEN],
+}
+
+/// Offsets to read a memory cgroup's usage from its css, from BTF.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct MemcgOffsets {
+    /// `cgroup_subsys_state.parent`.
+    pub css_parent: u32,
+    /// `mem_cgroup.css`.
+    pub memcg_css: u32,
+    /// `mem_cgroup.memory` (a `page_counter`).
+    pub memcg_memory: u32,
+    /// `page_counter.usage`, in pages.
+    pub counter_usage: u32,
+    /// Non-zero when all were found.
+    pub valid: u32,
+}
+
+/// The warning line of the group that sets a limit, in pages.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct MemcgLine {
+    pub pages: u64,
+    /// Set once crossed: reported once.
+    pub crossed: u64,
+}
+
+/// Sent when an RSS change in a watched group finds the group that sets
+/// its limit over the line: the allocation that crossed it.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct MemcgCross {
+    pub kind: u32,
+    pub pid: u32,
+    /// Kernfs id of the group that sets the limit.
+    pub limit_id: u64,
+    /// Kernfs id of the allocating task's group.
+    pub task_id: u64,
+    pub usage_pages: u64,
+    pub ustack: i32,
+    pub kstack: i32,
+    pub comm: [u8; TASK_COMM_LEN],
+}

@@ -1,0 +1,177 @@
+//! `memcg`: RSS changes of the processes in watched memory cgroups (the
+//! group ids, descendants included, are set by userspace in MEMCG_WATCH),
+//! with the user stack of each process's latest growth.
+
+use aya_ebpf::{
+    helpers::bpf_get_current_comm,
+    macros::{map, tracepoint},
+    maps::HashMap,
+    programs::TracePointContext,
+    Global,
+};
+use memtrace_common::{
+    kind, loss,
+    memcg::{MemcgCross, MemcgLine, MemcgOffsets, MemcgProc, STACK_STEP},
+    rss::{RssConfig, NR},
+    TASK_COMM_LEN,
+};
+
+use crate::helpers::{
+    count_loss, css_cgroup_id, current_task, current_tgid, emit, read0, stack_ids, NO_PREALLOC,
+    TASK,
+};
+
+#[unsafe(no_mangle)]
+static MEMCG_CFG: Global<RssConfig> = Global::new(RssConfig {
+    tp_mm_id: 0,
+    tp_curr: 0,
+    tp_member: 0,
+    tp_size: 0,
+    threshold: 0,
+    slots: [NR as u8; 8],
+});
+
+#[unsafe(no_mangle)]
+static MEMCG_OFFS: Global<MemcgOffsets> = Global::new(MemcgOffsets {
+    css_parent: 0,
+    memcg_css: 0,
+    memcg_memory: 0,
+    counter_usage: 0,
+    valid: 0,
+});
+
+/// Warning lines by the kernfs id of the group that sets the limit.
+#[map]
+static MEMCG_LINES: HashMap<u64, MemcgLine> = HashMap::with_max_entries(1024, NO_PREALLOC);
+
+/// How many levels up from a task's group the group that sets the limit is looked for.
+const MAX_LEVELS: usize = 8;
+
+#[map]
+static MEMCG_WATCH: HashMap<u64, u8> = HashMap::with_max_entries(1024, NO_PREALLOC);
+
+#[map]
+static MEMCG_PROCS: HashMap<u32, MemcgProc> = HashMap::with_max_entries(4096, NO_PREALLOC);
+
+#[tracepoint]
+pub fn memcg_rss(ctx: TracePointContext) -> u32 {
+    let c = MEMCG_CFG.load();
+    // Only changes a process makes to its own mm: those are its
+    // allocations, with its stack (reclaim changing it from elsewhere is not).
+    let Ok(curr) = (unsafe { ctx.read_at::<u32>(c.tp_curr as usize) }) else {
+        count_loss(loss::READ);
+        return 0;
+    };
+    if curr == 0 {
+        return 0;
+    }
+    let t = TASK.load();
+    if t.valid == 0 {
+        return 0;
+    }
+    // The task's memory css, and its group's id.
+    let css = unsafe {
+        let cset = read0::<*const u8>(current_task(), t.cgroups);
+        read0::<*const u8>(cset, t.css_set_subsys + t.memory_cgrp_id * 8)
+    };
+    let memcg = unsafe { css_cgroup_id(css) };
+    if unsafe { MEMCG_WATCH.get(&memcg) }.is_none() {
+        return 0;
+    }
+    let (Ok(member), Ok(size)) = (unsafe {
+        (
+            ctx.read_at::<i32>(c.tp_member as usize),
+            ctx.read_at::<i64>(c.tp_size as usize),
+        )
+    }) else {
+        count_loss(loss::READ);
+        return 0;
+    };
+    // As in rss: one unsigned check on the value used as the index.
+    let member = member as u32;
+    let slot = if member < 8 {
+        c.slots[member as usize] as usize
+    } else {
+        NR
+    };
+    let slot = core::hint::black_box(slot);
+    if slot >= NR {
+        return 0;
+    }
+    let tgid = current_tgid();
+    let Some(v) = MEMCG_PROCS.get_ptr_mut(&tgid) else {
+        let mut v = MemcgProc {
+            bytes: [0; NR],
+            stack_at: 0,
+            memcg_id: memcg,
+            ustack: -1,
+            kstack: -1,
+            comm: bpf_get_current_comm().unwrap_or([0; TASK_COMM_LEN]),
+        };
+        v.bytes[slot] = size;
+        if MEMCG_PROCS.insert(&tgid, &v, 0).is_err() {
+            count_loss(loss::MAP_FULL);
+        }
+        return 0;
+    };
+    let v = unsafe { &mut *v };
+    v.bytes[slot] = size;
+    v.memcg_id = memcg;
+    let total = (v.bytes[0] + v.bytes[1] + v.bytes[3]).max(0) as u64;
+    if total >= v.stack_at + STACK_STEP {
+        let (u, k) = stack_ids(&ctx, 0, 0);
+        v.ustack = u;
+        v.kstack = k;
+        v.stack_at = total;
+        // Its name now: it may have exec'd since it was first seen.
+        v.comm = bpf_get_current_comm().unwrap_or(v.comm);
+    } else if total < v.stack_at {
+        // Shrunk: the next growth step is counted from here.
+        v.stack_at = total;
+    }
+    check_line(&ctx, css, memcg, tgid);
+    0
+}
+
+/// Whether the group that sets the limit of the task's group (`css`, id
+/// `memcg`) is over its warning line, read from its page counter now:
+/// reported once, at the allocation that crossed it.
+#[inline(always)]
+fn check_line(ctx: &TracePointContext, css: *const u8, memcg: u64, tgid: u32) {
+    let o = MEMCG_OFFS.load();
+    if o.valid == 0 {
+        return;
+    }
+    let mut css = css;
+    for _ in 0..MAX_LEVELS {
+        if css.is_null() {
+            return;
+        }
+        let id = unsafe { css_cgroup_id(css) };
+        if let Some(line) = MEMCG_LINES.get_ptr_mut(&id) {
+            let line = unsafe { &mut *line };
+            if line.crossed != 0 {
+                return;
+            }
+            let counter = css.wrapping_sub(o.memcg_css as usize);
+            let usage: u64 = unsafe { read0(counter, o.memcg_memory + o.counter_usage) };
+            if usage < line.pages {
+                return;
+            }
+            line.crossed = 1;
+            let (ustack, kstack) = stack_ids(ctx, 0, 0);
+            emit(&MemcgCross {
+                kind: kind::MEMCG_CROSS,
+                pid: tgid,
+                limit_id: id,
+                task_id: memcg,
+                usage_pages: usage,
+                ustack,
+                kstack,
+                comm: bpf_get_current_comm().unwrap_or([0; TASK_COMM_LEN]),
+            });
+            return;
+        }
+        css = unsafe { read0::<*const u8>(css, o.css_parent) };
+    }
+}

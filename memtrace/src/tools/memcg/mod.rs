@@ -1,0 +1,409 @@
+//! `memtrace memcg`: memory cgroups before the OOM kill. One row per group
+//! (usage, the limit in force and the level that sets it, memory by kind,
+//! PSI, limit events and OOM kills since start, reclaim stall time), and
+//! with `--warn` an event-driven warning at the crossing that names the
+//! processes that grew most, with the stack of their latest allocations.
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::time::{Duration, Instant};
+
+use memtrace_common::{
+    kind,
+    memcg::{MemcgCross, MemcgLine, MemcgOffsets, MemcgProc},
+    names,
+    reclaim::ReclaimConfig,
+    stack_mode,
+};
+
+use crate::attach::Probe;
+use crate::cgroup::{notify::Poller, Events, Group, Psi, Version};
+use crate::cli::IntervalArgs;
+use crate::error::{Error, Result};
+use crate::output::{Printer, Value};
+use crate::reclaim::{prepare_reclaim, reclaim_probes};
+use crate::records::record;
+use crate::session::Session;
+use crate::tool::{Prep, Tool};
+
+mod oom;
+mod table;
+mod warn;
+
+#[derive(Debug, Clone, clap::Args)]
+pub struct Args {
+    #[command(flatten)]
+    pub common: crate::cli::Common,
+    /// Watch this memory cgroup: a path (/a/b inside the hierarchy, or the
+    /// directory) or a process id inside it. Repeatable; default: every
+    /// group with a limit of its own.
+    #[arg(long = "cgroup", value_name = "PATH|PID")]
+    pub cgroups: Vec<String>,
+    /// Print the table every this many seconds (default: once, at the end).
+    #[command(flatten)]
+    pub interval: IntervalArgs,
+    /// Warn once when a group's usage reaches PCT percent of the limit in
+    /// force (v1: the kernel's threshold notifier).
+    #[arg(long, value_name = "PCT", value_parser = parse_pct)]
+    pub warn: Option<f64>,
+    /// Warn once when tasks of a group stall on memory PCT percent of a
+    /// second (v2 PSI trigger): `some:PCT` or `full:PCT`.
+    #[arg(long, value_name = "some|full:PCT", value_parser = parse_pressure)]
+    pub warn_pressure: Option<(String, f64)>,
+    /// Exit with code 3 after the first warning.
+    #[arg(long)]
+    pub fail: bool,
+    #[command(flatten)]
+    pub stacks: crate::cli::StackArgs,
+}
+
+fn parse_pct(s: &str) -> std::result::Result<f64, String> {
+    match s.trim_end_matches('%').parse::<f64>() {
+        Ok(v) if v > 0.0 && v <= 100.0 => Ok(v),
+        _ => Err(format!("'{s}' is not a percentage from 0 to 100")),
+    }
+}
+
+fn parse_pressure(s: &str) -> std::result::Result<(String, f64), String> {
+    let (kind, pct) = s
+        .split_once(':')
+        .ok_or_else(|| format!("'{s}' is not some:PCT or full:PCT"))?;
+    if kind != "some" && kind != "full" {
+        return Err(format!("'{kind}' is neither some nor full"));
+    }
+    Ok((kind.to_string(), parse_pct(pct)?))
+}
+
+/// How long the usage and pressure timeline goes back, and how often it is sampled.
+const TIMELINE: Duration = Duration::from_secs(30);
+const SAMPLE_EVERY: Duration = Duration::from_millis(500);
+/// "Grew most in the last seconds": growth over this window.
+const GROWTH_WINDOW: Duration = Duration::from_secs(5);
+/// Poller tags: group index times this, plus what fired.
+const TAGS: u64 = 4;
+const TAG_USAGE: u64 = 0;
+const TAG_EVENTS: u64 = 1;
+const TAG_PRESSURE: u64 = 2;
+const TAG_TIMER: u64 = u64::MAX;
+
+#[derive(Clone, Copy, Debug)]
+struct Sample {
+    at: Instant,
+    usage: u64,
+    psi: Option<Psi>,
+}
+
+struct Watched {
+    group: Group,
+    /// The limit in force and the group that sets it.
+    limit: Option<(u64, Group)>,
+    start: Events,
+    /// Kernfs ids of the group and its descendants.
+    ids: HashSet<u64>,
+    warned: bool,
+    timeline: VecDeque<Sample>,
+}
+
+impl Watched {
+    fn threshold(&self, pct: f64) -> Option<u64> {
+        self.limit.as_ref().map(|(l, _)| (*l as f64 * pct / 100.0) as u64)
+    }
+}
+
+pub struct Memcg {
+    args: Args,
+    groups: Vec<Watched>,
+    poller: Option<Poller>,
+    /// RSS of each process in a watched group, sampled.
+    rss_history: HashMap<u32, VecDeque<(Instant, u64)>>,
+    checked_start: bool,
+    warnings: u64,
+    kills: u64,
+    rows: u64,
+}
+
+impl Memcg {
+    pub fn new(a: &Args) -> Result<Self> {
+        if a.fail && a.warn.is_none() && a.warn_pressure.is_none() {
+            return Err(Error::Usage("--fail needs --warn or --warn-pressure".into()));
+        }
+        let groups = if a.cgroups.is_empty() {
+            crate::cgroup::limited_groups()
+        } else {
+            let mut v = Vec::new();
+            for c in &a.cgroups {
+                let g = crate::cgroup::resolve(c).map_err(Error::Usage)?;
+                let to = g.clone().charged_to();
+                if to != g {
+                    say!(
+                        "memtrace: {} has no memory controller: watching {}, where its memory is charged",
+                        g.path,
+                        to.path
+                    );
+                }
+                v.push(to);
+            }
+            v
+        };
+        if groups.is_empty() {
+            say!("memtrace: no memory cgroup has a limit here; name groups with --cgroup");
+        }
+        let groups = groups
+            .into_iter()
+            .map(|g| Watched {
+                limit: g.limiting(),
+                start: g.events(),
+                ids: HashSet::new(),
+                warned: false,
+                timeline: VecDeque::new(),
+                group: g,
+            })
+            .collect();
+        Ok(Memcg {
+            args: a.clone(),
+            groups,
+            poller: None,
+            rss_history: HashMap::new(),
+            checked_start: false,
+            warnings: 0,
+            kills: 0,
+            rows: 0,
+        })
+    }
+
+    fn warning(&self) -> bool {
+        self.args.warn.is_some() || self.args.warn_pressure.is_some()
+    }
+
+    /// Arms the kernel's notifiers for each group, and the sampling timer.
+    fn arm(&mut self) -> Result<()> {
+        let mut p = Poller::new()?;
+        p.timer(SAMPLE_EVERY, TAG_TIMER)?;
+        for (i, w) in self.groups.iter().enumerate() {
+            let tag = i as u64 * TAGS;
+            if let (Some(pct), Some((_, at))) = (self.args.warn, &w.limit) {
+                let thr = w.threshold(pct).unwrap_or(0);
+                // Armed on the level that sets the limit: its usage is what hits it.
+                let armed = match at.version {
+                    Version::V1 => p.v1_threshold(&at.dir(), thr, tag + TAG_USAGE),
+                    // v2 has no usage notifier: memory.events changes (and
+                    // the sampling timer) have usage checked.
+                    Version::V2 => p.v2_events(&w.group.dir(), tag + TAG_EVENTS),
+                };
+                if let Err(e) = armed {
+                    say!("memtrace: {}: no usage notifier: {e}", w.group.path);
+                }
+            }
+            if let Some((kind, pct)) = &self.args.warn_pressure {
+                if let Err(e) = p.psi_trigger(&w.group.dir(), kind, *pct, tag + TAG_PRESSURE) {
+                    say!("memtrace: {}: no PSI trigger: {e}", w.group.path);
+                }
+            }
+        }
+        self.poller = Some(p);
+        Ok(())
+    }
+
+    /// Samples usage and pressure for the timeline, and the RSS of the
+    /// processes the kernel follows; refreshes the ids it follows.
+    fn sample(&mut self, s: &mut Session) -> Result<()> {
+        let now = Instant::now();
+        let mut watch = HashSet::new();
+        for w in &mut self.groups {
+            w.timeline.push_back(Sample {
+                at: now,
+                usage: w.group.usage().unwrap_or(0),
+                psi: w.group.psi(),
+            });
+            while w.timeline.front().is_some_and(|x| now - x.at > TIMELINE) {
+                w.timeline.pop_front();
+            }
+            w.ids = w.group.with_descendants().iter().map(Group::id).collect();
+            watch.extend(w.ids.iter().copied());
+        }
+        if self.warning() {
+            for id in &watch {
+                s.hash_insert(names::MEMCG_WATCH, *id, 1u8, 0)?;
+            }
+            for (pid, v) in s.hash_entries(names::MEMCG_PROCS) {
+                if !crate::proc::alive(pid) {
+                    s.hash_remove(names::MEMCG_PROCS, &pid)?;
+                    self.rss_history.remove(&pid);
+                    continue;
+                }
+                let h = self.rss_history.entry(pid).or_default();
+                h.push_back((now, rss(&v)));
+                while h.front().is_some_and(|x| now - x.0 > GROWTH_WINDOW) {
+                    h.pop_front();
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// RSS (file + anon + shmem) of a followed process, in bytes.
+fn rss(v: &MemcgProc) -> u64 {
+    use memtrace_common::rss::{ANON, FILE, SHMEM};
+    (v.bytes[FILE] + v.bytes[ANON] + v.bytes[SHMEM]).max(0) as u64
+}
+
+impl Tool for Memcg {
+    fn name(&self) -> &'static str {
+        "memcg"
+    }
+    fn what(&self) -> String {
+        format!("{} memory cgroups", self.groups.len())
+    }
+    fn probes(&self) -> Vec<Probe> {
+        let mut p = reclaim_probes();
+        if self.warning() {
+            p.push(Probe::new("rss changes in the groups").tracepoint(
+                names::MEMCG_RSS,
+                "kmem",
+                "rss_stat",
+            ));
+        }
+        // Optional: the table and warnings work without it.
+        p.extend(crate::oom::probes().into_iter().map(Probe::optional));
+        p
+    }
+    fn intervals(&self) -> Option<&IntervalArgs> {
+        Some(&self.args.interval)
+    }
+    fn user_stacks(&self) -> Option<(&crate::cli::StackArgs, bool)> {
+        // A stack per MiB of growth: frequent under a fast allocator.
+        self.warning().then_some((&self.args.stacks, false))
+    }
+    fn stack_mode(&self) -> u32 {
+        if self.warning() {
+            stack_mode::USER
+        } else {
+            0
+        }
+    }
+
+    fn prepare(&mut self, k: &mut Prep) -> Result<()> {
+        // The group of a stall is the stalled task's, read through BTF offsets.
+        k.task_offsets()?;
+        prepare_reclaim(
+            k,
+            ReclaimConfig {
+                per_memcg: 1,
+                ..Default::default()
+            },
+        )?;
+        k.loader.max_entries(names::MEMCG_RECLAIM, 1024);
+        crate::oom::prepare(k)?;
+        if self.warning() {
+            let cfg = crate::rssstat::config(k, 0)?;
+            k.loader.global(names::MEMCG_CFG, &cfg);
+            k.loader.max_entries(names::MEMCG_WATCH, 1024);
+            k.loader.max_entries(names::MEMCG_PROCS, 4096);
+            k.loader.max_entries(names::MEMCG_LINES, 1024);
+            // To read a group's usage at each allocation in it; without
+            // these offsets only the cgroup notifiers warn.
+            let mut r = k.btf()?.resolver();
+            let o = MemcgOffsets {
+                css_parent: r.member("cgroup_subsys_state", "parent"),
+                memcg_css: r.member("mem_cgroup", "css"),
+                memcg_memory: r.member("mem_cgroup", "memory"),
+                counter_usage: r.member("page_counter", "usage"),
+                valid: 1,
+            };
+            match r.done("a memory cgroup's usage", o) {
+                Ok(o) => {
+                    k.loader.global(names::MEMCG_OFFS, &o);
+                }
+                Err(e) => say!("memtrace: no usage check at allocations: {e}"),
+            }
+        }
+        Ok(())
+    }
+
+    fn on_start(&mut self, s: &mut Session) -> Result<()> {
+        self.sample(s)?;
+        if let Some(pct) = self.args.warn {
+            let page = crate::kernel::btf::page_size();
+            for w in &self.groups {
+                if let (Some(thr), Some((_, at))) = (w.threshold(pct), &w.limit) {
+                    let line = MemcgLine {
+                        pages: thr.div_ceil(page),
+                        crossed: 0,
+                    };
+                    s.hash_insert(names::MEMCG_LINES, at.id(), line, 0)?;
+                }
+            }
+        }
+        self.arm()
+    }
+
+    fn on_record(&mut self, data: &[u8], s: &mut Session, out: &mut dyn Printer) -> Result<()> {
+        if let Some(ev) = record::<MemcgCross>(data, kind::MEMCG_CROSS) {
+            return self.on_cross(&ev, s, out);
+        }
+        self.on_oom(data, s, out)
+    }
+
+    fn wakeup_fd(&self) -> Option<std::os::fd::RawFd> {
+        self.poller.as_ref().map(Poller::fd)
+    }
+
+    fn on_wakeup(&mut self, s: &mut Session, out: &mut dyn Printer) -> Result<()> {
+        let tags = self.poller.as_mut().map(Poller::ready).unwrap_or_default();
+        for tag in tags {
+            if tag == TAG_TIMER {
+                self.sample(s)?;
+                // v2 has no usage notifier: usage is checked at each sample too.
+                for i in 0..self.groups.len() {
+                    if self.groups[i].group.version == Version::V2 {
+                        self.check_usage(i, "sample", s, out)?;
+                    }
+                }
+                // The v1 notifier fires at a crossing only: a group over
+                // the line already is warned about at the first sample.
+                if !self.checked_start {
+                    self.checked_start = true;
+                    for i in 0..self.groups.len() {
+                        self.check_usage(i, "at start", s, out)?;
+                    }
+                }
+                continue;
+            }
+            let i = (tag / TAGS) as usize;
+            match tag % TAGS {
+                TAG_PRESSURE => self.warn(i, "pressure", s, out)?,
+                TAG_EVENTS => self.check_usage(i, "memory.events", s, out)?,
+                _ => self.check_usage(i, "threshold", s, out)?,
+            }
+        }
+        Ok(())
+    }
+
+    fn done(&self) -> bool {
+        self.args.fail && self.warnings > 0
+    }
+
+    fn report(&mut self, s: &mut Session, out: &mut dyn Printer, _clear: bool) -> Result<()> {
+        self.table(s, out)
+    }
+
+    fn events(&self) -> u64 {
+        self.rows
+    }
+
+    fn summary_extra(&self) -> Vec<(&'static str, Value)> {
+        vec![
+            ("groups", Value::U(self.groups.len() as u64)),
+            ("warnings", Value::U(self.warnings)),
+            ("oom_kills", Value::U(self.kills)),
+        ]
+    }
+
+    fn exit_code(&self) -> i32 {
+        if self.args.fail && self.warnings > 0 {
+            3
+        } else {
+            0
+        }
+    }
+}

@@ -1,0 +1,160 @@
+//! The warning at a crossing: the group, its usage and limit, and the
+//! processes in it that grew most, each with the stack of its latest growth.
+
+use std::time::Instant;
+
+use memtrace_common::{memcg::MemcgCross, names};
+
+use super::{rss, Memcg};
+use crate::error::Result;
+use crate::output::{clock, Col, Printer, Row, Value};
+use crate::records::comm;
+use crate::session::Session;
+use crate::tool::Tool;
+
+/// Processes listed (and stacks printed) per warning.
+const TOP: usize = 5;
+
+impl Memcg {
+    /// Warns if group `i` is at or over the `--warn` line (the notifiers
+    /// also fire on the way down).
+    pub(super) fn check_usage(
+        &mut self,
+        i: usize,
+        why: &str,
+        s: &mut Session,
+        out: &mut dyn Printer,
+    ) -> Result<()> {
+        let Some(pct) = self.args.warn else {
+            return Ok(());
+        };
+        let w = &self.groups[i];
+        let (Some(thr), Some(usage)) = (w.threshold(pct), w.limit.as_ref().and_then(|(_, at)| at.usage())) else {
+            return Ok(());
+        };
+        if usage >= thr {
+            self.warn(i, why, s, out)?;
+        }
+        Ok(())
+    }
+
+    /// The kernel saw an allocation take the group that sets a limit over
+    /// the line: every watched group under that limit with the allocating
+    /// task in it is warned about.
+    pub(super) fn on_cross(
+        &mut self,
+        ev: &MemcgCross,
+        s: &mut Session,
+        out: &mut dyn Printer,
+    ) -> Result<()> {
+        for i in 0..self.groups.len() {
+            let w = &self.groups[i];
+            let under = w.limit.as_ref().is_some_and(|(_, at)| at.id() == ev.limit_id);
+            if under && w.ids.contains(&ev.task_id) {
+                self.warn(i, "allocation", s, out)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// One warning per group.
+    pub(super) fn warn(
+        &mut self,
+        i: usize,
+        why: &str,
+        s: &mut Session,
+        out: &mut dyn Printer,
+    ) -> Result<()> {
+        if self.groups[i].warned {
+            return Ok(());
+        }
+        self.groups[i].warned = true;
+        self.warnings += 1;
+        let w = &self.groups[i];
+        let usage_at = w.limit.as_ref().map_or(w.group.clone(), |(_, at)| at.clone());
+        let usage = usage_at.usage().unwrap_or(0);
+        let psi = w.group.psi();
+        // Who grew most over the window, among the group's processes.
+        let now = Instant::now();
+        let mut procs: Vec<(u32, u64, u64, memtrace_common::memcg::MemcgProc)> = s
+            .hash_entries(names::MEMCG_PROCS)
+            .into_iter()
+            .filter(|(_, v)| w.ids.contains(&v.memcg_id))
+            .map(|(pid, v)| {
+                let now_rss = rss(&v);
+                let before = self
+                    .rss_history
+                    .get(&pid)
+                    .and_then(|h| h.front())
+                    .filter(|(at, _)| now.duration_since(*at) <= super::GROWTH_WINDOW)
+                    .map_or(0, |(_, b)| *b);
+                (pid, now_rss, now_rss.saturating_sub(before), v)
+            })
+            .collect();
+        procs.sort_by_key(|p| std::cmp::Reverse(p.2));
+        procs.truncate(TOP);
+        let pids: Vec<String> = procs.iter().map(|p| p.0.to_string()).collect();
+        let cols = [
+            Col::text("time", "TIME", 8),
+            Col::text("cgroup", "CGROUP", 24),
+            Col::text("trigger", "BY", 13),
+            Col::num("usage_kb", "USAGE_KB", 10),
+            Col::num("limit_kb", "LIMIT_KB", 10),
+            Col::text("limit_at", "LIMIT_AT", 16),
+            Col::num("pct", "PCT", 6),
+            Col::num("warn_pct", "WARN", 5),
+            Col::num("psi_some_avg10", "PSI_SOME", 8),
+            Col::text("pids", "GREW_MOST", 20),
+        ];
+        let limit = w.limit.as_ref().map(|(l, _)| *l);
+        let row = Row(vec![
+            clock().into(),
+            w.group.path.clone().into(),
+            why.into(),
+            (usage / 1024).into(),
+            limit.map(|l| l / 1024).into(),
+            w.limit.as_ref().map(|(_, at)| at.path.clone()).into(),
+            limit.map_or(Value::Null, |l| Value::F(usage as f64 * 100.0 / l as f64, 1)),
+            self.args.warn.map_or(Value::Null, |p| Value::F(p, 1)),
+            psi.map_or(Value::Null, |p| Value::F(p.some_avg10, 2)),
+            pids.join(",").into(),
+        ]);
+        out.table("memcg_warn", "WARNING: memory cgroup near its limit", &cols, &[row]);
+        let pcols = [
+            Col::num("pid", "PID", 7),
+            Col::text("comm", "COMM", 16),
+            Col::num("rss_kb", "RSS_KB", 10),
+            Col::num("grew_kb", "GREW_KB", 10),
+        ];
+        let rows: Vec<Row> = procs
+            .iter()
+            .map(|(pid, now_rss, grew, v)| {
+                Row(vec![
+                    (*pid).into(),
+                    comm(&v.comm).into(),
+                    (now_rss / 1024).into(),
+                    (grew / 1024).into(),
+                ])
+            })
+            .collect();
+        out.table("memcg_warn_process", "Grew most", &pcols, &rows);
+        let mode = self.stack_mode();
+        let stacks: Vec<_> = procs
+            .iter()
+            .filter(|p| p.2 > 0)
+            .map(|(pid, _, grew, v)| {
+                crate::ustack::stack_report(
+                    s,
+                    *pid,
+                    comm(&v.comm),
+                    (v.ustack, v.kstack),
+                    mode,
+                    1,
+                    Some(*grew),
+                )
+            })
+            .collect();
+        out.stacks("memcg_warn_stack", "Latest growth", &stacks);
+        Ok(())
+    }
+}

@@ -1,0 +1,183 @@
+//! `memtrace memcg` against real memory cgroups: the table's limits, the
+//! warning before the OOM kill, `--fail`.
+
+mod common;
+
+use std::os::unix::process::ExitStatusExt;
+use std::process::Stdio;
+use std::time::Duration;
+
+use common::*;
+
+/// Skips (printing why) where no memory cgroup can be made.
+fn memcg_here(test: &str) -> bool {
+    memcg_root().is_some() || {
+        skip(test, "no memory cgroup controller (v1 or v2)");
+        false
+    }
+}
+
+/// A child group of `cg` without a limit of its own, removed on drop
+/// (before its parent, which `Memcg` removes).
+struct Child(std::path::PathBuf);
+
+impl Child {
+    fn new(cg: &Memcg, name: &str) -> Child {
+        let p = cg.path.join(name);
+        std::fs::create_dir_all(&p).expect("create child memcg");
+        Child(p)
+    }
+}
+
+impl Drop for Child {
+    fn drop(&mut self) {
+        for _ in 0..50 {
+            if std::fs::remove_dir(&self.0).is_ok() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+}
+
+fn sample_of<'a>(rows: &'a [serde_json::Value], cgroup: &str) -> &'a serde_json::Value {
+    rows.iter()
+        .find(|r| r["cgroup"] == cgroup)
+        .unwrap_or_else(|| panic!("no row of {cgroup}: {rows:?}"))
+}
+
+#[test]
+fn table_row_of_a_limited_group_shows_its_limit() {
+    if !memcg_here("table_row_of_a_limited_group_shows_its_limit") {
+        return;
+    }
+    let cg = Memcg::new("table", "96M");
+    // No --cgroup: every group with a limit, this one among them.
+    let out = run_with(&["memcg", "-d", "1", "--json"], WAIT);
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    let rows = json_of(&out.stdout, "memcg_sample");
+    let r = sample_of(&rows, &format!("/{}", cg.name));
+    assert_eq!(r["limit_kb"], 96 * 1024, "{r}");
+    assert_eq!(r["limit_at"], format!("/{}", cg.name), "{r}");
+    assert_eq!(r["limit_level"], 0, "{r}");
+}
+
+#[test]
+fn a_limit_set_on_the_parent_is_reported_at_the_parent() {
+    if !memcg_here("a_limit_set_on_the_parent_is_reported_at_the_parent") {
+        return;
+    }
+    let cg = Memcg::new("parent", "80M");
+    let _kid = Child::new(&cg, "kid");
+    let path = format!("/{}/kid", cg.name);
+    let out = run_with(&["memcg", "--cgroup", &path, "-d", "1", "--json"], WAIT);
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    let rows = json_of(&out.stdout, "memcg_sample");
+    assert_eq!(rows.len(), 1, "{}", out.stdout);
+    let r = sample_of(&rows, &path);
+    assert_eq!(r["limit_kb"], 80 * 1024, "{r}");
+    assert_eq!(r["limit_at"], format!("/{}", cg.name), "{r}");
+    assert_eq!(r["limit_level"], 1, "{r}");
+}
+
+#[test]
+fn warning_at_75_percent_comes_before_the_oom_kill_and_names_the_grower() {
+    if !memcg_here("warning_at_75_percent_comes_before_the_oom_kill_and_names_the_grower") {
+        return;
+    }
+    let cg = Memcg::new("warn", "128M");
+    let path = format!("/{}", cg.name);
+    let tracer = Tracer::start(&["memcg", "--cgroup", &path, "--warn", "75", "--json"]);
+    // 10 MiB every 100 ms up to 300 MiB: through 96 MiB, then killed at 128.
+    let mut child = cg
+        .command(&workload_bin())
+        .args(["steps", "10", "30", "100"])
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    let pid = child.id();
+    let st = wait_child(&mut child, WAIT);
+    assert_eq!(st.signal(), Some(libc::SIGKILL), "not OOM-killed: {st:?}");
+    std::thread::sleep(Duration::from_millis(1500));
+    let out = tracer.interrupt();
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    let types: Vec<String> = out
+        .stdout
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .map(|v| v["type"].as_str().unwrap_or("").to_string())
+        .collect();
+    let warn_at = types.iter().position(|t| t == "memcg_warn");
+    let oom_at = types.iter().position(|t| t == "memcg_oom");
+    assert!(
+        warn_at.is_some() && oom_at.is_some() && warn_at < oom_at,
+        "the warning must come before the kill: {}",
+        out.stdout
+    );
+    let warns = json_of(&out.stdout, "memcg_warn");
+    assert_eq!(warns.len(), 1, "one warning per group: {}", out.stdout);
+    let w = &warns[0];
+    assert_eq!(w["cgroup"], path);
+    assert_eq!(w["limit_kb"], 128 * 1024);
+    let pct = w["pct"].as_f64().unwrap();
+    assert!((75.0..100.0).contains(&pct), "{w}");
+    assert_eq!(
+        w["pids"].as_str().unwrap().split(',').next(),
+        Some(pid.to_string().as_str()),
+        "{w}"
+    );
+    // Its latest growth, by the function that allocates.
+    let stacks = json_of(&out.stdout, "memcg_warn_stack");
+    let s = stacks
+        .iter()
+        .find(|s| s["pid"] == pid)
+        .unwrap_or_else(|| panic!("no stack of {pid}: {}", out.stdout));
+    let frames = s["user_stack"].as_array().unwrap();
+    assert!(
+        frames
+            .iter()
+            .any(|f| f.as_str().unwrap().contains("allocate_and_touch_mib")),
+        "{s}"
+    );
+    // The kill report: the victim and the run-up.
+    let kills = json_of(&out.stdout, "memcg_oom");
+    assert_eq!(kills.len(), 1, "{}", out.stdout);
+    assert_eq!(kills[0]["victim_pid"], pid);
+    let timeline = json_of(&out.stdout, "memcg_oom_timeline");
+    assert!(
+        timeline
+            .iter()
+            .any(|t| t["usage_kb"].as_u64().unwrap() > 32 * 1024),
+        "the timeline shows the growth: {timeline:?}"
+    );
+    let sample = json_of(&out.stdout, "memcg_sample");
+    assert_eq!(sample_of(&sample, &path)["oom_kill"], 1, "{}", out.stdout);
+}
+
+#[test]
+fn fail_exits_3_after_the_first_warning() {
+    if !memcg_here("fail_exits_3_after_the_first_warning") {
+        return;
+    }
+    let cg = Memcg::new("fail", "128M");
+    let path = format!("/{}", cg.name);
+    let tracer = Tracer::start(&["memcg", "--cgroup", &path, "--warn", "50", "--fail"]);
+    // 80 MiB of 128: over the line, under the limit; it stays.
+    let mut holder = cg
+        .command(&workload_bin())
+        .args(["hold", "80"])
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    let out = tracer.wait(Duration::from_secs(30));
+    let _ = holder.kill();
+    wait_child(&mut holder, WAIT);
+    assert_eq!(out.code, 3, "{}\n{}", out.stdout, out.stderr);
+    assert!(out.stdout.contains("WARNING"), "{}", out.stdout);
+}
+
+#[test]
+fn fail_needs_a_warning_to_fail_on() {
+    let out = run_with(&["memcg", "--fail", "-d", "1"], WAIT);
+    assert_eq!(out.code, 2, "{}", out.stderr);
+}
