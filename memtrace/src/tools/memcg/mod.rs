@@ -5,6 +5,8 @@
 //! processes that grew most, with the stack of their latest allocations.
 
 use std::collections::{HashMap, HashSet, VecDeque};
+
+use memtrace_common::memcg::NO_LINE;
 use std::time::{Duration, Instant};
 
 use memtrace_common::{
@@ -207,7 +209,9 @@ impl Memcg {
     /// processes the kernel follows; refreshes the ids it follows.
     fn sample(&mut self, s: &mut Session) -> Result<()> {
         let now = Instant::now();
-        let mut watch = HashSet::new();
+        // Each followed group's id, and how many levels up the group that
+        // sets its limit is (the kernel checks that one's usage).
+        let mut watch = HashMap::new();
         for w in &mut self.groups {
             w.timeline.push_back(Sample {
                 at: now,
@@ -217,12 +221,18 @@ impl Memcg {
             while w.timeline.front().is_some_and(|x| now - x.at > TIMELINE) {
                 w.timeline.pop_front();
             }
-            w.ids = w.group.with_descendants().iter().map(Group::id).collect();
-            watch.extend(w.ids.iter().copied());
+            let all = w.group.with_descendants();
+            w.ids = all.iter().map(Group::id).collect();
+            for g in &all {
+                let up = w.limit.as_ref().map_or(NO_LINE, |(_, at)| {
+                    table::levels_up(&g.path, &at.path).min(NO_LINE as u64) as u8
+                });
+                watch.insert(g.id(), up);
+            }
         }
         if self.warning() {
-            for id in &watch {
-                s.hash_insert(names::MEMCG_WATCH, *id, 1u8, 0)?;
+            for (id, up) in &watch {
+                s.hash_insert(names::MEMCG_WATCH, *id, *up, 0)?;
             }
             for (pid, v) in s.hash_entries(names::MEMCG_PROCS) {
                 if !crate::proc::alive(pid) {
@@ -262,6 +272,12 @@ impl Tool for Memcg {
                 "kmem",
                 "rss_stat",
             ));
+            // Optional: the cgroup notifiers warn without it.
+            p.push(
+                Probe::new("usage at allocations")
+                    .tracepoint(names::MEMCG_LINE, "kmem", "rss_stat")
+                    .optional(),
+            );
         }
         // Optional: the table and warnings work without it.
         p.extend(crate::oom::probes().into_iter().map(Probe::optional));
