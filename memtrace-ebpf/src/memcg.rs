@@ -122,16 +122,23 @@ pub fn memcg_rss(ctx: TracePointContext) -> u32 {
     v.bytes[slot] = size;
     v.memcg_id = memcg;
     let total = (v.bytes[0] + v.bytes[1] + v.bytes[3]).max(0) as u64;
-    if total >= v.stack_at + STACK_STEP {
-        let (ustack, kstack) = stack_ids(&ctx, 0, 0);
+    if total < v.stack_at {
+        // Shrunk: the next growth step is counted from here.
+        v.stack_at = total;
+    }
+    if total < v.stack_at + STACK_STEP {
+        return 0;
+    }
+    // The entry is looked up again after the walk: little kept live across
+    // it, which the 6.1 verifier needs to bound the walk's reads.
+    let (ustack, kstack) = stack_ids(&ctx, 0, 0);
+    if let Some(v) = MEMCG_PROCS.get_ptr_mut(&tgid) {
+        let v = unsafe { &mut *v };
         v.ustack = ustack;
         v.kstack = kstack;
         v.stack_at = total;
         // Its name now: it may have exec'd since it was first seen.
         v.comm = bpf_get_current_comm().unwrap_or(v.comm);
-    } else if total < v.stack_at {
-        // Shrunk: the next growth step is counted from here.
-        v.stack_at = total;
     }
     0
 }
