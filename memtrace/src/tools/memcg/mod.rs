@@ -313,7 +313,7 @@ impl Tool for Memcg {
             }
             let i = (tag / TAGS) as usize;
             match tag % TAGS {
-                TAG_PRESSURE => self.warn(i, "pressure", s, out)?,
+                TAG_PRESSURE => self.warn(i, "pressure", None, s, out)?,
                 TAG_EVENTS => self.check_usage(i, "memory.events", s, out)?,
                 _ => self.check_usage(i, "threshold", s, out)?,
             }
