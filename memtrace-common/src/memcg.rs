@@ -7,6 +7,12 @@ use crate::{rss::NR, TASK_COMM_LEN};
 /// since the last one: its latest allocations, without a stack per page.
 pub const STACK_STEP: u64 = 1 << 20;
 
+/// `MEMCG_WATCH` value of a group without a limit above it.
+pub const NO_LINE: u8 = 0xff;
+
+/// Levels a kernel program climbs at most to the group that sets the limit.
+pub const MAX_LEVELS: u8 = 8;
+
 /// One process in a watched group.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
@@ -59,7 +65,5 @@ pub struct MemcgCross {
     /// Kernfs id of the allocating task's group.
     pub task_id: u64,
     pub usage_pages: u64,
-    pub ustack: i32,
-    pub kstack: i32,
     pub comm: [u8; TASK_COMM_LEN],
 }

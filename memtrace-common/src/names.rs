@@ -209,6 +209,7 @@ progs! {
     RSS_STAT = rss_stat,
     // memcg.
     MEMCG_RSS = memcg_rss,
+    MEMCG_LINE = memcg_line,
     // swapin.
     SWAPIN_KPROBE = swapin_kprobe,
     SWAPIN_FENTRY = swapin_fentry,

@@ -11,7 +11,7 @@ use aya_ebpf::{
 };
 use memtrace_common::{
     kind, loss,
-    memcg::{MemcgCross, MemcgLine, MemcgOffsets, MemcgProc, STACK_STEP},
+    memcg::{MemcgCross, MemcgLine, MemcgOffsets, MemcgProc, MAX_LEVELS, STACK_STEP},
     rss::{RssConfig, NR},
     TASK_COMM_LEN,
 };
@@ -44,40 +44,44 @@ static MEMCG_OFFS: Global<MemcgOffsets> = Global::new(MemcgOffsets {
 #[map]
 static MEMCG_LINES: HashMap<u64, MemcgLine> = HashMap::with_max_entries(1024, NO_PREALLOC);
 
-/// How many levels up from a task's group the group that sets the limit is looked for.
-const MAX_LEVELS: usize = 8;
-
+/// Followed groups by kernfs id: how many levels up the group that sets
+/// their limit is (`NO_LINE`: none).
 #[map]
 static MEMCG_WATCH: HashMap<u64, u8> = HashMap::with_max_entries(1024, NO_PREALLOC);
 
 #[map]
 static MEMCG_PROCS: HashMap<u32, MemcgProc> = HashMap::with_max_entries(4096, NO_PREALLOC);
 
-#[tracepoint]
-pub fn memcg_rss(ctx: TracePointContext) -> u32 {
-    let c = MEMCG_CFG.load();
-    // Only changes a process makes to its own mm: those are its
-    // allocations, with its stack (reclaim changing it from elsewhere is not).
+/// The current task's memory css, its group's id and that group's watch
+/// entry, for a change the task makes to its own mm (`curr`): those are its
+/// allocations, with its stack (reclaim changing it from elsewhere is not).
+#[inline(always)]
+fn watched(ctx: &TracePointContext, c: &RssConfig) -> Option<(*const u8, u64, u8)> {
     let Ok(curr) = (unsafe { ctx.read_at::<u32>(c.tp_curr as usize) }) else {
         count_loss(loss::READ);
-        return 0;
+        return None;
     };
-    if curr == 0 {
-        return 0;
-    }
     let t = TASK.load();
-    if t.valid == 0 {
-        return 0;
+    if curr == 0 || t.valid == 0 {
+        return None;
     }
-    // The task's memory css, and its group's id.
     let css = unsafe {
         let cset = read0::<*const u8>(current_task(), t.cgroups);
         read0::<*const u8>(cset, t.css_set_subsys + t.memory_cgrp_id * 8)
     };
     let memcg = unsafe { css_cgroup_id(css) };
-    if unsafe { MEMCG_WATCH.get(&memcg) }.is_none() {
+    let up = unsafe { MEMCG_WATCH.get(&memcg) }.copied()?;
+    Some((css, memcg, up))
+}
+
+/// The RSS counters of the watched groups' processes, with the stack of
+/// each one's latest growth.
+#[tracepoint]
+pub fn memcg_rss(ctx: TracePointContext) -> u32 {
+    let c = MEMCG_CFG.load();
+    let Some((_, memcg, _)) = watched(&ctx, &c) else {
         return 0;
-    }
+    };
     let (Ok(member), Ok(size)) = (unsafe {
         (
             ctx.read_at::<i32>(c.tp_member as usize),
@@ -118,60 +122,77 @@ pub fn memcg_rss(ctx: TracePointContext) -> u32 {
     v.bytes[slot] = size;
     v.memcg_id = memcg;
     let total = (v.bytes[0] + v.bytes[1] + v.bytes[3]).max(0) as u64;
-    if total >= v.stack_at + STACK_STEP {
-        let (u, k) = stack_ids(&ctx, 0, 0);
-        v.ustack = u;
-        v.kstack = k;
-        v.stack_at = total;
-        // Its name now: it may have exec'd since it was first seen.
-        v.comm = bpf_get_current_comm().unwrap_or(v.comm);
-    } else if total < v.stack_at {
+    if total < v.stack_at {
         // Shrunk: the next growth step is counted from here.
         v.stack_at = total;
     }
-    check_line(&ctx, css, memcg, tgid);
+    if total < v.stack_at + STACK_STEP {
+        return 0;
+    }
+    // The entry is looked up again after the walk: little kept live across
+    // it, which the 6.1 verifier needs to bound the walk's reads.
+    let (ustack, kstack) = stack_ids(&ctx, 0, 0);
+    if let Some(v) = MEMCG_PROCS.get_ptr_mut(&tgid) {
+        let v = unsafe { &mut *v };
+        v.ustack = ustack;
+        v.kstack = kstack;
+        v.stack_at = total;
+        // Its name now: it may have exec'd since it was first seen.
+        v.comm = bpf_get_current_comm().unwrap_or(v.comm);
+    }
     0
 }
 
-/// Whether the group that sets the limit of the task's group (`css`, id
-/// `memcg`) is over its warning line, read from its page counter now:
-/// reported once, at the allocation that crossed it.
+/// The usage of the group that sets a watched group's limit, checked
+/// against its warning line at each allocation in the group: a program of
+/// its own, as one with the stack walk too was more than the 6.1 verifier
+/// would take.
+#[tracepoint]
+pub fn memcg_line(ctx: TracePointContext) -> u32 {
+    let c = MEMCG_CFG.load();
+    let Some((css, memcg, up)) = watched(&ctx, &c) else {
+        return 0;
+    };
+    if let Some((limit_id, usage)) = over_line(css, up) {
+        emit(&MemcgCross {
+            kind: kind::MEMCG_CROSS,
+            pid: current_tgid(),
+            limit_id,
+            task_id: memcg,
+            usage_pages: usage,
+            comm: bpf_get_current_comm().unwrap_or([0; TASK_COMM_LEN]),
+        });
+    }
+    0
+}
+
+/// Whether the group that sets the limit, `up` levels above the task's
+/// group (its css), is over its warning line, read from its page counter
+/// now: that group's id and usage in pages, once (the line is then marked
+/// crossed). The levels come from userspace: one map lookup, not one per level.
 #[inline(always)]
-fn check_line(ctx: &TracePointContext, css: *const u8, memcg: u64, tgid: u32) {
+fn over_line(css: *const u8, up: u8) -> Option<(u64, u64)> {
     let o = MEMCG_OFFS.load();
-    if o.valid == 0 {
-        return;
+    if o.valid == 0 || up >= MAX_LEVELS {
+        return None;
     }
     let mut css = css;
-    for _ in 0..MAX_LEVELS {
-        if css.is_null() {
-            return;
-        }
-        let id = unsafe { css_cgroup_id(css) };
-        if let Some(line) = MEMCG_LINES.get_ptr_mut(&id) {
-            let line = unsafe { &mut *line };
-            if line.crossed != 0 {
-                return;
-            }
-            let counter = css.wrapping_sub(o.memcg_css as usize);
-            let usage: u64 = unsafe { read0(counter, o.memcg_memory + o.counter_usage) };
-            if usage < line.pages {
-                return;
-            }
-            line.crossed = 1;
-            let (ustack, kstack) = stack_ids(ctx, 0, 0);
-            emit(&MemcgCross {
-                kind: kind::MEMCG_CROSS,
-                pid: tgid,
-                limit_id: id,
-                task_id: memcg,
-                usage_pages: usage,
-                ustack,
-                kstack,
-                comm: bpf_get_current_comm().unwrap_or([0; TASK_COMM_LEN]),
-            });
-            return;
+    for i in 0..MAX_LEVELS {
+        if i >= up {
+            break;
         }
         css = unsafe { read0::<*const u8>(css, o.css_parent) };
     }
+    let id = unsafe { css_cgroup_id(css) };
+    let line = unsafe { &mut *MEMCG_LINES.get_ptr_mut(&id)? };
+    if line.crossed != 0 {
+        return None;
+    }
+    let memcg = css.wrapping_sub(o.memcg_css as usize);
+    let usage: u64 = unsafe { read0(memcg, o.memcg_memory + o.counter_usage) };
+    if usage < line.pages {
+        return None;
+    }
+    line.crossed = 1;
+    Some((id, usage))
 }

@@ -69,6 +69,10 @@ pub(super) fn walk_user_stack() -> (i32, u32) {
     } else {
         4096 - in0
     };
+    // Opaque, so that LLVM keeps this constant bound: it folded it into the
+    // comparison above, between two registers, which verifiers before about
+    // 6.8 do not bound a size by (6.1 refused the read).
+    let first = core::hint::black_box(first);
     if first <= WINDOW as u64
         && unsafe {
             bpf_probe_read_user(

@@ -5,6 +5,7 @@
 //! processes that grew most, with the stack of their latest allocations.
 
 use std::collections::{HashMap, HashSet, VecDeque};
+
 use std::time::{Duration, Instant};
 
 use memtrace_common::{
@@ -28,6 +29,7 @@ use crate::tool::{Prep, Tool};
 mod oom;
 mod table;
 mod warn;
+mod watch;
 
 #[derive(Debug, Clone, clap::Args)]
 pub struct Args {
@@ -173,72 +175,6 @@ impl Memcg {
     fn warning(&self) -> bool {
         self.args.warn.is_some() || self.args.warn_pressure.is_some()
     }
-
-    /// Arms the kernel's notifiers for each group, and the sampling timer.
-    fn arm(&mut self) -> Result<()> {
-        let mut p = Poller::new()?;
-        p.timer(SAMPLE_EVERY, TAG_TIMER)?;
-        for (i, w) in self.groups.iter().enumerate() {
-            let tag = i as u64 * TAGS;
-            if let (Some(pct), Some((_, at))) = (self.args.warn, &w.limit) {
-                let thr = w.threshold(pct).unwrap_or(0);
-                // Armed on the level that sets the limit: its usage is what hits it.
-                let armed = match at.version {
-                    Version::V1 => p.v1_threshold(&at.dir(), thr, tag + TAG_USAGE),
-                    // v2 has no usage notifier: memory.events changes (and
-                    // the sampling timer) have usage checked.
-                    Version::V2 => p.v2_events(&w.group.dir(), tag + TAG_EVENTS),
-                };
-                if let Err(e) = armed {
-                    say!("memtrace: {}: no usage notifier: {e}", w.group.path);
-                }
-            }
-            if let Some((kind, pct)) = &self.args.warn_pressure {
-                if let Err(e) = p.psi_trigger(&w.group.dir(), kind, *pct, tag + TAG_PRESSURE) {
-                    say!("memtrace: {}: no PSI trigger: {e}", w.group.path);
-                }
-            }
-        }
-        self.poller = Some(p);
-        Ok(())
-    }
-
-    /// Samples usage and pressure for the timeline, and the RSS of the
-    /// processes the kernel follows; refreshes the ids it follows.
-    fn sample(&mut self, s: &mut Session) -> Result<()> {
-        let now = Instant::now();
-        let mut watch = HashSet::new();
-        for w in &mut self.groups {
-            w.timeline.push_back(Sample {
-                at: now,
-                usage: w.group.usage().unwrap_or(0),
-                psi: w.group.psi(),
-            });
-            while w.timeline.front().is_some_and(|x| now - x.at > TIMELINE) {
-                w.timeline.pop_front();
-            }
-            w.ids = w.group.with_descendants().iter().map(Group::id).collect();
-            watch.extend(w.ids.iter().copied());
-        }
-        if self.warning() {
-            for id in &watch {
-                s.hash_insert(names::MEMCG_WATCH, *id, 1u8, 0)?;
-            }
-            for (pid, v) in s.hash_entries(names::MEMCG_PROCS) {
-                if !crate::proc::alive(pid) {
-                    s.hash_remove(names::MEMCG_PROCS, &pid)?;
-                    self.rss_history.remove(&pid);
-                    continue;
-                }
-                let h = self.rss_history.entry(pid).or_default();
-                h.push_back((now, rss(&v)));
-                while h.front().is_some_and(|x| now - x.0 > GROWTH_WINDOW) {
-                    h.pop_front();
-                }
-            }
-        }
-        Ok(())
-    }
 }
 
 /// RSS (file + anon + shmem) of a followed process, in bytes.
@@ -262,6 +198,12 @@ impl Tool for Memcg {
                 "kmem",
                 "rss_stat",
             ));
+            // Optional: the cgroup notifiers warn without it.
+            p.push(
+                Probe::new("usage at allocations")
+                    .tracepoint(names::MEMCG_LINE, "kmem", "rss_stat")
+                    .optional(),
+            );
         }
         // Optional: the table and warnings work without it.
         p.extend(crate::oom::probes().into_iter().map(Probe::optional));
@@ -371,7 +313,7 @@ impl Tool for Memcg {
             }
             let i = (tag / TAGS) as usize;
             match tag % TAGS {
-                TAG_PRESSURE => self.warn(i, "pressure", s, out)?,
+                TAG_PRESSURE => self.warn(i, "pressure", None, s, out)?,
                 TAG_EVENTS => self.check_usage(i, "memory.events", s, out)?,
                 _ => self.check_usage(i, "threshold", s, out)?,
             }

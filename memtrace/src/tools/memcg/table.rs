@@ -87,7 +87,7 @@ impl Memcg {
 }
 
 /// How many levels `ancestor` is above `path` (0: itself).
-fn levels_up(path: &str, ancestor: &str) -> u64 {
+pub(super) fn levels_up(path: &str, ancestor: &str) -> u64 {
     let depth = |p: &str| p.split('/').filter(|c| !c.is_empty()).count() as u64;
     depth(path).saturating_sub(depth(ancestor))
 }

@@ -33,7 +33,8 @@ impl Memcg {
             return Ok(());
         };
         if usage >= thr {
-            self.warn(i, why, s, out)?;
+            // The usage that was over the line, not a later read.
+            self.warn(i, why, Some(usage), s, out)?;
         }
         Ok(())
     }
@@ -51,7 +52,8 @@ impl Memcg {
             let w = &self.groups[i];
             let under = w.limit.as_ref().is_some_and(|(_, at)| at.id() == ev.limit_id);
             if under && w.ids.contains(&ev.task_id) {
-                self.warn(i, "allocation", s, out)?;
+                let usage = ev.usage_pages * crate::kernel::btf::page_size();
+                self.warn(i, "allocation", Some(usage), s, out)?;
             }
         }
         Ok(())
@@ -62,6 +64,7 @@ impl Memcg {
         &mut self,
         i: usize,
         why: &str,
+        usage: Option<u64>,
         s: &mut Session,
         out: &mut dyn Printer,
     ) -> Result<()> {
@@ -72,7 +75,7 @@ impl Memcg {
         self.warnings += 1;
         let w = &self.groups[i];
         let usage_at = w.limit.as_ref().map_or(w.group.clone(), |(_, at)| at.clone());
-        let usage = usage_at.usage().unwrap_or(0);
+        let usage = usage.or_else(|| usage_at.usage()).unwrap_or(0);
         let psi = w.group.psi();
         // Who grew most over the window, among the group's processes.
         let now = Instant::now();

@@ -1,0 +1,89 @@
+//! Watching the groups: the kernel's notifiers armed, and the samples the
+//! timeline and the growth of each process come from.
+
+use std::collections::HashMap;
+use std::time::Instant;
+
+use memtrace_common::{memcg::NO_LINE, names};
+
+use super::{rss, table, Memcg, Sample, GROWTH_WINDOW, SAMPLE_EVERY, TAGS, TAG_EVENTS, TAG_PRESSURE, TAG_TIMER, TAG_USAGE, TIMELINE};
+use crate::cgroup::{Group, Version};
+use crate::error::Result;
+use crate::session::Session;
+use crate::cgroup::notify::Poller;
+
+impl Memcg {
+    /// Arms the kernel's notifiers for each group, and the sampling timer.
+    pub(super) fn arm(&mut self) -> Result<()> {
+        let mut p = Poller::new()?;
+        p.timer(SAMPLE_EVERY, TAG_TIMER)?;
+        for (i, w) in self.groups.iter().enumerate() {
+            let tag = i as u64 * TAGS;
+            if let (Some(pct), Some((_, at))) = (self.args.warn, &w.limit) {
+                let thr = w.threshold(pct).unwrap_or(0);
+                // Armed on the level that sets the limit: its usage is what hits it.
+                let armed = match at.version {
+                    Version::V1 => p.v1_threshold(&at.dir(), thr, tag + TAG_USAGE),
+                    // v2 has no usage notifier: memory.events changes (and
+                    // the sampling timer) have usage checked.
+                    Version::V2 => p.v2_events(&w.group.dir(), tag + TAG_EVENTS),
+                };
+                if let Err(e) = armed {
+                    say!("memtrace: {}: no usage notifier: {e}", w.group.path);
+                }
+            }
+            if let Some((kind, pct)) = &self.args.warn_pressure {
+                if let Err(e) = p.psi_trigger(&w.group.dir(), kind, *pct, tag + TAG_PRESSURE) {
+                    say!("memtrace: {}: no PSI trigger: {e}", w.group.path);
+                }
+            }
+        }
+        self.poller = Some(p);
+        Ok(())
+    }
+
+    /// Samples usage and pressure for the timeline, and the RSS of the
+    /// processes the kernel follows; refreshes the ids it follows.
+    pub(super) fn sample(&mut self, s: &mut Session) -> Result<()> {
+        let now = Instant::now();
+        // Each followed group's id, and how many levels up the group that
+        // sets its limit is (the kernel checks that one's usage).
+        let mut watch = HashMap::new();
+        for w in &mut self.groups {
+            w.timeline.push_back(Sample {
+                at: now,
+                usage: w.group.usage().unwrap_or(0),
+                psi: w.group.psi(),
+            });
+            while w.timeline.front().is_some_and(|x| now - x.at > TIMELINE) {
+                w.timeline.pop_front();
+            }
+            let all = w.group.with_descendants();
+            w.ids = all.iter().map(Group::id).collect();
+            for g in &all {
+                let up = w.limit.as_ref().map_or(NO_LINE, |(_, at)| {
+                    table::levels_up(&g.path, &at.path).min(NO_LINE as u64) as u8
+                });
+                watch.insert(g.id(), up);
+            }
+        }
+        if self.warning() {
+            for (id, up) in &watch {
+                s.hash_insert(names::MEMCG_WATCH, *id, *up, 0)?;
+            }
+            for (pid, v) in s.hash_entries(names::MEMCG_PROCS) {
+                if !crate::proc::alive(pid) {
+                    s.hash_remove(names::MEMCG_PROCS, &pid)?;
+                    self.rss_history.remove(&pid);
+                    continue;
+                }
+                let h = self.rss_history.entry(pid).or_default();
+                h.push_back((now, rss(&v)));
+                while h.front().is_some_and(|x| now - x.0 > GROWTH_WINDOW) {
+                    h.pop_front();
+                }
+            }
+        }
+        Ok(())
+    }
+}
