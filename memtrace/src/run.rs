@@ -208,7 +208,7 @@ pub fn run(tool: &mut dyn Tool, common: &Common) -> Result<i32> {
     }
 
     let started = Instant::now();
-    let (status, counted_out) = rt.block_on(event_loop(
+    let (status, counted_out, warned_loss) = rt.block_on(event_loop(
         tool,
         &mut session,
         out.as_mut(),
@@ -221,6 +221,10 @@ pub fn run(tool: &mut dyn Tool, common: &Common) -> Result<i32> {
     // (as BCC's `tool 1 3`): only a run cut short reports what is left.
     if !counted_out {
         tool.finish(&mut session, out.as_mut())?;
+    }
+    // A run shorter than one housekeeping tick still warns of what it lost.
+    if let Some(w) = crate::losses::warning(&session.losses(), &warned_loss) {
+        say!("{w}");
     }
     out.flush();
     // A report that could not be written has no summary: the error says why.
@@ -279,7 +283,7 @@ async fn event_loop(
     mut sig: Signals,
     pidfd: Option<OwnedFd>,
     mut exited: Option<&mut tokio::sync::oneshot::Receiver<i32>>,
-) -> Result<(Option<i32>, bool)> {
+) -> Result<(Option<i32>, bool, Vec<(&'static str, u64)>)> {
     let rb = session.ring_buffer()?;
     // SAFETY: the ring buffer owns its map fd for as long as the AsyncFd lives.
     let mut rb = unsafe { AsyncFd::register(rb) }.map_err(std::io::Error::from)?;
@@ -388,7 +392,7 @@ async fn event_loop(
     while let Some(item) = ring.next() {
         dispatch(&item, tool, session, out)?;
     }
-    Ok((status, counted_out))
+    Ok((status, counted_out, warned_loss))
 }
 
 /// Copied stacks go to the unwinder, every other record to the tool.
