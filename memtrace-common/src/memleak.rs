@@ -83,6 +83,32 @@ pub struct MemleakConfig {
     pub page_size: u32,
 }
 
+impl MemleakConfig {
+    /// The value before userspace sets it (a `static` needs a const).
+    pub const INIT: MemleakConfig = MemleakConfig {
+        min_size: 0,
+        max_size: 0,
+        sample_bytes: 0,
+        mmap_len: 0,
+        mmap_flags: 0,
+        sys_ret: 0,
+        munmap_addr: 0,
+        kmalloc_ptr: 0,
+        kmalloc_bytes: 0,
+        cache_alloc_ptr: 0,
+        cache_alloc_bytes: 0,
+        kfree_ptr: 0,
+        cache_free_ptr: 0,
+        page_alloc_pfn: 0,
+        page_alloc_order: 0,
+        page_free_pfn: 0,
+        pcpu_alloc_ptr: 0,
+        pcpu_alloc_bytes: 0,
+        pcpu_free_ptr: 0,
+        page_size: 4096,
+    };
+}
+
 /// A call in flight, between an allocator's entry and its return.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]

@@ -1,0 +1,181 @@
+//! `memleak`: live allocations by stack. The allocator's entry saves the
+//! request per thread, its return records the address with the stack (taken
+//! there: the innermost frame is the caller, whatever the allocator's own
+//! frame pointers), the free deletes it. Per-stack totals are kept beside,
+//! so a report reads one small map unless it filters by age.
+
+use aya_ebpf::{
+    helpers::{bpf_get_current_comm, bpf_get_prandom_u32, bpf_ktime_get_ns},
+    macros::map,
+    maps::{HashMap, PerCpuArray, PerCpuHashMap},
+    Global,
+};
+use memtrace_common::{
+    loss,
+    memleak::{counter, AllocInfo, AllocKey, AllocStats, MemleakConfig, PendingAlloc},
+    stacks::StackKey,
+    TASK_COMM_LEN,
+};
+
+use crate::helpers::{bump_by_stack, capture_stacks, count_loss, Stacks, NO_PREALLOC};
+
+mod kernel;
+mod user;
+
+#[unsafe(no_mangle)]
+static MEMLEAK_CFG: Global<MemleakConfig> = Global::new(MemleakConfig::INIT);
+
+#[map]
+static ML_PENDING: HashMap<u64, PendingAlloc> = HashMap::with_max_entries(1, NO_PREALLOC);
+#[map]
+static ML_ALLOCS: HashMap<AllocKey, AllocInfo> = HashMap::with_max_entries(1, NO_PREALLOC);
+#[map]
+static ML_STACKS: PerCpuHashMap<StackKey, AllocStats> =
+    PerCpuHashMap::with_max_entries(1, NO_PREALLOC);
+/// The same for kernel mode, preallocated: a program that allocates map
+/// entries while tracing the kernel's allocators would trace itself (and
+/// be skipped as recursion).
+#[map]
+static ML_KALLOCS: HashMap<AllocKey, AllocInfo> = HashMap::with_max_entries(1, 0);
+#[map]
+static ML_KSTACKS: PerCpuHashMap<StackKey, AllocStats> = PerCpuHashMap::with_max_entries(1, 0);
+#[map]
+static ML_COUNTS: PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0);
+/// Per CPU: bytes left before the next sampled allocation.
+#[map]
+static ML_SAMPLE: PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0);
+
+#[inline(always)]
+fn bump(i: u32) {
+    if let Some(p) = ML_COUNTS.get_ptr_mut(i) {
+        unsafe { *p += 1 };
+    }
+}
+
+/// Whether an allocation of `size` is recorded, and what it stands for
+/// (allocations, bytes): everything in bounds when exact; under
+/// `--sample-bytes N` about one per N bytes allocated, weighted by N.
+#[inline(always)]
+fn admit(size: u64) -> Option<(u64, u64)> {
+    let c = MEMLEAK_CFG.load();
+    if size < c.min_size || (c.max_size != 0 && size > c.max_size) {
+        bump(counter::OUT_OF_BOUNDS);
+        return None;
+    }
+    if c.sample_bytes == 0 {
+        return Some((1, size));
+    }
+    let left = ML_SAMPLE.get_ptr_mut(0)?;
+    unsafe {
+        if *left > size {
+            *left -= size;
+            bump(counter::UNSAMPLED);
+            return None;
+        }
+        // The next gap is uniform in [0, 2N): mean N, and no allocation
+        // pattern lines up with a fixed period.
+        let r = bpf_get_prandom_u32() as u64;
+        // Never 0, so no division-by-zero panic path for the verifier to refuse.
+        *left = r % (c.sample_bytes << 1).max(1);
+    }
+    if size >= c.sample_bytes {
+        Some((1, size))
+    } else {
+        Some((c.sample_bytes.div_ceil(size.max(1)), c.sample_bytes))
+    }
+}
+
+/// Where live allocations and per-stack totals are kept.
+#[derive(Clone, Copy)]
+struct Tables {
+    allocs: &'static HashMap<AllocKey, AllocInfo>,
+    stacks: &'static PerCpuHashMap<StackKey, AllocStats>,
+}
+
+const USER: Tables = Tables {
+    allocs: &ML_ALLOCS,
+    stacks: &ML_STACKS,
+};
+const KERNEL: Tables = Tables {
+    allocs: &ML_KALLOCS,
+    stacks: &ML_KSTACKS,
+};
+
+/// Records a live allocation at `addr` with the current stacks.
+#[inline(always)]
+fn record<C: aya_ebpf::programs::tracing::StackIdContext>(
+    ctx: &C,
+    t: Tables,
+    tgid: u32,
+    addr: u64,
+    size: u64,
+    origin: u32,
+    weight: (u64, u64),
+) {
+    bump(counter::ALLOCS);
+    let mut st = capture_stacks(ctx, size, 0);
+    let mut key = StackKey {
+        tgid,
+        ustack: st.user,
+        kstack: st.kern,
+        ustack_check: st.user_check,
+    };
+    let (n, bytes) = weight;
+    let set_user =
+        |k: &mut StackKey, st: &Stacks| (k.ustack, k.ustack_check) = (st.user, st.user_check);
+    let add = |v: &mut AllocStats| {
+        v.allocs += n;
+        v.bytes += bytes;
+    };
+    if !bump_by_stack(t.stacks, &mut key, &mut st, set_user, add) {
+        let v = AllocStats {
+            allocs: n,
+            bytes,
+            frees: 0,
+            freed_bytes: 0,
+            comm: bpf_get_current_comm().unwrap_or([0; TASK_COMM_LEN]),
+        };
+        if t.stacks.insert(&key, &v, 0).is_err() {
+            count_loss(loss::MAP_FULL);
+            return;
+        }
+    }
+    let info = AllocInfo {
+        size,
+        ts_ns: unsafe { bpf_ktime_get_ns() },
+        weight: n,
+        weight_bytes: bytes,
+        stack: key,
+    };
+    let k = AllocKey { addr, tgid, origin };
+    if t.allocs.insert(&k, &info, 0).is_err() {
+        // Not kept: take it out of the stack's totals again, so that no
+        // figure claims what cannot be followed to its free.
+        if let Some(v) = t.stacks.get_ptr_mut(&key) {
+            let v = unsafe { &mut *v };
+            v.frees += n;
+            v.freed_bytes += bytes;
+        }
+        count_loss(loss::MAP_FULL);
+    }
+}
+
+/// Deletes a live allocation; true when it was one.
+#[inline(always)]
+fn release(t: Tables, tgid: u32, addr: u64, origin: u32) -> bool {
+    let k = AllocKey { addr, tgid, origin };
+    let Some(info) = (unsafe { t.allocs.get(&k) }).copied() else {
+        return false;
+    };
+    let _ = t.allocs.remove(&k);
+    bump(counter::FREES);
+    let (n, bytes) = (info.weight, info.weight_bytes);
+    let sub = |v: &mut AllocStats| {
+        v.frees += n;
+        v.freed_bytes += bytes;
+    };
+    if let Some(v) = t.stacks.get_ptr_mut(&info.stack) {
+        sub(unsafe { &mut *v });
+    }
+    true
+}

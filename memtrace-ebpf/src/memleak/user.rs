@@ -1,0 +1,211 @@
+//! User mode: the allocator's functions (uprobes placed by userspace) and
+//! anonymous mmap/munmap outside it.
+
+use aya_ebpf::{
+    helpers::{bpf_get_current_pid_tgid, bpf_probe_read_user, generated::bpf_get_attach_cookie},
+    macros::{tracepoint, uprobe, uretprobe},
+    programs::{ProbeContext, RetProbeContext, TracePointContext},
+    EbpfContext,
+};
+use memtrace_common::{
+    loss,
+    memleak::{counter, origin, shape, PendingAlloc},
+};
+
+use super::{admit, bump, record, release, MEMLEAK_CFG, ML_PENDING, USER};
+use crate::helpers::{count_loss, current_tgid, tp_field, wanted};
+
+const MAP_ANONYMOUS: u64 = 0x20;
+
+#[inline(always)]
+fn free_user(tgid: u32, addr: u64) {
+    if addr != 0 && !release(USER, tgid, addr, origin::USER) && MEMLEAK_CFG.load().sample_bytes == 0
+    {
+        bump(counter::FREE_UNKNOWN);
+    }
+}
+
+/// `x * y` for calloc-style requests. BPF has no 128-bit multiply, which
+/// LLVM uses for any overflow check, so a factor of 4 GiB or more
+/// saturates (such a request fails or is absurd anyway).
+#[inline(always)]
+fn mul(x: u64, y: u64) -> u64 {
+    if x >> 32 == 0 && y >> 32 == 0 {
+        x * y
+    } else if x == 0 || y == 0 {
+        0
+    } else {
+        u64::MAX
+    }
+}
+
+/// Every allocator entry point: the request, by the function's shape (the
+/// probe's cookie), kept until its return.
+#[uprobe]
+pub fn ml_alloc_enter(ctx: ProbeContext) -> u32 {
+    if !wanted(current_tgid()) {
+        return 0;
+    }
+    let shape = unsafe { bpf_get_attach_cookie(ctx.as_ptr()) };
+    let a = |n| ctx.arg::<u64>(n).unwrap_or(0);
+    let (size, ptr) = match shape {
+        shape::CALLOC => (mul(a(0), a(1)), 0),
+        shape::REALLOC => (a(1), a(0)),
+        shape::REALLOCARRAY => (mul(a(1), a(2)), a(0)),
+        shape::ALIGNED => (a(1), 0),
+        shape::POSIX_MEMALIGN => (a(2), a(0)),
+        shape::PVALLOC => {
+            let p = MEMLEAK_CFG.load().page_size as u64;
+            (a(0).div_ceil(p.max(1)) * p, 0)
+        }
+        _ => (a(0), 0),
+    };
+    let id = bpf_get_current_pid_tgid();
+    let sp = unsafe { (*ctx.regs).rsp };
+    if let Some(outer) = unsafe { ML_PENDING.get(&id) } {
+        if sp <= outer.sp {
+            // Called by the allocator itself (at the same stack pointer: a
+            // tail call, as glibc's realloc(NULL, n) jumps to malloc): part
+            // of the outer call.
+            return 0;
+        }
+        // A call above the pending one: its return never came (longjmp).
+        count_loss(loss::MISSED_RETURN);
+    }
+    let p = PendingAlloc {
+        size,
+        ptr,
+        shape,
+        sp,
+    };
+    if ML_PENDING.insert(&id, &p, 0).is_err() {
+        count_loss(loss::MAP_FULL);
+    }
+    0
+}
+
+#[uretprobe]
+pub fn ml_alloc_return(ctx: RetProbeContext) -> u32 {
+    let id = bpf_get_current_pid_tgid();
+    let Some(p) = (unsafe { ML_PENDING.get(&id) }).copied() else {
+        return 0;
+    };
+    // The return of an inner call (its stack pointer is below the outer
+    // call's): the outer return records the allocation.
+    if unsafe { (*ctx.regs).rsp } <= p.sp {
+        return 0;
+    }
+    let _ = ML_PENDING.remove(&id);
+    let tgid = (id >> 32) as u32;
+    let ret: u64 = ctx.ret();
+    let addr = match p.shape {
+        shape::POSIX_MEMALIGN if ret == 0 => unsafe { bpf_probe_read_user(p.ptr as *const u64) }
+            .unwrap_or_else(|_| {
+                count_loss(loss::READ);
+                0
+            }),
+        shape::POSIX_MEMALIGN => 0,
+        _ => ret,
+    };
+    // The old block is gone once the new one is there (or asked to be
+    // freed): not counted as unknown when not tracked, since glibc's
+    // realloc(p, 0) frees it through free itself, first.
+    if matches!(p.shape, shape::REALLOC | shape::REALLOCARRAY)
+        && (addr != 0 || p.size == 0)
+        && p.ptr != 0
+    {
+        release(USER, tgid, p.ptr, origin::USER);
+    }
+    if addr == 0 {
+        return 0;
+    }
+    if let Some(w) = admit(p.size) {
+        record(&ctx, USER, tgid, addr, p.size, origin::USER, w);
+    }
+    0
+}
+
+#[uprobe]
+pub fn ml_free(ctx: ProbeContext) -> u32 {
+    let tgid = current_tgid();
+    if wanted(tgid) {
+        free_user(tgid, ctx.arg::<u64>(0).unwrap_or(0));
+    }
+    0
+}
+
+/// An exec ends every call in flight in the old image: their returns never
+/// come (a `-c` command's own exec starts inside one).
+#[tracepoint]
+pub fn ml_exec(_ctx: TracePointContext) -> u32 {
+    let _ = ML_PENDING.remove(&bpf_get_current_pid_tgid());
+    0
+}
+
+/// Anonymous mmap outside the allocator (whose own mmaps are its blocks).
+#[tracepoint]
+pub fn ml_mmap_enter(ctx: TracePointContext) -> u32 {
+    if !wanted(current_tgid()) {
+        return 0;
+    }
+    let c = MEMLEAK_CFG.load();
+    let flags: u64 = tp_field(&ctx, c.mmap_flags);
+    let id = bpf_get_current_pid_tgid();
+    if flags & MAP_ANONYMOUS == 0 || unsafe { ML_PENDING.get(&id) }.is_some() {
+        return 0;
+    }
+    let p = PendingAlloc {
+        size: tp_field(&ctx, c.mmap_len),
+        ptr: 0,
+        shape: shape::MMAP,
+        sp: 0,
+    };
+    if ML_PENDING.insert(&id, &p, 0).is_err() {
+        count_loss(loss::MAP_FULL);
+    }
+    0
+}
+
+#[tracepoint]
+pub fn ml_mmap_exit(ctx: TracePointContext) -> u32 {
+    let id = bpf_get_current_pid_tgid();
+    let Some(p) = (unsafe { ML_PENDING.get(&id) }).copied() else {
+        return 0;
+    };
+    if p.shape != shape::MMAP {
+        return 0;
+    }
+    let _ = ML_PENDING.remove(&id);
+    let ret: i64 = tp_field(&ctx, MEMLEAK_CFG.load().sys_ret);
+    if ret <= 0 && ret > -4096 {
+        return 0;
+    }
+    if let Some(w) = admit(p.size) {
+        record(
+            &ctx,
+            USER,
+            (id >> 32) as u32,
+            ret as u64,
+            p.size,
+            origin::MMAP,
+            w,
+        );
+    }
+    0
+}
+
+#[tracepoint]
+pub fn ml_munmap(ctx: TracePointContext) -> u32 {
+    let tgid = current_tgid();
+    if wanted(tgid) {
+        // Only whole mappings memtrace saw made; anything else is not an
+        // allocation it tracks.
+        release(
+            USER,
+            tgid,
+            tp_field(&ctx, MEMLEAK_CFG.load().munmap_addr),
+            origin::MMAP,
+        );
+    }
+    0
+}
