@@ -24,6 +24,18 @@ pub struct RssConfig {
     pub slots: [u8; 8],
 }
 
+impl RssConfig {
+    /// The value before userspace sets it (a `static` needs a const).
+    pub const INIT: RssConfig = RssConfig {
+        tp_mm_id: 0,
+        tp_curr: 0,
+        tp_member: 0,
+        tp_size: 0,
+        threshold: 0,
+        slots: [NR as u8; 8],
+    };
+}
+
 /// Latest counters of one process, in bytes.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]

@@ -17,19 +17,12 @@ use memtrace_common::{
 };
 
 use crate::helpers::{
-    count_loss, css_cgroup_id, current_task, current_tgid, emit, read0, stack_ids, NO_PREALLOC,
-    TASK,
+    count_loss, css_cgroup_id, current_task, current_tgid, emit, read0, rss_change, stack_ids,
+    NO_PREALLOC, TASK,
 };
 
 #[unsafe(no_mangle)]
-static MEMCG_CFG: Global<RssConfig> = Global::new(RssConfig {
-    tp_mm_id: 0,
-    tp_curr: 0,
-    tp_member: 0,
-    tp_size: 0,
-    threshold: 0,
-    slots: [NR as u8; 8],
-});
+static MEMCG_CFG: Global<RssConfig> = Global::new(RssConfig::INIT);
 
 #[unsafe(no_mangle)]
 static MEMCG_OFFS: Global<MemcgOffsets> = Global::new(MemcgOffsets {
@@ -82,26 +75,9 @@ pub fn memcg_rss(ctx: TracePointContext) -> u32 {
     let Some((_, memcg, _)) = watched(&ctx, &c) else {
         return 0;
     };
-    let (Ok(member), Ok(size)) = (unsafe {
-        (
-            ctx.read_at::<i32>(c.tp_member as usize),
-            ctx.read_at::<i64>(c.tp_size as usize),
-        )
-    }) else {
-        count_loss(loss::READ);
+    let Some((slot, size)) = rss_change(&ctx, &c) else {
         return 0;
     };
-    // As in rss: one unsigned check on the value used as the index.
-    let member = member as u32;
-    let slot = if member < 8 {
-        c.slots[member as usize] as usize
-    } else {
-        NR
-    };
-    let slot = core::hint::black_box(slot);
-    if slot >= NR {
-        return 0;
-    }
     let tgid = current_tgid();
     let Some(v) = MEMCG_PROCS.get_ptr_mut(&tgid) else {
         let mut v = MemcgProc {

@@ -15,17 +15,10 @@ use memtrace_common::{
     TASK_COMM_LEN,
 };
 
-use crate::helpers::{count_loss, current_tgid, emit, stack_ids, wanted, NO_PREALLOC};
+use crate::helpers::{count_loss, current_tgid, emit, rss_change, stack_ids, wanted, NO_PREALLOC};
 
 #[unsafe(no_mangle)]
-static RSS_CFG: Global<RssConfig> = Global::new(RssConfig {
-    tp_mm_id: 0,
-    tp_curr: 0,
-    tp_member: 0,
-    tp_size: 0,
-    threshold: 0,
-    slots: [NR as u8; 8],
-});
+static RSS_CFG: Global<RssConfig> = Global::new(RssConfig::INIT);
 
 /// mm_id (a hash of the mm pointer) -> the process that owns it, learnt from
 /// events where the mm is current's; other tasks (reclaim, kswapd) change it too.
@@ -72,29 +65,9 @@ pub fn rss_stat(ctx: TracePointContext) -> u32 {
     {
         count_loss(loss::MAP_FULL);
     }
-    let (Ok(member), Ok(size)) = (unsafe {
-        (
-            ctx.read_at::<i32>(c.tp_member as usize),
-            ctx.read_at::<i64>(c.tp_size as usize),
-        )
-    }) else {
-        count_loss(loss::READ);
+    let Some((slot, size)) = rss_change(&ctx, &c) else {
         return 0;
     };
-    // The kernel's counter index to memtrace's slot (from BTF, set by
-    // userspace); a negative or unknown member maps to NR and is dropped.
-    // One unsigned check on the value used as the index: with two checks
-    // LLVM indexed with an unchecked copy.
-    let member = member as u32;
-    let slot = if member < 8 {
-        c.slots[member as usize] as usize
-    } else {
-        NR
-    };
-    let slot = core::hint::black_box(slot);
-    if slot >= NR {
-        return 0;
-    }
     let Some(v) = RSS.get_ptr_mut(tgid) else {
         let mut v = RssVal {
             bytes: [0; NR],

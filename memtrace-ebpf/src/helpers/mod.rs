@@ -8,6 +8,7 @@ mod filter;
 mod floor;
 mod process;
 mod reads;
+mod rssstat;
 // `snoop_programs!` for the snoop tools: declared before them in main.rs.
 #[macro_use]
 mod snoop;
@@ -19,6 +20,7 @@ pub use filter::{current_tgid, wanted, FILTER};
 pub use reads::{
     css_cgroup_id, current_mm_u64, current_task, fd_file, memcg_id, read, read0, tp_field, TASK,
 };
+pub use rssstat::rss_change;
 pub use snoop::{syscall_enter, syscall_exit};
 pub use stacks::{bump_by_stack, capture_stacks, capturing, stack_ids, Stacks};
 
