@@ -1,8 +1,6 @@
 //! Kernel struct offsets from BTF. Rust BPF code has no CO-RE relocations,
 //! so userspace resolves offsets here and passes them to the programs.
 
-use memtrace_common::TaskOffsets;
-
 use crate::error::Error;
 
 pub const VMLINUX: &str = "/sys/kernel/btf/vmlinux";
@@ -293,7 +291,7 @@ impl KernelBtf {
     /// (stride, offset of the count) of the RSS counters in `mm->rss_stat`:
     /// an array of `struct percpu_counter` since 6.2, before it a
     /// `struct mm_rss_stat` holding `atomic_long_t count[]`.
-    fn rss_layout(&self) -> Option<(u32, u32)> {
+    pub(super) fn rss_layout(&self) -> Option<(u32, u32)> {
         let mm = self.named_struct("mm_struct")?;
         let (_, ty) = self.find(mm, "rss_stat", 0)?;
         let ty = self.resolve(ty)?;
@@ -351,90 +349,6 @@ impl KernelBtf {
     /// Whether tp_btf can attach to tracepoint `name` (its `btf_trace_` typedef exists).
     pub fn has_btf_tracepoint(&self, name: &str) -> bool {
         self.scan(&format!("btf_trace_{name}"), TYPEDEF).is_some()
-    }
-
-    /// A resolver that remembers every member it could not find.
-    pub fn resolver(&self) -> Resolve<'_> {
-        Resolve {
-            btf: self,
-            missing: Vec::new(),
-        }
-    }
-
-    /// The task, mm and cgroup offsets every tool reads through; an error
-    /// naming each member this kernel's BTF lacks.
-    pub fn task_offsets(&self) -> Result<TaskOffsets, Error> {
-        let mut r = self.resolver();
-        let (rss_stride, rss_count) = match self.rss_layout() {
-            Some(l) => l,
-            None => {
-                r.missing.push("mm_struct.rss_stat (layout)".into());
-                (0, 0)
-            }
-        };
-        let t = TaskOffsets {
-            pid: r.member("task_struct", "pid"),
-            tgid: r.member("task_struct", "tgid"),
-            comm: r.member("task_struct", "comm"),
-            mm: r.member("task_struct", "mm"),
-            cgroups: r.member("task_struct", "cgroups"),
-            css_set_subsys: r.member("css_set", "subsys"),
-            memory_cgrp_id: r.enumerator("cgroup_subsys_id", "memory_cgrp_id"),
-            css_cgroup: r.member("cgroup_subsys_state", "cgroup"),
-            cgroup_kn: r.member("cgroup", "kn"),
-            kernfs_node_id: r.member("kernfs_node", "id"),
-            mm_rss_stat: r.member("mm_struct", "rss_stat"),
-            mm_total_vm: r.member("mm_struct", "total_vm"),
-            mm_brk: r.member("mm_struct", "brk"),
-            rss_stride,
-            rss_count,
-            task_cred: r.member("task_struct", "cred"),
-            cred_uid: r.member("cred", "uid"),
-            task_signal: r.member("task_struct", "signal"),
-            signal_oom_score_adj: r.member("signal_struct", "oom_score_adj"),
-            page_kb: (page_size() / 1024) as u32,
-            valid: 1,
-        };
-        r.done("the task and mm offsets", t)
-    }
-}
-
-/// Struct members and enum values looked up in kernel BTF, with every miss
-/// remembered: `done` gives the value only when nothing was missing, so a
-/// member that is not there never becomes a read at offset 0.
-pub struct Resolve<'a> {
-    btf: &'a KernelBtf,
-    missing: Vec<String>,
-}
-
-impl Resolve<'_> {
-    pub fn member(&mut self, s: &str, m: &str) -> u32 {
-        self.btf.offset(s, m).unwrap_or_else(|| {
-            self.missing.push(format!("{s}.{m}"));
-            0
-        })
-    }
-
-    /// Enumerator `n` of enum `e` (of any enum when `e` is empty).
-    pub fn enumerator(&mut self, e: &str, n: &str) -> u32 {
-        self.btf.enumerator(e, n).unwrap_or_else(|| {
-            self.missing
-                .push(format!("enum {e} {n}").replace("enum  ", "enumerator "));
-            0
-        })
-    }
-
-    /// `v` when every lookup succeeded, else an error naming what `what`
-    /// needs and this kernel lacks.
-    pub fn done<T>(self, what: &str, v: T) -> Result<T, Error> {
-        if self.missing.is_empty() {
-            Ok(v)
-        } else {
-            Err(Error::MissingOffsets {
-                what: what.to_string(),
-                missing: self.missing.join(", "),
-            })
-        }
     }
 }
 

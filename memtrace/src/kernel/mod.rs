@@ -3,7 +3,9 @@
 pub mod btf;
 pub mod cgroup;
 pub mod feature;
+pub mod resolve;
 pub mod tracefs;
 
 pub use btf::KernelBtf;
+pub use resolve::Resolve;
 pub use tracefs::Format;

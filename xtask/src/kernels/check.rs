@@ -102,7 +102,7 @@ const fn forced(name: &'static str, tool: &'static str, method: &'static str) ->
 }
 
 /// Every case, in the order the guest runs them; doctor is checked last.
-pub(super) const CASES: [Case; 19] = [
+pub(super) const CASES: [Case; 21] = [
     case("doctor", "doctor"),
     best("oom-best", "oomkill", "kprobe"),
     forced("oom-fentry", "oomkill", "fentry"),
@@ -114,6 +114,8 @@ pub(super) const CASES: [Case; 19] = [
     case("faults", "faults"),
     case("brkstack", "brkstack"),
     case("count", "count"),
+    case("trace", "trace"),
+    best("memleak", "memleak", "uprobe"),
     case("ffaults", "ffaults"),
     // --fail: the threshold was crossed.
     Case {
@@ -135,7 +137,8 @@ fn main_probe(tool: &str) -> &'static str {
         "faults" => "user page faults",
         "ffaults" => "file page faults",
         "brkstack" => "brk calls",
-        "count" => "syscalls:sys_enter_madvise",
+        "count" | "trace" => "syscalls:sys_enter_madvise",
+        "memleak" => "malloc calls",
         "drsnoop" | "vmscan" => "memcg reclaim end",
         "rss" => "rss changes",
         "memcg" => "rss changes in the groups",

@@ -146,6 +146,40 @@ pub(super) fn check(g: &Guest, case: &Case, v: &[Value], why: &mut Vec<String>) 
                 why.push("no munmap row".into());
             }
         }
+        "trace" => {
+            let lines = of_type(v, "trace");
+            if lines.len() != 20 || lines.iter().any(|l| l["len_in"] != 8192) {
+                why.push(format!(
+                    "{} trace lines, expected 20 of len_in 8192",
+                    lines.len()
+                ));
+            }
+        }
+        "memleak" => {
+            // (allocations, bytes) held from each leaking function; nothing
+            // from the one that frees all it makes.
+            let held = |f: &str| -> (u64, u64) {
+                of_type(v, "memleak")
+                    .iter()
+                    .filter(|r| r["user_stack"][0].as_str().is_some_and(|s| s.contains(f)))
+                    .fold((0, 0), |(n, b), r| {
+                        (
+                            n + r["count"].as_u64().unwrap_or(0),
+                            b + r["bytes"].as_u64().unwrap_or(0),
+                        )
+                    })
+            };
+            for (f, want) in [
+                ("leak_small_blocks", (7, 7000)),
+                ("leak_big_blocks", (3, 3 << 20)),
+                ("churn", (0, 0)),
+            ] {
+                let got = held(f);
+                if got != want {
+                    why.push(format!("{f}: {got:?} held, expected {want:?}"));
+                }
+            }
+        }
         "vmscan" => {
             let pages = sum(&of_type(v, "vmscan"), "memcg_pages");
             if pages == 0 {
