@@ -185,6 +185,23 @@ fn exec_d_children_symbolize_after_they_exit() {
 }
 
 #[test]
+fn a_stack_taken_before_an_exec_symbolizes_in_the_image_it_was_taken_in() {
+    // 40 brk calls (and the brk(0) before them), then, 200 ms later (its
+    // image read meanwhile), an exec of another program: the report, after
+    // the exec and the exit, still names them.
+    let s = brk_stacks(&format!(
+        "{} brk-exec 40 4096 200 /bin/sleep 0.2",
+        workload_bin().display()
+    ));
+    let before = s
+        .iter()
+        .find(|s| s["count"] == 41)
+        .unwrap_or_else(|| panic!("{s:?}"));
+    let f = user_frames(before);
+    assert!(f[0].contains("grow_heap_with_raw_brk"), "{f:?}");
+}
+
+#[test]
 fn memtrace_does_not_count_itself() {
     // System-wide, every syscall by process: memtrace makes many of its own
     // (polling, timers, reading its maps), none of which may show.

@@ -103,7 +103,10 @@ fn follow_tree(pid: libc::pid_t, maps: &SharedMaps, exit_tx: tokio::sync::onesho
         let sig = libc::WSTOPSIG(status);
         let event = status >> 16;
         let mut deliver = 0;
-        if event == libc::PTRACE_EVENT_EXIT || event == libc::PTRACE_EVENT_EXEC {
+        if event == libc::PTRACE_EVENT_EXEC {
+            // The new image, with the one it replaced kept aside.
+            maps.lock().unwrap().exec(w as u32);
+        } else if event == libc::PTRACE_EVENT_EXIT {
             // Still mapped: keep what symbolization needs after exit.
             maps.lock().unwrap().snapshot(w as u32);
         } else if event == 0 && sig == libc::SIGSTOP && seen.insert(w) {

@@ -1,6 +1,6 @@
 //! Reading /proc: every file memtrace reads there is parsed here, once.
 
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct Mapping {
     pub start: u64,
     pub end: u64,

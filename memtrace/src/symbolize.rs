@@ -20,7 +20,14 @@ pub use crate::proc::{parse_maps, read_maps, Mapping};
 struct Snapshot {
     /// Shared by a forked child and its parent until either reads its own.
     maps: Arc<Vec<Mapping>>,
+    /// The images before its last execs, newest first: a stack taken before
+    /// an exec is looked up in the image it was taken in.
+    earlier: Vec<Arc<Vec<Mapping>>>,
 }
+
+/// Images kept per process from before its execs (a shell that execs a
+/// wrapper that execs the program is two).
+const GENERATIONS: usize = 4;
 
 /// Maps of the processes seen, and open handles on their files.
 #[derive(Default)]
@@ -61,10 +68,16 @@ impl MapsCache {
                 self.files.insert(key, Arc::new(f));
             }
         }
+        let earlier = self
+            .procs
+            .remove(&pid)
+            .map(|s| s.earlier)
+            .unwrap_or_default();
         self.procs.insert(
             pid,
             Snapshot {
                 maps: Arc::new(maps),
+                earlier,
             },
         );
         true
@@ -77,7 +90,8 @@ impl MapsCache {
         self.snapshot(parent);
         match self.procs.get(&parent).map(|s| s.maps.clone()) {
             Some(maps) => {
-                self.procs.insert(child, Snapshot { maps });
+                let earlier = Vec::new();
+                self.procs.insert(child, Snapshot { maps, earlier });
             }
             None => {
                 self.snapshot(child);
@@ -85,9 +99,20 @@ impl MapsCache {
         }
     }
 
-    /// A process that exec'd: its maps now, and again a little later.
+    /// A process that exec'd: the image it left kept aside, its maps now,
+    /// and again a little later.
     pub fn exec(&mut self, pid: u32) {
-        self.snapshot(pid);
+        let before = self.procs.get(&pid).map(|s| s.maps.clone());
+        if self.snapshot(pid) {
+            if let (Some(old), Some(s)) = (before, self.procs.get_mut(&pid)) {
+                // Unless a periodic read already saw the new image and the
+                // old one is gone from here.
+                if *old != *s.maps {
+                    s.earlier.insert(0, old);
+                    s.earlier.truncate(GENERATIONS);
+                }
+            }
+        }
         let now = std::time::Instant::now();
         for ms in [30, 300] {
             self.pending
@@ -123,10 +148,13 @@ impl MapsCache {
         self.procs.get(&pid).map(|s| s.maps.as_slice())
     }
 
-    /// The file and file offset of `addr` in `pid`, with the file's open handle.
+    /// The file and file offset of `addr` in `pid`, with the file's open
+    /// handle: in its image now, else in the images before its execs.
     fn locate(&self, pid: u32, addr: u64) -> Option<(&Mapping, u64, Option<Arc<File>>)> {
         let snap = self.procs.get(&pid)?;
-        let m = snap.maps.iter().find(|m| m.start <= addr && addr < m.end)?;
+        let m = std::iter::once(&snap.maps)
+            .chain(&snap.earlier)
+            .find_map(|maps| maps.iter().find(|m| m.start <= addr && addr < m.end))?;
         let file = self.files.get(&(m.dev, m.inode)).cloned();
         Some((m, addr - m.start + m.offset, file))
     }

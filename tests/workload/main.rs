@@ -194,6 +194,15 @@ fn main() {
             // [LINGER_MS]: stay alive after, for reports taken meanwhile.
             std::thread::sleep(std::time::Duration::from_millis(arg(&args, 3, 0)));
         }
+        // brk-exec N SIZE MS PROG [ARGS]: rawbrk N SIZE, MS later exec PROG
+        // (a stack taken before an exec, reported after it).
+        "brk-exec" => {
+            use std::os::unix::process::CommandExt;
+            grow_heap_with_raw_brk(arg(&args, 1, 10), arg(&args, 2, 4096));
+            std::thread::sleep(std::time::Duration::from_millis(arg(&args, 3, 0)));
+            let err = std::process::Command::new(&args[4]).args(&args[5..]).exec();
+            panic!("exec {}: {err}", args[4]);
+        }
         // deepbrk DEPTH N: rawbrk N 4096 below DEPTH frames of recursion.
         "deepbrk" => raw_brk_deep(arg(&args, 1, 100), arg(&args, 2, 10)),
         // widebrk DEPTH N: the same with 1 KiB frames.
