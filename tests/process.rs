@@ -45,6 +45,38 @@ fn a_command_line_runs_as_the_shell_runs_it_and_its_status_is_returned() {
 }
 
 #[test]
+fn output_keeps_the_report_apart_from_the_command_s_own_output() {
+    let path = std::env::temp_dir().join(format!("memtrace-output-{}", std::process::id()));
+    let p = path.to_str().unwrap();
+    let out = run(&[
+        "faults",
+        "--json",
+        "--output",
+        p,
+        "-c",
+        "echo hello; echo world",
+    ]);
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    // The command's lines on stdout, nothing of memtrace's there.
+    assert_eq!(out.stdout, "hello\nworld\n");
+    let report = std::fs::read_to_string(&path).unwrap();
+    std::fs::remove_file(&path).unwrap();
+    // Every line of the file is memtrace's JSON, with its summary.
+    assert!(
+        report
+            .lines()
+            .all(|l| serde_json::from_str::<serde_json::Value>(l).is_ok()),
+        "{report}"
+    );
+    assert_eq!(json_of(&report, "summary").len(), 1, "{report}");
+    // A file that cannot be created is bad input, before anything runs.
+    let bad = run(&["faults", "--output", "/nonexistent/dir/x", "-c", "echo ran"]);
+    assert_eq!(bad.code, 2, "{}", bad.stderr);
+    assert!(!bad.stdout.contains("ran"), "{}", bad.stdout);
+    assert_eq!(bad.stderr.trim().lines().count(), 1, "{}", bad.stderr);
+}
+
+#[test]
 fn a_command_that_cannot_run_fails_the_run() {
     let out = run(&["faults", "-c", "/nonexistent/program"]);
     assert_eq!(out.code, 127, "{}", out.stderr);

@@ -48,6 +48,10 @@ pub struct Common {
     /// JSON Lines output: one object per event, then a summary object.
     #[arg(long)]
     pub json: bool,
+    /// Write the report to FILE instead of stdout, as strace -o does: a
+    /// command's own output then stays apart from it.
+    #[arg(long, value_name = "FILE")]
+    pub output: Option<std::path::PathBuf>,
     /// Say how each probe was attached, and show kernel-side diagnostics.
     #[arg(short = 'v', long)]
     pub verbose: bool,

@@ -145,6 +145,7 @@ pub fn run(tool: &mut dyn Tool, common: &Common) -> Result<i32> {
         Some(pid) => Some(pidfd_open(pid).ok_or(Error::NoSuchPid(pid))?),
         None => None,
     };
+    let dest = output::destination(common.output.as_deref())?;
     let mut traced = match &common.command {
         Some(cmd) => Some(crate::command::spawn_traced(cmd)?),
         None => None,
@@ -167,9 +168,7 @@ pub fn run(tool: &mut dyn Tool, common: &Common) -> Result<i32> {
     } else {
         OutFormat::Text
     };
-    // Buffered: one write per drained batch of events, not one per line.
-    let stdout = std::io::BufWriter::with_capacity(1 << 16, std::io::stdout());
-    let mut out = output::printer(format, common.timestamps, Box::new(stdout));
+    let mut out = output::printer(format, common.timestamps, dest);
     out = Box::new(output::MergedStacks(out, common.per_pid));
     let scope = match (&common.command, target, adopted) {
         (Some(c), _, _) if crate::command::is_simple(c) => format!(" of '{c}'"),

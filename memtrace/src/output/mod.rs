@@ -253,6 +253,22 @@ pub enum Format {
     Folded,
 }
 
+/// Where the report goes: stdout, or the file `--output` names, created
+/// (or truncated) before anything is attached so that a bad path is a
+/// one-line error. Buffered: one write per drained batch, not per line.
+pub fn destination(path: Option<&std::path::Path>) -> crate::error::Result<Box<dyn Write>> {
+    const BUF: usize = 1 << 16;
+    Ok(match path {
+        None => Box::new(std::io::BufWriter::with_capacity(BUF, std::io::stdout())),
+        Some(p) => {
+            let f = std::fs::File::create(p).map_err(|e| {
+                crate::error::Error::Usage(format!("--output {}: {e}", p.display()))
+            })?;
+            Box::new(std::io::BufWriter::with_capacity(BUF, f))
+        }
+    })
+}
+
 pub fn printer(format: Format, timestamps: bool, out: Box<dyn Write>) -> Box<dyn Printer> {
     match format {
         Format::Text => Box::new(TextPrinter::new(out, timestamps)),
