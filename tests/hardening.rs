@@ -290,3 +290,44 @@ fn timestamps_on_mmapsnoop_show_one_time_column() {
         "second column is not a pid: {row:?}"
     );
 }
+
+#[test]
+fn a_signal_during_set_up_ends_the_run_cleanly_every_time() {
+    let before = settled_programs();
+    // Spread over set-up (tracefs, loading, attaching 12 probes) and the
+    // first moments of tracing.
+    for i in 0..100u64 {
+        let mut child = Command::new(memtrace_bin())
+            .args(["mmapsnoop", "--json"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        // From the moment its handler is in (nothing can catch a signal
+        // before main runs).
+        let caught = || {
+            let st = std::fs::read_to_string(format!("/proc/{}/status", child.id()));
+            st.ok()
+                .and_then(|t| {
+                    let l = t.lines().find(|l| l.starts_with("SigCgt:"))?;
+                    u64::from_str_radix(l[7..].trim(), 16).ok()
+                })
+                .is_some_and(|m| m & 1 != 0)
+        };
+        let t0 = Instant::now();
+        while !caught() {
+            assert!(t0.elapsed() < Duration::from_secs(5), "no SIGHUP handler");
+            std::thread::sleep(Duration::from_micros(100));
+        }
+        std::thread::sleep(Duration::from_micros((i * 397) % 40_000));
+        // SAFETY: our own child.
+        unsafe { libc::kill(child.id() as i32, libc::SIGHUP) };
+        let err = read_all(child.stderr.take().unwrap());
+        let st = wait_child(&mut child, Duration::from_secs(5));
+        let err = err.join().unwrap();
+        assert_eq!(st.code(), Some(0), "run {i}: {st:?} {err}");
+        assert!(!err.contains("error"), "run {i}: {err}");
+    }
+    assert_programs_back_to(before);
+}

@@ -137,6 +137,23 @@ pub fn attach(
 
 pub fn run(tool: &mut dyn Tool, common: &Common) -> Result<i32> {
     let mut phases = Phases(std::env::var_os("MEMTRACE_TIMING").map(|_| Instant::now()));
+    // Signal handlers go in before anything is set up: a Ctrl-C, SIGTERM or
+    // SIGHUP while probes attach is kept and ends the run as soon as the
+    // event loop starts (a report, the summary, nothing left attached),
+    // rather than killing memtrace part way, or at whatever step it came.
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(Error::Io)?;
+    let signals = {
+        let _guard = rt.enter();
+        Signals {
+            int: signal(SignalKind::interrupt())?,
+            term: signal(SignalKind::terminate())?,
+            hup: signal(SignalKind::hangup())?,
+            usr1: signal(SignalKind::user_defined1())?,
+        }
+    };
     crate::caps::check()?;
     crate::kernel::tracefs::root()?;
     // Opened before anything else: it proves the pid exists, and the target's
@@ -178,21 +195,6 @@ pub fn run(tool: &mut dyn Tool, common: &Common) -> Result<i32> {
         }
         (None, Some(p), None) => format!(" of pid {p}"),
         _ => String::new(),
-    };
-    // Signal handlers go in before the banner: whoever waits for the banner may
-    // signal at once.
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .map_err(Error::Io)?;
-    let signals = {
-        let _guard = rt.enter();
-        Signals {
-            int: signal(SignalKind::interrupt())?,
-            term: signal(SignalKind::terminate())?,
-            hup: signal(SignalKind::hangup())?,
-            usr1: signal(SignalKind::user_defined1())?,
-        }
     };
     // Snapshot the target's maps now, so its stacks symbolize after it
     // exits; before saying "Tracing", which tells callers we are ready.

@@ -206,7 +206,7 @@ pub fn lines_of(r: impl Read + Send + 'static) -> mpsc::Receiver<String> {
 }
 
 /// All of `r`, read by a thread until it ends.
-fn read_all(mut r: impl Read + Send + 'static) -> std::thread::JoinHandle<String> {
+pub fn read_all(mut r: impl Read + Send + 'static) -> std::thread::JoinHandle<String> {
     std::thread::spawn(move || {
         let mut s = String::new();
         let _ = r.read_to_string(&mut s);
