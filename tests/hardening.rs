@@ -331,3 +331,44 @@ fn a_signal_during_set_up_ends_the_run_cleanly_every_time() {
     }
     assert_programs_back_to(before);
 }
+
+/// memtrace in a mount namespace of its own where tracefs is unmounted
+/// (and debugfs, which would mount it on access), after `setup`.
+fn without_tracefs(setup: &str) -> Option<(i32, String, String)> {
+    let script = format!(
+        "umount -l /sys/kernel/debug 2>/dev/null; umount -l /sys/kernel/tracing 2>/dev/null; {setup}; \
+         {} count syscalls:sys_enter_brk -d 0.2 >/dev/null; rc=$?; grep ' /sys/kernel/tracing ' /proc/self/mounts; exit $rc",
+        memtrace_bin().display()
+    );
+    let out = Command::new("unshare")
+        .args(["-m", "--propagation", "private", "sh", "-c", &script])
+        .output()
+        .ok()?;
+    Some((
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into(),
+        String::from_utf8_lossy(&out.stderr).into(),
+    ))
+}
+
+#[test]
+fn tracefs_is_mounted_only_where_nothing_is_and_it_is_said() {
+    let Some((code, mounts, err)) = without_tracefs("true") else {
+        eprintln!("skipped: no unshare(1) here");
+        return;
+    };
+    assert_eq!(code, 0, "{err}");
+    assert!(mounts.starts_with("tracefs "), "{mounts}");
+    assert!(err.contains("mounted it at /sys/kernel/tracing"), "{err}");
+    // Something else there: left alone, one line, exit 2.
+    let (code, mounts, err) =
+        without_tracefs("mount -t tmpfs memtrace-test /sys/kernel/tracing").unwrap();
+    assert_eq!(code, 2, "{err}");
+    assert_eq!(mounts.lines().count(), 1, "{mounts}");
+    assert!(
+        mounts.starts_with("memtrace-test /sys/kernel/tracing tmpfs"),
+        "{mounts}"
+    );
+    assert!(err.contains("tmpfs filesystem mounted on it"), "{err}");
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
+}

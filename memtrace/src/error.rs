@@ -13,8 +13,8 @@ pub enum Error {
     /// Names the capabilities missing (see `caps`).
     #[error("memtrace needs root, or CAP_BPF and CAP_PERFMON, to load eBPF programs: missing {0}")]
     MissingCaps(String),
-    #[error("tracefs is not mounted and could not be mounted at /sys/kernel/tracing")]
-    NoTracefs,
+    #[error("tracefs is not available: {0}")]
+    NoTracefs(String),
     #[error("kernel BTF is not available ({0}); memtrace needs CONFIG_DEBUG_INFO_BTF")]
     NoBtf(String),
     #[error("tracepoint {category}:{name} does not exist on this kernel")]

@@ -8,9 +8,11 @@ use crate::error::Error;
 
 const CANDIDATES: [&str; 2] = ["/sys/kernel/tracing", "/sys/kernel/debug/tracing"];
 
-/// The tracefs mount point, mounting tracefs at /sys/kernel/tracing if needed.
+/// The tracefs mount point. Where tracefs is not mounted, it is mounted at
+/// /sys/kernel/tracing, and said, but only where nothing else is mounted:
+/// memtrace never hides a filesystem someone put there.
 pub fn root() -> Result<&'static Path, Error> {
-    static ROOT: OnceLock<Option<PathBuf>> = OnceLock::new();
+    static ROOT: OnceLock<Result<PathBuf, String>> = OnceLock::new();
     ROOT.get_or_init(|| {
         let found = || {
             CANDIDATES
@@ -18,16 +20,56 @@ pub fn root() -> Result<&'static Path, Error> {
                 .map(PathBuf::from)
                 .find(|p| p.join("events").is_dir())
         };
-        found().or_else(|| {
-            let _ = std::process::Command::new("mount")
-                .args(["-t", "tracefs", "tracefs", CANDIDATES[0]])
-                .stderr(std::process::Stdio::null())
-                .status();
-            found()
-        })
+        match found() {
+            Some(p) => Ok(p),
+            None => mount(Path::new(CANDIDATES[0]))
+                .map(|()| found())?
+                .ok_or_else(|| format!("tracefs at {} has no events", CANDIDATES[0])),
+        }
     })
     .as_deref()
-    .ok_or(Error::NoTracefs)
+    .map_err(|why| Error::NoTracefs(why.clone()))
+}
+
+fn mount(at: &Path) -> Result<(), String> {
+    let mounts = crate::proc::mounts();
+    if let Some((ty, _)) = mounts.iter().rev().find(|(_, p)| p == at) {
+        return Err(if ty == "tracefs" {
+            format!("tracefs is mounted at {} but cannot be read", at.display())
+        } else {
+            format!(
+                "{} has a {ty} filesystem mounted on it: memtrace does not mount tracefs over it",
+                at.display()
+            )
+        });
+    }
+    if !at.is_dir() {
+        return Err(format!("{} does not exist", at.display()));
+    }
+    use std::os::unix::ffi::OsStrExt;
+    let target = std::ffi::CString::new(at.as_os_str().as_bytes()).map_err(|e| e.to_string())?;
+    // SAFETY: NUL-terminated strings that outlive the call; no data argument.
+    let r = unsafe {
+        libc::mount(
+            c"tracefs".as_ptr(),
+            target.as_ptr(),
+            c"tracefs".as_ptr(),
+            0,
+            std::ptr::null(),
+        )
+    };
+    if r != 0 {
+        return Err(format!(
+            "mounting it at {}: {}",
+            at.display(),
+            std::io::Error::last_os_error()
+        ));
+    }
+    say!(
+        "memtrace: tracefs was not mounted; mounted it at {} (it stays mounted)",
+        at.display()
+    );
+    Ok(())
 }
 
 pub fn exists(category: &str, name: &str) -> bool {
