@@ -372,3 +372,34 @@ fn tracefs_is_mounted_only_where_nothing_is_and_it_is_said() {
     assert!(err.contains("tmpfs filesystem mounted on it"), "{err}");
     assert_eq!(err.trim().lines().count(), 1, "{err}");
 }
+
+#[test]
+fn a_binary_path_that_is_not_utf8_still_symbolizes() {
+    use std::os::unix::ffi::OsStrExt;
+    // A copy of the workload in a directory whose name is not UTF-8.
+    let dir = std::env::temp_dir().join(std::ffi::OsStr::from_bytes(
+        format!("memtrace-caf\u{e9}-{}", std::process::id()).as_bytes(),
+    ));
+    let mut raw = dir.as_os_str().as_bytes().to_vec();
+    let at = raw.iter().position(|&b| b == 0xc3).unwrap();
+    raw.splice(at..at + 2, [0xe9]);
+    let dir = std::path::PathBuf::from(std::ffi::OsStr::from_bytes(&raw));
+    std::fs::create_dir_all(&dir).unwrap();
+    let bin = dir.join("workload");
+    std::fs::copy(workload_bin(), &bin).unwrap();
+    let mut w = Workload::start_from(bin.as_os_str(), &["rawbrk", "30", "4096", "300"], |_| {});
+    let pid = w.pid.to_string();
+    let t = Tracer::start(&["brkstack", "-p", &pid, "--json", "--stack-mode", "fp"]);
+    w.go();
+    assert!(w.wait().success());
+    let out = t.wait(Duration::from_secs(20));
+    std::fs::remove_dir_all(&dir).unwrap();
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    let named = json_of(&out.stdout, "brk_stack")
+        .iter()
+        .filter(|s| user_frames(s)[0].contains("grow_heap_with_raw_brk"))
+        .map(|s| s["count"].as_u64().unwrap())
+        .sum::<u64>();
+    // The loop's 30 calls and the brk(0) before them.
+    assert_eq!(named, 31, "{}", out.stdout);
+}

@@ -8,20 +8,43 @@ pub struct Mapping {
     pub perms: String,
     pub dev: (u32, u32),
     pub inode: u64,
+    /// For display: bytes that are not UTF-8 shown as U+FFFD.
     pub path: String,
+    /// The path as the kernel gave it, byte for byte, to open the file by.
+    pub file: std::path::PathBuf,
 }
 
 /// Parses /proc/PID/maps text.
 pub fn parse_maps(text: &str) -> Vec<Mapping> {
+    parse_maps_bytes(text.as_bytes())
+}
+
+/// Parses /proc/PID/maps as bytes: paths are bytes, and one that is not
+/// UTF-8 must not cost the process its other mappings.
+pub fn parse_maps_bytes(text: &[u8]) -> Vec<Mapping> {
+    use std::os::unix::ffi::OsStrExt;
     let mut out = Vec::new();
-    for line in text.lines() {
-        let mut it = line.split_whitespace();
-        let (Some(range), Some(perms), Some(off), Some(dev), Some(ino)) =
-            (it.next(), it.next(), it.next(), it.next(), it.next())
-        else {
+    for line in text.split(|&b| b == b'\n') {
+        // Five fields, then the path (which may hold spaces) after the
+        // padding.
+        let mut rest = line;
+        let mut fields = [""; 5];
+        let mut ok = true;
+        for f in fields.iter_mut() {
+            let start = rest.iter().position(|&b| b != b' ').unwrap_or(rest.len());
+            rest = &rest[start..];
+            let end = rest.iter().position(|&b| b == b' ').unwrap_or(rest.len());
+            match std::str::from_utf8(&rest[..end]) {
+                Ok(v) if !v.is_empty() => *f = v,
+                _ => ok = false,
+            }
+            rest = &rest[end..];
+        }
+        if !ok {
             continue;
-        };
-        let path = it.collect::<Vec<_>>().join(" ");
+        }
+        let path = &rest[rest.iter().position(|&b| b != b' ').unwrap_or(rest.len())..];
+        let [range, perms, off, dev, ino] = fields;
         let Some((s, e)) = range.split_once('-') else {
             continue;
         };
@@ -44,7 +67,8 @@ pub fn parse_maps(text: &str) -> Vec<Mapping> {
                 u32::from_str_radix(min, 16).unwrap_or(0),
             ),
             inode,
-            path,
+            path: String::from_utf8_lossy(path).into_owned(),
+            file: std::ffi::OsStr::from_bytes(path).into(),
         });
     }
     out
@@ -66,9 +90,19 @@ pub fn exiting(pid: u32) -> bool {
 }
 
 pub fn read_maps(pid: u32) -> Option<Vec<Mapping>> {
-    std::fs::read_to_string(format!("/proc/{pid}/maps"))
+    std::fs::read(format!("/proc/{pid}/maps"))
         .ok()
-        .map(|t| parse_maps(&t))
+        .map(|t| parse_maps_bytes(&t))
+}
+
+impl Mapping {
+    /// The mapped file as process `pid` sees it (through its root: right
+    /// inside containers), exact bytes.
+    pub fn file_in(&self, pid: u32) -> std::path::PathBuf {
+        let mut p = std::ffi::OsString::from(format!("/proc/{pid}/root"));
+        p.push(self.file.as_os_str());
+        p.into()
+    }
 }
 
 /// A kernel `dev_t` as the kernel programs read it (12 bits major, 20 minor)
@@ -231,7 +265,8 @@ pub fn parse_smaps(text: &str) -> Vec<SmapsEntry> {
 
 /// The mappings of `pid` with their Rss and Pss; empty when unreadable.
 pub fn smaps(pid: u32) -> Vec<SmapsEntry> {
-    std::fs::read_to_string(format!("/proc/{pid}/smaps"))
-        .map(|t| parse_smaps(&t))
+    // Bytes: a path that is not UTF-8 must not empty the whole list.
+    std::fs::read(format!("/proc/{pid}/smaps"))
+        .map(|t| parse_smaps(&String::from_utf8_lossy(&t)))
         .unwrap_or_default()
 }

@@ -63,8 +63,7 @@ impl MapsCache {
                 continue;
             }
             // Through the process's root: right inside containers too.
-            let p = format!("/proc/{pid}/root{}", m.path);
-            if let Ok(f) = File::open(&p).or_else(|_| File::open(&m.path)) {
+            if let Ok(f) = File::open(m.file_in(pid)).or_else(|_| File::open(&m.file)) {
                 self.files.insert(key, Arc::new(f));
             }
         }
@@ -245,7 +244,7 @@ impl Symbolizer {
                 let module = module_name(&m.path).to_string();
                 let path = match &file {
                     Some(f) => PathBuf::from(format!("/proc/self/fd/{}", f.as_raw_fd())),
-                    None => PathBuf::from(&m.path),
+                    None => m.file.clone(),
                 };
                 let src = Source::Elf(Elf::new(path));
                 match self.blaze.symbolize_single(&src, Input::FileOffset(off)) {
@@ -311,6 +310,18 @@ mod tests {
         assert_eq!(m[0].path, "/usr/bin/my prog");
         assert_eq!(m[1].path, "[stack]");
         assert_eq!(m[2].path, "");
+    }
+
+    #[test]
+    fn a_path_that_is_not_utf8_keeps_its_bytes_and_the_other_maps() {
+        use std::os::unix::ffi::OsStrExt;
+        let t = b"1000-2000 r-xp 00000000 fe:01 7 /tmp/caf\xe9 bin\n\
+                  3000-4000 r-xp 00000000 fe:01 8 /usr/lib/libc.so.6\n";
+        let m = crate::proc::parse_maps_bytes(t);
+        assert_eq!(m.len(), 2);
+        assert_eq!(m[0].file.as_os_str().as_bytes(), b"/tmp/caf\xe9 bin");
+        assert_eq!(m[0].path, "/tmp/caf\u{fffd} bin");
+        assert_eq!(m[1].path, "/usr/lib/libc.so.6");
     }
 
     #[test]

@@ -36,15 +36,15 @@ pub struct Library {
 pub fn mapped_library(pid: Option<u32>, matches: impl Fn(&str) -> bool) -> Option<Library> {
     let maps = match pid {
         Some(p) => crate::proc::read_maps(p)?,
-        None => crate::proc::parse_maps(&std::fs::read_to_string("/proc/self/maps").ok()?),
+        None => crate::proc::parse_maps_bytes(&std::fs::read("/proc/self/maps").ok()?),
     };
     let m = maps.into_iter().find(|m| {
         let name = m.path.rsplit('/').next().unwrap_or("");
         m.path.starts_with('/') && matches(name)
     })?;
     let path = match pid {
-        Some(p) => PathBuf::from(format!("/proc/{p}/root{}", m.path)),
-        None => PathBuf::from(&m.path),
+        Some(p) => m.file_in(p),
+        None => m.file.clone(),
     };
     Some(Library {
         path,

@@ -253,7 +253,16 @@ impl Workload {
     }
 
     pub fn start_with(args: &[&str], f: impl FnOnce(&mut Command)) -> Workload {
-        let mut c = Command::new(workload_bin());
+        Self::start_from(workload_bin().as_os_str(), args, f)
+    }
+
+    /// The workload run from another copy of its binary.
+    pub fn start_from(
+        bin: &std::ffi::OsStr,
+        args: &[&str],
+        f: impl FnOnce(&mut Command),
+    ) -> Workload {
+        let mut c = Command::new(bin);
         c.arg("--wait")
             .args(args)
             .stdin(Stdio::piped())

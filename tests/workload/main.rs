@@ -154,7 +154,11 @@ fn arg<T: std::str::FromStr>(args: &[String], i: usize, default: T) -> T {
 }
 
 fn main() {
-    let mut args: Vec<String> = std::env::args().skip(1).collect();
+    // args_os: argv[0] may be a path that is not UTF-8 (hardening tests).
+    let mut args: Vec<String> = std::env::args_os()
+        .skip(1)
+        .map(|a| a.into_string().expect("UTF-8 arguments"))
+        .collect();
     // An extra touched region of exactly N MiB, mapped before --wait (what a
     // VMM's guest memory is to an RSS guard).
     if args.first().map(|s| s.as_str()) == Some("--extra-mib") {
