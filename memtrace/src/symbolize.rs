@@ -25,6 +25,12 @@ struct Snapshot {
     earlier: Vec<Arc<Vec<Mapping>>>,
 }
 
+/// Processes whose maps are kept before those that have exited are let go
+/// (oldest first), and frames kept symbolized: bounds for long runs over
+/// hosts that start thousands of processes.
+const MAX_PROCS: usize = 4096;
+const MAX_FRAMES: usize = 1 << 18;
+
 /// Images kept per process from before its execs (a shell that execs a
 /// wrapper that execs the program is two).
 const GENERATIONS: usize = 4;
@@ -38,6 +44,8 @@ pub struct MapsCache {
     /// Processes to read again soon, and when: a process that just exec'd
     /// maps its libraries in its first milliseconds.
     pending: Vec<(u32, std::time::Instant)>,
+    /// Pids in the order their maps were first kept.
+    order: std::collections::VecDeque<u32>,
 }
 
 impl MapsCache {
@@ -72,6 +80,7 @@ impl MapsCache {
             .remove(&pid)
             .map(|s| s.earlier)
             .unwrap_or_default();
+        self.keep(pid);
         self.procs.insert(
             pid,
             Snapshot {
@@ -82,6 +91,38 @@ impl MapsCache {
         true
     }
 
+    /// Notes that `pid`'s maps are kept; past MAX_PROCS, lets go of the
+    /// oldest processes that have exited (their stacks were reported long
+    /// ago, or are lost to a churn nobody could read), and of the files
+    /// only they mapped.
+    fn keep(&mut self, pid: u32) {
+        if self.procs.contains_key(&pid) {
+            return;
+        }
+        self.order.push_back(pid);
+        if self.procs.len() < MAX_PROCS {
+            return;
+        }
+        let mut kept = std::collections::VecDeque::with_capacity(self.order.len());
+        let mut over = self.procs.len() + 1 - MAX_PROCS / 2;
+        while let Some(p) = self.order.pop_front() {
+            if over > 0 && p != pid && !crate::proc::alive(p) {
+                self.procs.remove(&p);
+                over -= 1;
+            } else {
+                kept.push_back(p);
+            }
+        }
+        self.order = kept;
+        let used: std::collections::HashSet<_> = self
+            .procs
+            .values()
+            .flat_map(|s| std::iter::once(&s.maps).chain(&s.earlier))
+            .flat_map(|m| m.iter().map(|m| (m.dev, m.inode)))
+            .collect();
+        self.files.retain(|k, _| used.contains(k));
+    }
+
     /// A forked child: its image is its parent's until it execs. The
     /// parent's maps are read now (it may have mapped libraries since its
     /// last copy) and shared; the child's own if the parent is gone.
@@ -90,6 +131,7 @@ impl MapsCache {
         match self.procs.get(&parent).map(|s| s.maps.clone()) {
             Some(maps) => {
                 let earlier = Vec::new();
+                self.keep(child);
                 self.procs.insert(child, Snapshot { maps, earlier });
             }
             None => {
@@ -254,6 +296,9 @@ impl Symbolizer {
             }
         };
         drop(maps);
+        if self.cache.len() >= MAX_FRAMES {
+            self.cache.clear();
+        }
         self.cache.insert((pid, addr), s.clone());
         s
     }
@@ -293,47 +338,5 @@ impl Symbolizer {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn parses_maps_lines() {
-        let t = "55d1c0a00000-55d1c0a21000 r-xp 00001000 fe:01 1234567 /usr/bin/my prog\n\
-                 7ffd4a000000-7ffd4a021000 rw-p 00000000 00:00 0 [stack]\n\
-                 7f0000000000-7f0000001000 rw-p 00000000 00:00 0\n";
-        let m = parse_maps(t);
-        assert_eq!(m.len(), 3);
-        assert_eq!(m[0].start, 0x55d1c0a00000);
-        assert_eq!(m[0].offset, 0x1000);
-        assert_eq!(m[0].dev, (0xfe, 1));
-        assert_eq!(m[0].inode, 1234567);
-        assert_eq!(m[0].path, "/usr/bin/my prog");
-        assert_eq!(m[1].path, "[stack]");
-        assert_eq!(m[2].path, "");
-    }
-
-    #[test]
-    fn a_path_that_is_not_utf8_keeps_its_bytes_and_the_other_maps() {
-        use std::os::unix::ffi::OsStrExt;
-        let t = b"1000-2000 r-xp 00000000 fe:01 7 /tmp/caf\xe9 bin\n\
-                  3000-4000 r-xp 00000000 fe:01 8 /usr/lib/libc.so.6\n";
-        let m = crate::proc::parse_maps_bytes(t);
-        assert_eq!(m.len(), 2);
-        assert_eq!(m[0].file.as_os_str().as_bytes(), b"/tmp/caf\xe9 bin");
-        assert_eq!(m[0].path, "/tmp/caf\u{fffd} bin");
-        assert_eq!(m[1].path, "/usr/lib/libc.so.6");
-    }
-
-    #[test]
-    fn symbolizes_own_function_after_normalizing() {
-        #[inline(never)]
-        fn marker_function_for_symbolizer() -> u64 {
-            marker_function_for_symbolizer as *const () as u64
-        }
-        let addr = marker_function_for_symbolizer();
-        let mut s = Symbolizer::new();
-        let pid = std::process::id();
-        let f = s.user(pid, &[addr]);
-        assert!(f[0].contains("marker_function_for_symbolizer"), "{f:?}");
-    }
-}
+#[path = "symbolize_tests.rs"]
+mod tests;
