@@ -77,8 +77,13 @@ impl Symbols {
     pub fn open(path: &Path) -> Result<Symbols> {
         let data = std::fs::read(path)
             .map_err(|e| Error::Usage(format!("cannot read {}: {e}", path.display())))?;
-        object::File::parse(&*data)
-            .map_err(|e| Error::Usage(format!("{}: not an ELF object ({e})", path.display())))?;
+        Self::parse(data)
+            .map_err(|e| Error::Usage(format!("{}: not an ELF object ({e})", path.display())))
+    }
+
+    /// The object in `data` (an error naming what is wrong with it).
+    pub fn parse(data: Vec<u8>) -> std::result::Result<Symbols, object::Error> {
+        object::File::parse(&*data)?;
         Ok(Symbols { data })
     }
 

@@ -1,4 +1,4 @@
-//! Project tasks: `cargo xtask setup|build|run|test|bench`.
+//! Project tasks: `cargo xtask setup|build|run|test|bench|fuzz`.
 //!
 //! Set-up (`setup.rs`) is idempotent and says what it installs: the pinned
 //! nightly that builds the eBPF programs, its rust-src and bpf-linker.
@@ -10,6 +10,7 @@ use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand};
 
 mod bench;
+mod fuzz;
 mod kernels;
 mod setup;
 
@@ -49,6 +50,14 @@ enum Cmd {
         /// Only this section (`memleak`), replaced in bench/RESULTS.md.
         #[arg(long)]
         only: Option<String>,
+    },
+    /// Fuzz the parsers of untrusted input (cargo-fuzz, installed if missing).
+    Fuzz {
+        /// One target (tracefs_format, btf, proc_maps, elf) or `all` (the default).
+        target: Option<String>,
+        /// Seconds per target.
+        #[arg(default_value_t = 60)]
+        seconds: u64,
     },
 }
 
@@ -127,6 +136,7 @@ fn main() -> Result<()> {
             println!("tests: {passed} passed, {failed} failed");
             Ok(())
         }
+        Cmd::Fuzz { target, seconds } => fuzz::run(target.as_deref(), seconds),
         Cmd::Bench { runs, only } => {
             build()?;
             match only.as_deref() {
