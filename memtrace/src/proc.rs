@@ -170,9 +170,9 @@ pub fn parse_mounts(text: &str) -> Vec<(String, std::path::PathBuf)> {
                 }
             }
         }
-        std::path::PathBuf::from(std::ffi::OsString::from(
+        std::path::PathBuf::from(
             <std::ffi::OsString as std::os::unix::ffi::OsStringExt>::from_vec(out),
-        ))
+        )
     };
     text.lines()
         .filter_map(|l| {
