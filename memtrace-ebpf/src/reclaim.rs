@@ -111,43 +111,11 @@ pub fn reclaim_end(ctx: TracePointContext) -> u32 {
     let tgid = current_tgid();
     if cfg.per_process != 0 {
         let key = ProcReclaimKey { tgid, kind: kind_ };
-        if let Some(v) = PROC_RECLAIM.get_ptr_mut(&key) {
-            unsafe {
-                (*v).ns += lat;
-                (*v).stalls += 1;
-                (*v).pages += pages;
-            }
-        } else {
-            let v = ProcReclaimVal {
-                ns: lat,
-                stalls: 1,
-                pages,
-                comm: bpf_get_current_comm().unwrap_or([0; TASK_COMM_LEN]),
-            };
-            if PROC_RECLAIM.insert(&key, &v, 0).is_err() {
-                count_loss(loss::MAP_FULL);
-            }
-        }
+        add_stall(&PROC_RECLAIM, &key, lat, pages);
     }
     if cfg.per_memcg != 0 {
         let id = unsafe { memcg_id(current_task()) };
-        if let Some(v) = MEMCG_RECLAIM.get_ptr_mut(&id) {
-            unsafe {
-                (*v).ns += lat;
-                (*v).stalls += 1;
-                (*v).pages += pages;
-            }
-        } else {
-            let v = ProcReclaimVal {
-                ns: lat,
-                stalls: 1,
-                pages,
-                comm: bpf_get_current_comm().unwrap_or([0; TASK_COMM_LEN]),
-            };
-            if MEMCG_RECLAIM.insert(&id, &v, 0).is_err() {
-                count_loss(loss::MAP_FULL);
-            }
-        }
+        add_stall(&MEMCG_RECLAIM, &id, lat, pages);
     }
     if cfg.emit_events != 0 && lat >= cfg.min_latency_ns {
         let memcg = if kind_ == KIND_MEMCG {
@@ -205,4 +173,26 @@ pub fn kswapd_wake(_ctx: TracePointContext) -> u32 {
 pub fn reclaim_write(_ctx: TracePointContext) -> u32 {
     add(total::WRITEPAGE, 1);
     0
+}
+
+/// One stall of `lat` ns that reclaimed `pages`, added to `key`'s entry.
+#[inline(always)]
+fn add_stall<K>(map: &PerCpuHashMap<K, ProcReclaimVal>, key: &K, lat: u64, pages: u64) {
+    if let Some(v) = map.get_ptr_mut(key) {
+        unsafe {
+            (*v).ns += lat;
+            (*v).stalls += 1;
+            (*v).pages += pages;
+        }
+        return;
+    }
+    let v = ProcReclaimVal {
+        ns: lat,
+        stalls: 1,
+        pages,
+        comm: bpf_get_current_comm().unwrap_or([0; TASK_COMM_LEN]),
+    };
+    if map.insert(key, &v, 0).is_err() {
+        count_loss(loss::MAP_FULL);
+    }
 }
