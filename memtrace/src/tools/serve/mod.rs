@@ -58,6 +58,8 @@ pub struct Serve {
     cgroups: Series<String>,
     page: Arc<Mutex<String>>,
     listener: Option<TcpListener>,
+    /// Where it listens (the port chosen when 0 was asked for).
+    addr: SocketAddr,
     pub(crate) state: metrics::State,
     events: u64,
 }
@@ -74,6 +76,7 @@ impl Serve {
             };
             Error::Usage(format!("cannot listen on {addr}: {why}"))
         })?;
+        let addr = listener.local_addr().unwrap_or(addr);
         let keep = (a.keep_exited.as_secs_f64() / a.interval.as_secs_f64()).ceil() as u64;
         let max = a.max_series as usize;
         Ok(Serve {
@@ -84,6 +87,7 @@ impl Serve {
             cgroups: Series::new(max),
             page: Arc::new(Mutex::new(String::new())),
             listener: Some(listener),
+            addr,
             state: metrics::State::new(max),
             events: 0,
         })
@@ -117,12 +121,7 @@ impl Tool for Serve {
         "serve"
     }
     fn what(&self) -> String {
-        let addr = self
-            .listener
-            .as_ref()
-            .and_then(|l| l.local_addr().ok())
-            .map_or(self.args.listen.clone(), |a| a.to_string());
-        format!("memory activity for http://{addr}/metrics")
+        format!("memory activity for http://{}/metrics", self.addr)
     }
     fn probes(&self) -> Vec<Probe> {
         self.counters.probes()
