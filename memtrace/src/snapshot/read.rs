@@ -92,6 +92,12 @@ impl Counters {
         let cgroup = crate::kernel::cgroup::path_of(ev.memcg_id)
             .map(|(_, p)| p)
             .unwrap_or_else(|| "/".into());
+        // The victim is often gone before its cgroup can be read from /proc:
+        // the kill names it.
+        let p = snap.proc_mut(ev.victim_pid, &victim_comm);
+        if p.cgroup.is_empty() {
+            p.cgroup.clone_from(&cgroup);
+        }
         snap.oom(OomKill {
             at: std::time::SystemTime::now(),
             victim_pid: ev.victim_pid,
