@@ -142,9 +142,6 @@ impl Tool for Top {
                 }
             }
         }
-        if let Some(ui) = self.ui.as_mut() {
-            ui.enter()?;
-        }
         Ok(())
     }
 

@@ -22,6 +22,11 @@ use crate::snapshot::Snapshot;
 #[derive(Default)]
 pub struct Screen {
     term: Option<Terminal<CrosstermBackend<Stdout>>>,
+    /// Entered, and not yet left: the screen is taken at the first draw,
+    /// after the banner, which would otherwise stay in cells ratatui
+    /// believes blank.
+    entered: bool,
+    left: bool,
     /// Typing a filter after `/`.
     editing: bool,
     selected: usize,
@@ -53,7 +58,8 @@ fn text(v: &Value) -> String {
 }
 
 impl Screen {
-    pub fn enter(&mut self) -> Result<()> {
+    fn enter(&mut self) -> Result<()> {
+        self.entered = true;
         terminal::enable_raw_mode().map_err(io)?;
         execute!(std::io::stdout(), terminal::EnterAlternateScreen).map_err(io)?;
         let mut t = Terminal::new(CrosstermBackend::new(std::io::stdout())).map_err(io)?;
@@ -65,6 +71,7 @@ impl Screen {
 
     /// Gives the terminal back as it was; safe to call twice.
     pub fn leave(&mut self) {
+        self.left = true;
         if let Some(mut t) = self.term.take() {
             let _ = t.show_cursor();
             let _ = execute!(std::io::stdout(), terminal::LeaveAlternateScreen);
@@ -73,6 +80,9 @@ impl Screen {
     }
 
     pub fn draw(&mut self, snap: &mut Snapshot, sort: SortKey, filter: &Filter) -> Result<()> {
+        if !self.entered && !self.left {
+            self.enter()?;
+        }
         let Some(term) = self.term.as_mut() else {
             return Ok(());
         };
