@@ -15,8 +15,12 @@ const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset
 pub fn spawn(listener: TcpListener, page: Arc<Mutex<String>>) {
     std::thread::spawn(move || {
         for conn in listener.incoming() {
-            if let Ok(c) = conn {
-                let _ = answer(c, &page);
+            match conn {
+                Ok(c) => {
+                    let _ = answer(c, &page);
+                }
+                // Out of descriptors, say: wait rather than spin.
+                Err(_) => std::thread::sleep(Duration::from_millis(100)),
             }
         }
     });
