@@ -133,6 +133,14 @@ impl Snapshot {
 
     /// The entry of `pid`, made on first sight with its name and cgroup.
     pub fn proc_mut(&mut self, pid: u32, comm: &str) -> &mut Proc {
+        // A pid seen gone and busy again is another process.
+        if self
+            .procs
+            .get(&pid)
+            .is_some_and(|p| p.gone.is_some() && crate::proc::alive(pid))
+        {
+            self.procs.remove(&pid);
+        }
         self.procs.entry(pid).or_insert_with(|| Proc {
             pid,
             comm: if comm.is_empty() {
@@ -205,28 +213,33 @@ impl Snapshot {
     /// counters arrive only as they change): what `top` starts from.
     pub fn seed_from_proc(&mut self) {
         for pid in crate::proc::pids() {
-            let Ok(status) = std::fs::read_to_string(format!("/proc/{pid}/status")) else {
-                continue;
-            };
-            let kb = |key: &str| -> i64 {
-                status
-                    .lines()
-                    .find_map(|l| l.strip_prefix(key))
-                    .and_then(|v| v.split_whitespace().next()?.parse().ok())
-                    .unwrap_or(0)
-            };
-            // Kernel threads have no memory of their own.
-            if !status.lines().any(|l| l.starts_with("VmRSS:")) {
-                continue;
-            }
-            let rss = [
-                kb("RssFile:") << 10,
-                kb("RssAnon:") << 10,
-                0,
-                kb("RssShmem:") << 10,
-            ];
-            self.proc_mut(pid, "").rss = rss;
+            self.seed(pid);
         }
+    }
+
+    /// Process `pid` with its RSS from /proc; kernel threads (no memory of
+    /// their own) and processes already gone are left out.
+    pub fn seed(&mut self, pid: u32) {
+        let Ok(status) = std::fs::read_to_string(format!("/proc/{pid}/status")) else {
+            return;
+        };
+        let kb = |key: &str| -> i64 {
+            status
+                .lines()
+                .find_map(|l| l.strip_prefix(key))
+                .and_then(|v| v.split_whitespace().next()?.parse().ok())
+                .unwrap_or(0)
+        };
+        if !status.lines().any(|l| l.starts_with("VmRSS:")) {
+            return;
+        }
+        let rss = [
+            kb("RssFile:") << 10,
+            kb("RssAnon:") << 10,
+            0,
+            kb("RssShmem:") << 10,
+        ];
+        self.proc_mut(pid, "").rss = rss;
     }
 }
 

@@ -134,10 +134,10 @@ impl Tool for Top {
         match self.target {
             None => self.snap.seed_from_proc(),
             Some(t) => {
-                self.snap.proc_mut(t, "");
+                self.snap.seed(t);
                 if self.args.common.children {
                     for c in crate::process::descendants(t) {
-                        self.snap.proc_mut(c, "");
+                        self.snap.seed(c);
                     }
                 }
             }
