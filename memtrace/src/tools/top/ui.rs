@@ -47,12 +47,20 @@ fn io(e: std::io::Error) -> Error {
     Error::Io(e)
 }
 
+/// Names from the traced system are untrusted: a control character in a
+/// command name must not reach the terminal.
+fn clean(s: &str) -> String {
+    s.chars()
+        .map(|c| if c.is_control() { '?' } else { c })
+        .collect()
+}
+
 fn text(v: &Value) -> String {
     match v {
         Value::U(n) => n.to_string(),
         Value::I(n) => n.to_string(),
         Value::F(x, d) => format!("{x:.d$}"),
-        Value::S(s) => s.clone(),
+        Value::S(s) => clean(s),
         Value::Null => "-".into(),
     }
 }
@@ -106,7 +114,7 @@ impl Screen {
             snap.procs.len(),
             snap.elapsed.as_secs_f64(),
             sort.label(),
-            if filter.0.is_empty() { "-" } else { &filter.0 },
+            if filter.0.is_empty() { "-".into() } else { clean(&filter.0) },
             if self.editing { "_" } else { "" },
         );
         let ooms: Vec<Line> = snap
@@ -118,7 +126,11 @@ impl Screen {
                 Line::styled(
                     format!(
                         "OOM kill: pid {} ({}) in {}, {} kB anon; {} kills so far",
-                        k.victim_pid, k.victim_comm, k.cgroup, k.anon_rss_kb, snap.ooms
+                        k.victim_pid,
+                        clean(&k.victim_comm),
+                        clean(&k.cgroup),
+                        k.anon_rss_kb,
+                        snap.ooms
                     ),
                     Style::default().fg(Color::Red),
                 )
@@ -131,7 +143,7 @@ impl Screen {
                 let t = &p.total;
                 format!(
                     "pid {} ({})  cgroup {}\nsince memtrace started:\n  page faults {} user, {} kernel\n  file faults {}\n  brk calls {} ({} kB grown)\n  mmap calls {} ({} kB asked)\n  reclaim stall {:.2} ms\nRSS: anon {} kB, file {} kB, shmem {} kB\n(Enter or Esc closes)",
-                    p.pid, p.comm, p.cgroup, t.faults_user, t.faults_kernel, t.file_faults,
+                    p.pid, clean(&p.comm), clean(&p.cgroup), t.faults_user, t.faults_kernel, t.file_faults,
                     t.brk_calls, t.brk_bytes >> 10, t.mmap_calls, t.mmap_bytes >> 10,
                     t.reclaim_ns as f64 / 1e6, p.rss_anon() >> 10, p.rss_file() >> 10, p.rss_shmem() >> 10
                 )
