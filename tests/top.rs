@@ -119,14 +119,14 @@ fn first_row_pid(screen: &str) -> Option<u32> {
 }
 
 #[test]
-fn full_screen_sorts_on_a_key_and_quits_on_q_detached() {
+fn full_screen_sorts_opens_stacks_and_quits_on_q_detached() {
     let has_tmux = Command::new("tmux")
         .arg("-V")
         .output()
         .is_ok_and(|o| o.status.success());
     if !has_tmux {
         skip(
-            "full_screen_sorts_on_a_key_and_quits_on_q_detached",
+            "full_screen_sorts_opens_stacks_and_quits_on_q_detached",
             "tmux is not installed",
         );
         return;
@@ -165,6 +165,19 @@ fn full_screen_sorts_on_a_key_and_quits_on_q_detached() {
         p.contains("[b]brk*") && first_row_pid(p) == Some(w.pid)
     });
     assert!(screen.contains("sort: brk"), "{screen}");
+    // Enter on the first row: its heap-growth stack, by function.
+    t.cmd(&["send-keys", "-t", "top", "Enter"])
+        .status()
+        .unwrap();
+    wait_pane(&t, "its stacks", |p| {
+        p.contains(&format!("pid {}", w.pid))
+            && p.contains("heap-growth (brk) stacks")
+            && p.contains("paced::raw_brk")
+    });
+    t.cmd(&["send-keys", "-t", "top", "Escape"])
+        .status()
+        .unwrap();
+    wait_pane(&t, "the details closed", |p| !p.contains("heap-growth"));
     t.cmd(&["send-keys", "-t", "top", "q"]).status().unwrap();
     let screen = wait_pane(&t, "the exit", |p| p.contains("exited="));
     drop(t);

@@ -2,6 +2,7 @@
 //! full-screen table on a terminal (`ui`), the same table as plain text
 //! (or JSON lines) otherwise, so it can be scripted.
 
+mod detail;
 mod table;
 mod ui;
 
@@ -51,6 +52,10 @@ pub struct Top {
     filter: Filter,
     target: Option<u32>,
     ui: Option<ui::Screen>,
+    /// The stack session of the process opened with Enter.
+    detail: Option<detail::Detail>,
+    /// Why it could not be opened, if it could not.
+    detail_error: Option<(u32, String)>,
     quit: bool,
     events: u64,
 }
@@ -73,6 +78,8 @@ impl Top {
             filter: Filter(a.filter.clone()),
             target: None,
             ui: full_screen.then(ui::Screen::default),
+            detail: None,
+            detail_error: None,
             quit: false,
             events: 0,
         })
@@ -105,6 +112,33 @@ impl Top {
             self.sort.label()
         );
         out.table("top", &title, &table::COLS, &rows);
+    }
+}
+
+impl Top {
+    /// Opens or closes the stack session to follow the screen, and draws.
+    fn redraw(&mut self) -> Result<()> {
+        let Some(ui) = self.ui.as_mut() else {
+            return Ok(());
+        };
+        let want = ui.detail();
+        if self.detail.as_ref().map(|d| d.pid) != want {
+            self.detail = None;
+            self.detail_error = None;
+            if let Some(pid) = want {
+                let comm = self.snap.procs.get(&pid).map_or("", |p| p.comm.as_str());
+                match detail::Detail::open(pid, comm, &self.args.common) {
+                    Ok(d) => self.detail = Some(d),
+                    Err(e) => self.detail_error = Some((pid, e.to_string())),
+                }
+            }
+        }
+        let lines = match (&mut self.detail, &self.detail_error) {
+            (Some(d), _) => d.lines(),
+            (None, Some((_, e))) => vec![format!("stacks: {e}")],
+            _ => Vec::new(),
+        };
+        ui.draw(&mut self.snap, self.sort, &self.filter, &lines)
     }
 }
 
@@ -158,13 +192,11 @@ impl Tool for Top {
             .values()
             .map(|p| p.last.activity())
             .sum::<u64>();
-        match self.ui.as_mut() {
-            Some(ui) => ui.draw(&mut self.snap, self.sort, &self.filter),
-            None => {
-                self.print_text(out);
-                Ok(())
-            }
+        if self.ui.is_none() {
+            self.print_text(out);
+            return Ok(());
         }
+        self.redraw()
     }
 
     fn on_mark(&mut self, _s: &mut Session, _out: &mut dyn Printer) -> Result<()> {
@@ -190,9 +222,10 @@ impl Tool for Top {
         let act = ui.keys(&mut self.sort, &mut self.filter)?;
         if act.quit {
             self.quit = true;
+            self.detail = None;
             ui.leave();
         } else if act.redraw {
-            ui.draw(&mut self.snap, self.sort, &self.filter)?;
+            self.redraw()?;
         }
         Ok(())
     }

@@ -87,7 +87,19 @@ impl Screen {
         }
     }
 
-    pub fn draw(&mut self, snap: &mut Snapshot, sort: SortKey, filter: &Filter) -> Result<()> {
+    /// The pid whose details are open.
+    pub fn detail(&self) -> Option<u32> {
+        self.detail
+    }
+
+    /// `stacks`: lines for the open process's details.
+    pub fn draw(
+        &mut self,
+        snap: &mut Snapshot,
+        sort: SortKey,
+        filter: &Filter,
+        stacks: &[String],
+    ) -> Result<()> {
         if !self.entered && !self.left {
             self.enter()?;
         }
@@ -142,11 +154,19 @@ impl Screen {
             .map(|p| {
                 let t = &p.total;
                 format!(
-                    "pid {} ({})  cgroup {}\nsince memtrace started:\n  page faults {} user, {} kernel\n  file faults {}\n  brk calls {} ({} kB grown)\n  mmap calls {} ({} kB asked)\n  reclaim stall {:.2} ms\nRSS: anon {} kB, file {} kB, shmem {} kB\n(Enter or Esc closes)",
+                    "pid {} ({})  cgroup {}\nsince memtrace started:\n  page faults {} user, {} kernel\n  file faults {}\n  brk calls {} ({} kB grown)\n  mmap calls {} ({} kB asked)\n  reclaim stall {:.2} ms\nRSS: anon {} kB, file {} kB, shmem {} kB\n(Enter or Esc closes; stacks load once opened)",
                     p.pid, clean(&p.comm), clean(&p.cgroup), t.faults_user, t.faults_kernel, t.file_faults,
                     t.brk_calls, t.brk_bytes >> 10, t.mmap_calls, t.mmap_bytes >> 10,
                     t.reclaim_ns as f64 / 1e6, p.rss_anon() >> 10, p.rss_file() >> 10, p.rss_shmem() >> 10
                 )
+            })
+            .map(|d| {
+                let mut d = d;
+                for l in stacks {
+                    d.push('\n');
+                    d.push_str(&clean(l));
+                }
+                d
             });
         let keys = table::keys_line(sort);
         let mut state = TableState::default().with_selected(Some(self.selected));
@@ -168,7 +188,7 @@ impl Screen {
             if let Some(d) = detail {
                 let [_, mid, _] = Layout::vertical([
                     Constraint::Fill(1),
-                    Constraint::Length(12),
+                    Constraint::Length(d.lines().count() as u16 + 2),
                     Constraint::Fill(1),
                 ])
                 .areas(body);
