@@ -132,12 +132,15 @@ fn full_screen_sorts_opens_stacks_and_quits_on_q_detached() {
         return;
     }
     let before = settled_programs();
-    // A brk leader the other processes on the host cannot outdo.
+    // A brk leader and a fault leader, each first under its own sort only
+    // (shown alone with the filter: builds on the host fault more).
     let mut w = Workload::start(&["paced", "0", "3000", "20"]);
+    let mut f = Workload::start(&["paced", "2000", "0", "20"]);
     w.go();
+    f.go();
     let t = Tmux(format!("memtrace-test-{}", std::process::id()));
     let cmd = format!(
-        "{} top -i 500ms; echo exited=$?; sleep 30",
+        "{} top -i 500ms --filter memtrace-worklo; echo exited=$?; sleep 30",
         memtrace_bin().display()
     );
     let size = ["-x", "200", "-y", "40"];
@@ -156,8 +159,8 @@ fn full_screen_sorts_opens_stacks_and_quits_on_q_detached() {
         .status()
         .unwrap();
     assert!(st.success());
-    let screen = wait_pane(&t, "the table", |p| {
-        p.contains("PID") && p.contains("BRK/s") && p.contains("q:quit") && p.contains("[f]faults*")
+    let screen = wait_pane(&t, "the table sorted by faults", |p| {
+        p.contains("BRK/s") && p.contains("[f]faults*") && first_row_pid(p) == Some(f.pid)
     });
     assert!(screen.contains("sort: faults"), "{screen}");
     t.cmd(&["send-keys", "-t", "top", "b"]).status().unwrap();
@@ -182,6 +185,7 @@ fn full_screen_sorts_opens_stacks_and_quits_on_q_detached() {
     let screen = wait_pane(&t, "the exit", |p| p.contains("exited="));
     drop(t);
     let _ = w.child.kill();
+    let _ = f.child.kill();
     assert!(screen.contains("exited=0"), "{screen}");
     // The terminal is back: the table is gone with the alternate screen.
     assert!(!screen.contains("q:quit"), "{screen}");
