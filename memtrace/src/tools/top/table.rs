@@ -159,3 +159,66 @@ pub fn keys_line(current: SortKey) -> String {
         .collect();
     format!("sort {}  /:filter  Enter:details  q:quit", keys.join(" "))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::snapshot::Figures;
+
+    fn snap() -> Snapshot {
+        let mut s = Snapshot::new(2);
+        let add = |s: &mut Snapshot, pid, comm: &str, cg: &str, last: Figures, anon| {
+            let mut p = Proc {
+                pid,
+                comm: comm.into(),
+                cgroup: cg.into(),
+                last,
+                ..Default::default()
+            };
+            p.rss[memtrace_common::rss::ANON] = anon;
+            s.procs.insert(pid, p);
+        };
+        let f = |faults, brk| Figures {
+            faults_user: faults,
+            brk_calls: brk,
+            ..Default::default()
+        };
+        add(&mut s, 10, "redis-server", "/db", f(500, 0), 4 << 20);
+        add(&mut s, 20, "make", "/build", f(900, 3), 1 << 20);
+        add(&mut s, 30, "malloc-test", "/build", f(10, 70), 9 << 20);
+        s
+    }
+
+    fn pids(v: &[&Proc]) -> Vec<u32> {
+        v.iter().map(|p| p.pid).collect()
+    }
+
+    #[test]
+    fn sorts_by_the_key_largest_first() {
+        let s = snap();
+        let all = Filter::default();
+        assert_eq!(pids(&select(&s, SortKey::Faults, &all, 10)), [20, 10, 30]);
+        assert_eq!(pids(&select(&s, SortKey::Brk, &all, 10)), [30, 20, 10]);
+        assert_eq!(pids(&select(&s, SortKey::Anon, &all, 2)), [30, 10]);
+        assert_eq!(pids(&select(&s, SortKey::Name, &all, 10)), [20, 30, 10]);
+    }
+
+    #[test]
+    fn filters_by_name_cgroup_or_pid() {
+        let s = snap();
+        let by = |f: &str| pids(&select(&s, SortKey::Pid, &Filter(f.into()), 10));
+        assert_eq!(by("redis"), [10]);
+        assert_eq!(by("/build"), [20, 30]);
+        assert_eq!(by("30"), [30]);
+        assert!(by("nothing").is_empty());
+    }
+
+    #[test]
+    fn every_sort_key_is_on_the_help_line() {
+        for (c, k, label) in SortKey::KEYS {
+            assert_eq!(SortKey::from_key(c), Some(k));
+            assert!(keys_line(SortKey::Pid).contains(&format!("{c}:{label}")) || k == SortKey::Pid);
+        }
+        assert!(keys_line(SortKey::Brk).contains("[b]brk*"));
+    }
+}
