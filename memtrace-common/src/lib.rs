@@ -14,6 +14,7 @@ pub mod reclaim;
 pub mod rss;
 pub mod snoop;
 pub mod stacks;
+pub mod top;
 
 pub const TASK_COMM_LEN: usize = 16;
 
@@ -183,6 +184,8 @@ mod pod {
     unsafe impl aya::Pod for super::stacks::StackKey {}
     unsafe impl aya::Pod for super::stacks::StackVal {}
     unsafe impl aya::Pod for super::stacks::BrkConfig {}
+    unsafe impl aya::Pod for super::top::TopConfig {}
+    unsafe impl aya::Pod for super::top::MmapCount {}
     unsafe impl aya::Pod for super::generic::TpConfig {}
     unsafe impl aya::Pod for super::generic::CountKey {}
     unsafe impl aya::Pod for super::generic::CountVal {}

@@ -21,6 +21,7 @@ use crate::{
     rss::{RssConfig, RssVal},
     snoop::{MmapSnoopConfig, PendingCall, ShmSnoopConfig},
     stacks::{BrkConfig, StackKey, StackVal, UserStack, UstackConfig},
+    top::{MmapCount, TopConfig},
     Filter, TaskOffsets, TASK_COMM_LEN,
 };
 
@@ -150,6 +151,7 @@ maps! {
     ML_KSTACKS: StackKey => AllocStats, OnDemand;
     ML_COUNTS: u32 => u64, OnDemand;
     ML_SAMPLE: u32 => u64, OnDemand;
+    MMAP_COUNTS: u32 => MmapCount, OnDemand;
 }
 
 globals! {
@@ -169,6 +171,7 @@ globals! {
     MMAP_SNOOP: MmapSnoopConfig;
     SHM_SNOOP: ShmSnoopConfig;
     MEMLEAK_CFG: MemleakConfig;
+    TOP_CFG: TopConfig;
 }
 
 progs! {
@@ -252,4 +255,6 @@ progs! {
     ML_PAGE_FREE = ml_page_free,
     ML_PCPU_ALLOC = ml_pcpu_alloc,
     ML_PCPU_FREE = ml_pcpu_free,
+    // top, serve.
+    TOP_MMAP = top_mmap,
 }

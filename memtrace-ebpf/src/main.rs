@@ -17,6 +17,7 @@ mod reclaim;
 mod rss;
 mod shmsnoop;
 mod swapin;
+mod top;
 
 #[cfg(not(test))]
 #[panic_handler]

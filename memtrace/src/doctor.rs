@@ -146,6 +146,8 @@ fn tool_attach_rows(tool: &str) -> Vec<Row> {
     // tracepoint tools the tracepoint brkstack uses.
     let me = std::process::id().to_string();
     let cmds: Vec<crate::tools::ToolCommand> = [
+        // serve: any free port, never the one a running serve holds.
+        vec!["memtrace", tool, "--listen", "127.0.0.1:0"],
         vec!["memtrace", tool],
         vec!["memtrace", tool, "-p", &me],
         vec!["memtrace", tool, "syscalls:sys_enter_brk"],

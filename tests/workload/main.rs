@@ -8,6 +8,7 @@ use std::hint::black_box;
 use std::io::{BufRead, Write};
 
 mod leak;
+mod paced;
 mod snoop;
 mod swap;
 
@@ -181,6 +182,7 @@ fn main() {
             unsafe { std::ptr::write_volatile((p as *mut u8).add(i), 1) };
         }
     }
+    let pre = paced::prepare(&args);
     if args.first().map(|s| s.as_str()) == Some("--wait") {
         args.remove(0);
         println!("{}", std::process::id());
@@ -408,6 +410,19 @@ fn main() {
             leak::malloc_loop(arg(&args, 1, 1_000_000));
             println!("elapsed_ns {}", t.elapsed().as_nanos());
         }
+        // paced FAULTS_PER_S BRKS_PER_S SECS, counted PAGES MMAPS BRKS: see paced.rs.
+        "paced" => paced::paced(
+            arg(&args, 1, 1000),
+            arg(&args, 2, 100),
+            arg(&args, 3, 3),
+            pre.unwrap(),
+        ),
+        "counted" => paced::counted(
+            arg(&args, 1, 0),
+            arg(&args, 2, 0),
+            arg(&args, 3, 0),
+            pre.unwrap(),
+        ),
         "exit" => std::process::exit(arg(&args, 1, 0)),
         "sleep" => std::thread::sleep(std::time::Duration::from_millis(arg(&args, 1, 1000))),
         _ => {

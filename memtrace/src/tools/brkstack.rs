@@ -1,11 +1,7 @@
 //! `memtrace brkstack`: brk calls counted in the kernel by (process, user
 //! stack), with the bytes the heap grew by.
 
-use memtrace_common::{
-    names::{BRK_CFG, BRK_ENTER, BRK_STACKS},
-    stack_mode,
-    stacks::BrkConfig,
-};
+use memtrace_common::{names::BRK_STACKS, stack_mode};
 
 use crate::attach::Probe;
 use crate::cli::{IntervalArgs, StackArgs};
@@ -35,7 +31,7 @@ pub struct Args {
 }
 
 pub fn probes() -> Vec<Probe> {
-    vec![Probe::new("brk calls").tracepoint(BRK_ENTER, "syscalls", "sys_enter_brk")]
+    vec![crate::counters::brk_probe()]
 }
 
 pub struct Brkstack {
@@ -82,15 +78,7 @@ impl Tool for Brkstack {
     }
 
     fn prepare(&mut self, k: &mut Prep) -> Result<()> {
-        k.task_offsets()?;
-        let f = k.format("syscalls", "sys_enter_brk")?;
-        k.loader.global(
-            BRK_CFG,
-            &BrkConfig {
-                tp_brk: f.offset("brk")?,
-                _pad: 0,
-            },
-        );
+        crate::counters::prepare_brk(k)?;
         k.loader.max_entries(BRK_STACKS, 8192);
         Ok(())
     }

@@ -5,15 +5,11 @@ use std::collections::{HashMap, HashSet};
 
 use memtrace_common::{
     faults::{FaultConfig, FaultKey},
-    names::{
-        EXEC_NAMES, FAULTS, FAULTS_KERNEL_BTF, FAULTS_KERNEL_RAW, FAULTS_KERNEL_TP, FAULTS_PERF,
-        FAULTS_PERF_PROG, FAULTS_USER_BTF, FAULTS_USER_RAW, FAULTS_USER_TP, FAULT_CFG,
-        FAULT_SLOTS, FAULT_SLOT_FREE,
-    },
+    names::{EXEC_NAMES, FAULTS, FAULTS_PERF, FAULT_SLOTS, FAULT_SLOT_FREE},
     stack_mode,
 };
 
-use crate::attach::{Method, Probe};
+use crate::attach::Probe;
 use crate::error::{Error, Result};
 use crate::output::{clock, Col, Printer, Row, StackReport, Value};
 use crate::tool::{Prep, Tool};
@@ -58,22 +54,9 @@ pub struct Args {
 }
 
 pub fn probes() -> Vec<Probe> {
-    vec![
-        Probe::new("user page faults")
-            // raw_tp first: as cheap per fault as tp_btf, and it attaches
-            // without parsing kernel BTF (tens of ms at start-up).
-            .raw_tp(FAULTS_USER_RAW, "exceptions", "page_fault_user")
-            .tp_btf(FAULTS_USER_BTF, "exceptions", "page_fault_user")
-            .tracepoint(FAULTS_USER_TP, "exceptions", "page_fault_user")
-            .perf_page_faults(FAULTS_PERF_PROG),
-        // The perf event above sees both modes; where it is used this one adds nothing.
-        Probe::new("kernel page faults")
-            .raw_tp(FAULTS_KERNEL_RAW, "exceptions", "page_fault_kernel")
-            .tp_btf(FAULTS_KERNEL_BTF, "exceptions", "page_fault_kernel")
-            .tracepoint(FAULTS_KERNEL_TP, "exceptions", "page_fault_kernel")
-            .optional(),
-        exec_probe(),
-    ]
+    let mut p = crate::counters::fault_probes();
+    p.push(exec_probe());
+    p
 }
 
 /// What the count-by-process slots (see `FaultSlot`) held at the last read.
@@ -399,12 +382,6 @@ impl Tool for Faults {
             by_page: self.args.by_mapping as u32,
             ..Default::default()
         };
-        let tp = k.format("exceptions", "page_fault_user");
-        let exceptions = tp.is_ok();
-        if let Ok(f) = tp {
-            cfg.tp_address = f.offset("address")?;
-            cfg.tp_error_code = f.offset("error_code")?;
-        }
         let size = self.args.keys.unwrap_or(if self.args.by_mapping {
             262_144
         } else {
@@ -416,13 +393,8 @@ impl Tool for Faults {
             k.loader.max_entries(FAULT_SLOTS, self.args.slots);
             k.loader.max_entries(FAULT_SLOT_FREE, self.args.slots);
         }
-        k.loader.global(FAULT_CFG, &cfg);
         k.loader.max_entries(EXEC_NAMES, 4096);
-        k.loader.max_entries(FAULTS, size);
-        // The perf path preallocates; pay for it only where it will be taken.
-        if !exceptions || k.forced == Some(Method::Perf) {
-            k.loader.max_entries(FAULTS_PERF, size);
-        }
+        crate::counters::prepare_faults(k, cfg, size)?;
         Ok(())
     }
 

@@ -5,9 +5,9 @@
 use std::collections::HashMap;
 
 use memtrace_common::{
-    ffaults::{FfaultsConfig, FileSeen},
+    ffaults::FileSeen,
     kind,
-    names::{FFAULTS_FENTRY, FFAULTS_KPROBE, FFAULTS_TP, FFAULT_CFG, FILES_SEEN, FILE_FAULTS},
+    names::{FILES_SEEN, FILE_FAULTS},
 };
 
 use crate::attach::Probe;
@@ -34,10 +34,7 @@ pub struct Args {
 }
 
 pub fn probes() -> Vec<Probe> {
-    vec![Probe::new("file page faults")
-        .tracepoint(FFAULTS_TP, "filemap", "mm_filemap_fault")
-        .kprobe(FFAULTS_KPROBE, "filemap_fault")
-        .fentry(FFAULTS_FENTRY, "filemap_fault")]
+    vec![crate::counters::ffault_probe()]
 }
 
 pub struct Ffaults {
@@ -125,40 +122,7 @@ impl Tool for Ffaults {
     }
 
     fn prepare(&mut self, k: &mut Prep) -> Result<()> {
-        let mut cfg = FfaultsConfig::default();
-        // Each way needs its own offsets: where they are missing, that way
-        // is ruled out with the reason, never run reading at offset 0.
-        match k
-            .format("filemap", "mm_filemap_fault")
-            .and_then(|f| Ok((f.offset("i_ino")?, f.offset("s_dev")?)))
-        {
-            Ok((ino, dev)) => (cfg.tp_ino, cfg.tp_dev) = (ino, dev),
-            Err(e) => {
-                k.loader.rule_out(FFAULTS_TP, e.to_string());
-            }
-        }
-        let fallback = k.btf().and_then(|b| {
-            let mut r = b.resolver();
-            let c = FfaultsConfig {
-                vmf_vma: r.member("vm_fault", "vma"),
-                vma_file: r.member("vm_area_struct", "vm_file"),
-                file_inode: r.member("file", "f_inode"),
-                inode_ino: r.member("inode", "i_ino"),
-                inode_sb: r.member("inode", "i_sb"),
-                sb_dev: r.member("super_block", "s_dev"),
-                ..cfg
-            };
-            r.done("filemap_fault's offsets", c)
-        });
-        match fallback {
-            Ok(c) => cfg = c,
-            Err(e) => {
-                k.loader.rule_out(FFAULTS_KPROBE, e.to_string());
-                k.loader.rule_out(FFAULTS_FENTRY, e.to_string());
-            }
-        }
-        k.loader.global(FFAULT_CFG, &cfg);
-        k.loader.max_entries(FILE_FAULTS, 16384);
+        crate::counters::prepare_ffaults(k, 16384)?;
         k.loader.max_entries(FILES_SEEN, 16384);
         Ok(())
     }

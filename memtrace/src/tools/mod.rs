@@ -58,6 +58,10 @@ tools! {
     Count => count::Count,
     /// One line per event of any tracepoint, fields decoded from its format.
     Trace => trace::Trace,
+    /// Live table of memory activity by process: RSS, faults, brk, mmap, reclaim, OOM kills.
+    Top => top::Top,
+    /// Keep the counters attached and serve them to Prometheus on /metrics.
+    Serve => serve::Serve,
 }
 
 pub fn dispatch(cli: crate::cli::Cli) -> Result<i32> {

@@ -1,0 +1,240 @@
+//! `memtrace top`: memory activity by process, refreshed every interval: a
+//! full-screen table on a terminal (`ui`), the same table as plain text
+//! (or JSON lines) otherwise, so it can be scripted.
+
+mod detail;
+mod table;
+mod ui;
+
+use std::io::IsTerminal;
+use std::time::Duration;
+
+use crate::attach::Probe;
+use crate::cli::IntervalArgs;
+use crate::error::Result;
+use crate::output::{clock, Col, Printer, Row, Value};
+use crate::session::Session;
+use crate::snapshot::{Counters, Snapshot};
+use crate::tool::{Prep, Tool};
+
+pub use table::SortKey;
+use table::Filter;
+
+#[derive(Debug, Clone, clap::Args)]
+pub struct Args {
+    #[command(flatten)]
+    pub common: crate::cli::Common,
+    #[command(flatten)]
+    pub interval: IntervalArgs,
+    /// Stop after this many refreshes (as --count).
+    #[arg(short = 'n', conflicts_with_all = ["count", "count_pos"])]
+    pub iterations: Option<u64>,
+    /// Sort by this column (keys on screen change it).
+    #[arg(long, value_enum, default_value_t = SortKey::Faults)]
+    pub sort: SortKey,
+    /// Show only processes whose name or cgroup contains this, or this pid.
+    #[arg(long, default_value = "")]
+    pub filter: String,
+    /// Rows per refresh in plain-text mode (the screen's height on a terminal).
+    #[arg(long, default_value_t = 20)]
+    pub top: usize,
+    /// Plain text even on a terminal.
+    #[arg(long)]
+    pub text: bool,
+}
+
+pub struct Top {
+    args: Args,
+    interval: IntervalArgs,
+    counters: Counters,
+    snap: Snapshot,
+    sort: SortKey,
+    filter: Filter,
+    target: Option<u32>,
+    ui: Option<ui::Screen>,
+    /// The stack session of the process opened with Enter.
+    detail: Option<detail::Detail>,
+    /// Why it could not be opened, if it could not.
+    detail_error: Option<(u32, String)>,
+    quit: bool,
+    events: u64,
+}
+
+impl Top {
+    pub fn new(a: &Args) -> Result<Self> {
+        let mut interval = a.interval.clone();
+        if a.iterations.is_some() {
+            interval.count = a.iterations;
+        }
+        let full_screen =
+            !a.text && !a.common.json && std::io::stdout().is_terminal() && std::io::stdin().is_terminal();
+        Ok(Top {
+            args: a.clone(),
+            interval,
+            counters: Counters,
+            // Gone processes stay one more refresh: their last counts show.
+            snap: Snapshot::new(2),
+            sort: a.sort,
+            filter: Filter(a.filter.clone()),
+            target: None,
+            ui: full_screen.then(ui::Screen::default),
+            detail: None,
+            detail_error: None,
+            quit: false,
+            events: 0,
+        })
+    }
+
+    fn print_text(&mut self, out: &mut dyn Printer) {
+        for k in self.snap.take_ooms() {
+            const COLS: [Col; 5] = [
+                Col::text("time", "TIME", 8),
+                Col::num("victim_pid", "VPID", 7),
+                Col::text("victim_comm", "VCOMM", 15),
+                Col::num("anon_rss_kb", "ANON_KB", 9),
+                Col::text("cgroup", "CGROUP", 6),
+            ];
+            let row = Row(vec![
+                clock().into(),
+                k.victim_pid.into(),
+                k.victim_comm.into(),
+                k.anon_rss_kb.into(),
+                Value::S(k.cgroup),
+            ]);
+            out.event("oom_kill", &COLS, &row);
+        }
+        let procs = table::select(&self.snap, self.sort, &self.filter, self.args.top);
+        let rows: Vec<Row> = procs.iter().map(|p| table::row(&self.snap, p)).collect();
+        let title = format!(
+            "{} top: {} processes, sorted by {}",
+            clock(),
+            self.snap.procs.len(),
+            self.sort.label()
+        );
+        out.table("top", &title, &table::COLS, &rows);
+    }
+}
+
+impl Top {
+    /// Opens or closes the stack session to follow the screen, and draws.
+    fn redraw(&mut self) -> Result<()> {
+        let Some(ui) = self.ui.as_mut() else {
+            return Ok(());
+        };
+        let want = ui.detail();
+        if self.detail.as_ref().map(|d| d.pid) != want {
+            self.detail = None;
+            self.detail_error = None;
+            if let Some(pid) = want {
+                let comm = self.snap.procs.get(&pid).map_or("", |p| p.comm.as_str());
+                match detail::Detail::open(pid, comm, &self.args.common) {
+                    Ok(d) => self.detail = Some(d),
+                    Err(e) => self.detail_error = Some((pid, e.to_string())),
+                }
+            }
+        }
+        let lines = match (&mut self.detail, &self.detail_error) {
+            (Some(d), _) => d.lines(),
+            (None, Some((_, e))) => vec![format!("stacks: {e}")],
+            _ => Vec::new(),
+        };
+        ui.draw(&mut self.snap, self.sort, &self.filter, &lines)
+    }
+}
+
+impl Tool for Top {
+    fn name(&self) -> &'static str {
+        "top"
+    }
+    fn what(&self) -> String {
+        "memory activity by process".into()
+    }
+    fn probes(&self) -> Vec<Probe> {
+        self.counters.probes()
+    }
+    fn intervals(&self) -> Option<&IntervalArgs> {
+        Some(&self.interval)
+    }
+    fn default_interval(&self) -> Option<Duration> {
+        Some(Duration::from_secs(1))
+    }
+
+    fn prepare(&mut self, k: &mut Prep) -> Result<()> {
+        self.target = k.target;
+        self.counters.prepare(k)
+    }
+
+    fn on_start(&mut self, _s: &mut Session) -> Result<()> {
+        match self.target {
+            None => self.snap.seed_from_proc(),
+            Some(t) => {
+                self.snap.seed(t);
+                if self.args.common.children {
+                    for c in crate::process::descendants(t) {
+                        self.snap.seed(c);
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn on_record(&mut self, data: &[u8], _s: &mut Session, _out: &mut dyn Printer) -> Result<()> {
+        self.counters.on_record(data, &mut self.snap);
+        Ok(())
+    }
+
+    fn on_interval(&mut self, s: &mut Session, out: &mut dyn Printer) -> Result<()> {
+        self.counters.read(s, &mut self.snap)?;
+        self.events += self
+            .snap
+            .procs
+            .values()
+            .map(|p| p.last.activity())
+            .sum::<u64>();
+        if self.ui.is_none() {
+            self.print_text(out);
+            return Ok(());
+        }
+        self.redraw()
+    }
+
+    fn on_mark(&mut self, _s: &mut Session, _out: &mut dyn Printer) -> Result<()> {
+        Ok(())
+    }
+
+    /// A live view: each refresh is whole, nothing is added at the end.
+    fn finish(&mut self, _s: &mut Session, _out: &mut dyn Printer) -> Result<()> {
+        if let Some(ui) = self.ui.as_mut() {
+            ui.leave();
+        }
+        Ok(())
+    }
+
+    fn wakeup_fd(&self) -> Option<std::os::fd::RawFd> {
+        self.ui.as_ref().map(|_| libc::STDIN_FILENO)
+    }
+
+    fn on_wakeup(&mut self, _s: &mut Session, _out: &mut dyn Printer) -> Result<()> {
+        let Some(ui) = self.ui.as_mut() else {
+            return Ok(());
+        };
+        let act = ui.keys(&mut self.sort, &mut self.filter)?;
+        if act.quit {
+            self.quit = true;
+            self.detail = None;
+            ui.leave();
+        } else if act.redraw {
+            self.redraw()?;
+        }
+        Ok(())
+    }
+
+    fn done(&self) -> bool {
+        self.quit
+    }
+
+    fn events(&self) -> u64 {
+        self.events
+    }
+}

@@ -1,0 +1,224 @@
+//! The table both faces of `top` show: its columns, sort keys, filter and
+//! rows, taken from the snapshot.
+
+use crate::output::{Col, Row, Value};
+use crate::snapshot::{Proc, Snapshot};
+
+/// What rows are sorted by; the key that selects each is shown on screen.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum SortKey {
+    Pid,
+    Name,
+    Anon,
+    File,
+    Shmem,
+    Faults,
+    Kfaults,
+    Ffaults,
+    Brk,
+    Mmap,
+    Reclaim,
+}
+
+impl SortKey {
+    /// (key, sort key, label), in the order the help line shows them.
+    pub const KEYS: [(char, SortKey, &'static str); 11] = [
+        ('p', SortKey::Pid, "pid"),
+        ('n', SortKey::Name, "name"),
+        ('a', SortKey::Anon, "anon"),
+        ('l', SortKey::File, "file"),
+        ('s', SortKey::Shmem, "shmem"),
+        ('f', SortKey::Faults, "faults"),
+        ('k', SortKey::Kfaults, "kfaults"),
+        ('F', SortKey::Ffaults, "ffaults"),
+        ('b', SortKey::Brk, "brk"),
+        ('m', SortKey::Mmap, "mmap"),
+        ('r', SortKey::Reclaim, "reclaim"),
+    ];
+
+    pub fn from_key(c: char) -> Option<SortKey> {
+        Self::KEYS.iter().find(|k| k.0 == c).map(|k| k.1)
+    }
+
+    pub fn label(self) -> &'static str {
+        Self::KEYS.iter().find(|k| k.1 == self).map_or("", |k| k.2)
+    }
+}
+
+pub const COLS: [Col; 14] = [
+    Col::num("pid", "PID", 7),
+    Col::text("comm", "COMM", 15),
+    Col::num("rss_anon_kb", "ANON_KB", 9),
+    Col::num("rss_file_kb", "FILE_KB", 9),
+    Col::num("rss_shmem_kb", "SHMEM_KB", 8),
+    Col::num("faults_user_s", "FLT/s", 9),
+    Col::num("faults_kernel_s", "KFLT/s", 8),
+    Col::num("file_faults_s", "FFLT/s", 8),
+    Col::num("brk_s", "BRK/s", 8),
+    Col::num("brk_kb_s", "BRK_KB/s", 9),
+    Col::num("mmap_s", "MMAP/s", 8),
+    Col::num("mmap_kb_s", "MMAP_KB/s", 9),
+    Col::num("reclaim_ms_s", "RECLms/s", 8),
+    Col::text("cgroup", "CGROUP", 6),
+];
+
+/// Which processes are shown: a name or cgroup substring, or a pid.
+#[derive(Clone, Debug, Default)]
+pub struct Filter(pub String);
+
+impl Filter {
+    pub fn matches(&self, p: &Proc) -> bool {
+        let f = self.0.trim();
+        if f.is_empty() {
+            return true;
+        }
+        if let Ok(pid) = f.parse::<u32>() {
+            return p.pid == pid;
+        }
+        p.comm.contains(f) || p.cgroup.contains(f)
+    }
+}
+
+fn sort_value(s: &Snapshot, p: &Proc, k: SortKey) -> f64 {
+    let l = &p.last;
+    match k {
+        SortKey::Pid | SortKey::Name => 0.0,
+        SortKey::Anon => p.rss_anon() as f64,
+        SortKey::File => p.rss_file() as f64,
+        SortKey::Shmem => p.rss_shmem() as f64,
+        SortKey::Faults => s.rate(l.faults_user + l.faults_kernel),
+        SortKey::Kfaults => s.rate(l.faults_kernel),
+        SortKey::Ffaults => s.rate(l.file_faults),
+        SortKey::Brk => s.rate(l.brk_calls),
+        SortKey::Mmap => s.rate(l.mmap_calls),
+        SortKey::Reclaim => s.rate(l.reclaim_ns),
+    }
+}
+
+/// The processes to show, sorted (largest first, pid and name ascending),
+/// at most `max`. Gone processes show only for the interval they ended in.
+pub fn select<'a>(
+    s: &'a Snapshot,
+    key: SortKey,
+    filter: &Filter,
+    max: usize,
+) -> Vec<&'a Proc> {
+    let mut v: Vec<&Proc> = s
+        .procs
+        .values()
+        .filter(|p| p.gone.is_none() || p.last.activity() > 0)
+        .filter(|p| filter.matches(p))
+        .collect();
+    match key {
+        SortKey::Pid => v.sort_by_key(|p| p.pid),
+        SortKey::Name => v.sort_by(|a, b| a.comm.cmp(&b.comm).then(a.pid.cmp(&b.pid))),
+        _ => v.sort_by(|a, b| {
+            sort_value(s, b, key)
+                .total_cmp(&sort_value(s, a, key))
+                .then(b.last.activity().cmp(&a.last.activity()))
+                .then(a.pid.cmp(&b.pid))
+        }),
+    }
+    v.truncate(max);
+    v
+}
+
+pub fn row(s: &Snapshot, p: &Proc) -> Row {
+    let l = &p.last;
+    let rate = |v: u64| Value::F(s.rate(v), 1);
+    let kb_rate = |v: u64| Value::F(s.rate(v) / 1024.0, 1);
+    Row(vec![
+        p.pid.into(),
+        p.comm.clone().into(),
+        (p.rss_anon() >> 10).into(),
+        (p.rss_file() >> 10).into(),
+        (p.rss_shmem() >> 10).into(),
+        rate(l.faults_user),
+        rate(l.faults_kernel),
+        rate(l.file_faults),
+        rate(l.brk_calls),
+        kb_rate(l.brk_bytes),
+        rate(l.mmap_calls),
+        kb_rate(l.mmap_bytes),
+        Value::F(s.rate(l.reclaim_ns) / 1e6, 2),
+        p.cgroup.clone().into(),
+    ])
+}
+
+/// The help line: each sort key, the one in force marked.
+pub fn keys_line(current: SortKey) -> String {
+    let keys: Vec<String> = SortKey::KEYS
+        .iter()
+        .map(|(c, k, label)| {
+            if *k == current {
+                format!("[{c}]{label}*")
+            } else {
+                format!("{c}:{label}")
+            }
+        })
+        .collect();
+    format!("sort {}  /:filter  Enter:details  q:quit", keys.join(" "))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::snapshot::Figures;
+
+    fn snap() -> Snapshot {
+        let mut s = Snapshot::new(2);
+        let add = |s: &mut Snapshot, pid, comm: &str, cg: &str, last: Figures, anon| {
+            let mut p = Proc {
+                pid,
+                comm: comm.into(),
+                cgroup: cg.into(),
+                last,
+                ..Default::default()
+            };
+            p.rss[memtrace_common::rss::ANON] = anon;
+            s.procs.insert(pid, p);
+        };
+        let f = |faults, brk| Figures {
+            faults_user: faults,
+            brk_calls: brk,
+            ..Default::default()
+        };
+        add(&mut s, 10, "redis-server", "/db", f(500, 0), 4 << 20);
+        add(&mut s, 20, "make", "/build", f(900, 3), 1 << 20);
+        add(&mut s, 30, "malloc-test", "/build", f(10, 70), 9 << 20);
+        s
+    }
+
+    fn pids(v: &[&Proc]) -> Vec<u32> {
+        v.iter().map(|p| p.pid).collect()
+    }
+
+    #[test]
+    fn sorts_by_the_key_largest_first() {
+        let s = snap();
+        let all = Filter::default();
+        assert_eq!(pids(&select(&s, SortKey::Faults, &all, 10)), [20, 10, 30]);
+        assert_eq!(pids(&select(&s, SortKey::Brk, &all, 10)), [30, 20, 10]);
+        assert_eq!(pids(&select(&s, SortKey::Anon, &all, 2)), [30, 10]);
+        assert_eq!(pids(&select(&s, SortKey::Name, &all, 10)), [20, 30, 10]);
+    }
+
+    #[test]
+    fn filters_by_name_cgroup_or_pid() {
+        let s = snap();
+        let by = |f: &str| pids(&select(&s, SortKey::Pid, &Filter(f.into()), 10));
+        assert_eq!(by("redis"), [10]);
+        assert_eq!(by("/build"), [20, 30]);
+        assert_eq!(by("30"), [30]);
+        assert!(by("nothing").is_empty());
+    }
+
+    #[test]
+    fn every_sort_key_is_on_the_help_line() {
+        for (c, k, label) in SortKey::KEYS {
+            assert_eq!(SortKey::from_key(c), Some(k));
+            assert!(keys_line(SortKey::Pid).contains(&format!("{c}:{label}")) || k == SortKey::Pid);
+        }
+        assert!(keys_line(SortKey::Brk).contains("[b]brk*"));
+    }
+}

@@ -1,0 +1,194 @@
+//! `memtrace top`: plain-text and JSON refreshes against workloads with
+//! known rates, and the full-screen table under a terminal (tmux).
+
+mod common;
+
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use common::*;
+
+fn within(what: &str, got: f64, want: f64, tolerance: f64) {
+    assert!(
+        (got - want).abs() <= want * tolerance,
+        "{what}: {got:.1}/s, expected {want}/s within {:.0}%",
+        tolerance * 100.0
+    );
+}
+
+#[test]
+fn refreshes_show_the_fault_and_brk_rates_of_a_paced_workload() {
+    const FAULTS: f64 = 2000.0;
+    const BRKS: f64 = 200.0;
+    let mut w = Workload::start(&["paced", "2000", "200", "5"]);
+    let pid = w.pid;
+    let t = Tracer::start(&["top", "-p", &pid.to_string(), "-i", "1", "--json"]);
+    w.go();
+    assert!(w.wait().success());
+    std::thread::sleep(Duration::from_millis(1500));
+    let out = t.interrupt();
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    let rows: Vec<serde_json::Value> = json_of(&out.stdout, "top")
+        .into_iter()
+        .filter(|r| r["pid"] == pid && r["faults_user_s"].as_f64().unwrap() > 0.0)
+        .collect();
+    // The first and last refreshes hold part of the run only.
+    assert!(rows.len() >= 4, "{rows:?}");
+    for r in &rows[1..rows.len() - 1] {
+        within("faults", r["faults_user_s"].as_f64().unwrap(), FAULTS, 0.10);
+        within("brk calls", r["brk_s"].as_f64().unwrap(), BRKS, 0.10);
+        // A page each.
+        within("brk KiB", r["brk_kb_s"].as_f64().unwrap(), BRKS * 4.0, 0.10);
+        assert_eq!(r["comm"], "memtrace-worklo");
+    }
+    // Only the traced process is shown.
+    assert!(json_of(&out.stdout, "top").iter().all(|r| r["pid"] == pid));
+}
+
+#[test]
+fn plain_text_when_stdout_is_not_a_terminal_and_count_ends_it() {
+    let started = Instant::now();
+    let out = run(&["top", "-i", "300ms", "-n", "3", "--top", "5"]);
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    let headers = out
+        .stdout
+        .lines()
+        .filter(|l| l.trim_start().starts_with("PID COMM") && l.contains("FLT/s"))
+        .count();
+    assert_eq!(headers, 3, "{}", out.stdout);
+    assert!(out.stdout.contains("sorted by faults"), "{}", out.stdout);
+    assert!(started.elapsed() < Duration::from_secs(30));
+    // No terminal escapes in plain text.
+    assert!(!out.stdout.contains('\x1b'), "{:?}", out.stdout);
+}
+
+/// A tmux server of our own, killed however the test ends.
+struct Tmux(String);
+
+impl Tmux {
+    fn cmd(&self, args: &[&str]) -> Command {
+        let mut c = Command::new("tmux");
+        c.args(["-L", &self.0]).args(args);
+        // The server outlives this call: it must not keep descriptors we
+        // inherited (cargo's build lock, held by `flock`, among them).
+        unsafe {
+            use std::os::unix::process::CommandExt;
+            c.pre_exec(|| {
+                libc::syscall(libc::SYS_close_range, 3u32, u32::MAX, 0u32);
+                Ok(())
+            });
+        }
+        c
+    }
+}
+
+impl Drop for Tmux {
+    fn drop(&mut self) {
+        let _ = self.cmd(&["kill-server"]).status();
+    }
+}
+
+/// The screen of a tmux pane.
+fn pane(t: &Tmux) -> String {
+    let o = t
+        .cmd(&["capture-pane", "-p", "-t", "top"])
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+fn wait_pane(t: &Tmux, what: &str, pred: impl Fn(&str) -> bool) -> String {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let p = pane(t);
+        if pred(&p) {
+            return p;
+        }
+        assert!(Instant::now() < deadline, "{what} never showed:\n{p}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// The pid of the first row of the table.
+fn first_row_pid(screen: &str) -> Option<u32> {
+    let mut lines = screen
+        .lines()
+        .skip_while(|l| !l.trim_start().starts_with("PID"));
+    lines.next()?;
+    lines.next()?.split_whitespace().next()?.parse().ok()
+}
+
+#[test]
+fn full_screen_sorts_opens_stacks_and_quits_on_q_detached() {
+    let has_tmux = Command::new("tmux")
+        .arg("-V")
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !has_tmux {
+        skip(
+            "full_screen_sorts_opens_stacks_and_quits_on_q_detached",
+            "tmux is not installed",
+        );
+        return;
+    }
+    let before = settled_programs();
+    // A brk leader and a fault leader, each first under its own sort only
+    // (shown alone with the filter: builds on the host fault more).
+    let mut w = Workload::start(&["paced", "0", "3000", "20"]);
+    let mut f = Workload::start(&["paced", "2000", "0", "20"]);
+    w.go();
+    f.go();
+    let t = Tmux(format!("memtrace-test-{}", std::process::id()));
+    let cmd = format!(
+        "{} top -i 500ms --filter memtrace-worklo; echo exited=$?; sleep 30",
+        memtrace_bin().display()
+    );
+    let size = ["-x", "200", "-y", "40"];
+    let st = t
+        .cmd(&[
+            "new-session",
+            "-d",
+            "-s",
+            "top",
+            size[0],
+            size[1],
+            size[2],
+            size[3],
+            &cmd,
+        ])
+        .status()
+        .unwrap();
+    assert!(st.success());
+    let screen = wait_pane(&t, "the table sorted by faults", |p| {
+        p.contains("BRK/s") && p.contains("[f]faults*") && first_row_pid(p) == Some(f.pid)
+    });
+    assert!(screen.contains("sort: faults"), "{screen}");
+    t.cmd(&["send-keys", "-t", "top", "b"]).status().unwrap();
+    let screen = wait_pane(&t, "brk sort", |p| {
+        p.contains("[b]brk*") && first_row_pid(p) == Some(w.pid)
+    });
+    assert!(screen.contains("sort: brk"), "{screen}");
+    // Enter on the first row: its heap-growth stack, by function.
+    t.cmd(&["send-keys", "-t", "top", "Enter"])
+        .status()
+        .unwrap();
+    wait_pane(&t, "its stacks", |p| {
+        p.contains(&format!("pid {}", w.pid))
+            && p.contains("heap-growth (brk) stacks")
+            && p.contains("paced::raw_brk")
+    });
+    t.cmd(&["send-keys", "-t", "top", "Escape"])
+        .status()
+        .unwrap();
+    wait_pane(&t, "the details closed", |p| !p.contains("heap-growth"));
+    t.cmd(&["send-keys", "-t", "top", "q"]).status().unwrap();
+    let screen = wait_pane(&t, "the exit", |p| p.contains("exited="));
+    drop(t);
+    let _ = w.child.kill();
+    let _ = f.child.kill();
+    assert!(screen.contains("exited=0"), "{screen}");
+    // The terminal is back: the table is gone with the alternate screen.
+    assert!(!screen.contains("q:quit"), "{screen}");
+    // Nothing of memtrace stays attached.
+    assert_programs_back_to(before);
+}
