@@ -58,7 +58,9 @@ impl MapsCache {
             // Through the process's root: right inside containers too.
             let p = format!("/proc/{pid}/root{}", m.path);
             if let Ok(f) = File::open(&p).or_else(|_| File::open(&m.path)) {
-                self.files.insert(key, Arc::new(f));
+                let f = Arc::new(f);
+                crate::record::buildid::saw(&m.path, &f);
+                self.files.insert(key, f);
             }
         }
         self.procs.insert(
