@@ -119,10 +119,14 @@ impl Annotations {
                 comment.push(c.trim().to_string());
                 continue;
             }
-            let mut parts = t.splitn(3, char::is_whitespace);
-            let id = parts.next().unwrap_or_default();
-            let verdict = parts.next().unwrap_or_default();
-            let note = parts.next().unwrap_or_default().trim();
+            let word = |s: &'_ str| -> (String, String) {
+                let s = s.trim_start();
+                let (w, rest) = s.split_once(char::is_whitespace).unwrap_or((s, ""));
+                (w.to_string(), rest.trim().to_string())
+            };
+            let (id, rest) = word(t);
+            let (verdict, note) = word(&rest);
+            let (id, verdict) = (id.as_str(), verdict.as_str());
             if id.len() != 12 || !id.chars().all(|c| c.is_ascii_hexdigit()) {
                 return Err((i + 1, format!("'{id}' is not a stack id")));
             }
