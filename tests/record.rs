@@ -1,0 +1,356 @@
+//! `--record`, `memtrace report`, `diff` and `annotate`: records of real
+//! runs on workloads with known counts, read back.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+use common::*;
+
+/// A fresh directory for one test: records, graphs and the annotation
+/// database found in the current directory.
+fn scratch(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("memtrace-record-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+/// memtrace run in `dir`, without an annotation database from the caller's
+/// environment.
+fn mt(dir: &Path, args: &[&str]) -> Output {
+    let out = Command::new(memtrace_bin())
+        .args(args)
+        .current_dir(dir)
+        .env_remove("MEMTRACE_ANNOTATIONS")
+        .stdin(Stdio::null())
+        .output()
+        .expect("run memtrace");
+    Output {
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+        code: out.status.code().unwrap_or(-1),
+    }
+}
+
+/// brkstack over `script` (one workload command, or several for a shell),
+/// recorded to `file`; the live output.
+fn record(dir: &Path, file: &str, script: &str, extra: &[&str]) -> Output {
+    let mut args = vec!["brkstack", "-c", script, "--record", file];
+    args.extend_from_slice(extra);
+    let out = mt(dir, &args);
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    assert!(dir.join(file).exists());
+    out
+}
+
+fn w(args: &str) -> String {
+    format!("{} {args}", workload_bin().display())
+}
+
+/// The stack whose innermost frames are `inner` then `outer`.
+fn find<'a>(stacks: &'a [serde_json::Value], inner: &str, outer: &str) -> &'a serde_json::Value {
+    stacks
+        .iter()
+        .find(|s| {
+            let f = user_frames(s);
+            f.len() > 1 && f[0].contains(inner) && f[1].contains(outer)
+        })
+        .unwrap_or_else(|| panic!("no {inner} <- {outer} stack in {stacks:#?}"))
+}
+
+#[test]
+fn report_prints_what_the_live_tool_printed() {
+    let d = scratch("roundtrip");
+    let live = record(&d, "t.rec", &w("rawbrk 40 4096"), &[]);
+    let rep = mt(&d, &["report", "t.rec"]);
+    assert_eq!(rep.code, 0, "{}", rep.stderr);
+    assert!(
+        live.stdout.contains("grow_heap_with_raw_brk"),
+        "{}",
+        live.stdout
+    );
+    assert_eq!(rep.stdout, live.stdout);
+    assert!(rep.stderr.is_empty(), "{}", rep.stderr);
+
+    let live = record(&d, "j.rec", &w("rawbrk 40 4096"), &["--json"]);
+    let rep = mt(&d, &["report", "--json", "j.rec"]);
+    assert_eq!(rep.code, 0, "{}", rep.stderr);
+    let stacks = json_of(&rep.stdout, "brk_stack");
+    assert_eq!(stacks, json_of(&live.stdout, "brk_stack"));
+    // The loop's 40 calls and the brk(0) before them (see tests/brkstack.rs).
+    let top = find(&stacks, "grow_heap_with_raw_brk", "memtrace_workload::main");
+    assert_eq!(
+        (top["count"].as_u64(), top["bytes"].as_u64()),
+        (Some(41), Some(40 * 4096))
+    );
+
+    // Source lines were kept though the live tool did not show them.
+    let lines = mt(&d, &["report", "--json", "--lines", "j.rec"]);
+    let top = find(
+        &json_of(&lines.stdout, "brk_stack"),
+        "grow_heap_with_raw_brk",
+        "main",
+    )
+    .clone();
+    assert!(user_frames(&top)[0].contains("main.rs:"), "{top}");
+    // Folded and summed views, as the live --folded prints.
+    let folded = mt(&d, &["report", "--folded", "--sum", "--top", "1", "j.rec"]);
+    let line = folded.stdout.lines().next().unwrap_or_default().to_string();
+    assert_eq!(folded.stdout.lines().count(), 1, "{}", folded.stdout);
+    assert!(
+        line.ends_with(";memtrace_workload::grow_heap_with_raw_brk_[memtrace-workload] 41"),
+        "{line}"
+    );
+}
+
+#[test]
+fn a_record_cut_short_reads_to_its_last_whole_item_and_says_so() {
+    let d = scratch("truncated");
+    record(&d, "t.rec", &w("rawbrk 40 4096"), &[]);
+    let whole = std::fs::read(d.join("t.rec")).unwrap();
+    // The trailer is the last item: cut into it.
+    std::fs::write(d.join("cut.rec"), &whole[..whole.len() - 5]).unwrap();
+    let rep = mt(&d, &["report", "cut.rec"]);
+    assert_eq!(rep.code, 0, "{}", rep.stderr);
+    assert!(
+        rep.stderr.contains("cut.rec: truncated after 1 records"),
+        "{}",
+        rep.stderr
+    );
+    assert!(
+        rep.stdout.contains("grow_heap_with_raw_brk"),
+        "{}",
+        rep.stdout
+    );
+    let ok = mt(&d, &["report", "t.rec"]);
+    assert!(!ok.stderr.contains("truncated"), "{}", ok.stderr);
+}
+
+#[test]
+fn a_stack_keeps_its_id_across_runs_and_frame_styles() {
+    let d = scratch("ids");
+    // Two processes, two address-space layouts; one shown by offsets.
+    let a = record(&d, "a.rec", &w("rawbrk 10 4096"), &["--json"]);
+    let b = record(
+        &d,
+        "b.rec",
+        &w("rawbrk 20 4096"),
+        &["--json", "--addresses"],
+    );
+    let sa = json_of(&a.stdout, "brk_stack");
+    let sb = json_of(&b.stdout, "brk_stack");
+    let (x, y) = (
+        find(&sa, "grow_heap_with_raw_brk", "main"),
+        find(&sb, "grow_heap_with_raw_brk", "main"),
+    );
+    assert_ne!(x["pid"], y["pid"]);
+    assert!(user_frames(y)[0].contains("+0x"), "{y}");
+    let id = x["stack_id"].as_str().expect("stack_id").to_string();
+    assert_eq!(id.len(), 12);
+    assert_eq!(y["stack_id"], id.as_str());
+    // The text output shows it too.
+    let t = record(&d, "c.rec", &w("rawbrk 10 4096"), &[]);
+    assert!(t.stdout.contains(&format!(" stack {id}\n")), "{}", t.stdout);
+}
+
+#[test]
+fn diff_shows_what_grew_and_what_appeared() {
+    let d = scratch("diff");
+    record(
+        &d,
+        "a.rec",
+        &format!("{} && true", w("rawbrk 40 4096")),
+        &[],
+    );
+    record(
+        &d,
+        "b.rec",
+        &format!("{} && {}", w("rawbrk 60 4096"), w("deepbrk 3 5")),
+        &[],
+    );
+    let out = mt(&d, &["diff", "--json", "a.rec", "b.rec"]);
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    let all = json_of(&out.stdout, "diff");
+    let grew = find(&all, "grow_heap_with_raw_brk", "memtrace_workload::main");
+    assert_eq!(grew["status"], "grew");
+    assert_eq!(
+        (grew["count_a"].as_u64(), grew["count_b"].as_u64()),
+        (Some(41), Some(61))
+    );
+    assert_eq!(grew["delta"], 20);
+    assert_eq!(grew["delta_bytes"], 20 * 4096);
+    let new = find(&all, "grow_heap_with_raw_brk", "raw_brk_deep");
+    assert_eq!(new["status"], "appeared");
+    assert_eq!(
+        (new["count_b"].as_u64(), new["delta_bytes"].as_i64()),
+        (Some(6), Some(5 * 4096))
+    );
+    // Largest change first.
+    let deltas: Vec<i64> = all
+        .iter()
+        .map(|c| c["delta"].as_i64().unwrap().abs())
+        .collect();
+    assert!(deltas.windows(2).all(|p| p[0] >= p[1]), "{deltas:?}");
+    // Text: one line per change with its id.
+    let text = mt(&d, &["diff", "a.rec", "b.rec"]);
+    let id = grew["stack_id"].as_str().unwrap();
+    assert!(
+        text.stdout
+            .lines()
+            .any(|l| l.starts_with("grew") && l.contains("+20") && l.contains(id)),
+        "{}",
+        text.stdout
+    );
+}
+
+/// Well-formed XML (every element closed in order).
+fn assert_xml(svg: &str) {
+    let mut r = quick_xml::Reader::from_str(svg);
+    let mut elements = 0;
+    loop {
+        match r.read_event() {
+            Ok(quick_xml::events::Event::Eof) => break,
+            Ok(quick_xml::events::Event::Start(_)) => elements += 1,
+            Ok(_) => {}
+            Err(e) => panic!("not well-formed at {}: {e}", r.buffer_position()),
+        }
+    }
+    assert!(elements > 3, "{svg}");
+}
+
+#[test]
+fn flame_graphs_are_svg_with_the_workload_functions() {
+    let d = scratch("svg");
+    record(&d, "a.rec", &w("rawbrk 40 4096"), &[]);
+    record(&d, "b.rec", &w("deepbrk 3 5"), &[]);
+    let rep = mt(&d, &["report", "a.rec", "--svg", "a.svg"]);
+    assert_eq!(rep.code, 0, "{}", rep.stderr);
+    let svg = std::fs::read_to_string(d.join("a.svg")).unwrap();
+    assert_xml(&svg);
+    assert!(svg.contains("<svg"), "{svg}");
+    assert!(svg.contains("grow_heap_with_raw_brk"));
+    let diff = mt(&d, &["diff", "a.rec", "b.rec", "--svg", "d.svg"]);
+    assert_eq!(diff.code, 0, "{}", diff.stderr);
+    let svg = std::fs::read_to_string(d.join("d.svg")).unwrap();
+    assert_xml(&svg);
+    assert!(svg.contains("raw_brk_deep"));
+}
+
+#[test]
+fn annotations_show_in_report_and_diff_and_the_rest_is_new() {
+    let d = scratch("annotate");
+    let live = record(&d, "a.rec", &w("rawbrk 40 4096"), &["--json"]);
+    record(&d, "b.rec", &w("rawbrk 50 4096"), &[]);
+    let stacks = json_of(&live.stdout, "brk_stack");
+    let id = find(&stacks, "grow_heap_with_raw_brk", "main")["stack_id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    // No database yet: nothing is flagged.
+    assert!(!mt(&d, &["report", "a.rec"]).stdout.contains("[new]"));
+    let add = mt(
+        &d,
+        &[
+            "annotate",
+            "add",
+            "a.rec",
+            &id[..8],
+            "--note",
+            "the test loop",
+            "--verdict",
+            "bug",
+        ],
+    );
+    assert_eq!(add.code, 0, "{}", add.stderr);
+    let db = std::fs::read_to_string(d.join("memtrace-annotations.txt")).unwrap();
+    assert!(db.contains(&format!("{id}  bug  the test loop\n")), "{db}");
+    let list = mt(&d, &["annotate", "list"]);
+    assert!(
+        list.stdout.starts_with(&format!("{id}  bug")),
+        "{}",
+        list.stdout
+    );
+
+    let rep = mt(&d, &["report", "a.rec"]);
+    let lines: Vec<&str> = rep.stdout.lines().collect();
+    let at = lines
+        .iter()
+        .position(|l| l.ends_with(&format!(" stack {id}")))
+        .expect("annotated stack");
+    // The annotation closes the stack's frames, where notes go.
+    assert_eq!(lines[at - 1], "    [bug: the test loop]", "{}", rep.stdout);
+    assert!(rep.stdout.contains("    [new]\n"), "{}", rep.stdout);
+    let json = mt(&d, &["report", "--json", "a.rec"]);
+    let s = json_of(&json.stdout, "brk_stack");
+    assert_eq!(
+        find(&s, "grow_heap_with_raw_brk", "main")["note"],
+        "bug: the test loop"
+    );
+
+    // Found through the environment from elsewhere, applied by diff.
+    let other = scratch("annotate-elsewhere");
+    let diff = Command::new(memtrace_bin())
+        .args(["diff", "--json"])
+        .args([d.join("a.rec"), d.join("b.rec")])
+        .current_dir(&other)
+        .env("MEMTRACE_ANNOTATIONS", d.join("memtrace-annotations.txt"))
+        .output()
+        .unwrap();
+    let out = String::from_utf8_lossy(&diff.stdout);
+    let all = json_of(&out, "diff");
+    let c = all
+        .iter()
+        .find(|c| c["stack_id"] == id.as_str())
+        .expect("in diff");
+    assert_eq!(
+        (c["annotation"].as_str(), c["delta"].as_i64()),
+        (Some("bug: the test loop"), Some(10))
+    );
+
+    // `ignore` hides the stack, unless --all.
+    mt(
+        &d,
+        &[
+            "annotate",
+            "add",
+            "a.rec",
+            &id,
+            "--note",
+            "",
+            "--verdict",
+            "ignore",
+        ],
+    );
+    assert!(!mt(&d, &["report", "a.rec"]).stdout.contains(&id));
+    assert!(mt(&d, &["report", "--all", "a.rec"]).stdout.contains(&id));
+}
+
+#[test]
+fn bad_input_is_one_line_and_exit_2() {
+    let d = scratch("bad");
+    std::fs::write(d.join("text.rec"), "hello\n").unwrap();
+    record(&d, "a.rec", &w("rawbrk 4 4096"), &[]);
+    for (args, says) in [
+        (vec!["report", "missing.rec"], "cannot open missing.rec"),
+        (
+            vec!["report", "text.rec"],
+            "text.rec is not a memtrace record file",
+        ),
+        (
+            vec!["diff", "a.rec", "text.rec"],
+            "text.rec is not a memtrace record file",
+        ),
+        (
+            vec!["annotate", "add", "a.rec", "ffffffffffff", "--note", "x"],
+            "no stack ffffffffffff in a.rec",
+        ),
+    ] {
+        let out = mt(&d, &args);
+        assert_eq!(out.code, 2, "{args:?}: {}", out.stderr);
+        assert_eq!(out.stderr.lines().count(), 1, "{args:?}: {}", out.stderr);
+        assert!(out.stderr.contains(says), "{args:?}: {}", out.stderr);
+        assert!(out.stdout.is_empty(), "{args:?}: {}", out.stdout);
+    }
+}
