@@ -106,6 +106,95 @@ fn report_prints_what_the_live_tool_printed() {
 }
 
 #[test]
+fn each_interval_is_a_report_and_sum_adds_them() {
+    let d = scratch("intervals");
+    // The loop, then a linger over a few more intervals.
+    let live = record(&d, "i.rec", &w("rawbrk 40 4096 700"), &["-i", "200ms"]);
+    let rep = mt(&d, &["report", "i.rec"]);
+    assert_eq!(rep.stdout, live.stdout);
+    let info = mt(&d, &["report", "--info", "i.rec"]);
+    let reports: usize = info
+        .stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("reports"))
+        .and_then(|n| n.trim().parse().ok())
+        .unwrap_or_else(|| panic!("{}", info.stdout));
+    assert!(reports >= 3, "{}", info.stdout);
+    let sum = mt(&d, &["report", "--sum", "--json", "i.rec"]);
+    let top = find(
+        &json_of(&sum.stdout, "brk_stack"),
+        "grow_heap_with_raw_brk",
+        "main",
+    )
+    .clone();
+    assert_eq!(top["count"], 41, "{}", sum.stdout);
+}
+
+#[test]
+fn memleak_records_what_is_outstanding() {
+    let d = scratch("memleak");
+    // 10 blocks of 100 bytes and 2 of 1 MiB left allocated (tests/memleak.rs).
+    let cmd = w("leak 10 100 2 1048576 100 0");
+    let live = mt(
+        &d,
+        &[
+            "memleak", "--json", "--top", "50", "-c", &cmd, "--record", "m.rec",
+        ],
+    );
+    assert_eq!(live.code, 0, "{}", live.stderr);
+    let rep = mt(&d, &["report", "--json", "m.rec"]);
+    let stacks = json_of(&rep.stdout, "memleak");
+    assert_eq!(stacks, json_of(&live.stdout, "memleak"));
+    let small = find(&stacks, "leak_small_blocks", "leak");
+    assert_eq!(
+        (small["count"].as_u64(), small["bytes"].as_u64()),
+        (Some(10), Some(1000))
+    );
+    let text = mt(&d, &["memleak", "-c", &cmd, "--record", "t.rec"]);
+    assert_eq!(mt(&d, &["report", "t.rec"]).stdout, text.stdout);
+}
+
+#[test]
+fn the_record_names_its_run_and_the_build_ids_of_its_modules() {
+    let d = scratch("info");
+    record(&d, "a.rec", &w("rawbrk 4 4096"), &[]);
+    let info = mt(&d, &["report", "--info", "a.rec"]);
+    assert_eq!(info.code, 0, "{}", info.stderr);
+    assert!(
+        info.stdout.contains("tool      brkstack\n"),
+        "{}",
+        info.stdout
+    );
+    let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap();
+    assert!(
+        info.stdout
+            .contains(&format!("kernel    {}\n", release.trim())),
+        "{}",
+        info.stdout
+    );
+    // The workload's build id as binutils reads it, where they are installed.
+    let Ok(notes) = Command::new("readelf")
+        .arg("-n")
+        .arg(workload_bin())
+        .output()
+    else {
+        eprintln!("skipped the build id check: no readelf");
+        return;
+    };
+    let notes = String::from_utf8_lossy(&notes.stdout);
+    let id = notes
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("Build ID: "))
+        .expect("the workload has a build id");
+    assert!(
+        info.stdout
+            .contains(&format!("build id  {id}  memtrace-workload\n")),
+        "{}",
+        info.stdout
+    );
+}
+
+#[test]
 fn a_record_cut_short_reads_to_its_last_whole_item_and_says_so() {
     let d = scratch("truncated");
     record(&d, "t.rec", &w("rawbrk 40 4096"), &[]);

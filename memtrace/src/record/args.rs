@@ -25,6 +25,9 @@ pub struct ReportArgs {
     /// Also write a flame graph of the summed stacks to OUT (SVG).
     #[arg(long, value_name = "OUT")]
     pub svg: Option<PathBuf>,
+    /// Print what the file says of its run instead (tool, arguments, kernel, host, build ids, totals).
+    #[arg(long, conflicts_with_all = ["json", "folded", "svg"])]
+    pub info: bool,
     #[command(flatten)]
     pub view: ViewArgs,
 }

@@ -105,6 +105,9 @@ pub fn open(path: &Path) -> Result<Recording> {
 
 pub fn run(a: &ReportArgs) -> Result<i32> {
     let rec = open(&a.file)?;
+    if a.info {
+        return info(&rec);
+    }
     let notes = Annotations::in_use(a.view.annotations.as_deref())?;
     let style = style(&a.view, &rec);
     let per_pid = a.view.per_pid || rec.header.per_pid;
@@ -156,4 +159,61 @@ pub fn write_svg(
     std::fs::write(path, buf)
         .map_err(|e| Error::Usage(format!("cannot write {}: {e}", path.display())))?;
     Ok(())
+}
+
+/// `--info`: the run the file is of.
+fn info(rec: &Recording) -> Result<i32> {
+    use output::escape_controls as esc;
+    let h = &rec.header;
+    let mut t = String::new();
+    for (k, v) in [
+        ("tool", h.tool.clone()),
+        (
+            "args",
+            h.args
+                .iter()
+                .map(|a| quoted(a))
+                .collect::<Vec<_>>()
+                .join(" "),
+        ),
+        ("kernel", h.kernel.clone()),
+        ("host", h.host.clone()),
+        ("start", format!("{:.0} (unix time)", h.start)),
+        (
+            "format",
+            format!(
+                "{} version {} (memtrace {})",
+                h.magic, h.version, h.memtrace
+            ),
+        ),
+        ("reports", rec.reports.len().to_string()),
+    ] {
+        t.push_str(&format!("{k:<9} {}\n", esc(&v)));
+    }
+    match &rec.trailer {
+        Some(tr) => {
+            let lost: u64 = tr.lost.iter().map(|(_, n)| n).sum();
+            let run = format!("{:.1}s, {} events, {lost} lost", tr.duration_s, tr.events);
+            t.push_str(&format!("run       {run}\n"));
+        }
+        None => t.push_str("run       cut short (no trailer)\n"),
+    }
+    for (m, id) in &rec.build_ids {
+        t.push_str(&format!("build id  {}  {}\n", esc(id), esc(m)));
+    }
+    let mut out = std::io::stdout().lock();
+    out.write_all(t.as_bytes())
+        .and_then(|_| out.flush())
+        .map_err(Error::Output)?;
+    Ok(0)
+}
+
+/// An argument as a shell would need it.
+fn quoted(a: &str) -> String {
+    let plain = |c: char| c.is_ascii_alphanumeric() || "-_./=:,+@%".contains(c);
+    if !a.is_empty() && a.chars().all(plain) {
+        a.to_string()
+    } else {
+        format!("'{}'", a.replace('\'', "'\\''"))
+    }
 }
