@@ -74,6 +74,11 @@ fn report_prints_what_the_live_tool_printed() {
     assert_eq!(rep.stdout, live.stdout);
     assert!(rep.stderr.is_empty(), "{}", rep.stderr);
 
+    // Tables too (faults by process).
+    let live = mt(&d, &["faults", "-c", &w("touch 300"), "--record", "f.rec"]);
+    assert!(live.stdout.contains("memtrace-worklo"), "{}", live.stdout);
+    assert_eq!(mt(&d, &["report", "f.rec"]).stdout, live.stdout);
+
     let live = record(&d, "j.rec", &w("rawbrk 40 4096"), &["--json"]);
     let rep = mt(&d, &["report", "--json", "j.rec"]);
     assert_eq!(rep.code, 0, "{}", rep.stderr);
@@ -247,23 +252,15 @@ fn a_stack_keeps_its_id_across_runs_and_frame_styles() {
 #[test]
 fn diff_shows_what_grew_and_what_appeared() {
     let d = scratch("diff");
-    record(
-        &d,
-        "a.rec",
-        &format!("{} && true", w("rawbrk 40 4096")),
-        &[],
-    );
-    record(
-        &d,
-        "b.rec",
-        &format!("{} && {}", w("rawbrk 60 4096"), w("deepbrk 3 5")),
-        &[],
-    );
+    // One process each: the known stack, then it again with 20 more calls
+    // and a new one below it.
+    record(&d, "a.rec", &w("rawbrk 40 4096"), &[]);
+    record(&d, "b.rec", &w("rawbrk-deep 60 3 5"), &[]);
     let out = mt(&d, &["diff", "--json", "a.rec", "b.rec"]);
     assert_eq!(out.code, 0, "{}", out.stderr);
     let all = json_of(&out.stdout, "diff");
     let grew = find(&all, "grow_heap_with_raw_brk", "memtrace_workload::main");
-    assert_eq!(grew["status"], "grew");
+    assert_eq!(grew["status"], "grew", "{}", out.stdout);
     assert_eq!(
         (grew["count_a"].as_u64(), grew["count_b"].as_u64()),
         (Some(41), Some(61))

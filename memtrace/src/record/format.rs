@@ -87,6 +87,7 @@ pub struct Trailer {
 pub enum Item {
     Header(Header),
     Report(Report),
+    Table(super::table::Table),
     Trailer(Trailer),
 }
 
@@ -179,6 +180,8 @@ fn encode(item: &Item, buf: &mut Vec<u8>) -> std::io::Result<()> {
 pub struct Recording {
     pub header: Header,
     pub reports: Vec<Report>,
+    /// Tables the live tool printed (replayed in order with the reports).
+    pub tables: Vec<super::table::Table>,
     pub trailer: Option<Trailer>,
     /// Module name -> build id, from every item.
     pub build_ids: BTreeMap<String, String>,
@@ -213,6 +216,7 @@ impl Recording {
         let mut rec = Recording {
             header,
             reports: Vec::new(),
+            tables: Vec::new(),
             trailer: None,
             build_ids: BTreeMap::new(),
         };
@@ -226,6 +230,7 @@ impl Recording {
                     rec.build_ids.extend(rep.build_ids.clone());
                     rec.reports.push(rep);
                 }
+                Ok(Item::Table(t)) => rec.tables.push(t),
                 Ok(Item::Trailer(t)) => {
                     rec.trailer = Some(t);
                     break;
@@ -241,7 +246,7 @@ impl Recording {
         self.trailer.is_none().then(|| {
             format!(
                 "{name}: truncated after {} records (the run was cut short)",
-                self.reports.len()
+                self.reports.len() + self.tables.len()
             )
         })
     }

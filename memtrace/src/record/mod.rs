@@ -8,6 +8,7 @@ pub mod diff;
 pub mod fingerprint;
 pub mod format;
 pub mod report;
+pub mod table;
 mod writer;
 
 use std::collections::BTreeSet;

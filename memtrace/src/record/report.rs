@@ -15,6 +15,8 @@ use crate::symbolize::FrameStyle;
 
 /// One report of a recording: its kind, title and stacks.
 pub struct Group<'a> {
+    /// Where it was in the file (the first report, when summed).
+    pub seq: u64,
     pub kind: &'a str,
     pub title: &'a str,
     pub stacks: Vec<&'a Stack>,
@@ -25,6 +27,7 @@ pub fn each(rec: &Recording) -> Vec<Group<'_>> {
     rec.reports
         .iter()
         .map(|r| Group {
+            seq: r.seq,
             kind: &r.kind,
             title: &r.title,
             stacks: r.stacks.iter().collect(),
@@ -47,6 +50,7 @@ pub fn summed(rec: &Recording) -> Vec<Group<'_>> {
                 g.title = &r.title;
             }
             None => out.push(Group {
+                seq: r.seq,
                 kind: &r.kind,
                 title: &r.title,
                 stacks: r.stacks.iter().collect(),
@@ -119,7 +123,17 @@ pub fn run(a: &ReportArgs) -> Result<i32> {
     let stdout = std::io::BufWriter::new(std::io::stdout());
     let mut out = output::printer(format, false, Box::new(stdout));
     let groups = if a.sum { summed(&rec) } else { each(&rec) };
+    // Tables in their place between the reports (not with --sum: a table
+    // is what one interval printed, not a flow to add up).
+    let mut tables = rec.tables.iter().filter(|_| !a.sum).peekable();
+    let table = |t: &super::table::Table, out: &mut dyn output::Printer| {
+        let (kind, cols, rows) = t.for_printer();
+        out.table(kind, &t.title, &cols, &rows);
+    };
     for g in &groups {
+        while let Some(t) = tables.next_if(|t| t.seq < g.seq) {
+            table(t, out.as_mut());
+        }
         let mut stacks = view(&g.stacks, style, per_pid, notes.as_ref(), a.view.all);
         if let Some(n) = a.top {
             stacks.truncate(n);
@@ -128,6 +142,16 @@ pub fn run(a: &ReportArgs) -> Result<i32> {
         let kind: &'static str = Box::leak(g.kind.to_string().into_boxed_str());
         out.stacks(kind, g.title, &stacks);
         output::check(out.as_ref())?;
+    }
+    for t in tables {
+        table(t, out.as_mut());
+    }
+    if rec.reports.is_empty() && rec.tables.is_empty() {
+        say!(
+            "memtrace: {} holds no reports: {} printed none",
+            a.file.display(),
+            rec.header.tool
+        );
     }
     out.flush();
     output::check(out.as_ref())?;
@@ -187,6 +211,7 @@ fn info(rec: &Recording) -> Result<i32> {
             ),
         ),
         ("reports", rec.reports.len().to_string()),
+        ("tables", rec.tables.len().to_string()),
     ] {
         t.push_str(&format!("{k:<9} {}\n", esc(&v)));
     }

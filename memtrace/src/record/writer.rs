@@ -178,6 +178,14 @@ impl Printer for Recorder {
     }
 
     fn table(&mut self, kind: &'static str, title: &str, cols: &[Col], rows: &[Row]) {
+        if self.error.is_none() {
+            let at = self.started.elapsed().as_secs_f64();
+            let t = super::table::Table::new(self.seq, at, kind, title, cols, rows);
+            self.seq += 1;
+            if let Err(e) = format::write_item(&mut self.file, &Item::Table(t)) {
+                self.error = Some(e);
+            }
+        }
         self.inner.table(kind, title, cols, rows)
     }
 
