@@ -91,14 +91,18 @@ pub fn annotate(cmd: &AnnotateCmd) -> Result<i32> {
                 return Ok(0);
             };
             let db = Annotations::load(&path)?;
+            let mut text = String::new();
             for (id, e) in &db.entries {
-                let stack = e
-                    .comment
-                    .last()
-                    .map(|c| format!("  ({c})"))
-                    .unwrap_or_default();
-                println!("{id}  {:<6}  {}{stack}", e.verdict.name(), e.note);
+                let stack = e.comment.last().map(|c| format!("  ({c})"));
+                let (v, note) = (e.verdict.name(), &e.note);
+                text.push_str(&format!(
+                    "{id}  {v:<6}  {note}{}\n",
+                    stack.unwrap_or_default()
+                ));
             }
+            // A closed pipe ends quietly, as every other output does.
+            let mut out = std::io::stdout().lock();
+            std::io::Write::write_all(&mut out, text.as_bytes()).map_err(Error::Output)?;
             Ok(0)
         }
     }

@@ -161,6 +161,12 @@ pub fn run(a: &ReportArgs) -> Result<i32> {
             let stacks = view(&g.stacks, style, per_pid, notes.as_ref(), a.view.all);
             lines.extend(stacks.iter().map(fold));
         }
+        if lines.is_empty() {
+            return Err(Error::Usage(format!(
+                "{} holds no stacks to draw",
+                a.file.display()
+            )));
+        }
         let title = format!("memtrace {}", rec.header.args.join(" "));
         write_svg(svg, &title, |w| {
             let mut o = inferno::flamegraph::Options::default();
