@@ -440,3 +440,57 @@ fn bad_input_is_one_line_and_exit_2() {
         assert!(out.stdout.is_empty(), "{args:?}: {}", out.stdout);
     }
 }
+
+/// nofp.c (tests/workload/nofp) built into `dir` as `nofp-c`, functions
+/// aligned to `align` bytes; None without a C compiler.
+fn build_c(dir: &Path, align: &str) -> Option<PathBuf> {
+    std::fs::create_dir_all(dir).unwrap();
+    let out = dir.join("nofp-c");
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/workload/nofp/nofp.c");
+    let st = Command::new("cc")
+        .args(["-O2", "-g", "-fno-optimize-sibling-calls"])
+        .arg(format!("-falign-functions={align}"))
+        .arg(&src)
+        .arg("-o")
+        .arg(&out)
+        .status()
+        .ok()?;
+    st.success().then_some(out)
+}
+
+/// The address of `sym` in `bin`, as nm reads it.
+fn address_of(bin: &Path, sym: &str) -> Option<String> {
+    let out = Command::new("nm").arg(bin).output().ok()?;
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .find(|l| l.ends_with(&format!(" {sym}")))
+        .map(|l| l.split(' ').next().unwrap_or_default().to_string())
+}
+
+#[test]
+fn a_stack_keeps_its_id_across_a_rebuild_that_moves_its_code() {
+    let d = scratch("rebuild");
+    let (Some(a), Some(b)) = (build_c(&d.join("a"), "1"), build_c(&d.join("b"), "256")) else {
+        skip("rebuild ids", "no C compiler (cc)");
+        return;
+    };
+    if let (Some(x), Some(y)) = (
+        address_of(&a, "heap_grow_inner"),
+        address_of(&b, "heap_grow_inner"),
+    ) {
+        assert_ne!(x, y, "the rebuild did not move the code");
+    }
+    let id = |bin: &Path, file: &str| -> String {
+        let cmd = format!("{} sbrk 20", bin.display());
+        let out = record(&d, file, &cmd, &["--json", "--stack-mode", "dwarf"]);
+        let stacks = json_of(&out.stdout, "brk_stack");
+        let s = stacks
+            .iter()
+            .filter(|s| user_frames(s).iter().any(|f| f.contains("heap_grow_inner")))
+            .max_by_key(|s| s["count"].as_u64())
+            .unwrap_or_else(|| panic!("no heap_grow_inner stack: {}", out.stdout));
+        assert!(s["count"].as_u64() >= Some(19), "{s}");
+        s["stack_id"].as_str().unwrap().to_string()
+    };
+    assert_eq!(id(&a, "a.rec"), id(&b, "b.rec"));
+}
