@@ -28,6 +28,9 @@ pub struct ReportArgs {
     /// Print what the file says of its run instead (tool, arguments, kernel, host, build ids, totals).
     #[arg(long, conflicts_with_all = ["json", "folded", "svg"])]
     pub info: bool,
+    /// Keep identical stacks of different processes apart.
+    #[arg(long)]
+    pub per_pid: bool,
     #[command(flatten)]
     pub view: ViewArgs,
 }
@@ -41,9 +44,6 @@ pub struct ViewArgs {
     /// Frames with their offsets (where the record has them).
     #[arg(long)]
     pub addresses: bool,
-    /// Keep identical stacks of different processes apart.
-    #[arg(long)]
-    pub per_pid: bool,
     /// The annotation database (default: $MEMTRACE_ANNOTATIONS, else memtrace-annotations.* here).
     #[arg(long, value_name = "PATH")]
     pub annotations: Option<PathBuf>,

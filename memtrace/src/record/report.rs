@@ -114,7 +114,7 @@ pub fn run(a: &ReportArgs) -> Result<i32> {
     }
     let notes = Annotations::in_use(a.view.annotations.as_deref())?;
     let style = style(&a.view, &rec);
-    let per_pid = a.view.per_pid || rec.header.per_pid;
+    let per_pid = a.per_pid || rec.header.per_pid;
     let format = match (a.json, a.folded) {
         (true, _) => Format::Json,
         (_, true) => Format::Folded,
