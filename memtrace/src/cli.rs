@@ -26,6 +26,13 @@ pub enum Command {
     Tool(crate::tools::ToolCommand),
     /// What this kernel supports and how each tool would attach here.
     Doctor,
+    /// Reads a file written with --record: the live tool's views, summed or per interval, and flame graphs.
+    Report(crate::record::args::ReportArgs),
+    /// Compares two records: stacks that appeared, vanished, grew or shrank.
+    Diff(crate::record::args::DiffArgs),
+    /// Verdicts and notes on stacks, applied by report and diff.
+    #[command(subcommand)]
+    Annotate(crate::record::args::AnnotateCmd),
 }
 
 #[derive(Debug, Clone, Args)]
@@ -72,6 +79,9 @@ pub struct Common {
     /// Keep identical stacks of different processes apart.
     #[arg(long)]
     pub per_pid: bool,
+    /// Also write every stack report to FILE, for `memtrace report`, `diff` and `annotate`.
+    #[arg(long, value_name = "FILE")]
+    pub record: Option<std::path::PathBuf>,
     /// Attach empty programs where the tool's would go (the benchmark floor).
     #[arg(long, hide = true)]
     pub floor: bool,

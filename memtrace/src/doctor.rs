@@ -156,7 +156,7 @@ fn tool_attach_rows(tool: &str) -> Vec<Row> {
     .filter_map(
         |argv| match crate::cli::Cli::try_parse_from(argv).ok()?.cmd {
             crate::cli::Command::Tool(t) => Some(t),
-            crate::cli::Command::Doctor => None,
+            _ => None,
         },
     )
     .collect();

@@ -23,6 +23,7 @@ pub mod pmap;
 pub mod proc;
 pub mod process;
 pub mod reclaim;
+pub mod record;
 pub mod records;
 pub mod rssstat;
 pub mod run;

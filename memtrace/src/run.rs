@@ -187,6 +187,20 @@ pub fn run(tool: &mut dyn Tool, common: &Common) -> Result<i32> {
     };
     let mut out = output::printer(format, common.timestamps, dest);
     out = Box::new(output::MergedStacks(out, common.per_pid));
+    if let Some(path) = &common.record {
+        // The record keeps source lines even when they are not shown.
+        let shown = session.sym.style;
+        if shown == FrameStyle::Function {
+            session.sym.style = FrameStyle::Lines;
+        }
+        out = Box::new(crate::record::Recorder::create(
+            out,
+            path,
+            tool.name(),
+            shown,
+            common.per_pid,
+        )?);
+    }
     let scope = match (&common.command, target, adopted) {
         (Some(c), _, _) if crate::command::is_simple(c) => format!(" of '{c}'"),
         (Some(c), _, _) => format!(" of '{c}' (the shell and every process it starts)"),

@@ -72,7 +72,9 @@ impl MapsCache {
             }
             // Through the process's root: right inside containers too.
             if let Ok(f) = File::open(m.file_in(pid)).or_else(|_| File::open(&m.file)) {
-                self.files.insert(key, Arc::new(f));
+                let f = Arc::new(f);
+                crate::record::buildid::saw(&m.path, &f);
+                self.files.insert(key, f);
             }
         }
         let earlier = self

@@ -211,6 +211,12 @@ fn main() {
         }
         // deepbrk DEPTH N: rawbrk N 4096 below DEPTH frames of recursion.
         "deepbrk" => raw_brk_deep(arg(&args, 1, 100), arg(&args, 2, 10)),
+        // rawbrk-deep N DEPTH M: rawbrk N 4096, then deepbrk DEPTH M: two
+        // stacks in one process (record diffs).
+        "rawbrk-deep" => {
+            grow_heap_with_raw_brk(arg(&args, 1, 10), 4096);
+            raw_brk_deep(arg(&args, 2, 3), arg(&args, 3, 5));
+        }
         // widebrk DEPTH N: the same with 1 KiB frames.
         "widebrk" => raw_brk_deep_wide(arg(&args, 1, 30), arg(&args, 2, 10)),
         // touch N: touch N fresh anonymous pages.

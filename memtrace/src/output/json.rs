@@ -85,6 +85,9 @@ impl Printer for JsonPrinter {
                 "note": s.note,
                 "processes": s.processes.max(1),
             });
+            if let Some(id) = crate::record::fingerprint_text(&s.kernel, &s.user) {
+                v["stack_id"] = json!(id);
+            }
             if let Some(a) = &s.alloc {
                 v["allocs"] = json!(a.allocs);
                 v["bytes_allocated"] = json!(a.bytes);

@@ -9,7 +9,7 @@ mod text;
 
 use std::io::Write;
 
-pub use folded::FoldedPrinter;
+pub use folded::{fold, FoldedPrinter};
 pub use json::JsonPrinter;
 pub use merge::{merge_stacks, MergedStacks};
 pub use sink::to_stderr;

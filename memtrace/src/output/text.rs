@@ -141,9 +141,13 @@ impl Printer for TextPrinter {
                 0 | 1 => s.pid.to_string(),
                 n => format!("{} and {} more", s.pid, n - 1),
             };
+            // The id that `memtrace annotate` and `diff` know the stack by.
+            let id = crate::record::fingerprint_text(&s.kernel, &s.user)
+                .map(|id| format!(" stack {id}"))
+                .unwrap_or_default();
             putln!(
                 self.out,
-                "    -- {} ({who})\n        {}{}\n",
+                "    -- {} ({who}){id}\n        {}{}\n",
                 esc(&s.comm),
                 s.count,
                 bytes
@@ -212,9 +216,12 @@ fn alloc_stack(out: &mut Sink, s: &StackReport, a: &super::AllocFigures) {
         0 | 1 => format!("{} {}", s.pid, esc(&s.comm)),
         n => format!("{} {} and {} more", s.pid, esc(&s.comm), n - 1),
     };
+    let id = crate::record::fingerprint_text(&s.kernel, &s.user)
+        .map(|id| format!(" {id}"))
+        .unwrap_or_default();
     putln!(
         out,
-        "\t{est}{} bytes in {est}{} allocations from stack ({who})",
+        "\t{est}{} bytes in {est}{} allocations from stack{id} ({who})",
         s.bytes.unwrap_or(0),
         s.count
     );

@@ -71,5 +71,8 @@ pub fn dispatch(cli: crate::cli::Cli) -> Result<i32> {
             crate::run::run(tool.as_mut(), common)
         }
         crate::cli::Command::Doctor => crate::doctor::doctor(),
+        crate::cli::Command::Report(a) => crate::record::report::run(&a),
+        crate::cli::Command::Diff(a) => crate::record::diff::run(&a),
+        crate::cli::Command::Annotate(a) => crate::record::annotate(&a),
     }
 }

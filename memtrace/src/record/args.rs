@@ -1,0 +1,105 @@
+//! Command lines of `report`, `diff` and `annotate`.
+
+use std::path::PathBuf;
+
+use clap::{Args, Subcommand, ValueEnum};
+
+use super::annotate::Verdict;
+
+#[derive(Debug, Clone, Args)]
+pub struct ReportArgs {
+    /// A file written with --record.
+    pub file: PathBuf,
+    /// Show only the N largest stacks of each report.
+    #[arg(long, value_name = "N")]
+    pub top: Option<usize>,
+    /// Folded stacks (comm;outer;...;inner count), for flame-graph tools.
+    #[arg(long, conflicts_with = "json")]
+    pub folded: bool,
+    /// JSON Lines: one object per stack.
+    #[arg(long)]
+    pub json: bool,
+    /// One report summing every interval (default: each report as the live tool printed it).
+    #[arg(long)]
+    pub sum: bool,
+    /// Also write a flame graph of the summed stacks to OUT (SVG).
+    #[arg(long, value_name = "OUT")]
+    pub svg: Option<PathBuf>,
+    /// Print what the file says of its run instead (tool, arguments, kernel, host, build ids, totals).
+    #[arg(long, conflicts_with_all = ["json", "folded", "svg"])]
+    pub info: bool,
+    /// Keep identical stacks of different processes apart.
+    #[arg(long)]
+    pub per_pid: bool,
+    #[command(flatten)]
+    pub view: ViewArgs,
+}
+
+/// What report and diff share.
+#[derive(Debug, Clone, Args)]
+pub struct ViewArgs {
+    /// Frames with their source file and line (where the record has them).
+    #[arg(long, conflicts_with = "addresses")]
+    pub lines: bool,
+    /// Frames with their offsets (where the record has them).
+    #[arg(long)]
+    pub addresses: bool,
+    /// The annotation database (default: $MEMTRACE_ANNOTATIONS, else memtrace-annotations.* here).
+    #[arg(long, value_name = "PATH")]
+    pub annotations: Option<PathBuf>,
+    /// Also show stacks annotated `ignore` (and, in diff, those that did not change).
+    #[arg(long)]
+    pub all: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum SortBy {
+    Count,
+    Bytes,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct DiffArgs {
+    /// The earlier record (before).
+    pub a: PathBuf,
+    /// The later record (after).
+    pub b: PathBuf,
+    /// JSON Lines: one object per stack that changed.
+    #[arg(long)]
+    pub json: bool,
+    /// Show only the N largest changes.
+    #[arg(long, value_name = "N")]
+    pub top: Option<usize>,
+    /// Sort by the change in count (default) or in bytes.
+    #[arg(long, value_enum, default_value_t = SortBy::Count)]
+    pub by: SortBy,
+    /// Also write a differential flame graph (B against A) to OUT (SVG).
+    #[arg(long, value_name = "OUT")]
+    pub svg: Option<PathBuf>,
+    #[command(flatten)]
+    pub view: ViewArgs,
+}
+
+#[derive(Debug, Clone, Subcommand)]
+pub enum AnnotateCmd {
+    /// Adds (or replaces) the verdict and note of a stack of FILE.
+    Add {
+        /// A file written with --record.
+        file: PathBuf,
+        /// The stack id as memtrace shows it (or a unique prefix of it).
+        stack_id: String,
+        /// What to say of the stack.
+        #[arg(long)]
+        note: String,
+        #[arg(long, value_enum, default_value_t = Verdict::Known)]
+        verdict: Verdict,
+        /// The annotation database (default: $MEMTRACE_ANNOTATIONS, else memtrace-annotations.* here, else memtrace-annotations.txt).
+        #[arg(long, value_name = "PATH")]
+        annotations: Option<PathBuf>,
+    },
+    /// Lists the annotations.
+    List {
+        #[arg(long, value_name = "PATH")]
+        annotations: Option<PathBuf>,
+    },
+}

@@ -1,0 +1,340 @@
+//! The record file: a CBOR sequence (RFC 8742) of self-describing items,
+//! a header, one item per report the tool printed, and a trailer. Each item
+//! is written whole and flushed, so a file cut short (memtrace killed, disk
+//! full) reads up to its last complete item.
+
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader, Write};
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+
+use super::fingerprint::{fingerprint, Frame};
+use crate::error::{Error, Result};
+use crate::output::{AllocFigures, StackReport};
+use crate::symbolize::FrameStyle;
+
+/// What the header's `magic` says.
+pub const MAGIC: &str = "memtrace-record";
+/// Bumped when a reader of the previous version could misread the file.
+pub const VERSION: u32 = 1;
+/// CBOR's "self-described CBOR" tag (55799), first in the file: `file(1)`
+/// and CBOR tools see what it is; memtrace checks it before anything else.
+const SELF_DESCRIBED: [u8; 3] = [0xd9, 0xd9, 0xf7];
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Header {
+    pub magic: String,
+    pub version: u32,
+    pub memtrace: String,
+    pub tool: String,
+    /// The command line after `memtrace`.
+    pub args: Vec<String>,
+    pub kernel: String,
+    pub host: String,
+    /// Seconds since the epoch.
+    pub start: f64,
+    /// How the live tool printed frames: function, lines or addresses.
+    pub style: String,
+    pub per_pid: bool,
+}
+
+/// One stack with its figures, frames innermost first.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Stack {
+    pub pid: u32,
+    pub comm: String,
+    pub count: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bytes: Option<u64>,
+    pub user: Vec<Frame>,
+    pub kernel: Vec<Frame>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub note: Option<String>,
+    pub processes: u32,
+    /// memleak: allocs, bytes, frees, freed bytes, and flags (churn,
+    /// estimated, by_bytes) as bits 0..2.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub alloc: Option<[u64; 5]>,
+}
+
+/// One report the live tool printed.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Report {
+    pub seq: u64,
+    /// Seconds since the start of the run.
+    pub at: f64,
+    pub kind: String,
+    pub title: String,
+    pub stacks: Vec<Stack>,
+    /// Build ids (hex) of the modules first named in this item.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub build_ids: BTreeMap<String, String>,
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct Trailer {
+    pub reports: u64,
+    pub duration_s: f64,
+    pub events: u64,
+    pub lost: Vec<(String, u64)>,
+    #[serde(default)]
+    pub command_status: Option<i32>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum Item {
+    Header(Header),
+    Report(Report),
+    Table(super::table::Table),
+    Trailer(Trailer),
+}
+
+impl Stack {
+    pub fn from_report(s: &StackReport) -> Stack {
+        Stack {
+            pid: s.pid,
+            comm: s.comm.clone(),
+            count: s.count,
+            bytes: s.bytes,
+            user: s.user.iter().map(|f| Frame::parse(f)).collect(),
+            kernel: s.kernel.iter().map(|f| Frame::parse(f)).collect(),
+            note: s.note.clone(),
+            processes: s.processes as u32,
+            alloc: s.alloc.map(|a| {
+                let flags = a.churn as u64 | (a.estimated as u64) << 1 | (a.by_bytes as u64) << 2;
+                [a.allocs, a.bytes, a.frees, a.freed_bytes, flags]
+            }),
+        }
+    }
+
+    /// The stack as the live tools hand it to a printer.
+    pub fn to_report(&self, style: FrameStyle) -> StackReport {
+        StackReport {
+            pid: self.pid,
+            comm: self.comm.clone(),
+            count: self.count,
+            bytes: self.bytes,
+            user: self.user.iter().map(|f| f.render(style)).collect(),
+            kernel: self.kernel.iter().map(|f| f.render(style)).collect(),
+            note: self.note.clone(),
+            processes: self.processes as usize,
+            alloc: self
+                .alloc
+                .map(|[allocs, bytes, frees, freed_bytes, fl]| AllocFigures {
+                    allocs,
+                    bytes,
+                    frees,
+                    freed_bytes,
+                    churn: fl & 1 != 0,
+                    estimated: fl & 2 != 0,
+                    by_bytes: fl & 4 != 0,
+                }),
+        }
+    }
+
+    pub fn id(&self) -> String {
+        fingerprint(&self.kernel, &self.user)
+    }
+}
+
+pub fn style_name(s: FrameStyle) -> &'static str {
+    match s {
+        FrameStyle::Function => "function",
+        FrameStyle::Lines => "lines",
+        FrameStyle::Addresses => "addresses",
+    }
+}
+
+pub fn style_of(name: &str) -> FrameStyle {
+    match name {
+        "lines" => FrameStyle::Lines,
+        "addresses" => FrameStyle::Addresses,
+        _ => FrameStyle::Function,
+    }
+}
+
+/// Writes the file's first bytes and its header.
+pub fn write_start(w: &mut dyn Write, h: Header) -> std::io::Result<()> {
+    let mut buf = SELF_DESCRIBED.to_vec();
+    encode(&Item::Header(h), &mut buf)?;
+    w.write_all(&buf)?;
+    w.flush()
+}
+
+/// One item, written with one write and flushed.
+pub fn write_item(w: &mut dyn Write, item: &Item) -> std::io::Result<()> {
+    let mut buf = Vec::new();
+    encode(item, &mut buf)?;
+    w.write_all(&buf)?;
+    w.flush()
+}
+
+fn encode(item: &Item, buf: &mut Vec<u8>) -> std::io::Result<()> {
+    ciborium::into_writer(item, buf).map_err(|e| std::io::Error::other(e.to_string()))
+}
+
+/// A record file read back.
+#[derive(Debug, Clone)]
+pub struct Recording {
+    pub header: Header,
+    pub reports: Vec<Report>,
+    /// Tables the live tool printed (replayed in order with the reports).
+    pub tables: Vec<super::table::Table>,
+    pub trailer: Option<Trailer>,
+    /// Module name -> build id, from every item.
+    pub build_ids: BTreeMap<String, String>,
+}
+
+impl Recording {
+    /// Reads `path`; a one-line usage error (exit 2) when it is missing or
+    /// not a memtrace record.
+    pub fn open(path: &Path) -> Result<Recording> {
+        let f = std::fs::File::open(path)
+            .map_err(|e| Error::Usage(format!("cannot open {}: {e}", path.display())))?;
+        Self::read(BufReader::new(f), &path.display().to_string())
+    }
+
+    pub fn read(mut r: impl BufRead, name: &str) -> Result<Recording> {
+        let not_ours = || Error::Usage(format!("{name} is not a memtrace record file"));
+        let mut magic = [0u8; 3];
+        r.read_exact(&mut magic).map_err(|_| not_ours())?;
+        if magic != SELF_DESCRIBED {
+            return Err(not_ours());
+        }
+        let header = match ciborium::from_reader::<Item, _>(&mut r) {
+            Ok(Item::Header(h)) if h.magic == MAGIC => h,
+            _ => return Err(not_ours()),
+        };
+        if header.version > VERSION {
+            return Err(Error::Usage(format!(
+                "{name} is a version {} record; this memtrace reads up to version {VERSION}",
+                header.version
+            )));
+        }
+        let mut rec = Recording {
+            header,
+            reports: Vec::new(),
+            tables: Vec::new(),
+            trailer: None,
+            build_ids: BTreeMap::new(),
+        };
+        loop {
+            // A clean end between items, or one cut short inside an item.
+            if r.fill_buf().map(|b| b.is_empty()).unwrap_or(true) {
+                break;
+            }
+            match ciborium::from_reader::<Item, _>(&mut r) {
+                Ok(Item::Report(rep)) => {
+                    rec.build_ids.extend(rep.build_ids.clone());
+                    rec.reports.push(rep);
+                }
+                Ok(Item::Table(t)) => rec.tables.push(t),
+                Ok(Item::Trailer(t)) => {
+                    rec.trailer = Some(t);
+                    break;
+                }
+                Ok(Item::Header(_)) | Err(_) => break,
+            }
+        }
+        Ok(rec)
+    }
+
+    /// "truncated after N records" when the file has no trailer.
+    pub fn warning(&self, name: &str) -> Option<String> {
+        self.trailer.is_none().then(|| {
+            format!(
+                "{name}: truncated after {} records (the run was cut short)",
+                self.reports.len() + self.tables.len()
+            )
+        })
+    }
+
+    pub fn style(&self) -> FrameStyle {
+        style_of(&self.header.style)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn header() -> Header {
+        Header {
+            magic: MAGIC.into(),
+            version: VERSION,
+            memtrace: "0".into(),
+            tool: "faults".into(),
+            args: vec!["faults".into()],
+            kernel: "6.18".into(),
+            host: "h".into(),
+            start: 1.0,
+            style: "function".into(),
+            per_pid: false,
+        }
+    }
+
+    fn report(seq: u64) -> Item {
+        let s = StackReport {
+            pid: 7,
+            comm: "w".into(),
+            count: 3,
+            user: vec!["grow (a.rs:3) [w]".into()],
+            ..Default::default()
+        };
+        Item::Report(Report {
+            seq,
+            at: 0.5,
+            kind: "fault_stack".into(),
+            title: String::new(),
+            stacks: vec![Stack::from_report(&s)],
+            build_ids: BTreeMap::new(),
+        })
+    }
+
+    fn file(n: u64, trailer: bool) -> Vec<u8> {
+        let mut b = Vec::new();
+        write_start(&mut b, header()).unwrap();
+        for i in 0..n {
+            write_item(&mut b, &report(i)).unwrap();
+        }
+        if trailer {
+            write_item(&mut b, &Item::Trailer(Trailer::default())).unwrap();
+        }
+        b
+    }
+
+    #[test]
+    fn reads_what_it_wrote() {
+        let r = Recording::read(&file(3, true)[..], "f").unwrap();
+        assert_eq!(r.reports.len(), 3);
+        assert!(r.trailer.is_some() && r.warning("f").is_none());
+        let s = &r.reports[2].stacks[0];
+        assert_eq!(s.user[0].line, Some(3));
+        assert_eq!(s.to_report(FrameStyle::Function).user, ["grow [w]"]);
+    }
+
+    #[test]
+    fn a_file_cut_anywhere_reads_to_its_last_whole_item() {
+        let whole = file(3, false);
+        let two = file(2, false).len();
+        for cut in two..whole.len() {
+            let r = Recording::read(&whole[..cut], "f").unwrap();
+            assert_eq!(r.reports.len(), 2, "cut at {cut}");
+            assert_eq!(
+                r.warning("f").unwrap(),
+                "f: truncated after 2 records (the run was cut short)"
+            );
+        }
+    }
+
+    #[test]
+    fn other_files_are_refused() {
+        for bad in [&b""[..], b"hello world", &[0xd9, 0xd9, 0xf7, 0x01]] {
+            let e = Recording::read(bad, "x").unwrap_err();
+            assert_eq!(e.to_string(), "x is not a memtrace record file");
+            assert_eq!(e.exit_code(), 2);
+        }
+    }
+}

@@ -1,0 +1,123 @@
+//! Stacks that outlive the terminal: `--record FILE` writes every stack
+//! report a tool prints; `report`, `diff` and `annotate` read them back.
+
+pub mod annotate;
+pub mod args;
+pub mod buildid;
+pub mod diff;
+pub mod fingerprint;
+pub mod format;
+pub mod report;
+pub mod table;
+mod writer;
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+
+pub use fingerprint::fingerprint_text;
+pub use writer::Recorder;
+
+use crate::error::{Error, Result};
+use annotate::{Annotations, Entry, DEFAULT_FILE};
+use args::AnnotateCmd;
+
+pub fn annotate(cmd: &AnnotateCmd) -> Result<i32> {
+    match cmd {
+        AnnotateCmd::Add {
+            file,
+            stack_id,
+            note,
+            verdict,
+            annotations,
+        } => {
+            let rec = report::open(file)?;
+            let want = stack_id.trim().to_ascii_lowercase();
+            // Ids as the live tools and report show them (frames by text).
+            let mut found: BTreeSet<(String, String)> = BTreeSet::new();
+            for r in &rec.reports {
+                for s in &r.stacks {
+                    let id = s.id();
+                    if !want.is_empty() && id.starts_with(&want) {
+                        let top: Vec<String> = s
+                            .kernel
+                            .iter()
+                            .chain(&s.user)
+                            .take(3)
+                            .map(|f| f.render(crate::symbolize::FrameStyle::Function))
+                            .collect();
+                        found.insert((id, top.join(" <- ")));
+                    }
+                }
+            }
+            let ids: BTreeSet<&String> = found.iter().map(|(id, _)| id).collect();
+            let (id, comment) = match ids.len() {
+                0 => {
+                    return Err(Error::Usage(format!(
+                        "no stack {stack_id} in {}",
+                        file.display()
+                    )))
+                }
+                1 => found.into_iter().next().unwrap(),
+                _ => {
+                    let list: Vec<&str> = ids.iter().map(|s| s.as_str()).collect();
+                    return Err(Error::Usage(format!(
+                        "stack id {stack_id} is ambiguous in {}: {}",
+                        file.display(),
+                        list.join(", ")
+                    )));
+                }
+            };
+            let path = Annotations::find(annotations.as_deref())
+                .unwrap_or_else(|| PathBuf::from(DEFAULT_FILE));
+            let mut db = Annotations::load(&path)?;
+            db.entries.insert(
+                id.clone(),
+                Entry {
+                    verdict: *verdict,
+                    note: note.replace(['\n', '\r'], " ").trim().to_string(),
+                    comment: vec![comment],
+                },
+            );
+            save(&db, &path)?;
+            say!("memtrace: {id} {} -> {}", db.label(&id), path.display());
+            Ok(0)
+        }
+        AnnotateCmd::List { annotations } => {
+            let Some(path) = Annotations::find(annotations.as_deref()) else {
+                say!(
+                    "memtrace: no annotations (--annotations, ${} or ./memtrace-annotations.*)",
+                    annotate::ENV
+                );
+                return Ok(0);
+            };
+            let db = Annotations::load(&path)?;
+            let mut text = String::new();
+            for (id, e) in &db.entries {
+                let stack = e.comment.last().map(|c| format!("  ({c})"));
+                let (v, note) = (e.verdict.name(), &e.note);
+                text.push_str(&format!(
+                    "{id}  {v:<6}  {note}{}\n",
+                    stack.unwrap_or_default()
+                ));
+            }
+            // A closed pipe ends quietly, as every other output does.
+            let mut out = std::io::stdout().lock();
+            std::io::Write::write_all(&mut out, text.as_bytes()).map_err(Error::Output)?;
+            Ok(0)
+        }
+    }
+}
+
+/// Writes the database whole, through a file renamed over the old one: an
+/// interrupted write leaves the previous version.
+fn save(db: &Annotations, path: &Path) -> Result<()> {
+    // Hidden, and not named like a database that `find` would pick.
+    let name = path
+        .file_name()
+        .and_then(|n| n.to_str())
+        .unwrap_or(DEFAULT_FILE);
+    let tmp = path.with_file_name(format!(".{name}.tmp"));
+    let bad = |e: std::io::Error| Error::Usage(format!("cannot write {}: {e}", path.display()));
+    std::fs::write(&tmp, db.render()).map_err(bad)?;
+    std::fs::rename(&tmp, path).map_err(bad)
+}

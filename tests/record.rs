@@ -1,0 +1,201 @@
+//! `--record` and `memtrace report`: records of real runs on workloads with
+//! known counts, read back as the live tool printed them.
+
+mod common;
+#[path = "record/util.rs"]
+mod util;
+
+use std::process::Command;
+
+use common::*;
+use util::*;
+
+#[test]
+fn report_prints_what_the_live_tool_printed() {
+    let d = scratch("roundtrip");
+    let live = record(&d, "t.rec", &w("rawbrk 40 4096"), &[]);
+    let rep = mt(&d, &["report", "t.rec"]);
+    assert_eq!(rep.code, 0, "{}", rep.stderr);
+    assert!(
+        live.stdout.contains("grow_heap_with_raw_brk"),
+        "{}",
+        live.stdout
+    );
+    assert_eq!(rep.stdout, live.stdout);
+    assert!(rep.stderr.is_empty(), "{}", rep.stderr);
+
+    // Tables too (faults by process).
+    let live = mt(&d, &["faults", "-c", &w("touch 300"), "--record", "f.rec"]);
+    assert!(live.stdout.contains("memtrace-worklo"), "{}", live.stdout);
+    assert_eq!(mt(&d, &["report", "f.rec"]).stdout, live.stdout);
+
+    let live = record(&d, "j.rec", &w("rawbrk 40 4096"), &["--json"]);
+    let rep = mt(&d, &["report", "--json", "j.rec"]);
+    assert_eq!(rep.code, 0, "{}", rep.stderr);
+    let stacks = json_of(&rep.stdout, "brk_stack");
+    assert_eq!(stacks, json_of(&live.stdout, "brk_stack"));
+    // The loop's 40 calls and the brk(0) before them (see tests/brkstack.rs).
+    let top = find(&stacks, "grow_heap_with_raw_brk", "memtrace_workload::main");
+    assert_eq!(
+        (top["count"].as_u64(), top["bytes"].as_u64()),
+        (Some(41), Some(40 * 4096))
+    );
+
+    // Source lines were kept though the live tool did not show them.
+    let lines = mt(&d, &["report", "--json", "--lines", "j.rec"]);
+    let top = find(
+        &json_of(&lines.stdout, "brk_stack"),
+        "grow_heap_with_raw_brk",
+        "main",
+    )
+    .clone();
+    assert!(user_frames(&top)[0].contains("main.rs:"), "{top}");
+    // Folded and summed views, as the live --folded prints.
+    let folded = mt(&d, &["report", "--folded", "--sum", "--top", "1", "j.rec"]);
+    let line = folded.stdout.lines().next().unwrap_or_default().to_string();
+    assert_eq!(folded.stdout.lines().count(), 1, "{}", folded.stdout);
+    assert!(
+        line.ends_with(";memtrace_workload::grow_heap_with_raw_brk_[memtrace-workload] 41"),
+        "{line}"
+    );
+}
+
+#[test]
+fn each_interval_is_a_report_and_sum_adds_them() {
+    let d = scratch("intervals");
+    // The loop, then a linger over a few more intervals.
+    let live = record(&d, "i.rec", &w("rawbrk 40 4096 700"), &["-i", "200ms"]);
+    let rep = mt(&d, &["report", "i.rec"]);
+    assert_eq!(rep.stdout, live.stdout);
+    let info = mt(&d, &["report", "--info", "i.rec"]);
+    let reports: usize = info
+        .stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("reports"))
+        .and_then(|n| n.trim().parse().ok())
+        .unwrap_or_else(|| panic!("{}", info.stdout));
+    assert!(reports >= 3, "{}", info.stdout);
+    let sum = mt(&d, &["report", "--sum", "--json", "i.rec"]);
+    let top = find(
+        &json_of(&sum.stdout, "brk_stack"),
+        "grow_heap_with_raw_brk",
+        "main",
+    )
+    .clone();
+    assert_eq!(top["count"], 41, "{}", sum.stdout);
+}
+
+#[test]
+fn memleak_records_what_is_outstanding() {
+    let d = scratch("memleak");
+    // 10 blocks of 100 bytes and 2 of 1 MiB left allocated (tests/memleak.rs).
+    let cmd = w("leak 10 100 2 1048576 100 0");
+    let live = mt(
+        &d,
+        &[
+            "memleak", "--json", "--top", "50", "-c", &cmd, "--record", "m.rec",
+        ],
+    );
+    assert_eq!(live.code, 0, "{}", live.stderr);
+    let rep = mt(&d, &["report", "--json", "m.rec"]);
+    let stacks = json_of(&rep.stdout, "memleak");
+    assert_eq!(stacks, json_of(&live.stdout, "memleak"));
+    let small = find(&stacks, "leak_small_blocks", "leak");
+    assert_eq!(
+        (small["count"].as_u64(), small["bytes"].as_u64()),
+        (Some(10), Some(1000))
+    );
+    let text = mt(&d, &["memleak", "-c", &cmd, "--record", "t.rec"]);
+    assert_eq!(mt(&d, &["report", "t.rec"]).stdout, text.stdout);
+}
+
+#[test]
+fn the_record_names_its_run_and_the_build_ids_of_its_modules() {
+    let d = scratch("info");
+    record(&d, "a.rec", &w("rawbrk 4 4096"), &[]);
+    let info = mt(&d, &["report", "--info", "a.rec"]);
+    assert_eq!(info.code, 0, "{}", info.stderr);
+    assert!(
+        info.stdout.contains("tool      brkstack\n"),
+        "{}",
+        info.stdout
+    );
+    let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap();
+    assert!(
+        info.stdout
+            .contains(&format!("kernel    {}\n", release.trim())),
+        "{}",
+        info.stdout
+    );
+    // The workload's build id as binutils reads it, where they are installed.
+    let Ok(notes) = Command::new("readelf")
+        .arg("-n")
+        .arg(workload_bin())
+        .output()
+    else {
+        eprintln!("skipped the build id check: no readelf");
+        return;
+    };
+    let notes = String::from_utf8_lossy(&notes.stdout);
+    let id = notes
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("Build ID: "))
+        .expect("the workload has a build id");
+    assert!(
+        info.stdout
+            .contains(&format!("build id  {id}  memtrace-workload\n")),
+        "{}",
+        info.stdout
+    );
+}
+
+#[test]
+fn a_record_cut_short_reads_to_its_last_whole_item_and_says_so() {
+    let d = scratch("truncated");
+    record(&d, "t.rec", &w("rawbrk 40 4096"), &[]);
+    let whole = std::fs::read(d.join("t.rec")).unwrap();
+    // The trailer is the last item: cut into it.
+    std::fs::write(d.join("cut.rec"), &whole[..whole.len() - 5]).unwrap();
+    let rep = mt(&d, &["report", "cut.rec"]);
+    assert_eq!(rep.code, 0, "{}", rep.stderr);
+    assert!(
+        rep.stderr.contains("cut.rec: truncated after 1 records"),
+        "{}",
+        rep.stderr
+    );
+    assert!(
+        rep.stdout.contains("grow_heap_with_raw_brk"),
+        "{}",
+        rep.stdout
+    );
+    let ok = mt(&d, &["report", "t.rec"]);
+    assert!(!ok.stderr.contains("truncated"), "{}", ok.stderr);
+}
+
+#[test]
+fn bad_input_is_one_line_and_exit_2() {
+    let d = scratch("bad");
+    std::fs::write(d.join("text.rec"), "hello\n").unwrap();
+    record(&d, "a.rec", &w("rawbrk 4 4096"), &[]);
+    for (args, says) in [
+        (vec!["report", "missing.rec"], "cannot open missing.rec"),
+        (
+            vec!["report", "text.rec"],
+            "text.rec is not a memtrace record file",
+        ),
+        (
+            vec!["diff", "a.rec", "text.rec"],
+            "text.rec is not a memtrace record file",
+        ),
+        (
+            vec!["annotate", "add", "a.rec", "ffffffffffff", "--note", "x"],
+            "no stack ffffffffffff in a.rec",
+        ),
+    ] {
+        let out = mt(&d, &args);
+        assert_eq!(out.code, 2, "{args:?}: {}", out.stderr);
+        assert_eq!(out.stderr.lines().count(), 1, "{args:?}: {}", out.stderr);
+        assert!(out.stderr.contains(says), "{args:?}: {}", out.stderr);
+        assert!(out.stdout.is_empty(), "{args:?}: {}", out.stdout);
+    }
+}
