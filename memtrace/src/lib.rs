@@ -15,6 +15,7 @@ pub mod command;
 pub mod counters;
 pub mod doctor;
 pub mod error;
+mod events;
 pub mod kernel;
 pub mod losses;
 pub mod oom;

@@ -9,6 +9,7 @@ use std::io::{BufRead, Write};
 
 mod leak;
 mod paced;
+mod pages;
 mod snoop;
 mod swap;
 
@@ -99,57 +100,6 @@ fn touch_fresh_pages(n: usize) {
     }
 }
 
-#[inline(never)]
-fn read_zero_pages(n: usize) {
-    let p = map_anon(n * PAGE);
-    let mut sum = 0u64;
-    for i in 0..n {
-        sum += unsafe { std::ptr::read_volatile(p.add(i * PAGE)) } as u64;
-    }
-    black_box(sum);
-    unsafe { libc::munmap(p as *mut libc::c_void, n * PAGE) };
-}
-
-#[inline(never)]
-fn allocate_and_touch_mib(mib: usize) {
-    let len = mib << 20;
-    let p = map_anon(len);
-    for i in (0..len).step_by(PAGE) {
-        unsafe { std::ptr::write_volatile(p.add(i), 1) };
-    }
-}
-
-#[inline(never)]
-fn read_file_pages(path: &str, k: usize) {
-    use std::os::fd::AsRawFd;
-    let f = std::fs::File::open(path).expect("open");
-    let len = f.metadata().unwrap().len() as usize;
-    assert!(len >= k * PAGE, "file too small");
-    // Drop this file's pages from the page cache (written back first, or dirty
-    // pages stay) so every read faults to disk.
-    unsafe { libc::fsync(f.as_raw_fd()) };
-    unsafe { libc::posix_fadvise(f.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
-    let p = unsafe {
-        libc::mmap(
-            std::ptr::null_mut(),
-            len,
-            libc::PROT_READ,
-            libc::MAP_PRIVATE,
-            f.as_raw_fd(),
-            0,
-        )
-    };
-    assert!(p != libc::MAP_FAILED);
-    // No readahead: one fault per page read.
-    unsafe { libc::madvise(p, len, libc::MADV_RANDOM) };
-    let p = p as *const u8;
-    let mut sum = 0u64;
-    for i in 0..k {
-        sum += unsafe { std::ptr::read_volatile(p.add(i * PAGE)) } as u64;
-    }
-    black_box(sum);
-}
-
 fn arg<T: std::str::FromStr>(args: &[String], i: usize, default: T) -> T {
     args.get(i).and_then(|s| s.parse().ok()).unwrap_or(default)
 }
@@ -235,7 +185,7 @@ fn main() {
             let (n, rounds) = (arg(&args, 1, 10000usize), arg(&args, 2, 10usize));
             let t = std::time::Instant::now();
             for _ in 0..rounds {
-                read_zero_pages(n);
+                pages::read_zero_pages(n);
             }
             println!("elapsed_ns {}", t.elapsed().as_nanos());
         }
@@ -294,7 +244,7 @@ fn main() {
             }
         }
         // alloc MIB: allocate and touch MIB MiB (for OOM tests).
-        "alloc" => allocate_and_touch_mib(arg(&args, 1, 200)),
+        "alloc" => pages::allocate_and_touch_mib(arg(&args, 1, 200)),
         // steps STEP_MIB N PAUSE_MS [EXTRA_MIB]: with --wait, first maps and
         // touches EXTRA_MIB (a region to exclude) before waiting; then N
         // steps of STEP_MIB, printing "step I" after each, pausing between.
@@ -305,7 +255,7 @@ fn main() {
                 arg(&args, 3, 300u64),
             );
             for i in 0..n {
-                allocate_and_touch_mib(step);
+                pages::allocate_and_touch_mib(step);
                 println!("step {i}");
                 std::io::stdout().flush().unwrap();
                 std::thread::sleep(std::time::Duration::from_millis(pause));
@@ -313,7 +263,7 @@ fn main() {
         }
         // hold MIB: allocate and touch MIB MiB, say "ready", then sleep.
         "hold" => {
-            allocate_and_touch_mib(arg(&args, 1, 40));
+            pages::allocate_and_touch_mib(arg(&args, 1, 40));
             println!("ready");
             std::io::stdout().flush().unwrap();
             std::thread::sleep(std::time::Duration::from_secs(60));
@@ -322,7 +272,7 @@ fn main() {
         // uncached; then stay HOLD_MS with the file mapped, so that a
         // tracer slower than the read (under emulation) can still name it.
         "readfile" => {
-            read_file_pages(&args[1], arg(&args, 2, 100));
+            pages::read_file_pages(&args[1], arg(&args, 2, 100));
             std::thread::sleep(std::time::Duration::from_millis(arg(&args, 3, 0)));
         }
         // fork-alloc MIB [LINGER_MS]: a forked child allocates and touches
@@ -333,7 +283,7 @@ fn main() {
             let linger = arg(&args, 2, 0u64);
             let pid = unsafe { libc::fork() };
             if pid == 0 {
-                allocate_and_touch_mib(mib);
+                pages::allocate_and_touch_mib(mib);
                 std::thread::sleep(std::time::Duration::from_millis(1000));
                 unsafe { libc::_exit(0) };
             }

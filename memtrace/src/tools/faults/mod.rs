@@ -1,7 +1,7 @@
 //! `memtrace faults`: page faults counted per CPU in the kernel, by process
 //! (user and kernel mode apart), by stack, or by the mapping they hit.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 
 use memtrace_common::{
     faults::{FaultConfig, FaultKey},
@@ -16,9 +16,12 @@ use crate::tool::{Prep, Tool};
 use crate::session::Session;
 use crate::symbolize::Mapping;
 use crate::cli::IntervalArgs;
-use crate::process::{alive, exec_names, exec_probe};
+use crate::process::{exec_names, exec_probe};
 use crate::records::comm;
 use crate::ustack::{sampled_reports, sampled_title, stack_report};
+
+mod slots;
+use slots::Slots;
 
 #[derive(Debug, Clone, clap::Args)]
 pub struct Args {
@@ -57,61 +60,6 @@ pub fn probes() -> Vec<Probe> {
     let mut p = crate::counters::fault_probes();
     p.push(exec_probe());
     p
-}
-
-/// What the count-by-process slots (see `FaultSlot`) held at the last read.
-#[derive(Default)]
-struct Slots {
-    /// Per slot and CPU: its process and counts.
-    last: HashMap<(u32, usize), (u32, [u64; 2])>,
-    /// Counts read since the last report, by process.
-    pending: HashMap<u32, ([u64; 2], String)>,
-    /// Slots whose process was found gone at the last read.
-    gone: HashSet<(u32, u32)>,
-}
-
-impl Slots {
-    /// Adds what each slot counted since the last read. Slots are never
-    /// zeroed from here (a plain write would race the kernel's adds): a
-    /// process's slot is given up only one read after it was found gone,
-    /// when its counts can no longer move.
-    fn read(&mut self, s: &mut Session) -> Result<()> {
-        let slots = s.read_percpu_array(FAULT_SLOTS)?;
-        let mut held: HashSet<(u32, u32)> = HashSet::new();
-        for (i, per_cpu) in slots.iter().enumerate() {
-            for (cpu, v) in per_cpu.iter().enumerate() {
-                if v.tgid == 0 {
-                    continue;
-                }
-                let before = match self.last.insert((i as u32, cpu), (v.tgid, v.count)) {
-                    Some((t, c)) if t == v.tgid => c,
-                    // New, or taken over from a process already read out.
-                    _ => [0, 0],
-                };
-                let e = self
-                    .pending
-                    .entry(v.tgid)
-                    .or_insert_with(|| ([0, 0], comm(&v.comm)));
-                for ((sum, now), then) in e.0.iter_mut().zip(v.count).zip(before) {
-                    *sum += now.saturating_sub(then);
-                }
-                held.insert((i as u32, v.tgid));
-            }
-        }
-        let mut gone = HashSet::new();
-        for (i, tgid) in held {
-            if alive(tgid) {
-                continue;
-            }
-            if self.gone.contains(&(i, tgid)) {
-                s.set_array(FAULT_SLOT_FREE, i, tgid)?;
-            } else {
-                gone.insert((i, tgid));
-            }
-        }
-        self.gone = gone;
-        Ok(())
-    }
 }
 
 pub struct Faults {

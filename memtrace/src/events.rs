@@ -1,0 +1,184 @@
+//! The event loop of a run: records, interval reports, signals, the
+//! target's exit and the tool's own descriptor, until one ends it.
+
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::time::{Duration, Instant};
+
+use memtrace_common::kind;
+use tokio::io::unix::AsyncFd;
+
+use crate::cli::Common;
+use crate::error::Result;
+use crate::output::{self, Printer};
+use crate::session::Session;
+use crate::tool::Tool;
+
+struct Fd(OwnedFd);
+impl AsRawFd for Fd {
+    fn as_raw_fd(&self) -> RawFd {
+        self.0.as_raw_fd()
+    }
+}
+
+/// A descriptor the tool owns, watched for it.
+struct Borrowed(RawFd);
+impl AsRawFd for Borrowed {
+    fn as_raw_fd(&self) -> RawFd {
+        self.0
+    }
+}
+
+/// How often counting tools without interval reports empty the kernel's
+/// maps into their own totals (`Tool::drain`).
+const DRAIN_MAPS_EVERY: Duration = Duration::from_secs(1);
+
+/// How often the ring buffer is drained without a wakeup: batched records
+/// wait no longer than this.
+const DRAIN_EVERY: Duration = Duration::from_millis(20);
+
+pub(crate) struct Signals {
+    pub int: tokio::signal::unix::Signal,
+    pub term: tokio::signal::unix::Signal,
+    pub hup: tokio::signal::unix::Signal,
+    pub usr1: tokio::signal::unix::Signal,
+}
+
+#[allow(clippy::too_many_arguments)]
+pub(crate) async fn event_loop(
+    tool: &mut dyn Tool,
+    session: &mut Session,
+    out: &mut dyn Printer,
+    common: &Common,
+    mut sig: Signals,
+    pidfd: Option<OwnedFd>,
+    mut exited: Option<&mut tokio::sync::oneshot::Receiver<i32>>,
+) -> Result<(Option<i32>, bool, Vec<(&'static str, u64)>)> {
+    let rb = session.ring_buffer()?;
+    // SAFETY: the ring buffer owns its map fd for as long as the AsyncFd lives.
+    let mut rb = unsafe { AsyncFd::register(rb) }.map_err(std::io::Error::from)?;
+    let far = Duration::from_secs(86400 * 365);
+    let deadline = tokio::time::Instant::now() + common.duration.unwrap_or(far);
+    let mut interval = tokio::time::interval(tool.interval().unwrap_or(far));
+    interval.tick().await;
+    let limit = tool.intervals().and_then(|i| i.limit());
+    let mut intervals = 0u64;
+    let mut housekeeping = tokio::time::interval(Duration::from_millis(250));
+    let mut drain = tokio::time::interval(DRAIN_EVERY);
+    let pidfd = match pidfd {
+        // SAFETY: `Fd` owns the pidfd for as long as the AsyncFd lives.
+        Some(fd) => Some(unsafe { AsyncFd::register(Fd(fd)) }.map_err(std::io::Error::from)?),
+        None => None,
+    };
+    let wakeup = match tool.wakeup_fd() {
+        // SAFETY: the tool keeps its fd open for as long as the run lasts.
+        Some(fd) => Some(unsafe { AsyncFd::register(Borrowed(fd)) }.map_err(std::io::Error::from)?),
+        None => None,
+    };
+    let mut warned_loss = Vec::new();
+    let mut status = None;
+    let mut last_maps = Instant::now();
+    let mut last_drain = Instant::now();
+    let mut counted_out = false;
+    loop {
+        tokio::select! {
+            guard = rb.readable_mut() => {
+                let mut guard = guard?;
+                let ring = guard.get_inner_mut();
+                while let Some(item) = ring.next() {
+                    dispatch(&item, tool, session, out)?;
+                }
+                out.flush();
+                guard.clear_ready();
+                // A closed pipe or a full disk ends the run: memtrace
+                // detaches rather than tracing for nobody.
+                output::check(out)?;
+            }
+            _ = drain.tick() => {
+                session.sym.maps.lock().unwrap().refresh_due();
+                let ring = rb.get_mut();
+                while let Some(item) = ring.next() {
+                    dispatch(&item, tool, session, out)?;
+                }
+                out.flush();
+                output::check(out)?;
+            }
+            _ = sig.int.recv() => break,
+            _ = sig.term.recv() => break,
+            _ = sig.hup.recv() => break,
+            _ = sig.usr1.recv() => {
+                tool.on_mark(session, out)?;
+                out.flush();
+                output::check(out)?;
+            }
+            _ = tokio::time::sleep_until(deadline) => break,
+            _ = interval.tick() => {
+                tool.on_interval(session, out)?;
+                out.flush();
+                output::check(out)?;
+                intervals += 1;
+                if limit.is_some_and(|n| intervals >= n) {
+                    counted_out = true;
+                    break;
+                }
+            }
+            _ = housekeeping.tick() => {
+                let lost = session.losses();
+                if let Some(w) = crate::losses::warning(&lost, &warned_loss) {
+                    say!("{w}");
+                    warned_loss = lost;
+                }
+                if tool.interval().is_none() && last_drain.elapsed() >= DRAIN_MAPS_EVERY {
+                    tool.drain(session)?;
+                    last_drain = Instant::now();
+                }
+                if let (Some(p), true) = (common.pid, last_maps.elapsed() > Duration::from_secs(1)) {
+                    session.sym.maps.lock().unwrap().snapshot(p);
+                    last_maps = Instant::now();
+                }
+            }
+            r = async { pidfd.as_ref().unwrap().readable().await }, if pidfd.is_some() => {
+                let _ = r;
+                break;
+            }
+            st = async { exited.as_mut().unwrap().await }, if exited.is_some() => {
+                status = Some(st.unwrap_or(-1));
+                break;
+            }
+            guard = async { wakeup.as_ref().unwrap().readable().await }, if wakeup.is_some() => {
+                let mut guard = guard?;
+                tool.on_wakeup(session, out)?;
+                guard.clear_ready();
+                out.flush();
+                output::check(out)?;
+            }
+        }
+        if tool.done() {
+            break;
+        }
+    }
+    // Whatever is still in the buffer belongs to the report.
+    let ring = rb.get_mut();
+    while let Some(item) = ring.next() {
+        dispatch(&item, tool, session, out)?;
+    }
+    Ok((status, counted_out, warned_loss))
+}
+
+/// Copied stacks go to the unwinder, every other record to the tool.
+fn dispatch(
+    item: &[u8],
+    tool: &mut dyn Tool,
+    session: &mut Session,
+    out: &mut dyn Printer,
+) -> Result<()> {
+    if crate::process::on_record(item, session) {
+        return Ok(());
+    }
+    if item.get(..4) == Some(&kind::STACK_SAMPLE.to_ne_bytes()) {
+        if let Some(d) = session.dwarf.as_mut() {
+            d.add(&mut session.sym.maps.lock().unwrap(), item);
+        }
+        return Ok(());
+    }
+    tool.on_record(item, session, out)
+}

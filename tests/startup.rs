@@ -1,0 +1,106 @@
+//! Set-up as an incident meets it: a signal while probes attach, tracefs
+//! not mounted (or something else mounted where it goes).
+
+mod common;
+
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::*;
+
+#[test]
+fn a_signal_during_set_up_ends_the_run_cleanly_every_time() {
+    let before = settled_programs();
+    let mut load_errors = 0;
+    // Spread over set-up (tracefs, loading, attaching 12 probes) and the
+    // first moments of tracing.
+    for i in 0..100u64 {
+        let mut child = Command::new(memtrace_bin())
+            .args(["mmapsnoop", "--json"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        // From the moment its handler is in (nothing can catch a signal
+        // before main runs).
+        let caught = || {
+            let st = std::fs::read_to_string(format!("/proc/{}/status", child.id()));
+            st.ok()
+                .and_then(|t| {
+                    let l = t.lines().find(|l| l.starts_with("SigCgt:"))?;
+                    u64::from_str_radix(l[7..].trim(), 16).ok()
+                })
+                .is_some_and(|m| m & 1 != 0)
+        };
+        let t0 = Instant::now();
+        while !caught() {
+            assert!(t0.elapsed() < Duration::from_secs(5), "no SIGHUP handler");
+            std::thread::sleep(Duration::from_micros(100));
+        }
+        std::thread::sleep(Duration::from_micros((i * 397) % 40_000));
+        // SAFETY: our own child.
+        unsafe { libc::kill(child.id() as i32, libc::SIGHUP) };
+        let err = read_all(child.stderr.take().unwrap());
+        let st = wait_child(&mut child, Duration::from_secs(5));
+        let err = err.join().unwrap();
+        // Never killed part way, never hung (wait_child's timeout).
+        assert!(st.code().is_some(), "run {i}: {st:?} {err}");
+        if st.code() != Some(0) {
+            // About 1 run in 100 here a signal during loading made aya's
+            // relocation fail ("section N not found"): an error line and
+            // exit 1, nothing attached. Tolerated, and bounded, until that
+            // is understood (issue 16's notes).
+            assert!(
+                err.contains("failed to load eBPF object"),
+                "run {i}: {st:?} {err}"
+            );
+            load_errors += 1;
+        } else {
+            assert!(!err.contains("error"), "run {i}: {err}");
+        }
+    }
+    assert!(load_errors <= 3, "{load_errors} of 100 runs failed to load");
+    assert_programs_back_to(before);
+}
+
+/// memtrace in a mount namespace of its own where tracefs is unmounted
+/// (and debugfs, which would mount it on access), after `setup`.
+fn without_tracefs(setup: &str) -> Option<(i32, String, String)> {
+    let script = format!(
+        "umount -l /sys/kernel/debug 2>/dev/null; umount -l /sys/kernel/tracing 2>/dev/null; {setup}; \
+         {} count syscalls:sys_enter_brk -d 0.2 >/dev/null; rc=$?; grep ' /sys/kernel/tracing ' /proc/self/mounts; exit $rc",
+        memtrace_bin().display()
+    );
+    let out = Command::new("unshare")
+        .args(["-m", "--propagation", "private", "sh", "-c", &script])
+        .output()
+        .ok()?;
+    Some((
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into(),
+        String::from_utf8_lossy(&out.stderr).into(),
+    ))
+}
+
+#[test]
+fn tracefs_is_mounted_only_where_nothing_is_and_it_is_said() {
+    let Some((code, mounts, err)) = without_tracefs("true") else {
+        eprintln!("skipped: no unshare(1) here");
+        return;
+    };
+    assert_eq!(code, 0, "{err}");
+    assert!(mounts.starts_with("tracefs "), "{mounts}");
+    assert!(err.contains("mounted it at /sys/kernel/tracing"), "{err}");
+    // Something else there: left alone, one line, exit 2.
+    let (code, mounts, err) =
+        without_tracefs("mount -t tmpfs memtrace-test /sys/kernel/tracing").unwrap();
+    assert_eq!(code, 2, "{err}");
+    assert_eq!(mounts.lines().count(), 1, "{mounts}");
+    assert!(
+        mounts.starts_with("memtrace-test /sys/kernel/tracing tmpfs"),
+        "{mounts}"
+    );
+    assert!(err.contains("tmpfs filesystem mounted on it"), "{err}");
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
+}
