@@ -218,3 +218,47 @@ fn long_runs_without_intervals_never_fill_the_map() {
         .sum();
     assert!(work >= 2000, "the workload started last: {out}");
 }
+
+/// Stacks of 1500 short processes and then a workload: every new process
+/// brings stacks at addresses of its own, far more than the user stack map
+/// holds (16384), so memtrace must take stacks out of the kernel as it
+/// goes. The workload started last still gets its stacks, and none fail.
+#[test]
+fn stack_storage_is_reclaimed_in_long_runs() {
+    let w = workload_bin();
+    let cmd = format!(
+        "for i in $(seq 1500); do /bin/true; done; exec {} touch 2000",
+        w.display()
+    );
+    let out = run(&[
+        "faults",
+        "--stacks",
+        "--stack-mode",
+        "fp",
+        "--top",
+        "100000",
+        "--json",
+        "-c",
+        &cmd,
+    ]);
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    let s = json_of(&out.stdout, "summary");
+    let lost = &s[0]["lost"];
+    assert_eq!(lost["stack_fail"].as_u64(), Some(0), "{}", out.stderr);
+    assert_eq!(lost["map_full"].as_u64(), Some(0), "{}", out.stderr);
+    // Faults of memtrace's own stack reads (new processes' stacks are not
+    // all resident) are skipped, not lost workload faults.
+    assert_eq!(lost["missed_runs"].as_u64(), Some(0), "{}", out.stderr);
+    let stacks = json_of(&out.stdout, "fault_stack");
+    assert!(stacks.len() > 100, "few stacks: {}", stacks.len());
+    let in_touch: u64 = stacks
+        .iter()
+        .filter(|s| {
+            user_frames(s)
+                .iter()
+                .any(|f| f.starts_with("memtrace_workload::touch_fresh_pages"))
+        })
+        .map(|s| s["count"].as_u64().unwrap())
+        .sum();
+    assert!(in_touch >= 2000, "the workload started last: {in_touch}");
+}

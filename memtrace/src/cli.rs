@@ -82,6 +82,10 @@ pub struct Common {
     /// Also write every stack report to FILE, for `memtrace report`, `diff` and `annotate`.
     #[arg(long, value_name = "FILE")]
     pub record: Option<std::path::PathBuf>,
+    /// Every this long, a line on stderr with the events counted and lost
+    /// so far (long runs; `cargo xtask soak` reads it).
+    #[arg(long, value_name = "SECS", value_parser = parse_duration)]
+    pub progress: Option<Duration>,
     /// Attach empty programs where the tool's would go (the benchmark floor).
     #[arg(long, hide = true)]
     pub floor: bool,

@@ -29,8 +29,46 @@ impl AsRawFd for Borrowed {
 }
 
 /// How often counting tools without interval reports empty the kernel's
-/// maps into their own totals (`Tool::drain`).
-const DRAIN_MAPS_EVERY: Duration = Duration::from_secs(1);
+/// maps into their own totals (`Tool::drain`), and walked user stacks are
+/// taken out of theirs, when little arrives.
+const RECLAIM_EVERY: Duration = Duration::from_millis(250);
+
+/// A drain or harvest that moved this many keys is followed by another at
+/// the next ring-buffer tick: processes starting by the hundred a second
+/// (a build) fill a map of 16384 keys well within a second, the sooner on
+/// a busy machine where memtrace itself gets little CPU.
+const RECLAIM_SOON_AT: usize = 1024;
+
+/// Keeps the kernel's count and stack maps from filling in long runs.
+struct Reclaim {
+    last: Instant,
+    soon: bool,
+}
+
+impl Reclaim {
+    fn new() -> Reclaim {
+        // Soon until a round finds the maps quiet.
+        Reclaim {
+            last: Instant::now(),
+            soon: true,
+        }
+    }
+
+    fn due(&self) -> bool {
+        self.soon || self.last.elapsed() >= RECLAIM_EVERY
+    }
+
+    fn run(&mut self, tool: &mut dyn Tool, session: &mut Session) -> Result<()> {
+        let mut moved = session.harvest_user_stacks()?;
+        // Interval reports empty the count maps themselves.
+        if tool.interval().is_none() {
+            moved = moved.max(tool.drain(session)?);
+        }
+        self.soon = moved >= RECLAIM_SOON_AT;
+        self.last = Instant::now();
+        Ok(())
+    }
+}
 
 /// How often the ring buffer is drained without a wakeup: batched records
 /// wait no longer than this.
@@ -77,7 +115,9 @@ pub(crate) async fn event_loop(
     let mut warned_loss = Vec::new();
     let mut status = None;
     let mut last_maps = Instant::now();
-    let mut last_drain = Instant::now();
+    let mut reclaim = Reclaim::new();
+    let started = Instant::now();
+    let mut last_progress = started;
     let mut counted_out = false;
     loop {
         tokio::select! {
@@ -101,6 +141,9 @@ pub(crate) async fn event_loop(
                 }
                 out.flush();
                 output::check(out)?;
+                if reclaim.soon {
+                    reclaim.run(tool, session)?;
+                }
             }
             _ = sig.int.recv() => break,
             _ = sig.term.recv() => break,
@@ -123,13 +166,23 @@ pub(crate) async fn event_loop(
             }
             _ = housekeeping.tick() => {
                 let lost = session.losses();
+                let lost_total: u64 = lost.iter().map(|(_, n)| n).sum();
                 if let Some(w) = crate::losses::warning(&lost, &warned_loss) {
                     say!("{w}");
                     warned_loss = lost;
                 }
-                if tool.interval().is_none() && last_drain.elapsed() >= DRAIN_MAPS_EVERY {
-                    tool.drain(session)?;
-                    last_drain = Instant::now();
+                if reclaim.due() {
+                    reclaim.run(tool, session)?;
+                }
+                if let Some(every) = common.progress {
+                    if last_progress.elapsed() >= every {
+                        say!(
+                            "memtrace: progress: {:.0}s, {} events, {lost_total} lost",
+                            started.elapsed().as_secs_f64(),
+                            tool.events()
+                        );
+                        last_progress = Instant::now();
+                    }
                 }
                 if let (Some(p), true) = (common.pid, last_maps.elapsed() > Duration::from_secs(1)) {
                     session.sym.maps.lock().unwrap().snapshot(p);

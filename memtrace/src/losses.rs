@@ -18,6 +18,7 @@ pub fn advice(reason: &str) -> &'static str {
         "missed_runs" => {
             "the kernel skipped memtrace's programs while another BPF program ran on that CPU"
         }
+        "stack_evicted" => "stacks asked for by a report had been let go under memtrace's bound on kept stacks (shown without their stack)",
         _ => "see the summary",
     }
 }

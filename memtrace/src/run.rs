@@ -237,6 +237,18 @@ pub fn run(tool: &mut dyn Tool, common: &Common) -> Result<i32> {
     } else if tool.user_stacks().is_some() {
         extra.push(("stack_mode", Value::from("fp")));
     }
+    if session.walked_user_stacks {
+        // What the stack store holds, and let go under its bound.
+        extra.push((
+            "user_stacks_kept",
+            Value::from(session.stacks.kept() as u64),
+        ));
+        extra.push(("user_stacks_evicted", Value::from(session.stacks.evicted)));
+    }
+    let own = session.own_faults();
+    if own > 0 {
+        extra.push(("own_faults_skipped", Value::from(own)));
+    }
     let summary = Summary {
         tool: tool.name(),
         duration_s: started.elapsed().as_secs_f64(),

@@ -55,8 +55,9 @@ pub trait Tool {
     /// Every second or so when no interval reports clear the kernel's maps:
     /// counting tools move what the kernel counted into their own totals,
     /// so a long run never fills a map (processes come and go all day).
-    fn drain(&mut self, _s: &mut Session) -> Result<()> {
-        Ok(())
+    /// Returns how many keys it moved.
+    fn drain(&mut self, _s: &mut Session) -> Result<usize> {
+        Ok(0)
     }
     /// Every interval.
     fn on_interval(&mut self, s: &mut Session, out: &mut dyn Printer) -> Result<()> {

@@ -148,8 +148,11 @@ impl Session {
         let StackRef::Id(id) = StackRef::from_raw(id) else {
             return None;
         };
-        let s: UserStack = self.hash_get(names::USTACKS, &id)?;
-        Some(s.ips[..(s.nr as usize).min(s.ips.len())].to_vec())
+        match self.hash_get::<u32, UserStack>(names::USTACKS, &id) {
+            Some(s) => Some(s.ips[..(s.nr as usize).min(s.ips.len())].to_vec()),
+            // Harvested already (`Session::harvest_user_stacks`).
+            None => self.stacks.get(id),
+        }
     }
 
     /// Symbolized user stack `id` of `pid`, or why there is none.

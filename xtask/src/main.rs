@@ -1,4 +1,4 @@
-//! Project tasks: `cargo xtask setup|build|run|test|bench|fuzz`.
+//! Project tasks: `cargo xtask setup|build|run|test|bench|fuzz|soak`.
 //!
 //! Set-up (`setup.rs`) is idempotent and says what it installs: the pinned
 //! nightly that builds the eBPF programs, its rust-src and bpf-linker.
@@ -13,6 +13,7 @@ mod bench;
 mod fuzz;
 mod kernels;
 mod setup;
+mod soak;
 
 #[derive(Parser)]
 struct Cli {
@@ -58,6 +59,12 @@ enum Cmd {
         /// Seconds per target.
         #[arg(default_value_t = 60)]
         seconds: u64,
+    },
+    /// Long-run check: the stateful tools against a churning workload, with
+    /// events, losses, RSS and CPU printed every minute.
+    Soak {
+        #[arg(default_value_t = 30)]
+        minutes: u64,
     },
 }
 
@@ -137,6 +144,10 @@ fn main() -> Result<()> {
             Ok(())
         }
         Cmd::Fuzz { target, seconds } => fuzz::run(target.as_deref(), seconds),
+        Cmd::Soak { minutes } => {
+            build()?;
+            soak::run(minutes)
+        }
         Cmd::Bench { runs, only } => {
             build()?;
             match only.as_deref() {

@@ -174,11 +174,18 @@ pub(super) fn store_user_stack(id: i32) -> bool {
     let f = unsafe { &(*s).frames };
     let id = id as u32;
     // NOEXIST: of two CPUs storing one id, the second finds the first's.
-    if USTACKS.insert(id, f, BPF_NOEXIST as u64).is_ok() {
-        return true;
-    }
-    if unsafe { USTACKS.get(id) }.is_some_and(|v| v.hash == f.hash) {
-        return true;
+    // Twice: memtrace takes stored stacks out as they arrive, and may take
+    // this one between the insert that found it and the lookup.
+    for _ in 0..2 {
+        if USTACKS.insert(id, f, BPF_NOEXIST as u64).is_ok() {
+            return true;
+        }
+        if let Some(v) = unsafe { USTACKS.get(id) } {
+            if v.hash == f.hash {
+                return true;
+            }
+            break;
+        }
     }
     count_loss(loss::STACK);
     false

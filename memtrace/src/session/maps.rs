@@ -13,10 +13,14 @@ use memtrace_common::{
 use super::{chain, Session};
 use crate::error::{Error, Result};
 
-/// BPF_MAP_LOOKUP_AND_DELETE_ELEM on a per-CPU hash map (aya does not
-/// expose it for hash maps): the key's value on each possible CPU, or None
-/// when the key is gone.
-fn take_percpu<K: Pod, V: Pod>(fd: RawFd, key: &K, cpus: usize) -> std::io::Result<Option<Vec<V>>> {
+/// BPF_MAP_LOOKUP_AND_DELETE_ELEM on a hash map (aya does not expose it
+/// for hash maps): the key's value on each of `cpus` CPUs (1 for a map
+/// that is not per-CPU), or None when the key is gone.
+pub(super) fn take<K: Pod, V: Pod>(
+    fd: RawFd,
+    key: &K,
+    cpus: usize,
+) -> std::io::Result<Option<Vec<V>>> {
     #[repr(C)]
     struct ElemAttr {
         map_fd: u32,
@@ -103,7 +107,7 @@ impl Session {
         let cpus = aya::util::nr_cpus().map_err(|(_, e)| Error::Runtime(e.to_string()))?;
         let mut out = Vec::with_capacity(keys.len());
         for k in keys {
-            match fd.map(|fd| take_percpu::<K, V>(fd, &k, cpus)) {
+            match fd.map(|fd| take::<K, V>(fd, &k, cpus)) {
                 Some(Ok(Some(vals))) => out.push((k, vals)),
                 Some(Ok(None)) => {}
                 // Kernels before 5.14: read, then delete.
@@ -226,6 +230,7 @@ impl Session {
             }
         }
         out.push(("missed_runs", self.missed_runs()));
+        out.push(("stack_evicted", self.stacks.missed.get()));
         out
     }
 }

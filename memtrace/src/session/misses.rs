@@ -9,6 +9,7 @@
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
 
 use aya_obj::generated::bpf_prog_info;
+use memtrace_common::names;
 
 use super::Session;
 
@@ -43,13 +44,34 @@ fn recursion_misses(fd: BorrowedFd<'_>) -> Option<u64> {
     (r == 0).then_some(info.recursion_misses)
 }
 
+/// Programs that run on kernel-mode page faults. One is re-entered only by
+/// a fault taken while it runs on that CPU: its own stack walk reading user
+/// memory that is not resident (or an interrupt inside it). Those faults
+/// map nothing and are memtrace's, not the traced program's: skipped, not
+/// lost.
+const ON_KERNEL_FAULTS: [&str; 3] = [
+    names::FAULTS_KERNEL_RAW.0,
+    names::FAULTS_KERNEL_BTF.0,
+    names::FAULTS_KERNEL_TP.0,
+];
+
 impl Session {
-    /// Runs the kernel skipped, over every program this session loaded.
-    pub fn missed_runs(&self) -> u64 {
+    fn misses(&self, own: bool) -> u64 {
         self.bpf
             .programs()
             .filter(|(name, _)| self.loaded.contains(name))
+            .filter(|(name, _)| ON_KERNEL_FAULTS.contains(name) == own)
             .filter_map(|(_, p)| recursion_misses(p.fd().ok()?.as_fd()))
             .sum()
+    }
+
+    /// Runs the kernel skipped, over every program this session loaded.
+    pub fn missed_runs(&self) -> u64 {
+        self.misses(false)
+    }
+
+    /// Kernel-mode faults taken inside memtrace's own fault programs.
+    pub fn own_faults(&self) -> u64 {
+        self.misses(true)
     }
 }

@@ -7,6 +7,7 @@ mod engine;
 mod loader;
 mod maps;
 mod misses;
+mod stacks;
 
 use std::collections::HashSet;
 
@@ -14,6 +15,7 @@ use aya::{Btf, Ebpf};
 
 pub use loader::Loader;
 pub use maps::{first_name, Fold};
+pub use stacks::StackStore;
 
 use crate::attach::Method;
 use crate::error::Result;
@@ -38,6 +40,8 @@ pub struct Session {
     pub dwarf: Option<DwarfStacks>,
     /// User stack ids name USTACKS entries (walked in the program), not STACKS.
     pub walked_user_stacks: bool,
+    /// Walked user stacks taken out of USTACKS (`harvest_user_stacks`).
+    pub stacks: StackStore,
     /// Links memtrace made itself (tracepoints with a cookie); closing them
     /// detaches.
     raw_links: Vec<std::os::fd::OwnedFd>,
@@ -71,6 +75,7 @@ impl Session {
             sym: Symbolizer::new(),
             dwarf: None,
             walked_user_stacks: false,
+            stacks: StackStore::new(),
             raw_links: Vec::new(),
         })
     }

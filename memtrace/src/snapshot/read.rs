@@ -109,8 +109,9 @@ impl Counters {
         true
     }
 
-    /// Empties the count maps into `snap`: one interval.
-    pub fn read(&self, s: &mut Session, snap: &mut Snapshot) -> Result<()> {
+    /// Empties the count maps into `snap`: one interval. Returns the
+    /// events it counted (every view's event total).
+    pub fn read(&self, s: &mut Session, snap: &mut Snapshot) -> Result<u64> {
         snap.begin();
         let mut faults = s.read_folded(FAULTS, true)?;
         faults.extend(s.read_folded(FAULTS_PERF, true)?);
@@ -159,11 +160,13 @@ impl Counters {
         for mm in owners {
             s.hash_remove(RSS_OWNER, &mm)?;
         }
+        let mut events = 0;
         for p in snap.procs.values_mut() {
             let last = p.last;
             p.total.add(&last);
+            events += last.activity();
         }
         snap.end();
-        Ok(())
+        Ok(events)
     }
 }

@@ -327,11 +327,13 @@ impl Tool for Count {
         Ok(())
     }
 
-    fn drain(&mut self, s: &mut Session) -> Result<()> {
-        for (k, val) in s.read_folded(COUNTS, true)? {
+    fn drain(&mut self, s: &mut Session) -> Result<usize> {
+        let moved = s.read_folded(COUNTS, true)?;
+        let n = moved.len();
+        for (k, val) in moved {
             add(self.kept.entry(k).or_default(), &val);
         }
-        Ok(())
+        Ok(n)
     }
 
     fn events(&self) -> u64 {

@@ -350,14 +350,16 @@ impl Tool for Faults {
         self.report_counts(s, out, clear)
     }
 
-    fn drain(&mut self, s: &mut Session) -> Result<()> {
+    fn drain(&mut self, s: &mut Session) -> Result<usize> {
         let mut kept = std::mem::take(&mut self.kept);
-        for (k, c, name) in self.collect(s, true)? {
+        let moved = self.collect(s, true)?;
+        let n = moved.len();
+        for (k, c, name) in moved {
             let e = kept.entry(k).or_insert((0, name));
             e.0 += c;
         }
         self.kept = kept;
-        Ok(())
+        Ok(n)
     }
 
     fn events(&self) -> u64 {

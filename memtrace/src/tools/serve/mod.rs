@@ -151,13 +151,7 @@ impl Tool for Serve {
     }
 
     fn on_interval(&mut self, s: &mut Session, _out: &mut dyn Printer) -> Result<()> {
-        self.counters.read(s, &mut self.snap)?;
-        self.events += self
-            .snap
-            .procs
-            .values()
-            .map(|p| p.last.activity())
-            .sum::<u64>();
+        self.events += self.counters.read(s, &mut self.snap)?;
         self.refresh(s);
         Ok(())
     }

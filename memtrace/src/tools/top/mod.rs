@@ -185,13 +185,7 @@ impl Tool for Top {
     }
 
     fn on_interval(&mut self, s: &mut Session, out: &mut dyn Printer) -> Result<()> {
-        self.counters.read(s, &mut self.snap)?;
-        self.events += self
-            .snap
-            .procs
-            .values()
-            .map(|p| p.last.activity())
-            .sum::<u64>();
+        self.events += self.counters.read(s, &mut self.snap)?;
         if self.ui.is_none() {
             self.print_text(out);
             return Ok(());

@@ -1,0 +1,202 @@
+//! Walked user stacks moved out of the kernel's map as they arrive. Every
+//! new process brings stacks at addresses of its own, so a long run meets
+//! far more stacks than USTACKS holds (it filled after about a hundred
+//! processes, and every later stack failed); memtrace keeps them here,
+//! bounded, and the map only holds what arrived since the last harvest.
+
+use std::cell::Cell;
+use std::collections::HashMap;
+use std::os::fd::{AsFd, AsRawFd};
+
+use aya::maps::HashMap as AyaHashMap;
+use memtrace_common::{names, stacks::UserStack};
+
+use super::{chain, maps::take, Session};
+use crate::error::{Error, Result};
+
+/// Stacks kept: a few dozen bytes plus 8 per frame each, so some MiB at
+/// most. Past it the least recently seen go first.
+const MAX_KEPT: usize = 65_536;
+
+#[derive(Default)]
+pub struct StackStore {
+    kept: HashMap<u32, Kept>,
+    /// Orders uses: the larger, the more recent.
+    clock: Cell<u64>,
+    /// Stacks let go under the bound.
+    pub(crate) evicted: u64,
+    /// Ids looked up that were in neither the kernel's map nor here: a
+    /// report line without its stack.
+    pub(crate) missed: Cell<u64>,
+    max: usize,
+}
+
+struct Kept {
+    hash: u64,
+    ips: Box<[u64]>,
+    used: Cell<u64>,
+}
+
+impl StackStore {
+    pub fn new() -> StackStore {
+        StackStore {
+            max: MAX_KEPT,
+            ..Default::default()
+        }
+    }
+
+    fn now(&self) -> u64 {
+        let t = self.clock.get() + 1;
+        self.clock.set(t);
+        t
+    }
+
+    fn keep(&mut self, id: u32, s: &UserStack) {
+        let now = self.now();
+        match self.kept.get(&id) {
+            // A stack comes back each time a key of it is new again.
+            Some(k) if k.hash == s.hash => k.used.set(now),
+            // A new stack, or another one under an id that was freed.
+            _ => {
+                let nr = (s.nr as usize).min(s.ips.len());
+                let k = Kept {
+                    hash: s.hash,
+                    ips: s.ips[..nr].into(),
+                    used: Cell::new(now),
+                };
+                self.kept.insert(id, k);
+            }
+        }
+    }
+
+    /// Lets the least recently seen quarter go when over the bound: once
+    /// per harvest, not per stack.
+    fn bound(&mut self) {
+        if self.kept.len() <= self.max {
+            return;
+        }
+        let keep = self.max * 3 / 4;
+        let mut used: Vec<u64> = self.kept.values().map(|k| k.used.get()).collect();
+        let drop = used.len() - keep;
+        let (_, cut, _) = used.select_nth_unstable(drop - 1);
+        let cut = *cut;
+        let before = self.kept.len();
+        self.kept.retain(|_, k| k.used.get() > cut);
+        self.evicted += (before - self.kept.len()) as u64;
+    }
+
+    /// Instruction pointers of a harvested stack, innermost first.
+    pub fn get(&self, id: u32) -> Option<Vec<u64>> {
+        match self.kept.get(&id) {
+            Some(k) => {
+                k.used.set(self.now());
+                Some(k.ips.to_vec())
+            }
+            None => {
+                self.missed.set(self.missed.get() + 1);
+                None
+            }
+        }
+    }
+
+    pub fn kept(&self) -> usize {
+        self.kept.len()
+    }
+}
+
+impl Session {
+    /// Moves the walked user stacks that arrived since the last call out
+    /// of the kernel's map into the store; how many. Each is read and
+    /// deleted in one call, and the programs only insert where an id is
+    /// free, so no stack stored meanwhile is lost.
+    pub fn harvest_user_stacks(&mut self) -> Result<usize> {
+        if !self.walked_user_stacks {
+            return Ok(0);
+        }
+        let Some(m) = self.bpf.map(names::USTACKS.name) else {
+            return Ok(0);
+        };
+        let h =
+            AyaHashMap::<_, u32, UserStack>::try_from(m).map_err(|e| Error::Runtime(chain(&e)))?;
+        let keys: Vec<u32> = h.keys().filter_map(|k| k.ok()).collect();
+        let fd = match m {
+            aya::maps::Map::HashMap(d) => d.fd().as_fd().as_raw_fd(),
+            _ => return Ok(0),
+        };
+        let mut n = 0;
+        for id in keys {
+            let s = match take::<u32, UserStack>(fd, &id, 1) {
+                Ok(Some(mut v)) => v.pop(),
+                Ok(None) => None,
+                // Kernels before 5.14: read, then delete.
+                Err(_) => {
+                    let m = self
+                        .bpf
+                        .map_mut(names::USTACKS.name)
+                        .expect("map seen above");
+                    let mut h = AyaHashMap::<_, u32, UserStack>::try_from(m)
+                        .map_err(|e| Error::Runtime(chain(&e)))?;
+                    let s = h.get(&id, 0).ok();
+                    let _ = h.remove(&id);
+                    s
+                }
+            };
+            if let Some(s) = s {
+                self.stacks.keep(id, &s);
+                n += 1;
+            }
+        }
+        self.stacks.bound();
+        Ok(n)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use memtrace_common::stacks::MAX_UFRAMES;
+
+    fn stack(hash: u64, ips: &[u64]) -> UserStack {
+        let mut s = UserStack {
+            hash,
+            nr: ips.len() as u32,
+            _pad: 0,
+            ips: [0; MAX_UFRAMES],
+        };
+        s.ips[..ips.len()].copy_from_slice(ips);
+        s
+    }
+
+    #[test]
+    fn the_least_recently_seen_go_first_and_are_counted() {
+        let mut st = StackStore::new();
+        st.max = 8;
+        for id in 0..8 {
+            st.keep(id, &stack(id as u64, &[id as u64, 1]));
+        }
+        // Stack 0 is looked at, stack 1 comes back: both recent now.
+        assert_eq!(st.get(0), Some(vec![0, 1]));
+        st.keep(1, &stack(1, &[1, 1]));
+        st.keep(8, &stack(8, &[8]));
+        st.bound();
+        assert_eq!(st.kept(), 6);
+        assert_eq!(st.evicted, 3);
+        for gone in [2, 3, 4] {
+            assert_eq!(st.get(gone), None, "{gone}");
+        }
+        assert_eq!(st.missed.get(), 3);
+        for kept in [0, 1, 5, 6, 7, 8] {
+            assert!(st.get(kept).is_some(), "{kept}");
+        }
+    }
+
+    #[test]
+    fn another_stack_under_a_freed_id_replaces_the_old_one() {
+        let mut st = StackStore::new();
+        st.keep(5, &stack(1, &[10, 11]));
+        st.keep(5, &stack(1, &[10, 11]));
+        assert_eq!(st.get(5), Some(vec![10, 11]));
+        st.keep(5, &stack(2, &[20]));
+        assert_eq!(st.get(5), Some(vec![20]));
+    }
+}
