@@ -176,3 +176,31 @@ fn folded_output_is_one_stack_per_line() {
         "not in the flame graph"
     );
 }
+
+/// 1200 short processes each calling sbrk, counted by process and stack
+/// in a map of 1024 keys: without interval reports memtrace empties the map as
+/// it goes, so nothing is lost and every call is counted.
+#[test]
+fn long_runs_without_intervals_never_fill_the_map() {
+    let cmd = format!(
+        "for i in $(seq 1200); do {} sbrk 2 8192; done",
+        workload_bin().display()
+    );
+    let run_with = |extra: &[&str]| {
+        let mut args = vec!["brkstack", "--keys", "1024", "--json", "-c", &cmd];
+        args.extend_from_slice(extra);
+        let out = run(&args);
+        assert_eq!(out.code, 0, "{}", out.stderr);
+        let s = json_of(&out.stdout, "summary");
+        (
+            s[0]["lost"]["map_full"].as_u64().unwrap(),
+            s[0]["events"].as_u64().unwrap(),
+        )
+    };
+    // The churn does overflow such a map when nothing empties it.
+    let (full, _) = run_with(&["-i", "600"]);
+    assert!(full > 0, "the churn never filled the map");
+    let (full, events) = run_with(&[]);
+    assert_eq!(full, 0);
+    assert!(events >= 2400, "{events} brk calls counted");
+}

@@ -1,7 +1,13 @@
 //! `memtrace brkstack`: brk calls counted in the kernel by (process, user
 //! stack), with the bytes the heap grew by.
 
-use memtrace_common::{names::BRK_STACKS, stack_mode};
+use std::collections::HashMap;
+
+use memtrace_common::{
+    names::BRK_STACKS,
+    stack_mode,
+    stacks::{StackKey, StackVal},
+};
 
 use crate::attach::Probe;
 use crate::cli::{IntervalArgs, StackArgs};
@@ -28,6 +34,10 @@ pub struct Args {
     pub folded: bool,
     #[command(flatten)]
     pub stacks: StackArgs,
+    /// Keys of the kernel's count map. Tests shrink it to show that long
+    /// runs never fill it.
+    #[arg(long, hide = true, default_value_t = 8192)]
+    pub keys: u32,
 }
 
 pub fn probes() -> Vec<Probe> {
@@ -37,6 +47,8 @@ pub fn probes() -> Vec<Probe> {
 pub struct Brkstack {
     args: Args,
     calls: u64,
+    /// What `drain` moved out of the kernel's map since the last report.
+    kept: HashMap<StackKey, StackVal>,
 }
 
 impl Brkstack {
@@ -44,6 +56,7 @@ impl Brkstack {
         Ok(Brkstack {
             args: a.clone(),
             calls: 0,
+            kept: HashMap::new(),
         })
     }
 }
@@ -79,12 +92,23 @@ impl Tool for Brkstack {
 
     fn prepare(&mut self, k: &mut Prep) -> Result<()> {
         crate::counters::prepare_brk(k)?;
-        k.loader.max_entries(BRK_STACKS, 8192);
+        k.loader.max_entries(BRK_STACKS, self.args.keys);
         Ok(())
     }
 
     fn report(&mut self, s: &mut Session, out: &mut dyn Printer, clear: bool) -> Result<()> {
         let mut v = s.read_folded(BRK_STACKS, clear)?;
+        if !self.kept.is_empty() {
+            let mut all = if clear {
+                std::mem::take(&mut self.kept)
+            } else {
+                self.kept.clone()
+            };
+            for (k, val) in v {
+                add(&mut all, k, &val);
+            }
+            v = all.into_iter().collect();
+        }
         let calls: u64 = v.iter().map(|(_, val)| val.count).sum();
         self.calls = if clear { self.calls + calls } else { calls };
         v.sort_by(|a, b| b.1.count.cmp(&a.1.count).then(b.1.bytes.cmp(&a.1.bytes)));
@@ -110,7 +134,25 @@ impl Tool for Brkstack {
         Ok(())
     }
 
+    fn drain(&mut self, s: &mut Session) -> Result<usize> {
+        let v = s.read_folded(BRK_STACKS, true)?;
+        let n = v.len();
+        for (k, val) in v {
+            add(&mut self.kept, k, &val);
+        }
+        Ok(n)
+    }
+
     fn events(&self) -> u64 {
         self.calls
     }
+}
+
+fn add(to: &mut HashMap<StackKey, StackVal>, k: StackKey, v: &StackVal) {
+    let e = to.entry(k).or_insert(StackVal {
+        comm: v.comm,
+        ..Default::default()
+    });
+    e.count += v.count;
+    e.bytes += v.bytes;
 }
