@@ -16,6 +16,7 @@ mod check;
 mod doctor;
 mod fetch;
 mod initramfs;
+mod memcg;
 mod modules;
 mod snoop;
 mod tools;
@@ -51,6 +52,8 @@ struct Row {
     case: String,
     method: String,
     ok: bool,
+    /// Not run on this kernel, and why.
+    skip: Option<String>,
     ms: i64,
     why: Vec<String>,
 }
@@ -103,6 +106,7 @@ pub fn run(required: bool) -> Result<()> {
                 case: c.case.name.to_string(),
                 method: c.method,
                 ok: c.why.is_empty(),
+                skip: c.skip,
                 ms: g
                     .cases
                     .get(c.case.name)
@@ -135,9 +139,16 @@ pub fn run(required: bool) -> Result<()> {
             r.kernel,
             r.case,
             r.method,
-            if r.ok { "pass" } else { "FAIL" },
+            match (&r.skip, r.ok) {
+                (Some(_), _) => "skip",
+                (None, true) => "pass",
+                (None, false) => "FAIL",
+            },
             r.ms as f64 / 1000.0
         );
+        if let Some(s) = &r.skip {
+            println!("    skipped: {s}");
+        }
         for w in &r.why {
             println!("    {w}");
         }

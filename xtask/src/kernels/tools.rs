@@ -32,7 +32,7 @@ pub(super) fn check(g: &Guest, case: &Case, v: &[Value], why: &mut Vec<String>) 
     let wrc = st.get("wrc").copied();
     match case.tool {
         "oomkill" => oomkill(case, v, wpid, why),
-        "memcg" => memcg(v, wpid, why),
+        "memcg" => super::memcg::check(case, v, wpid, why),
         "drsnoop" => {
             // The kernel reclaims in the memcg before it kills: stalls of the
             // workload, memcg kind, in its cgroup.
@@ -238,48 +238,5 @@ fn oomkill(case: &Case, v: &[Value], wpid: i64, why: &mut Vec<String>) {
     expect("method", want.into());
     if k["anon_rss_kb"].as_u64().unwrap_or(0) <= 32 * 1024 {
         why.push(format!("anon_rss_kb {} too small", k["anon_rss_kb"]));
-    }
-}
-
-/// The warning at 75% of the parent's 64 MiB before the kill, naming the
-/// workload; the kill with its timeline.
-fn memcg(v: &[Value], wpid: i64, why: &mut Vec<String>) {
-    let pos = |ty: &str| v.iter().position(|x| x["type"] == ty);
-    let (warn, oom) = (pos("memcg_warn"), pos("memcg_oom"));
-    if warn.is_none() || oom.is_none() || warn > oom {
-        why.push(format!("warning at {warn:?}, kill at {oom:?}"));
-    }
-    let Some(w) = of_type(v, "memcg_warn").first().copied() else {
-        return;
-    };
-    let mut expect = |field: &str, want: Value| {
-        if w[field] != want {
-            why.push(format!("memcg_warn {field} {} != {want}", w[field]));
-        }
-    };
-    expect("cgroup", "/mt-memcg/kid".into());
-    expect("limit_at", "/mt-memcg".into());
-    expect("limit_kb", (64 * 1024).into());
-    let first = w["pids"].as_str().and_then(|p| p.split(',').next());
-    if first != Some(wpid.to_string().as_str()) {
-        why.push(format!(
-            "memcg_warn pids {} do not start with {wpid}",
-            w["pids"]
-        ));
-    }
-    if !of_type(v, "memcg_oom")
-        .iter()
-        .any(|k| k["victim_pid"] == wpid)
-    {
-        why.push(format!("no memcg_oom of {wpid}"));
-    }
-    if of_type(v, "memcg_oom_timeline").is_empty() {
-        why.push("no timeline".into());
-    }
-    let kills = of_type(v, "memcg_sample")
-        .last()
-        .map(|r| r["oom_kill"].clone());
-    if kills != Some(1.into()) {
-        why.push(format!("oom_kill {kills:?} in the last row, expected 1"));
     }
 }
