@@ -17,7 +17,9 @@ use crate::records::{comm, record};
 pub struct Args {
     #[command(flatten)]
     pub common: crate::cli::Common,
-    /// Add the triggering task's kernel and user stacks.
+    /// Add the kernel and user stacks of the task that triggered the kill:
+    /// the victim's own where it triggered it (the kernel lets BPF read the
+    /// user stack of the current task only).
     #[arg(long)]
     pub stack: bool,
     #[command(flatten)]
@@ -53,6 +55,10 @@ pub struct Oomkill {
     stack: bool,
     stack_args: crate::cli::StackArgs,
     kills: u64,
+    /// With `--stack`: kills whose victim's own stack was captured (it
+    /// triggered the kill), and those where it was out of reach.
+    victim_stacks: u64,
+    victim_unreachable: u64,
     /// `-p`/`-c`: only kills whose victim or trigger is this process (or
     /// one it forked, with `--children`). Kills are rare: filtered here.
     target: Option<u32>,
@@ -64,6 +70,8 @@ impl Oomkill {
             stack: a.stack,
             stack_args: a.stacks.clone(),
             kills: 0,
+            victim_stacks: 0,
+            victim_unreachable: 0,
             target: None,
         })
     }
@@ -92,6 +100,17 @@ fn limiting_level(
         return g.limit().map(|l| (l, g));
     }
     g.limiting()
+}
+
+/// Whether the victim is the task that triggered the kill (or another
+/// thread of its process): the only case where its user stack can be read,
+/// since the kill runs in the triggering task's context. The classic
+/// tracepoint names the victim by thread id.
+fn victim_triggered(ev: &OomEvent) -> bool {
+    ev.victim_pid != 0
+        && (ev.victim_pid == ev.trigger_pid
+            || ev.victim_tid == ev.trigger_tid
+            || ev.victim_pid == ev.trigger_tid)
 }
 
 fn mem_total_pages() -> u64 {
@@ -143,7 +162,7 @@ impl Tool for Oomkill {
         // maps (in user_frames) before anything slower, or its user stack
         // cannot be symbolized.
         let user = if self.stack {
-            s.user_frames(ev.trigger_pid, ev.ustack)
+            s.thread_user_frames(ev.trigger_pid, Some(ev.trigger_tid), ev.ustack)
         } else {
             Vec::new()
         };
@@ -174,7 +193,7 @@ impl Tool for Oomkill {
             ev.trigger_pid.into(),
             comm(&ev.trigger_comm).into(),
             ev.victim_pid.into(),
-            victim_comm.into(),
+            victim_comm.clone().into(),
             ev.anon_rss_kb.into(),
             ev.file_rss_kb.into(),
             ev.shmem_rss_kb.into(),
@@ -189,24 +208,55 @@ impl Tool for Oomkill {
             loadavg.join(" ").into(),
             method_name(ev.method).into(),
         ]);
-        out.event("oom_kill", &COLS, &row);
-        if self.stack {
-            let report = StackReport {
-                pid: ev.trigger_pid,
-                comm: comm(&ev.trigger_comm),
-                count: 1,
-                kernel: s.kernel_frames(ev.kstack),
-                user,
-                note: (ev.ustack == -1 && ev.kstack < 0)
-                    .then(|| "stack capture failed".to_string()),
-                ..Default::default()
-            };
-            out.stacks("oom_stack", "", &[report]);
+        if !self.stack {
+            out.event("oom_kill", &COLS, &row);
+            return Ok(());
         }
+        let own = victim_triggered(&ev);
+        let mut cols = COLS.to_vec();
+        cols.push(Col::text("stack_of", "STACK_OF", 8));
+        let mut row = row;
+        row.0.push(if own { "victim" } else { "trigger" }.into());
+        out.event("oom_kill", &cols, &row);
+        let failed = (ev.ustack == -1 && ev.kstack < 0).then(|| "stack capture failed".to_string());
+        let (title, note) = if own {
+            self.victim_stacks += 1;
+            ("The victim's stack (it triggered the kill)".to_string(), failed)
+        } else {
+            self.victim_unreachable += 1;
+            let why = format!(
+                "the victim's own stack is unreachable: {} ({}) did not trigger the kill, and only the current task's user stack can be read",
+                ev.victim_pid, victim_comm
+            );
+            (
+                format!("The triggering task's stack (victim {})", ev.victim_pid),
+                Some(failed.map_or(why.clone(), |f| format!("{f}; {why}"))),
+            )
+        };
+        let report = StackReport {
+            pid: ev.trigger_pid,
+            comm: comm(&ev.trigger_comm),
+            count: 1,
+            kernel: s.kernel_frames(ev.kstack),
+            user,
+            note,
+            ..Default::default()
+        };
+        out.stacks("oom_stack", &title, &[report]);
         Ok(())
     }
 
     fn events(&self) -> u64 {
         self.kills
+    }
+
+    fn summary_extra(&self) -> Vec<(&'static str, Value)> {
+        if !self.stack {
+            return Vec::new();
+        }
+        vec![
+            ("victim_stacks", Value::U(self.victim_stacks)),
+            ("victim_stack_unreachable", Value::U(self.victim_unreachable)),
+        ]
     }
 }

@@ -134,17 +134,16 @@ pub fn run(required: bool) -> Result<()> {
         "KERNEL", "CHECK", "ATTACH METHOD", "RESULT", "TIME"
     );
     for r in &rows {
+        let (result, time) = match (&r.skip, r.ok) {
+            (Some(_), _) => ("skip", "-".to_string()),
+            (None, ok) => (
+                if ok { "pass" } else { "FAIL" },
+                format!("{:.1}s", r.ms as f64 / 1000.0),
+            ),
+        };
         println!(
-            "{:<28} {:<15} {:<34} {:<6} {:>6.1}s",
-            r.kernel,
-            r.case,
-            r.method,
-            match (&r.skip, r.ok) {
-                (Some(_), _) => "skip",
-                (None, true) => "pass",
-                (None, false) => "FAIL",
-            },
-            r.ms as f64 / 1000.0
+            "{:<28} {:<15} {:<34} {:<6} {:>7}",
+            r.kernel, r.case, r.method, result, time
         );
         if let Some(s) = &r.skip {
             println!("    skipped: {s}");
