@@ -310,10 +310,13 @@ psi_fail_case() {
 }
 
 run_case doctor 300 0 doctor
-oom_case oom-best oomkill
+# With --stack where the kill names the victim by task (kprobe) and by
+# thread id (tracepoint): the victim triggered its own kill, so the stack
+# is its own.
+oom_case oom-best oomkill --stack
 oom_case oom-fentry oomkill --attach fentry
 oom_case oom-tp_btf oomkill --attach tp_btf
-oom_case oom-tracepoint oomkill --attach tracepoint
+oom_case oom-tracepoint oomkill --attach tracepoint --stack
 # The memcg reclaim the kernel tries before that OOM kill, seen by drsnoop.
 oom_case drsnoop drsnoop
 memcg_case

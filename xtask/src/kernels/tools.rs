@@ -239,4 +239,26 @@ fn oomkill(case: &Case, v: &[Value], wpid: i64, why: &mut Vec<String>) {
     if k["anon_rss_kb"].as_u64().unwrap_or(0) <= 32 * 1024 {
         why.push(format!("anon_rss_kb {} too small", k["anon_rss_kb"]));
     }
+    if matches!(case.name, "oom-best" | "oom-tracepoint") {
+        victim_stack(k, v, wpid, why);
+    }
+}
+
+/// `--stack`: the workload triggered its own kill, allocating in
+/// `allocate_and_touch_mib`, so the stack shown is its own.
+fn victim_stack(k: &Value, v: &[Value], wpid: i64, why: &mut Vec<String>) {
+    if k["stack_of"] != "victim" {
+        why.push(format!("stack_of {}, expected victim", k["stack_of"]));
+    }
+    let ok = of_type(v, "oom_stack").iter().any(|s| {
+        s["pid"] == wpid
+            && s["user_stack"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .any(|f| f.as_str().unwrap_or("").contains("allocate_and_touch_mib"))
+    });
+    if !ok {
+        why.push(format!("no stack of {wpid} through allocate_and_touch_mib"));
+    }
 }
