@@ -309,6 +309,32 @@ psi_fail_case() {
     [ "$rc" = 3 ] || FAILED=1
 }
 
+# --warn on page cache, which is no RSS change (so no warning at an
+# allocation): 70 MiB written to a ramfs file in a 128 MiB group, --warn 50
+# (64 MiB). v1: the kernel's threshold notifier; v2: a memory.events change
+# (memory.high at 66 MiB) or a sample. --fail exits 3.
+warn_fail_case() {
+    mk_memcg warn-fail 128M no
+    [ $CG = v1 ] || echo 66M >"$cg/memory.high"
+    start_bg warn-fail memcg --json -v --cgroup /mt-warn-fail --warn 50 --fail
+    wpid=0
+    wrc=0
+    if kill -0 $tp 2>/dev/null; then
+        sh -c "echo \$\$ >$cg/cgroup.procs && exec dd if=/dev/zero of=/mnt/ram/warn-fail bs=1M count=70" \
+            2>/dev/null &
+        wpid=$!
+        wait $wpid
+        wrc=$?
+        t_int=$(now_ms)
+        reap_bg
+        rm -f /mnt/ram/warn-fail
+        report_bg
+    else
+        stop_bg
+    fi
+    [ "$rc" = 3 ] && [ "$wrc" = 0 ] || FAILED=1
+}
+
 run_case doctor 300 0 doctor
 # With --stack where the kill names the victim by task (kprobe) and by
 # thread id (tracepoint): the victim triggered its own kill, so the stack
@@ -320,6 +346,7 @@ oom_case oom-tracepoint oomkill --attach tracepoint --stack
 # The memcg reclaim the kernel tries before that OOM kill, seen by drsnoop.
 oom_case drsnoop drsnoop
 memcg_case
+warn_fail_case
 psi_case
 psi_fail_case
 # The workload's own faults (start-up, exit), then with 2000 more.

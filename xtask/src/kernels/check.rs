@@ -107,7 +107,7 @@ const fn forced(name: &'static str, tool: &'static str, method: &'static str) ->
 }
 
 /// Every case, in the order the guest runs them; doctor is checked last.
-pub(super) const CASES: [Case; 23] = [
+pub(super) const CASES: [Case; 24] = [
     case("doctor", "doctor"),
     best("oom-best", "oomkill", "kprobe"),
     forced("oom-fentry", "oomkill", "fentry"),
@@ -115,6 +115,11 @@ pub(super) const CASES: [Case; 23] = [
     forced("oom-tracepoint", "oomkill", "tracepoint"),
     case("drsnoop", "drsnoop"),
     case("memcg", "memcg"),
+    // --fail: the usage warning came.
+    Case {
+        rc: 3,
+        ..case("warn-fail", "memcg")
+    },
     // cgroup v2 only (PSI triggers on memory.pressure): skipped elsewhere.
     case("psi", "memcg"),
     // --fail: the pressure warning came.

@@ -4,10 +4,11 @@
 
 use serde_json::Value;
 
-use super::check::{of_type, Case};
+use super::check::{of_type, Case, Guest};
 
-pub(super) fn check(case: &Case, v: &[Value], wpid: i64, why: &mut Vec<String>) {
+pub(super) fn check(g: &Guest, case: &Case, v: &[Value], wpid: i64, why: &mut Vec<String>) {
     match case.name {
+        "warn-fail" => warn_fail(g.info.contains("cgroup=v1"), v, why),
         "psi" => psi(v, wpid, why),
         "psi-fail" => psi_fail(v, wpid, why),
         _ => usage_line(v, wpid, why),
@@ -136,5 +137,38 @@ fn psi_fail(v: &[Value], wpid: i64, why: &mut Vec<String>) {
     match events(v, "high") {
         Some(n) if n > 0 => {}
         n => why.push(format!("memory.events high {n:?} in the last row")),
+    }
+}
+
+/// `--warn 50 --fail` on page cache (no RSS change): warned by the v1
+/// notifier, or on v2 by memory.events (high) or a sample, never at an
+/// allocation; usage over 64 MiB; memtrace ended by itself.
+fn warn_fail(v1: bool, v: &[Value], why: &mut Vec<String>) {
+    let warns = of_type(v, "memcg_warn");
+    if warns.len() != 1 {
+        why.push(format!("{} warnings, expected 1", warns.len()));
+    }
+    let Some(w) = warns.first() else { return };
+    let by = w["trigger"].as_str().unwrap_or("-");
+    let ok = if v1 {
+        by == "threshold"
+    } else {
+        matches!(by, "memory.events" | "sample")
+    };
+    if !ok {
+        why.push(format!("warned by {by}"));
+    }
+    if w["cgroup"] != "/mt-warn-fail" || w["limit_kb"] != 128 * 1024 {
+        why.push(format!("memcg_warn {w}"));
+    }
+    if w["usage_kb"].as_u64().unwrap_or(0) < 64 * 1024 {
+        why.push(format!("warned at {} kB, under the line", w["usage_kb"]));
+    }
+    // What woke memtrace up is in the table too.
+    if by == "memory.events" && events(v, "high").unwrap_or(0) == 0 {
+        why.push(format!(
+            "memory.events high {:?} in the last row",
+            events(v, "high")
+        ));
     }
 }
