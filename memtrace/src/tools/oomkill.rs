@@ -230,7 +230,10 @@ impl Tool for Oomkill {
             );
             (
                 format!("The triggering task's stack (victim {})", ev.victim_pid),
-                Some(failed.map_or(why.clone(), |f| format!("{f}; {why}"))),
+                Some(match failed {
+                    Some(f) => format!("{f}; {why}"),
+                    None => why,
+                }),
             )
         };
         let report = StackReport {

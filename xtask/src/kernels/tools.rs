@@ -240,7 +240,7 @@ fn oomkill(case: &Case, v: &[Value], wpid: i64, why: &mut Vec<String>) {
     if k["anon_rss_kb"].as_u64().unwrap_or(0) <= 32 * 1024 {
         why.push(format!("anon_rss_kb {} too small", k["anon_rss_kb"]));
     }
-    if matches!(case.name, "oom-best" | "oom-tracepoint") {
+    if case.name == "oom-best" {
         victim_stack(k, v, wpid, why);
     }
 }
