@@ -336,13 +336,13 @@ warn_fail_case() {
 }
 
 run_case doctor 300 0 doctor
-# With --stack: the victim triggered its own kill, so the stack is its own.
-# (kprobe only: it fires before the kill is sent. After mark_victim, under
-# emulation, the victim has exited before memtrace reads its maps.)
+# With --stack: the victim triggered its own kill, so the stack is its own,
+# by kprobe (before the kill is sent) and by the tracepoint (after it: the
+# victim's maps were read while it failed reclaim).
 oom_case oom-best oomkill --stack
 oom_case oom-fentry oomkill --attach fentry
 oom_case oom-tp_btf oomkill --attach tp_btf
-oom_case oom-tracepoint oomkill --attach tracepoint
+oom_case oom-tracepoint oomkill --attach tracepoint --stack
 # The memcg reclaim the kernel tries before that OOM kill, seen by drsnoop.
 oom_case drsnoop drsnoop
 memcg_case

@@ -1,7 +1,12 @@
 //! `memtrace oomkill`: one line per OOM kill, as BCC's oomkill prints, with
 //! the victim's RSS split, its memory cgroup and the pages considered.
 
-use memtrace_common::{kind, method, oom::*, stack_mode};
+use memtrace_common::{
+    kind, method,
+    oom::*,
+    reclaim::{ReclaimConfig, ReclaimEvent},
+    stack_mode,
+};
 
 use memtrace_common::names;
 
@@ -29,6 +34,21 @@ pub struct Args {
 pub fn probes() -> Vec<Probe> {
     crate::oom::probes()
 }
+
+/// With `--stack`: reclaim comes before an OOM kill (a memcg at its limit,
+/// or the system short of memory), and the task in it is who the kill will
+/// name or be triggered by. Its maps are read then, while it is alive: by
+/// the time the kill is reported the victim may be gone, and its frames
+/// with it. Optional: kills are reported without them.
+fn prefetch_probes() -> Vec<Probe> {
+    crate::reclaim::reclaim_probes()
+        .into_iter()
+        .map(Probe::optional)
+        .collect()
+}
+
+/// A process's maps are read again at most this often while it fails reclaim.
+const PREFETCH_EVERY: std::time::Duration = std::time::Duration::from_millis(200);
 
 const COLS: [Col; 18] = [
     Col::text("time", "TIME", 8),
@@ -59,6 +79,8 @@ pub struct Oomkill {
     /// triggered the kill), and those where it was out of reach.
     victim_stacks: u64,
     victim_unreachable: u64,
+    /// When each process failing reclaim last had its maps read.
+    prefetched: std::collections::HashMap<u32, std::time::Instant>,
     /// `-p`/`-c`: only kills whose victim or trigger is this process (or
     /// one it forked, with `--children`). Kills are rare: filtered here.
     target: Option<u32>,
@@ -72,6 +94,7 @@ impl Oomkill {
             kills: 0,
             victim_stacks: 0,
             victim_unreachable: 0,
+            prefetched: Default::default(),
             target: None,
         })
     }
@@ -113,6 +136,25 @@ fn victim_triggered(ev: &OomEvent) -> bool {
             || ev.victim_pid == ev.trigger_tid)
 }
 
+impl Oomkill {
+    /// Reads the maps of a process in reclaim. Not only reclaim that freed
+    /// nothing: on 6.1 the last ones before a memcg OOM still freed a few
+    /// pages (the workload's own file pages).
+    fn prefetch(&mut self, r: &ReclaimEvent, s: &mut Session) {
+        let now = std::time::Instant::now();
+        if self
+            .prefetched
+            .get(&r.pid)
+            .is_some_and(|t| now.duration_since(*t) < PREFETCH_EVERY)
+        {
+            return;
+        }
+        s.sym.maps.lock().unwrap().snapshot(r.pid);
+        self.prefetched.retain(|_, t| now.duration_since(*t) < PREFETCH_EVERY);
+        self.prefetched.insert(r.pid, now);
+    }
+}
+
 fn mem_total_pages() -> u64 {
     crate::proc::mem_total_kb().map_or(0, |kb| kb * 1024 / page_size())
 }
@@ -127,7 +169,11 @@ impl Tool for Oomkill {
     }
 
     fn probes(&self) -> Vec<Probe> {
-        probes()
+        let mut p = probes();
+        if self.stack {
+            p.extend(prefetch_probes());
+        }
+        p
     }
 
     fn user_stacks(&self) -> Option<(&crate::cli::StackArgs, bool)> {
@@ -144,10 +190,21 @@ impl Tool for Oomkill {
 
     fn prepare(&mut self, k: &mut Prep) -> Result<()> {
         self.target = k.target;
+        if self.stack {
+            let cfg = ReclaimConfig {
+                emit_events: 1,
+                ..Default::default()
+            };
+            crate::reclaim::prepare_reclaim(k, cfg)?;
+        }
         crate::oom::prepare(k)
     }
 
     fn on_record(&mut self, data: &[u8], s: &mut Session, out: &mut dyn Printer) -> Result<()> {
+        if let Some(r) = record::<ReclaimEvent>(data, kind::RECLAIM) {
+            self.prefetch(&r, s);
+            return Ok(());
+        }
         let Some(ev) = record::<OomEvent>(data, kind::OOM) else {
             return Ok(());
         };
