@@ -181,3 +181,39 @@ fn fail_needs_a_warning_to_fail_on() {
     let out = run_with(&["memcg", "--fail", "-d", "1"], WAIT);
     assert_eq!(out.code, 2, "{}", out.stderr);
 }
+
+#[test]
+fn pressure_warning_on_a_group_without_memory_pressure_says_why() {
+    if !memcg_here("pressure_warning_on_a_group_without_memory_pressure_says_why") {
+        return;
+    }
+    let cg = Memcg::new("nopsi", "64M");
+    if cg.path.join("memory.pressure").exists() {
+        skip(
+            "pressure_warning_on_a_group_without_memory_pressure_says_why",
+            "this group has memory.pressure (cgroup v2): the kernel matrix tests the trigger",
+        );
+        return;
+    }
+    let path = format!("/{}", cg.name);
+    let out = run_with(
+        &[
+            "memcg",
+            "--cgroup",
+            &path,
+            "--warn-pressure",
+            "some:10",
+            "-d",
+            "1",
+        ],
+        WAIT,
+    );
+    // Said, and the rest of the run goes on: the table is still printed.
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    assert!(
+        out.stderr.contains(&format!("{path}: no PSI trigger")),
+        "{}",
+        out.stderr
+    );
+    assert!(out.stdout.contains(&path), "{}", out.stdout);
+}

@@ -152,6 +152,69 @@ fn stack_option_symbolizes_the_trigger_of_another_process_kill() {
         user.iter().any(|f| f.contains("allocate_and_touch_mib")),
         "{user:?}"
     );
+    // Said plainly: these frames are the trigger's, the victim's were out of reach.
+    assert_eq!(kills[0]["stack_of"], "trigger", "{}", out.stdout);
+    assert_eq!(stacks[0]["pid"], trigger_pid);
+    let note = stacks[0]["note"].as_str().unwrap_or("");
+    assert!(
+        note.contains("victim's own stack is unreachable")
+            && note.contains(&holder.id().to_string()),
+        "{}",
+        out.stdout
+    );
+    let summary = json_of(&out.stdout, "summary").pop().expect("summary");
+    assert!(
+        summary["victim_stack_unreachable"].as_u64() >= Some(1),
+        "{summary}"
+    );
+}
+
+/// A victim that triggered its own kill, allocating in
+/// `allocate_and_touch_mib`: its own user stack, by the given stack mode.
+fn victims_own_stack(mode: &[&str]) {
+    let mut args = vec!["--stack"];
+    args.extend_from_slice(mode);
+    let (summary, kills, victim, _, out) = oom_in_memcg(&args);
+    let k = kills
+        .iter()
+        .find(|k| k["victim_pid"] == victim)
+        .unwrap_or_else(|| panic!("no kill of {victim}: {out}"));
+    assert_eq!(k["trigger_pid"], victim, "{k}");
+    assert_eq!(k["stack_of"], "victim", "{k}");
+    let stack = json_of(&out, "oom_stack")
+        .into_iter()
+        .find(|s| s["pid"] == victim)
+        .unwrap_or_else(|| panic!("no stack of {victim}: {out}"));
+    assert!(
+        stack["title"]
+            .as_str()
+            .unwrap_or("")
+            .contains("victim's stack"),
+        "{stack}"
+    );
+    assert!(stack["note"].is_null(), "{stack}");
+    let user: Vec<&str> = stack["user_stack"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|f| f.as_str())
+        .collect();
+    assert!(
+        user.iter().any(|f| f.contains("allocate_and_touch_mib")),
+        "{stack}"
+    );
+    assert!(summary["victim_stacks"].as_u64() >= Some(1), "{summary}");
+}
+
+#[test]
+fn stack_of_a_victim_that_triggered_its_kill_is_its_own() {
+    if !memcg_here("stack_of_a_victim_that_triggered_its_kill_is_its_own") {
+        return;
+    }
+    // oomkill's default: a copied stack, unwound by DWARF (kills are rare).
+    victims_own_stack(&[]);
+    // The kernel's frame-pointer walk.
+    victims_own_stack(&["--stack-mode", "fp"]);
 }
 
 #[test]

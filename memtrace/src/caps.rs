@@ -7,6 +7,7 @@
 
 use crate::error::{Error, Result};
 
+const CAP_SYS_RESOURCE: u32 = 24;
 const CAP_SYS_ADMIN: u32 = 21;
 const CAP_PERFMON: u32 = 38;
 const CAP_BPF: u32 = 39;
@@ -37,6 +38,12 @@ fn effective() -> std::io::Result<u64> {
         return Err(std::io::Error::last_os_error());
     }
     Ok(d[0].effective as u64 | (d[1].effective as u64) << 32)
+}
+
+/// Whether this process has CAP_SYS_RESOURCE: without it the kernel takes
+/// PSI triggers with 2 s windows only.
+pub fn sys_resource() -> bool {
+    effective().is_ok_and(|e| e & (1 << CAP_SYS_RESOURCE) != 0)
 }
 
 /// The highest capability this kernel knows.

@@ -8,6 +8,7 @@
 #   MT-ERR CASE LINE      memtrace's stderr
 #   MT-WORK CASE LINE     the workload's own report (what it did)
 #   MT-CASE CASE rc=N wrc=N wpid=N ms=N ...   (wrc/wpid: the workload's)
+#   MT-SKIP CASE REASON   the case cannot run on this guest, and why
 #   MT-END PASS|FAIL      every case ran and exited as expected, or not
 
 /bin/busybox --install -s /bin
@@ -138,12 +139,22 @@ start_bg() {
 stop_bg() {
     t_int=$(now_ms)
     kill -INT $tp 2>/dev/null
+    reap_bg
+    report_bg
+}
+
+# Waits for the background memtrace to exit (killed after 120 s).
+reap_bg() {
     (sleep 120 && kill -KILL $tp) 2>/dev/null &
     dog=$!
     wait $tp
     rc=$?
     kill $dog 2>/dev/null
     t1=$(now_ms)
+}
+
+# Removes the case's group and prints the case's lines.
+report_bg() {
     rmdir "$cg"
     emit "$name" /tmp/$name.out MT-OUT
     emit "$name" /tmp/$name.err MT-ERR
@@ -236,14 +247,108 @@ memcg_case() {
     [ "$rc" = 0 ] && [ "$wrc" = 137 ] || FAILED=1
 }
 
+# Can this guest run a PSI case (memory.pressure triggers)? If not, the
+# case is skipped with the reason: CASE
+psi_here() {
+    if [ $CG != v2 ]; then
+        echo "MT-SKIP $1 cgroup v1 guest: memory cgroups have no memory.pressure (PSI triggers need cgroup v2)"
+        return 1
+    fi
+    if [ ! -e /proc/pressure/memory ]; then
+        echo "MT-SKIP $1 no PSI in this kernel (CONFIG_PSI off, or psi=0 on its command line)"
+        return 1
+    fi
+}
+
+# Pressure before the OOM kill: memory.max 128 MiB, memory.high 120 MiB.
+# Over memory.high the kernel throttles the workload (a sleep counted as a
+# memory stall: PSI some and full), then memory.max has it OOM-killed. The
+# workload grows 8 MiB per 100 ms toward 320 MiB.
+psi_case() {
+    psi_here psi || return 0
+    mk_memcg psi 128M no
+    echo 120M >"$cg/memory.high"
+    start_bg psi memcg --json -v --cgroup /mt-psi --warn-pressure some:10
+    wpid=0
+    wrc=0
+    if kill -0 $tp 2>/dev/null; then
+        sh -c "echo \$\$ >$cg/cgroup.procs && exec memtrace-workload steps 8 40 100" \
+            >/dev/null &
+        wpid=$!
+        wait $wpid
+        wrc=$?
+        sleep 2
+    fi
+    stop_bg
+    [ "$rc" = 0 ] && [ "$wrc" = 137 ] || FAILED=1
+}
+
+# --fail on a pressure warning: memory.high 32 MiB throttles a workload that
+# holds 64 MiB, hard (a full stall); memtrace exits 3 by itself, then the
+# workload is killed.
+psi_fail_case() {
+    psi_here psi-fail || return 0
+    mk_memcg psi-fail 128M no
+    echo 32M >"$cg/memory.high"
+    start_bg psi-fail memcg --json -v --cgroup /mt-psi-fail --warn-pressure full:5 --fail
+    wpid=0
+    wrc=0
+    if kill -0 $tp 2>/dev/null; then
+        sh -c "echo \$\$ >$cg/cgroup.procs && exec memtrace-workload hold 64" \
+            >/dev/null &
+        wpid=$!
+        t_int=$(now_ms)
+        reap_bg
+        kill -KILL $wpid
+        wait $wpid
+        wrc=$?
+        report_bg
+    else
+        stop_bg
+    fi
+    [ "$rc" = 3 ] || FAILED=1
+}
+
+# --warn on page cache, which is no RSS change (so no warning at an
+# allocation): 70 MiB written to a ramfs file in a 128 MiB group, --warn 50
+# (64 MiB). v1: the kernel's threshold notifier; v2: a memory.events change
+# (memory.high at 66 MiB) or a sample. --fail exits 3.
+warn_fail_case() {
+    mk_memcg warn-fail 128M no
+    [ $CG = v1 ] || echo 66M >"$cg/memory.high"
+    start_bg warn-fail memcg --json -v --cgroup /mt-warn-fail --warn 50 --fail
+    wpid=0
+    wrc=0
+    if kill -0 $tp 2>/dev/null; then
+        sh -c "echo \$\$ >$cg/cgroup.procs && exec dd if=/dev/zero of=/mnt/ram/warn-fail bs=1M count=70" \
+            2>/dev/null &
+        wpid=$!
+        wait $wpid
+        wrc=$?
+        t_int=$(now_ms)
+        reap_bg
+        rm -f /mnt/ram/warn-fail
+        report_bg
+    else
+        stop_bg
+    fi
+    [ "$rc" = 3 ] && [ "$wrc" = 0 ] || FAILED=1
+}
+
 run_case doctor 300 0 doctor
-oom_case oom-best oomkill
+# With --stack: the victim triggered its own kill, so the stack is its own,
+# by kprobe (before the kill is sent) and by the tracepoint (after it: the
+# victim's maps were read while it failed reclaim).
+oom_case oom-best oomkill --stack
 oom_case oom-fentry oomkill --attach fentry
 oom_case oom-tp_btf oomkill --attach tp_btf
-oom_case oom-tracepoint oomkill --attach tracepoint
+oom_case oom-tracepoint oomkill --attach tracepoint --stack
 # The memcg reclaim the kernel tries before that OOM kill, seen by drsnoop.
 oom_case drsnoop drsnoop
 memcg_case
+warn_fail_case
+psi_case
+psi_fail_case
 # The workload's own faults (start-up, exit), then with 2000 more.
 run_case faults-base 300 0 faults -c 'memtrace-workload touch 0' --json -v
 run_case faults 300 0 faults -c 'memtrace-workload touch 2000' --json -v

@@ -2,6 +2,13 @@
 //! (an eventfd armed through cgroup.event_control), v2 memory.events
 //! changes and PSI triggers (both signal POLLPRI), and a timer, gathered in
 //! one epoll descriptor the event loop waits on.
+//!
+//! A PSI trigger cannot sit in that epoll: its poll takes the event (it
+//! resets the trigger's flag), and a nested epoll polls each ready source
+//! twice, once when the outer loop asks whether this descriptor is ready
+//! and again when `ready` collects the events, so the second poll finds
+//! nothing and the event is lost. Each trigger is watched by a thread of
+//! its own, which polls it alone and signals an eventfd in the epoll.
 
 use std::fs::{File, OpenOptions};
 use std::io::{Read, Seek, Write};
@@ -16,8 +23,72 @@ enum Source {
     Counter { fd: File, _usage: Option<File> },
     /// A cgroup file that signals a change with POLLPRI until it is read again.
     Kernfs(File),
-    /// A PSI trigger: the poll itself takes the event; closing removes it.
-    Psi { _trigger: File },
+    /// A PSI trigger's eventfd, written by the thread that watches it.
+    Psi { fd: File, _watch: PsiWatch },
+}
+
+/// The thread that polls one PSI trigger; stopped and joined on drop, which
+/// closes the trigger (and so removes it).
+struct PsiWatch {
+    stop: File,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Drop for PsiWatch {
+    fn drop(&mut self) {
+        let _ = (&self.stop).write_all(&1u64.to_ne_bytes());
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+fn eventfd() -> std::io::Result<File> {
+    // SAFETY: plain syscall; the fd is owned by the File.
+    let fd = cvt(unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) })?;
+    Ok(unsafe { File::from_raw_fd(fd) })
+}
+
+/// Polls `trigger` until `stop` is written, writing `signal` at each event.
+/// A trigger gone (its group removed) reports POLLERR: the watch ends.
+fn watch_psi(trigger: File, signal: File, stop: File) {
+    let mut fds = [
+        libc::pollfd {
+            fd: trigger.as_raw_fd(),
+            events: libc::POLLPRI,
+            revents: 0,
+        },
+        libc::pollfd {
+            fd: stop.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        },
+    ];
+    loop {
+        // SAFETY: fds holds two valid pollfd for open descriptors.
+        let n = unsafe { libc::poll(fds.as_mut_ptr(), 2, -1) };
+        if n < 0 {
+            if std::io::Error::last_os_error().kind() == std::io::ErrorKind::Interrupted {
+                continue;
+            }
+            return;
+        }
+        if fds[1].revents != 0 || fds[0].revents & (libc::POLLERR | libc::POLLNVAL) != 0 {
+            return;
+        }
+        if fds[0].revents & libc::POLLPRI != 0 {
+            let _ = (&signal).write_all(&1u64.to_ne_bytes());
+        }
+    }
+}
+
+/// The trigger line for tasks stalled `pct` percent of a window: 1 s, or
+/// 2 s without CAP_SYS_RESOURCE (the only windows the kernel then takes:
+/// multiples of 2 s).
+pub fn psi_line(kind: &str, pct: f64, privileged: bool) -> String {
+    let window_us: u64 = if privileged { 1_000_000 } else { 2_000_000 };
+    let stall_us = ((pct / 100.0) * window_us as f64).max(1.0) as u64;
+    format!("{kind} {stall_us} {window_us}")
 }
 
 /// Several kernel notifiers behind one descriptor; each tagged by its owner.
@@ -122,7 +193,7 @@ impl Poller {
     }
 
     /// A PSI trigger on the group's memory.pressure: fires when tasks
-    /// stalled (`some` or `full`) `pct` percent of a one-second window.
+    /// stalled (`some` or `full`) `pct` percent of a window (`psi_line`).
     pub fn psi_trigger(
         &mut self,
         dir: &Path,
@@ -135,12 +206,28 @@ impl Poller {
             .write(true)
             .custom_flags(libc::O_NONBLOCK)
             .open(dir.join("memory.pressure"))?;
-        let window_us = 1_000_000u64;
-        let stall_us = ((pct / 100.0) * window_us as f64).max(1.0) as u64;
+        let line = psi_line(kind, pct, crate::caps::sys_resource());
         // The trigger string with its NUL, as the kernel documents it.
-        f.write_all(format!("{kind} {stall_us} {window_us}\0").as_bytes())?;
-        let fd = f.as_raw_fd();
-        self.add(fd, libc::EPOLLPRI as u32, Source::Psi { _trigger: f }, tag)
+        f.write_all(format!("{line}\0").as_bytes())?;
+        let (signal, stop) = (eventfd()?, eventfd()?);
+        let (w_signal, w_stop) = (signal.try_clone()?, stop.try_clone()?);
+        let thread = std::thread::Builder::new()
+            .name("psi-trigger".into())
+            .spawn(move || watch_psi(f, w_signal, w_stop))?;
+        let fd = signal.as_raw_fd();
+        let watch = PsiWatch {
+            stop,
+            thread: Some(thread),
+        };
+        self.add(
+            fd,
+            libc::EPOLLIN as u32,
+            Source::Psi {
+                fd: signal,
+                _watch: watch,
+            },
+            tag,
+        )
     }
 
     /// The tags of the sources that fired, each re-armed.
@@ -154,14 +241,13 @@ impl Poller {
                 continue;
             };
             match src {
-                Source::Counter { fd, .. } => {
+                Source::Counter { fd, .. } | Source::Psi { fd, .. } => {
                     let _ = fd.read(&mut [0u8; 8]);
                 }
                 Source::Kernfs(f) => {
                     let _ = f.rewind();
                     let _ = f.read_to_end(&mut Vec::new());
                 }
-                Source::Psi { .. } => {}
             }
             out.push(*tag);
         }

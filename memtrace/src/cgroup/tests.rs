@@ -133,3 +133,9 @@ fn parents_up_to_the_root() {
     assert!(p.parent().unwrap().parent().is_none());
     assert_eq!(g.dir(), PathBuf::from("/sys/fs/cgroup/memory/a/b"));
 }
+
+#[test]
+fn psi_trigger_windows_are_one_second_or_two_without_cap_sys_resource() {
+    assert_eq!(notify::psi_line("some", 10.0, true), "some 100000 1000000");
+    assert_eq!(notify::psi_line("full", 5.0, false), "full 100000 2000000");
+}

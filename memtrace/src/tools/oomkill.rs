@@ -1,7 +1,12 @@
 //! `memtrace oomkill`: one line per OOM kill, as BCC's oomkill prints, with
 //! the victim's RSS split, its memory cgroup and the pages considered.
 
-use memtrace_common::{kind, method, oom::*, stack_mode};
+use memtrace_common::{
+    kind, method,
+    oom::*,
+    reclaim::{ReclaimConfig, ReclaimEvent},
+    stack_mode,
+};
 
 use memtrace_common::names;
 
@@ -17,7 +22,9 @@ use crate::records::{comm, record};
 pub struct Args {
     #[command(flatten)]
     pub common: crate::cli::Common,
-    /// Add the triggering task's kernel and user stacks.
+    /// Add the kernel and user stacks of the task that triggered the kill:
+    /// the victim's own where it triggered it (the kernel lets BPF read the
+    /// user stack of the current task only).
     #[arg(long)]
     pub stack: bool,
     #[command(flatten)]
@@ -27,6 +34,21 @@ pub struct Args {
 pub fn probes() -> Vec<Probe> {
     crate::oom::probes()
 }
+
+/// With `--stack`: reclaim comes before an OOM kill (a memcg at its limit,
+/// or the system short of memory), and the task in it is who the kill will
+/// name or be triggered by. Its maps are read then, while it is alive: by
+/// the time the kill is reported the victim may be gone, and its frames
+/// with it. Optional: kills are reported without them.
+fn prefetch_probes() -> Vec<Probe> {
+    crate::reclaim::reclaim_probes()
+        .into_iter()
+        .map(Probe::optional)
+        .collect()
+}
+
+/// A process's maps are read again at most this often while it fails reclaim.
+const PREFETCH_EVERY: std::time::Duration = std::time::Duration::from_millis(200);
 
 const COLS: [Col; 18] = [
     Col::text("time", "TIME", 8),
@@ -53,6 +75,12 @@ pub struct Oomkill {
     stack: bool,
     stack_args: crate::cli::StackArgs,
     kills: u64,
+    /// With `--stack`: kills whose victim's own stack was captured (it
+    /// triggered the kill), and those where it was out of reach.
+    victim_stacks: u64,
+    victim_unreachable: u64,
+    /// When each process failing reclaim last had its maps read.
+    prefetched: std::collections::HashMap<u32, std::time::Instant>,
     /// `-p`/`-c`: only kills whose victim or trigger is this process (or
     /// one it forked, with `--children`). Kills are rare: filtered here.
     target: Option<u32>,
@@ -64,6 +92,9 @@ impl Oomkill {
             stack: a.stack,
             stack_args: a.stacks.clone(),
             kills: 0,
+            victim_stacks: 0,
+            victim_unreachable: 0,
+            prefetched: Default::default(),
             target: None,
         })
     }
@@ -94,6 +125,36 @@ fn limiting_level(
     g.limiting()
 }
 
+/// Whether the victim is the task that triggered the kill (or another
+/// thread of its process): the only case where its user stack can be read,
+/// since the kill runs in the triggering task's context. The classic
+/// tracepoint names the victim by thread id.
+fn victim_triggered(ev: &OomEvent) -> bool {
+    ev.victim_pid != 0
+        && (ev.victim_pid == ev.trigger_pid
+            || ev.victim_tid == ev.trigger_tid
+            || ev.victim_pid == ev.trigger_tid)
+}
+
+impl Oomkill {
+    /// Reads the maps of a process in reclaim. Not only reclaim that freed
+    /// nothing: on 6.1 the last ones before a memcg OOM still freed a few
+    /// pages (the workload's own file pages).
+    fn prefetch(&mut self, r: &ReclaimEvent, s: &mut Session) {
+        let now = std::time::Instant::now();
+        if self
+            .prefetched
+            .get(&r.pid)
+            .is_some_and(|t| now.duration_since(*t) < PREFETCH_EVERY)
+        {
+            return;
+        }
+        s.sym.maps.lock().unwrap().snapshot(r.pid);
+        self.prefetched.retain(|_, t| now.duration_since(*t) < PREFETCH_EVERY);
+        self.prefetched.insert(r.pid, now);
+    }
+}
+
 fn mem_total_pages() -> u64 {
     crate::proc::mem_total_kb().map_or(0, |kb| kb * 1024 / page_size())
 }
@@ -108,7 +169,11 @@ impl Tool for Oomkill {
     }
 
     fn probes(&self) -> Vec<Probe> {
-        probes()
+        let mut p = probes();
+        if self.stack {
+            p.extend(prefetch_probes());
+        }
+        p
     }
 
     fn user_stacks(&self) -> Option<(&crate::cli::StackArgs, bool)> {
@@ -125,10 +190,21 @@ impl Tool for Oomkill {
 
     fn prepare(&mut self, k: &mut Prep) -> Result<()> {
         self.target = k.target;
+        if self.stack {
+            let cfg = ReclaimConfig {
+                emit_events: 1,
+                ..Default::default()
+            };
+            crate::reclaim::prepare_reclaim(k, cfg)?;
+        }
         crate::oom::prepare(k)
     }
 
     fn on_record(&mut self, data: &[u8], s: &mut Session, out: &mut dyn Printer) -> Result<()> {
+        if let Some(r) = record::<ReclaimEvent>(data, kind::RECLAIM) {
+            self.prefetch(&r, s);
+            return Ok(());
+        }
         let Some(ev) = record::<OomEvent>(data, kind::OOM) else {
             return Ok(());
         };
@@ -143,7 +219,7 @@ impl Tool for Oomkill {
         // maps (in user_frames) before anything slower, or its user stack
         // cannot be symbolized.
         let user = if self.stack {
-            s.user_frames(ev.trigger_pid, ev.ustack)
+            s.thread_user_frames(ev.trigger_pid, Some(ev.trigger_tid), ev.ustack)
         } else {
             Vec::new()
         };
@@ -174,7 +250,7 @@ impl Tool for Oomkill {
             ev.trigger_pid.into(),
             comm(&ev.trigger_comm).into(),
             ev.victim_pid.into(),
-            victim_comm.into(),
+            victim_comm.clone().into(),
             ev.anon_rss_kb.into(),
             ev.file_rss_kb.into(),
             ev.shmem_rss_kb.into(),
@@ -189,24 +265,58 @@ impl Tool for Oomkill {
             loadavg.join(" ").into(),
             method_name(ev.method).into(),
         ]);
-        out.event("oom_kill", &COLS, &row);
-        if self.stack {
-            let report = StackReport {
-                pid: ev.trigger_pid,
-                comm: comm(&ev.trigger_comm),
-                count: 1,
-                kernel: s.kernel_frames(ev.kstack),
-                user,
-                note: (ev.ustack == -1 && ev.kstack < 0)
-                    .then(|| "stack capture failed".to_string()),
-                ..Default::default()
-            };
-            out.stacks("oom_stack", "", &[report]);
+        if !self.stack {
+            out.event("oom_kill", &COLS, &row);
+            return Ok(());
         }
+        let own = victim_triggered(&ev);
+        let mut cols = COLS.to_vec();
+        cols.push(Col::text("stack_of", "STACK_OF", 8));
+        let mut row = row;
+        row.0.push(if own { "victim" } else { "trigger" }.into());
+        out.event("oom_kill", &cols, &row);
+        let failed = (ev.ustack == -1 && ev.kstack < 0).then(|| "stack capture failed".to_string());
+        let (title, note) = if own {
+            self.victim_stacks += 1;
+            ("The victim's stack (it triggered the kill)".to_string(), failed)
+        } else {
+            self.victim_unreachable += 1;
+            let why = format!(
+                "the victim's own stack is unreachable: {} ({}) did not trigger the kill, and only the current task's user stack can be read",
+                ev.victim_pid, victim_comm
+            );
+            (
+                format!("The triggering task's stack (victim {})", ev.victim_pid),
+                Some(match failed {
+                    Some(f) => format!("{f}; {why}"),
+                    None => why,
+                }),
+            )
+        };
+        let report = StackReport {
+            pid: ev.trigger_pid,
+            comm: comm(&ev.trigger_comm),
+            count: 1,
+            kernel: s.kernel_frames(ev.kstack),
+            user,
+            note,
+            ..Default::default()
+        };
+        out.stacks("oom_stack", &title, &[report]);
         Ok(())
     }
 
     fn events(&self) -> u64 {
         self.kills
+    }
+
+    fn summary_extra(&self) -> Vec<(&'static str, Value)> {
+        if !self.stack {
+            return Vec::new();
+        }
+        vec![
+            ("victim_stacks", Value::U(self.victim_stacks)),
+            ("victim_stack_unreachable", Value::U(self.victim_unreachable)),
+        ]
     }
 }

@@ -17,6 +17,8 @@ pub(super) struct Guest {
     /// The workload's own report (`MT-WORK`).
     pub work: BTreeMap<String, Vec<String>>,
     pub cases: BTreeMap<String, BTreeMap<String, i64>>,
+    /// Cases the guest could not run, with its reason (`MT-SKIP`).
+    pub skipped: BTreeMap<String, String>,
     pub end: Option<String>,
     pub console: String,
     pub wall: Duration,
@@ -45,6 +47,9 @@ pub(super) fn parse(console: &str) -> Guest {
                     .filter_map(|(k, v)| Some((k.to_string(), v.parse().ok()?)))
                     .collect();
                 g.cases.insert(case.into(), kv);
+            }
+            "MT-SKIP" => {
+                g.skipped.insert(case.into(), body.into());
             }
             "MT-END" => g.end = Some(case.to_string()),
             _ => {}
@@ -102,7 +107,7 @@ const fn forced(name: &'static str, tool: &'static str, method: &'static str) ->
 }
 
 /// Every case, in the order the guest runs them; doctor is checked last.
-pub(super) const CASES: [Case; 21] = [
+pub(super) const CASES: [Case; 24] = [
     case("doctor", "doctor"),
     best("oom-best", "oomkill", "kprobe"),
     forced("oom-fentry", "oomkill", "fentry"),
@@ -110,6 +115,18 @@ pub(super) const CASES: [Case; 21] = [
     forced("oom-tracepoint", "oomkill", "tracepoint"),
     case("drsnoop", "drsnoop"),
     case("memcg", "memcg"),
+    // --fail: the usage warning came.
+    Case {
+        rc: 3,
+        ..case("warn-fail", "memcg")
+    },
+    // cgroup v2 only (PSI triggers on memory.pressure): skipped elsewhere.
+    case("psi", "memcg"),
+    // --fail: the pressure warning came.
+    Case {
+        rc: 3,
+        ..case("psi-fail", "memcg")
+    },
     case("faults-base", "faults"),
     case("faults", "faults"),
     case("brkstack", "brkstack"),
@@ -168,6 +185,8 @@ pub(super) struct Checked {
     pub case: &'static Case,
     pub method: String,
     pub why: Vec<String>,
+    /// Why the guest could not run it: neither pass nor fail.
+    pub skip: Option<String>,
 }
 
 /// Checks every case of a guest; doctor's check uses the others' results.
@@ -182,11 +201,20 @@ pub(super) fn check_all(g: &Guest) -> Vec<Checked> {
 /// tool's own checks.
 fn check(g: &Guest, case: &'static Case) -> Checked {
     let mut why = Vec::new();
+    if let Some(reason) = g.skipped.get(case.name) {
+        return Checked {
+            case,
+            method: "-".into(),
+            why,
+            skip: Some(reason.clone()),
+        };
+    }
     let Some(st) = g.cases.get(case.name) else {
         return Checked {
             case,
             method: "-".into(),
             why: vec!["did not run".into()],
+            skip: None,
         };
     };
     let rc = st.get("rc").copied().unwrap_or(-1);
@@ -211,7 +239,12 @@ fn check(g: &Guest, case: &'static Case) -> Checked {
         why.push(format!("lost_total {lost:?}"));
     }
     super::tools::check(g, case, &v, &mut why);
-    Checked { case, method, why }
+    Checked {
+        case,
+        method,
+        why,
+        skip: None,
+    }
 }
 
 #[cfg(test)]
@@ -223,12 +256,13 @@ mod tests {
         let g = parse(
             "noise\r\nMT-INFO kernel=6.1 cgroup=v1\r\nMT-OUT faults {\"a\":1}\n\
              [  1.0] MT-CASE faults rc=0 wrc=0 wpid=0 ms=1234\nMT-WORK swapin swapped 3 of 9\n\
-             MT-END PASS\n",
+             MT-SKIP psi cgroup v1 guest\nMT-END PASS\n",
         );
         assert_eq!(g.info, "kernel=6.1 cgroup=v1");
         assert_eq!(g.out["faults"], ["{\"a\":1}"]);
         assert_eq!(g.cases["faults"]["ms"], 1234);
         assert_eq!(g.work["swapin"], ["swapped 3 of 9"]);
+        assert_eq!(g.skipped["psi"], "cgroup v1 guest");
         assert_eq!(g.end.as_deref(), Some("PASS"));
     }
 }

@@ -111,6 +111,7 @@ pub(super) fn check(g: &Guest, case: &'static Case, done: &[Checked]) -> Checked
         case,
         method: format!("{} ({})", avail.join("+"), shown.join(", ")),
         why,
+        skip: None,
     }
 }
 

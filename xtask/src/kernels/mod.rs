@@ -16,6 +16,7 @@ mod check;
 mod doctor;
 mod fetch;
 mod initramfs;
+mod memcg;
 mod modules;
 mod snoop;
 mod tools;
@@ -51,6 +52,8 @@ struct Row {
     case: String,
     method: String,
     ok: bool,
+    /// Not run on this kernel, and why.
+    skip: Option<String>,
     ms: i64,
     why: Vec<String>,
 }
@@ -103,6 +106,7 @@ pub fn run(required: bool) -> Result<()> {
                 case: c.case.name.to_string(),
                 method: c.method,
                 ok: c.why.is_empty(),
+                skip: c.skip,
                 ms: g
                     .cases
                     .get(c.case.name)
@@ -130,14 +134,20 @@ pub fn run(required: bool) -> Result<()> {
         "KERNEL", "CHECK", "ATTACH METHOD", "RESULT", "TIME"
     );
     for r in &rows {
+        let (result, time) = match (&r.skip, r.ok) {
+            (Some(_), _) => ("skip", "-".to_string()),
+            (None, ok) => (
+                if ok { "pass" } else { "FAIL" },
+                format!("{:.1}s", r.ms as f64 / 1000.0),
+            ),
+        };
         println!(
-            "{:<28} {:<15} {:<34} {:<6} {:>6.1}s",
-            r.kernel,
-            r.case,
-            r.method,
-            if r.ok { "pass" } else { "FAIL" },
-            r.ms as f64 / 1000.0
+            "{:<28} {:<15} {:<34} {:<6} {:>7}",
+            r.kernel, r.case, r.method, result, time
         );
+        if let Some(s) = &r.skip {
+            println!("    skipped: {s}");
+        }
         for w in &r.why {
             println!("    {w}");
         }
