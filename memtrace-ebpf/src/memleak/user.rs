@@ -12,7 +12,7 @@ use memtrace_common::{
     memleak::{counter, origin, shape, PendingAlloc},
 };
 
-use super::{admit, bump, record, release, MEMLEAK_CFG, ML_PENDING, USER};
+use super::{admit, bump, pending, record, release, set_pending, MEMLEAK_CFG, USER};
 use crate::helpers::{count_loss, current_tgid, tp_field, wanted};
 
 const MAP_ANONYMOUS: u64 = 0x20;
@@ -62,8 +62,8 @@ pub fn ml_alloc_enter(ctx: ProbeContext) -> u32 {
     };
     let id = bpf_get_current_pid_tgid();
     let sp = unsafe { (*ctx.regs).rsp };
-    if let Some(outer) = unsafe { ML_PENDING.get(&id) } {
-        if sp <= outer.sp {
+    if let Some(outer) = pending(id) {
+        if sp <= outer.call.sp {
             // Called by the allocator itself (at the same stack pointer: a
             // tail call, as glibc's realloc(NULL, n) jumps to malloc): part
             // of the outer call.
@@ -72,30 +72,31 @@ pub fn ml_alloc_enter(ctx: ProbeContext) -> u32 {
         // A call above the pending one: its return never came (longjmp).
         count_loss(loss::MISSED_RETURN);
     }
-    let p = PendingAlloc {
-        size,
-        ptr,
-        shape,
-        sp,
-    };
-    if ML_PENDING.insert(&id, &p, 0).is_err() {
-        count_loss(loss::MAP_FULL);
-    }
+    set_pending(
+        id,
+        PendingAlloc {
+            size,
+            ptr,
+            shape,
+            sp,
+        },
+    );
     0
 }
 
 #[uretprobe]
 pub fn ml_alloc_return(ctx: RetProbeContext) -> u32 {
     let id = bpf_get_current_pid_tgid();
-    let Some(p) = (unsafe { ML_PENDING.get(&id) }).copied() else {
+    let Some(slot) = pending(id) else {
         return 0;
     };
     // The return of an inner call (its stack pointer is below the outer
     // call's): the outer return records the allocation.
-    if unsafe { (*ctx.regs).rsp } <= p.sp {
+    if unsafe { (*ctx.regs).rsp } <= slot.call.sp {
         return 0;
     }
-    let _ = ML_PENDING.remove(&id);
+    slot.id = 0;
+    let p = slot.call;
     let tgid = (id >> 32) as u32;
     let ret: u64 = ctx.ret();
     let addr = match p.shape {
@@ -138,7 +139,9 @@ pub fn ml_free(ctx: ProbeContext) -> u32 {
 /// come (a `-c` command's own exec starts inside one).
 #[tracepoint]
 pub fn ml_exec(_ctx: TracePointContext) -> u32 {
-    let _ = ML_PENDING.remove(&bpf_get_current_pid_tgid());
+    if let Some(s) = pending(bpf_get_current_pid_tgid()) {
+        s.id = 0;
+    }
     0
 }
 
@@ -151,31 +154,32 @@ pub fn ml_mmap_enter(ctx: TracePointContext) -> u32 {
     let c = MEMLEAK_CFG.load();
     let flags: u64 = tp_field(&ctx, c.mmap_flags);
     let id = bpf_get_current_pid_tgid();
-    if flags & MAP_ANONYMOUS == 0 || unsafe { ML_PENDING.get(&id) }.is_some() {
+    if flags & MAP_ANONYMOUS == 0 || pending(id).is_some() {
         return 0;
     }
-    let p = PendingAlloc {
-        size: tp_field(&ctx, c.mmap_len),
-        ptr: 0,
-        shape: shape::MMAP,
-        sp: 0,
-    };
-    if ML_PENDING.insert(&id, &p, 0).is_err() {
-        count_loss(loss::MAP_FULL);
-    }
+    set_pending(
+        id,
+        PendingAlloc {
+            size: tp_field(&ctx, c.mmap_len),
+            ptr: 0,
+            shape: shape::MMAP,
+            sp: 0,
+        },
+    );
     0
 }
 
 #[tracepoint]
 pub fn ml_mmap_exit(ctx: TracePointContext) -> u32 {
     let id = bpf_get_current_pid_tgid();
-    let Some(p) = (unsafe { ML_PENDING.get(&id) }).copied() else {
+    let Some(slot) = pending(id) else {
         return 0;
     };
-    if p.shape != shape::MMAP {
+    if slot.call.shape != shape::MMAP {
         return 0;
     }
-    let _ = ML_PENDING.remove(&id);
+    slot.id = 0;
+    let p = slot.call;
     let ret: i64 = tp_field(&ctx, MEMLEAK_CFG.load().sys_ret);
     if ret <= 0 && ret > -4096 {
         return 0;

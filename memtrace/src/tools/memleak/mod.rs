@@ -10,7 +10,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use memtrace_common::{
-    memleak::{counter, MemleakConfig},
+    memleak::{counter, MemleakConfig, PENDING_SLOTS},
     names::{ML_COUNTS, ML_PENDING, ML_SAMPLE, MEMLEAK_CFG},
     stack_mode,
 };
@@ -209,7 +209,7 @@ impl Tool for Memleak {
         k.loader.global(MEMLEAK_CFG, &cfg);
         let t = self.tables();
         if self.user {
-            k.loader.max_entries(ML_PENDING, 16384);
+            k.loader.max_entries(ML_PENDING, PENDING_SLOTS);
         }
         // Kernel mode preallocates: a smaller default table.
         let allocs = match (self.user, self.args.max_allocs) {
@@ -270,6 +270,9 @@ impl Tool for Memleak {
             ("frees", c(counter::FREES)),
             ("frees_untracked", c(counter::FREE_UNKNOWN)),
         ];
+        if self.user {
+            v.push(("pending_collisions", c(counter::PENDING_COLLISION)));
+        }
         if self.args.sample_bytes.is_some() {
             v.push(("not_sampled", c(counter::UNSAMPLED)));
         }
