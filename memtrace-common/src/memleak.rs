@@ -124,6 +124,11 @@ pub struct PendingAlloc {
     /// The stack pointer at entry: allocators call each other (glibc's
     /// realloc(NULL) calls malloc), and only the outermost call counts.
     pub sp: u64,
+    /// What the allocation will stand for (allocations, bytes), decided at
+    /// entry so that a session can skip the return of a call it does not
+    /// record; 0 allocations: not recorded (only realloc's old block is).
+    pub n: u64,
+    pub bytes: u64,
 }
 
 /// Slots of the per-thread pending-call table, indexed by thread id modulo

@@ -242,6 +242,7 @@ progs! {
     // memleak.
     ML_ALLOC_ENTER = ml_alloc_enter,
     ML_ALLOC_RETURN = ml_alloc_return,
+    ML_ALLOC_SESSION = ml_alloc_session,
     ML_FREE = ml_free,
     ML_MMAP_ENTER = ml_mmap_enter,
     ML_MMAP_EXIT = ml_mmap_exit,

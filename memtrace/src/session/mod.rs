@@ -7,6 +7,7 @@ mod engine;
 mod loader;
 mod maps;
 mod misses;
+mod multi;
 
 use std::collections::HashSet;
 

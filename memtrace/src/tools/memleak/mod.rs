@@ -74,6 +74,10 @@ pub struct Args {
     /// (to measure what the placement saves).
     #[arg(long, hide = true)]
     pub probe_at_entry: bool,
+    /// Never attach by a uprobe session (to measure and test the uprobe +
+    /// uretprobe fallback on kernels that have sessions).
+    #[arg(long, hide = true)]
+    pub no_uprobe_session: bool,
     /// Live allocations tracked at most (a full table is counted as map_full).
     #[arg(long, default_value_t = DEFAULT_MAX_ALLOCS, hide = true)]
     pub max_allocs: u32,
