@@ -54,12 +54,47 @@ fn assert_exact(stdout: &str) {
     assert_eq!(lost(stdout, "map_full"), 0, "{stdout}");
 }
 
-#[test]
-fn a_command_s_leaks_are_reported_exactly_by_stack() {
+/// Whether this kernel attaches uprobe sessions (Linux 6.13).
+fn has_sessions() -> bool {
+    std::fs::read_to_string("/proc/kallsyms").is_ok_and(|s| s.contains(" bpf_session_is_return"))
+}
+
+fn exact_by_command(extra: &[&str]) -> Output {
     let cmd = format!("{} {}", workload_bin().display(), leak_args(0).join(" "));
-    let out = run(&["memleak", "--json", "--top", "50", "-c", &cmd]);
+    let mut argv = vec!["memleak", "-v", "--json", "--top", "50", "-c", &cmd];
+    argv.extend_from_slice(extra);
+    let out = run(&argv);
     assert_eq!(out.code, 0, "{}", out.stderr);
     assert_exact(&out.stdout);
+    out
+}
+
+#[test]
+fn a_command_s_leaks_are_reported_exactly_by_stack() {
+    let out = exact_by_command(&[]);
+    // -v names the way chosen: the session where the kernel has them.
+    let way = if has_sessions() {
+        "attached uprobe_session "
+    } else {
+        "attached uprobe "
+    };
+    assert!(
+        out.stderr
+            .lines()
+            .any(|l| l.contains("allocator calls and returns") && l.contains(way)),
+        "{}",
+        out.stderr
+    );
+}
+
+#[test]
+fn the_uprobe_and_uretprobe_fallback_is_exact_too() {
+    let out = exact_by_command(&["--no-uprobe-session"]);
+    assert!(
+        out.stderr.contains("allocator calls and returns: attached uprobe "),
+        "{}",
+        out.stderr
+    );
 }
 
 #[test]
