@@ -57,14 +57,28 @@ pub(super) fn memleak_cost(runs: usize, out: &mut String) -> Result<()> {
     let owned = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
     let configs: Vec<(&str, Option<Vec<String>>)> = vec![
         ("untraced", Some(Vec::new())),
-        ("memtrace memleak", Some(owned(&[&m, "memleak"]))),
+        ("memtrace memleak (uprobe session)", Some(owned(&[&m, "memleak"]))),
+        (
+            "memtrace memleak, uprobe + uretprobe",
+            Some(owned(&[&m, "memleak", "--no-uprobe-session"])),
+        ),
         (
             "memtrace memleak, every probe at the function's entry",
             Some(owned(&[&m, "memleak", "--probe-at-entry"])),
         ),
         (
-            "memtrace memleak --sample-bytes 512K",
+            "memtrace memleak --sample-bytes 512K (uprobe session)",
             Some(owned(&[&m, "memleak", "--sample-bytes", "512K"])),
+        ),
+        (
+            "memtrace memleak --sample-bytes 512K, uprobe + uretprobe",
+            Some(owned(&[
+                &m,
+                "memleak",
+                "--sample-bytes",
+                "512K",
+                "--no-uprobe-session",
+            ])),
         ),
         (
             "bpftrace memleak.bt",
