@@ -91,7 +91,8 @@ fn a_command_s_leaks_are_reported_exactly_by_stack() {
 fn the_uprobe_and_uretprobe_fallback_is_exact_too() {
     let out = exact_by_command(&["--no-uprobe-session"]);
     assert!(
-        out.stderr.contains("allocator calls and returns: attached uprobe "),
+        out.stderr
+            .contains("allocator calls and returns: attached uprobe "),
         "{}",
         out.stderr
     );

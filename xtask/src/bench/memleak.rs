@@ -57,7 +57,10 @@ pub(super) fn memleak_cost(runs: usize, out: &mut String) -> Result<()> {
     let owned = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
     let configs: Vec<(&str, Option<Vec<String>>)> = vec![
         ("untraced", Some(Vec::new())),
-        ("memtrace memleak (uprobe session)", Some(owned(&[&m, "memleak"]))),
+        (
+            "memtrace memleak (uprobe session)",
+            Some(owned(&[&m, "memleak"])),
+        ),
         (
             "memtrace memleak, uprobe + uretprobe",
             Some(owned(&[&m, "memleak", "--no-uprobe-session"])),
