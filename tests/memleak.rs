@@ -98,6 +98,44 @@ fn the_uprobe_and_uretprobe_fallback_is_exact_too() {
     );
 }
 
+/// Sampled, by each way: blocks larger than twice the sampling gap are
+/// always sampled, at their own weight, so the big leaks stay exact; a
+/// sampled block's free is always seen (realloc's too, even when the realloc
+/// itself is not sampled), so the churn leaves nothing.
+fn sampled(extra: &[&str]) {
+    let cmd = format!("{} {}", workload_bin().display(), leak_args(0).join(" "));
+    let mut argv = vec!["memleak", "--json", "--top", "50", "--sample-bytes", "4K"];
+    argv.extend_from_slice(extra);
+    argv.extend_from_slice(&["-c", &cmd]);
+    let out = run(&argv);
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    let rows = json_of(&out.stdout, "memleak");
+    assert_eq!(
+        held(&rows, "leak_big_blocks"),
+        (M, M * BIG),
+        "{}",
+        out.stdout
+    );
+    assert_eq!(held(&rows, "churn_and_free"), (0, 0), "{}", out.stdout);
+    let summary = &json_of(&out.stdout, "summary")[0];
+    assert!(
+        summary["not_sampled"].as_u64().unwrap() > 0,
+        "{}",
+        out.stdout
+    );
+    assert_eq!(lost(&out.stdout, "missed_return"), 0, "{}", out.stdout);
+}
+
+#[test]
+fn sampling_by_session_keeps_big_blocks_exact_and_sees_every_free() {
+    sampled(&[]);
+}
+
+#[test]
+fn sampling_by_uprobe_and_uretprobe_keeps_big_blocks_exact_and_sees_every_free() {
+    sampled(&["--no-uprobe-session"]);
+}
+
 #[test]
 fn a_running_process_s_leaks_are_reported_exactly_by_stack() {
     let args = leak_args(300);
