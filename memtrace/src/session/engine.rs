@@ -211,7 +211,8 @@ impl Session {
         if way.method == Method::UprobeSession {
             let prog = super::multi::load_session_prog(&self.bpf, way.prog.0)?;
             let link = super::multi::attach_session(&prog, path, points, pid)?;
-            self.raw_links.extend([link, prog]);
+            self.raw_links.push(link);
+            self.raw_progs.push(prog);
             return Ok(());
         }
         if way.method != Method::Uprobe {

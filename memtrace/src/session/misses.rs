@@ -50,6 +50,11 @@ impl Session {
             .programs()
             .filter(|(name, _)| self.loaded.contains(name))
             .filter_map(|(_, p)| recursion_misses(p.fd().ok()?.as_fd()))
+            .chain(
+                self.raw_progs
+                    .iter()
+                    .filter_map(|p| recursion_misses(p.as_fd())),
+            )
             .sum()
     }
 }

@@ -42,6 +42,9 @@ pub struct Session {
     /// Links memtrace made itself (tracepoints with a cookie); closing them
     /// detaches.
     raw_links: Vec<std::os::fd::OwnedFd>,
+    /// Programs memtrace loaded itself (uprobe sessions), for their
+    /// skipped runs.
+    raw_progs: Vec<std::os::fd::OwnedFd>,
 }
 
 /// An error and its causes on one line.
@@ -73,6 +76,7 @@ impl Session {
             dwarf: None,
             walked_user_stacks: false,
             raw_links: Vec::new(),
+            raw_progs: Vec::new(),
         })
     }
 
