@@ -54,12 +54,86 @@ fn assert_exact(stdout: &str) {
     assert_eq!(lost(stdout, "map_full"), 0, "{stdout}");
 }
 
-#[test]
-fn a_command_s_leaks_are_reported_exactly_by_stack() {
+/// Whether this kernel attaches uprobe sessions (Linux 6.13).
+fn has_sessions() -> bool {
+    std::fs::read_to_string("/proc/kallsyms").is_ok_and(|s| s.contains(" bpf_session_is_return"))
+}
+
+fn exact_by_command(extra: &[&str]) -> Output {
     let cmd = format!("{} {}", workload_bin().display(), leak_args(0).join(" "));
-    let out = run(&["memleak", "--json", "--top", "50", "-c", &cmd]);
+    let mut argv = vec!["memleak", "-v", "--json", "--top", "50", "-c", &cmd];
+    argv.extend_from_slice(extra);
+    let out = run(&argv);
     assert_eq!(out.code, 0, "{}", out.stderr);
     assert_exact(&out.stdout);
+    out
+}
+
+#[test]
+fn a_command_s_leaks_are_reported_exactly_by_stack() {
+    let out = exact_by_command(&[]);
+    // -v names the way chosen: the session where the kernel has them.
+    let way = if has_sessions() {
+        "attached uprobe_session "
+    } else {
+        "attached uprobe "
+    };
+    assert!(
+        out.stderr
+            .lines()
+            .any(|l| l.contains("allocator calls and returns") && l.contains(way)),
+        "{}",
+        out.stderr
+    );
+}
+
+#[test]
+fn the_uprobe_and_uretprobe_fallback_is_exact_too() {
+    let out = exact_by_command(&["--no-uprobe-session"]);
+    assert!(
+        out.stderr
+            .contains("allocator calls and returns: attached uprobe "),
+        "{}",
+        out.stderr
+    );
+}
+
+/// Sampled, by each way: blocks larger than twice the sampling gap are
+/// always sampled, at their own weight, so the big leaks stay exact; a
+/// sampled block's free is always seen (realloc's too, even when the realloc
+/// itself is not sampled), so the churn leaves nothing.
+fn sampled(extra: &[&str]) {
+    let cmd = format!("{} {}", workload_bin().display(), leak_args(0).join(" "));
+    let mut argv = vec!["memleak", "--json", "--top", "50", "--sample-bytes", "4K"];
+    argv.extend_from_slice(extra);
+    argv.extend_from_slice(&["-c", &cmd]);
+    let out = run(&argv);
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    let rows = json_of(&out.stdout, "memleak");
+    assert_eq!(
+        held(&rows, "leak_big_blocks"),
+        (M, M * BIG),
+        "{}",
+        out.stdout
+    );
+    assert_eq!(held(&rows, "churn_and_free"), (0, 0), "{}", out.stdout);
+    let summary = &json_of(&out.stdout, "summary")[0];
+    assert!(
+        summary["not_sampled"].as_u64().unwrap() > 0,
+        "{}",
+        out.stdout
+    );
+    assert_eq!(lost(&out.stdout, "missed_return"), 0, "{}", out.stdout);
+}
+
+#[test]
+fn sampling_by_session_keeps_big_blocks_exact_and_sees_every_free() {
+    sampled(&[]);
+}
+
+#[test]
+fn sampling_by_uprobe_and_uretprobe_keeps_big_blocks_exact_and_sees_every_free() {
+    sampled(&["--no-uprobe-session"]);
 }
 
 #[test]

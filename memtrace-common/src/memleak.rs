@@ -47,7 +47,11 @@ pub mod counter {
     pub const UNSAMPLED: u32 = 3;
     /// Outside `-z`/`-Z`.
     pub const OUT_OF_BOUNDS: u32 = 4;
-    pub const NR: u32 = 5;
+    /// A call's entry found its thread's pending slot held by another
+    /// thread's call in flight (the slots are indexed by thread id): that
+    /// call's return is lost, and counted here.
+    pub const PENDING_COLLISION: u32 = 5;
+    pub const NR: u32 = 6;
 }
 
 #[repr(C)]
@@ -120,6 +124,25 @@ pub struct PendingAlloc {
     /// The stack pointer at entry: allocators call each other (glibc's
     /// realloc(NULL) calls malloc), and only the outermost call counts.
     pub sp: u64,
+    /// What the allocation will stand for (allocations, bytes), decided at
+    /// entry so that a session can skip the return of a call it does not
+    /// record; 0 allocations: not recorded (only realloc's old block is).
+    pub n: u64,
+    pub bytes: u64,
+}
+
+/// Slots of the per-thread pending-call table, indexed by thread id modulo
+/// this: thread ids are handed out in sequence, so live threads rarely share
+/// a slot (a collision is counted).
+pub const PENDING_SLOTS: u32 = 16384;
+
+/// One slot of that table: whose call it holds (the thread's pid_tgid; 0
+/// for none) and the call.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct PendingSlot {
+    pub id: u64,
+    pub call: PendingAlloc,
 }
 
 #[repr(C)]

@@ -15,7 +15,7 @@ use crate::{
     ffaults::{FfaultsConfig, FileKey},
     generic::{CountKey, CountVal, TpConfig},
     memcg::{MemcgLine, MemcgOffsets, MemcgProc},
-    memleak::{AllocInfo, AllocKey, AllocStats, MemleakConfig, PendingAlloc},
+    memleak::{AllocInfo, AllocKey, AllocStats, MemleakConfig, PendingSlot},
     oom::{OomKprobeOffsets, OomTpOffsets},
     reclaim::{ProcReclaimKey, ProcReclaimVal, ReclaimConfig, ReclaimTotals},
     rss::{RssConfig, RssVal},
@@ -144,7 +144,7 @@ maps! {
     COUNT_TPS: u32 => TpConfig, OnDemand;
     COUNTS: CountKey => CountVal, OnDemand;
     TRACE_SCRATCH: () => (), Compiled;
-    ML_PENDING: u64 => PendingAlloc, OnDemand;
+    ML_PENDING: u32 => PendingSlot, OnDemand;
     ML_ALLOCS: AllocKey => AllocInfo, OnDemand;
     ML_STACKS: StackKey => AllocStats, OnDemand;
     ML_KALLOCS: AllocKey => AllocInfo, OnDemand;
@@ -242,6 +242,7 @@ progs! {
     // memleak.
     ML_ALLOC_ENTER = ml_alloc_enter,
     ML_ALLOC_RETURN = ml_alloc_return,
+    ML_ALLOC_SESSION = ml_alloc_session,
     ML_FREE = ml_free,
     ML_MMAP_ENTER = ml_mmap_enter,
     ML_MMAP_EXIT = ml_mmap_exit,

@@ -27,6 +27,10 @@ pub enum Method {
     Perf,
     Uprobe,
     Uretprobe,
+    /// One program at a function's entry and return, which at entry can
+    /// skip the return (`uprobe_multi` session link, Linux 6.13).
+    #[value(name = "uprobe_session", alias = "uprobe-session")]
+    UprobeSession,
 }
 
 impl Method {
@@ -40,6 +44,7 @@ impl Method {
             Method::Perf => "perf_event",
             Method::Uprobe => "uprobe",
             Method::Uretprobe => "uretprobe",
+            Method::UprobeSession => "uprobe_session",
         }
     }
 }
@@ -65,6 +70,13 @@ pub enum Target {
         offset: u64,
         pid: Option<u32>,
     },
+    /// Instructions in one object file, each with the cookie its program
+    /// reads back: one link for all (session), or one probe each.
+    UserSet {
+        path: Name,
+        points: Vec<(u64, u64)>,
+        pid: Option<u32>,
+    },
 }
 
 impl fmt::Display for Target {
@@ -74,6 +86,9 @@ impl fmt::Display for Target {
             Target::Tp(c, n) => write!(f, "{c}:{n}"),
             Target::PageFaults => f.write_str("software:page-faults"),
             Target::User { path, offset, .. } => write!(f, "{path}:{offset:#x}"),
+            Target::UserSet { path, points, .. } => {
+                write!(f, "{path} at {} points", points.len())
+            }
         }
     }
 }
@@ -88,6 +103,8 @@ pub struct Way {
     /// program serving many probe points tells them apart by it. 0 is also
     /// what the program reads without one.
     pub cookie: u64,
+    /// For `uprobe` on a `UserSet`: the program for the returns too.
+    pub ret: Option<Prog>,
 }
 
 /// A probe point and its fallback chain.
@@ -114,6 +131,7 @@ impl Probe {
             prog,
             target,
             cookie: 0,
+            ret: None,
         });
         self
     }
@@ -153,6 +171,28 @@ impl Probe {
     ) -> Self {
         let path = path.into();
         self.way(Method::Uretprobe, prog, Target::User { path, offset, pid })
+    }
+    /// `enter` at each point and `ret` at its return, by one uprobe
+    /// session (program `session`) where the kernel has them, else by a
+    /// uprobe and a uretprobe at each.
+    pub fn uprobe_session(
+        mut self,
+        session: Option<Prog>,
+        (enter, ret): (Prog, Prog),
+        path: impl Into<Name>,
+        points: Vec<(u64, u64)>,
+        pid: Option<u32>,
+    ) -> Self {
+        let path = path.into();
+        let target = Target::UserSet { path, points, pid };
+        if let Some(session) = session {
+            self = self.way(Method::UprobeSession, session, target.clone());
+        }
+        self = self.way(Method::Uprobe, enter, target);
+        if let Some(w) = self.ways.last_mut() {
+            w.ret = Some(ret);
+        }
+        self
     }
     /// Sets `cookie` on the ways added so far.
     pub fn cookie(mut self, cookie: u64) -> Self {

@@ -7,12 +7,15 @@
 use aya_ebpf::{
     helpers::{bpf_get_current_comm, bpf_get_prandom_u32, bpf_ktime_get_ns},
     macros::map,
-    maps::{HashMap, PerCpuArray, PerCpuHashMap},
+    maps::{Array, HashMap, PerCpuArray, PerCpuHashMap},
     Global,
 };
 use memtrace_common::{
     loss,
-    memleak::{counter, AllocInfo, AllocKey, AllocStats, MemleakConfig, PendingAlloc},
+    memleak::{
+        counter, AllocInfo, AllocKey, AllocStats, MemleakConfig, PendingAlloc, PendingSlot,
+        PENDING_SLOTS,
+    },
     stacks::StackKey,
     TASK_COMM_LEN,
 };
@@ -25,8 +28,11 @@ mod user;
 #[unsafe(no_mangle)]
 static MEMLEAK_CFG: Global<MemleakConfig> = Global::new(MemleakConfig::INIT);
 
+/// Calls in flight, one slot per thread (by thread id): an array slot is a
+/// few instructions where a hash insert allocated, and a thread has one
+/// outermost call in flight at a time.
 #[map]
-static ML_PENDING: HashMap<u64, PendingAlloc> = HashMap::with_max_entries(1, NO_PREALLOC);
+static ML_PENDING: Array<PendingSlot> = Array::with_max_entries(PENDING_SLOTS, 0);
 #[map]
 static ML_ALLOCS: HashMap<AllocKey, AllocInfo> = HashMap::with_max_entries(1, NO_PREALLOC);
 #[map]
@@ -44,6 +50,32 @@ static ML_COUNTS: PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0);
 /// Per CPU: bytes left before the next sampled allocation.
 #[map]
 static ML_SAMPLE: PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0);
+
+/// The pending slot of thread `id` (pid_tgid), whoever holds it.
+#[inline(always)]
+fn pending_slot(id: u64) -> Option<&'static mut PendingSlot> {
+    let p = ML_PENDING.get_ptr_mut(id as u32 % PENDING_SLOTS)?;
+    Some(unsafe { &mut *p })
+}
+
+/// Thread `id`'s call in flight, if any.
+#[inline(always)]
+fn pending(id: u64) -> Option<&'static mut PendingSlot> {
+    pending_slot(id).filter(|s| s.id == id)
+}
+
+/// Keeps `call` as thread `id`'s call in flight; a slot another thread's
+/// call still holds is taken over, and counted.
+#[inline(always)]
+fn set_pending(id: u64, call: PendingAlloc) {
+    if let Some(s) = pending_slot(id) {
+        if s.id != 0 && s.id != id {
+            bump(counter::PENDING_COLLISION);
+        }
+        s.id = id;
+        s.call = call;
+    }
+}
 
 #[inline(always)]
 fn bump(i: u32) {

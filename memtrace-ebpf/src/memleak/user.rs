@@ -2,9 +2,14 @@
 //! anonymous mmap/munmap outside it.
 
 use aya_ebpf::{
-    helpers::{bpf_get_current_pid_tgid, bpf_probe_read_user, generated::bpf_get_attach_cookie},
+    bindings::pt_regs,
+    cty::c_void,
+    helpers::{
+        bpf_get_current_pid_tgid, bpf_probe_read_user,
+        generated::{bpf_get_attach_cookie, bpf_get_func_ip},
+    },
     macros::{tracepoint, uprobe, uretprobe},
-    programs::{ProbeContext, RetProbeContext, TracePointContext},
+    programs::{tracing::StackIdContext, ProbeContext, RetProbeContext, TracePointContext},
     EbpfContext,
 };
 use memtrace_common::{
@@ -12,7 +17,7 @@ use memtrace_common::{
     memleak::{counter, origin, shape, PendingAlloc},
 };
 
-use super::{admit, bump, record, release, MEMLEAK_CFG, ML_PENDING, USER};
+use super::{admit, bump, pending, record, release, set_pending, MEMLEAK_CFG, USER};
 use crate::helpers::{count_loss, current_tgid, tp_field, wanted};
 
 const MAP_ANONYMOUS: u64 = 0x20;
@@ -39,65 +44,77 @@ fn mul(x: u64, y: u64) -> u64 {
     }
 }
 
-/// Every allocator entry point: the request, by the function's shape (the
-/// probe's cookie), kept until its return.
-#[uprobe]
-pub fn ml_alloc_enter(ctx: ProbeContext) -> u32 {
+/// An allocator's entry: the request, by the function's shape (the probe's
+/// cookie), kept until its return. False when its return need not be seen:
+/// a call inside a pending one, or one left out (`-z`/`-Z`, sampling) that
+/// has no old block to release.
+#[inline(always)]
+fn alloc_enter(regs: *const pt_regs, shape: u64) -> bool {
     if !wanted(current_tgid()) {
-        return 0;
+        return false;
     }
-    let shape = unsafe { bpf_get_attach_cookie(ctx.as_ptr()) };
-    let a = |n| ctx.arg::<u64>(n).unwrap_or(0);
+    let r = unsafe { &*regs };
     let (size, ptr) = match shape {
-        shape::CALLOC => (mul(a(0), a(1)), 0),
-        shape::REALLOC => (a(1), a(0)),
-        shape::REALLOCARRAY => (mul(a(1), a(2)), a(0)),
-        shape::ALIGNED => (a(1), 0),
-        shape::POSIX_MEMALIGN => (a(2), a(0)),
+        shape::CALLOC => (mul(r.rdi, r.rsi), 0),
+        shape::REALLOC => (r.rsi, r.rdi),
+        shape::REALLOCARRAY => (mul(r.rsi, r.rdx), r.rdi),
+        shape::ALIGNED => (r.rsi, 0),
+        shape::POSIX_MEMALIGN => (r.rdx, r.rdi),
         shape::PVALLOC => {
             let p = MEMLEAK_CFG.load().page_size as u64;
-            (a(0).div_ceil(p.max(1)) * p, 0)
+            (r.rdi.div_ceil(p.max(1)) * p, 0)
         }
-        _ => (a(0), 0),
+        _ => (r.rdi, 0),
     };
     let id = bpf_get_current_pid_tgid();
-    let sp = unsafe { (*ctx.regs).rsp };
-    if let Some(outer) = unsafe { ML_PENDING.get(&id) } {
-        if sp <= outer.sp {
+    let sp = r.rsp;
+    if let Some(outer) = pending(id) {
+        if sp <= outer.call.sp {
             // Called by the allocator itself (at the same stack pointer: a
             // tail call, as glibc's realloc(NULL, n) jumps to malloc): part
             // of the outer call.
-            return 0;
+            return false;
         }
         // A call above the pending one: its return never came (longjmp).
         count_loss(loss::MISSED_RETURN);
     }
-    let p = PendingAlloc {
-        size,
-        ptr,
-        shape,
-        sp,
-    };
-    if ML_PENDING.insert(&id, &p, 0).is_err() {
-        count_loss(loss::MAP_FULL);
+    let (n, bytes) = admit(size).unwrap_or((0, 0));
+    let frees_old = matches!(shape, shape::REALLOC | shape::REALLOCARRAY) && ptr != 0;
+    if n == 0 && !frees_old {
+        return false;
     }
-    0
+    set_pending(
+        id,
+        PendingAlloc {
+            size,
+            ptr,
+            shape,
+            sp,
+            n,
+            bytes,
+        },
+    );
+    true
 }
 
-#[uretprobe]
-pub fn ml_alloc_return(ctx: RetProbeContext) -> u32 {
+/// An allocator's return: the block, recorded with the stack (its
+/// innermost frame is the caller), and realloc's old block released.
+#[inline(always)]
+fn alloc_return<C: StackIdContext>(ctx: &C, regs: *const pt_regs) {
     let id = bpf_get_current_pid_tgid();
-    let Some(p) = (unsafe { ML_PENDING.get(&id) }).copied() else {
-        return 0;
+    let Some(slot) = pending(id) else {
+        return;
     };
+    let r = unsafe { &*regs };
     // The return of an inner call (its stack pointer is below the outer
     // call's): the outer return records the allocation.
-    if unsafe { (*ctx.regs).rsp } <= p.sp {
-        return 0;
+    if r.rsp <= slot.call.sp {
+        return;
     }
-    let _ = ML_PENDING.remove(&id);
+    slot.id = 0;
+    let p = slot.call;
     let tgid = (id >> 32) as u32;
-    let ret: u64 = ctx.ret();
+    let ret = r.rax;
     let addr = match p.shape {
         shape::POSIX_MEMALIGN if ret == 0 => unsafe { bpf_probe_read_user(p.ptr as *const u64) }
             .unwrap_or_else(|_| {
@@ -116,12 +133,39 @@ pub fn ml_alloc_return(ctx: RetProbeContext) -> u32 {
     {
         release(USER, tgid, p.ptr, origin::USER);
     }
-    if addr == 0 {
-        return 0;
+    if addr != 0 && p.n != 0 {
+        record(ctx, USER, tgid, addr, p.size, origin::USER, (p.n, p.bytes));
     }
-    if let Some(w) = admit(p.size) {
-        record(&ctx, USER, tgid, addr, p.size, origin::USER, w);
+}
+
+#[uprobe]
+pub fn ml_alloc_enter(ctx: ProbeContext) -> u32 {
+    let shape = unsafe { bpf_get_attach_cookie(ctx.as_ptr()) };
+    alloc_enter(ctx.regs, shape);
+    0
+}
+
+#[uretprobe]
+pub fn ml_alloc_return(ctx: RetProbeContext) -> u32 {
+    alloc_return(&ctx, ctx.regs);
+    0
+}
+
+/// Entry and return in one program (a uprobe session, Linux 6.13): at entry
+/// the instruction pointer is the probed address (`bpf_get_func_ip`), at
+/// the return it is the caller's. A non-zero result at entry tells the
+/// kernel to skip this call's return probe: unsampled calls cost one trap.
+/// Written without aya's `#[uprobe]`, which returns 0 whatever the body does.
+#[unsafe(no_mangle)]
+#[unsafe(link_section = "uprobe")]
+pub fn ml_alloc_session(raw: *mut c_void) -> u32 {
+    let ctx = ProbeContext::new(raw);
+    let ip = unsafe { (*ctx.regs).rip };
+    if ip == unsafe { bpf_get_func_ip(raw) } {
+        let shape = unsafe { bpf_get_attach_cookie(raw) };
+        return if alloc_enter(ctx.regs, shape) { 0 } else { 1 };
     }
+    alloc_return(&ctx, ctx.regs);
     0
 }
 
@@ -138,7 +182,9 @@ pub fn ml_free(ctx: ProbeContext) -> u32 {
 /// come (a `-c` command's own exec starts inside one).
 #[tracepoint]
 pub fn ml_exec(_ctx: TracePointContext) -> u32 {
-    let _ = ML_PENDING.remove(&bpf_get_current_pid_tgid());
+    if let Some(s) = pending(bpf_get_current_pid_tgid()) {
+        s.id = 0;
+    }
     0
 }
 
@@ -151,31 +197,34 @@ pub fn ml_mmap_enter(ctx: TracePointContext) -> u32 {
     let c = MEMLEAK_CFG.load();
     let flags: u64 = tp_field(&ctx, c.mmap_flags);
     let id = bpf_get_current_pid_tgid();
-    if flags & MAP_ANONYMOUS == 0 || unsafe { ML_PENDING.get(&id) }.is_some() {
+    if flags & MAP_ANONYMOUS == 0 || pending(id).is_some() {
         return 0;
     }
-    let p = PendingAlloc {
-        size: tp_field(&ctx, c.mmap_len),
-        ptr: 0,
-        shape: shape::MMAP,
-        sp: 0,
-    };
-    if ML_PENDING.insert(&id, &p, 0).is_err() {
-        count_loss(loss::MAP_FULL);
-    }
+    set_pending(
+        id,
+        PendingAlloc {
+            size: tp_field(&ctx, c.mmap_len),
+            ptr: 0,
+            shape: shape::MMAP,
+            sp: 0,
+            n: 0,
+            bytes: 0,
+        },
+    );
     0
 }
 
 #[tracepoint]
 pub fn ml_mmap_exit(ctx: TracePointContext) -> u32 {
     let id = bpf_get_current_pid_tgid();
-    let Some(p) = (unsafe { ML_PENDING.get(&id) }).copied() else {
+    let Some(slot) = pending(id) else {
         return 0;
     };
-    if p.shape != shape::MMAP {
+    if slot.call.shape != shape::MMAP {
         return 0;
     }
-    let _ = ML_PENDING.remove(&id);
+    slot.id = 0;
+    let p = slot.call;
     let ret: i64 = tp_field(&ctx, MEMLEAK_CFG.load().sys_ret);
     if ret <= 0 && ret > -4096 {
         return 0;

@@ -79,6 +79,9 @@ impl Session {
             return Err(why.clone());
         }
         precheck(way)?;
+        if let Target::UserSet { path, points, pid } = &way.target {
+            return self.try_user_set(way, path, points, *pid);
+        }
         let first = self.loaded.insert(way.prog.0);
         let btf = match way.method {
             Method::Fentry | Method::TpBtf if first => Some(self.btf()?.clone()),
@@ -192,6 +195,56 @@ impl Session {
             self.loaded.remove(way.prog.0);
         }
         res.map_err(|m| explain(way, m))
+    }
+}
+
+impl Session {
+    /// A set of points in one object: one session link, or a uprobe (and
+    /// with `way.ret` a uretprobe) at each.
+    fn try_user_set(
+        &mut self,
+        way: &Way,
+        path: &str,
+        points: &[(u64, u64)],
+        pid: Option<u32>,
+    ) -> std::result::Result<(), String> {
+        if way.method == Method::UprobeSession {
+            let prog = super::multi::load_session_prog(&self.bpf, way.prog.0)?;
+            let link = super::multi::attach_session(&prog, path, points, pid)?;
+            self.raw_links.push(link);
+            self.raw_progs.push(prog);
+            return Ok(());
+        }
+        if way.method != Method::Uprobe {
+            return Err("method does not fit target".into());
+        }
+        let scope = match pid.and_then(std::num::NonZeroU32::new) {
+            Some(pid) => UProbeScope::OneProcess(pid),
+            None => UProbeScope::AllProcesses,
+        };
+        let progs = [Some(way.prog), way.ret];
+        for (prog, with_cookie) in progs.into_iter().flatten().zip([true, false]) {
+            let p: &mut UProbe = self
+                .bpf
+                .program_mut(prog.0)
+                .ok_or_else(|| format!("program {} missing from the object", prog.0))?
+                .try_into()
+                .map_err(|x| chain(&x))?;
+            if self.loaded.insert(prog.0) {
+                if let Err(x) = p.load() {
+                    self.loaded.remove(prog.0);
+                    return Err(chain(&x));
+                }
+            }
+            for &(offset, cookie) in points {
+                let point = UProbeAttachPoint {
+                    location: UProbeAttachLocation::AbsoluteOffset(offset),
+                    cookie: (with_cookie && cookie != 0).then_some(cookie),
+                };
+                p.attach(point, path, scope).map_err(|x| chain(&x))?;
+            }
+        }
+        Ok(())
     }
 }
 

@@ -62,6 +62,13 @@ impl Session {
             .filter(|(name, _)| self.loaded.contains(name))
             .filter(|(name, _)| ON_KERNEL_FAULTS.contains(name) == own)
             .filter_map(|(_, p)| recursion_misses(p.fd().ok()?.as_fd()))
+            // Programs loaded by hand (uprobe sessions) are none of those.
+            .chain(
+                self.raw_progs
+                    .iter()
+                    .filter(|_| !own)
+                    .filter_map(|p| recursion_misses(p.as_fd())),
+            )
             .sum()
     }
 

@@ -7,6 +7,7 @@ mod engine;
 mod loader;
 mod maps;
 mod misses;
+mod multi;
 mod stacks;
 
 use std::collections::HashSet;
@@ -45,6 +46,9 @@ pub struct Session {
     /// Links memtrace made itself (tracepoints with a cookie); closing them
     /// detaches.
     raw_links: Vec<std::os::fd::OwnedFd>,
+    /// Programs memtrace loaded itself (uprobe sessions), for their
+    /// skipped runs.
+    raw_progs: Vec<std::os::fd::OwnedFd>,
 }
 
 /// An error and its causes on one line.
@@ -77,6 +81,7 @@ impl Session {
             walked_user_stacks: false,
             stacks: StackStore::new(),
             raw_links: Vec::new(),
+            raw_progs: Vec::new(),
         })
     }
 

@@ -155,7 +155,7 @@ fn main_probe(tool: &str) -> &'static str {
         "ffaults" => "file page faults",
         "brkstack" => "brk calls",
         "count" | "trace" => "syscalls:sys_enter_madvise",
-        "memleak" => "malloc calls",
+        "memleak" => "allocator calls and returns",
         "drsnoop" | "vmscan" => "memcg reclaim end",
         "rss" => "rss changes",
         "memcg" => "rss changes in the groups",

@@ -10,7 +10,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use memtrace_common::{
-    memleak::{counter, MemleakConfig},
+    memleak::{counter, MemleakConfig, PENDING_SLOTS},
     names::{ML_COUNTS, ML_PENDING, ML_SAMPLE, MEMLEAK_CFG},
     stack_mode,
 };
@@ -74,6 +74,10 @@ pub struct Args {
     /// (to measure what the placement saves).
     #[arg(long, hide = true)]
     pub probe_at_entry: bool,
+    /// Never attach by a uprobe session (to measure and test the uprobe +
+    /// uretprobe fallback on kernels that have sessions).
+    #[arg(long, hide = true)]
+    pub no_uprobe_session: bool,
     /// Live allocations tracked at most (a full table is counted as map_full).
     #[arg(long, default_value_t = DEFAULT_MAX_ALLOCS, hide = true)]
     pub max_allocs: u32,
@@ -209,7 +213,7 @@ impl Tool for Memleak {
         k.loader.global(MEMLEAK_CFG, &cfg);
         let t = self.tables();
         if self.user {
-            k.loader.max_entries(ML_PENDING, 16384);
+            k.loader.max_entries(ML_PENDING, PENDING_SLOTS);
         }
         // Kernel mode preallocates: a smaller default table.
         let allocs = match (self.user, self.args.max_allocs) {
@@ -270,6 +274,9 @@ impl Tool for Memleak {
             ("frees", c(counter::FREES)),
             ("frees_untracked", c(counter::FREE_UNKNOWN)),
         ];
+        if self.user {
+            v.push(("pending_collisions", c(counter::PENDING_COLLISION)));
+        }
         if self.args.sample_bytes.is_some() {
             v.push(("not_sampled", c(counter::UNSAMPLED)));
         }

@@ -6,7 +6,7 @@ use iced_x86::Register;
 use memtrace_common::{
     memleak::{shape, MemleakConfig},
     names::{
-        ML_ALLOC_ENTER, ML_ALLOC_RETURN, ML_CACHE_ALLOC, ML_CACHE_FREE, ML_EXEC, ML_FREE, ML_KFREE,
+        ML_ALLOC_ENTER, ML_ALLOC_RETURN, ML_ALLOC_SESSION, ML_CACHE_ALLOC, ML_CACHE_FREE, ML_EXEC, ML_FREE, ML_KFREE,
         ML_KMALLOC, ML_MMAP_ENTER, ML_MMAP_EXIT, ML_MUNMAP, ML_PAGE_ALLOC, ML_PAGE_FREE,
         ML_PCPU_ALLOC, ML_PCPU_FREE,
     },
@@ -78,6 +78,7 @@ pub fn user(
     let mut probes = Vec::new();
     let mut said = Vec::new();
     let mut seen = std::collections::HashSet::new();
+    let mut points = Vec::new();
     let prefix = &a.symbol_prefix;
     for &(f, sh) in ALLOCATORS {
         let name = format!("{prefix}{f}");
@@ -97,20 +98,19 @@ pub fn user(
             continue;
         }
         let at = place(a, &func.code, args_read(sh), true);
-        let off = func.file_offset + at.offset;
         said.push(describe(&name, at.offset, at.emulated));
-        probes.push(
-            Probe::new(format!("{name} calls"))
-                .uprobe(ML_ALLOC_ENTER, path.clone(), off, pid)
-                .cookie(sh),
-        );
-        probes.push(Probe::new(format!("{name} returns")).uretprobe(
-            ML_ALLOC_RETURN,
-            path.clone(),
-            off,
-            pid,
-        ));
+        points.push((func.file_offset + at.offset, sh));
     }
+    // A session skips the return of calls it does not record (sampling,
+    // size bounds, calls inside another): one trap instead of two.
+    let session = (!a.no_uprobe_session).then_some(ML_ALLOC_SESSION);
+    probes.push(Probe::new("allocator calls and returns").uprobe_session(
+        session,
+        (ML_ALLOC_ENTER, ML_ALLOC_RETURN),
+        path.clone(),
+        points,
+        pid,
+    ));
     let free = format!("{prefix}free");
     let func = syms.function(&free).ok_or_else(|| {
         Error::Usage(format!("{}: no function {free}", lib.shown))

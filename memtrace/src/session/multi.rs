@@ -1,0 +1,187 @@
+//! Uprobe sessions: one program at a function's entry and at its return,
+//! whose result at entry tells the kernel whether to run it at the return
+//! too (`BPF_TRACE_UPROBE_SESSION`, Linux 6.13). aya 0.14 neither loads a
+//! program with that expected attach type nor makes `uprobe_multi` links,
+//! so this does both: the program's instructions come from the embedded
+//! object, relocated against the maps aya already created (so both share
+//! every map), then `BPF_PROG_LOAD` and `BPF_LINK_CREATE`, as libbpf does.
+
+use std::ffi::CString;
+use std::io;
+use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd};
+
+use aya::maps::{Map, MapData};
+use aya::Ebpf;
+
+const BPF_PROG_LOAD: libc::c_long = 5;
+const BPF_LINK_CREATE: libc::c_long = 28;
+const BPF_PROG_TYPE_KPROBE: u32 = 2;
+/// `enum bpf_attach_type` in Linux 6.13 and later.
+const BPF_TRACE_UPROBE_SESSION: u32 = 57;
+
+/// `union bpf_attr` for `BPF_PROG_LOAD`, up to `expected_attach_type`; the
+/// kernel takes the fields past a shorter size as zero.
+#[repr(C)]
+#[derive(Default)]
+struct ProgLoad {
+    prog_type: u32,
+    insn_cnt: u32,
+    insns: u64,
+    license: u64,
+    log_level: u32,
+    log_size: u32,
+    log_buf: u64,
+    kern_version: u32,
+    prog_flags: u32,
+    prog_name: [u8; 16],
+    prog_ifindex: u32,
+    expected_attach_type: u32,
+}
+
+/// `union bpf_attr`'s `link_create` with its `uprobe_multi` member.
+#[repr(C)]
+#[derive(Default)]
+struct LinkCreate {
+    prog_fd: u32,
+    target_fd: u32,
+    attach_type: u32,
+    flags: u32,
+    path: u64,
+    offsets: u64,
+    ref_ctr_offsets: u64,
+    cookies: u64,
+    cnt: u32,
+    multi_flags: u32,
+    pid: u32,
+    _pad: u32,
+}
+
+fn sys_bpf<T>(cmd: libc::c_long, attr: &T) -> io::Result<OwnedFd> {
+    // SAFETY: attr is a valid bpf_attr prefix of the size passed; every
+    // pointer in it outlives the call.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_bpf,
+            cmd,
+            attr as *const T,
+            std::mem::size_of::<T>(),
+        )
+    };
+    if r < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: the syscall returned a new descriptor that nothing else owns.
+    Ok(unsafe { OwnedFd::from_raw_fd(r as i32) })
+}
+
+fn map_data(m: &Map) -> &MapData {
+    match m {
+        Map::Array(d)
+        | Map::ArrayOfMaps(d)
+        | Map::BloomFilter(d)
+        | Map::CgroupArray(d)
+        | Map::CgroupStorage(d)
+        | Map::CgrpStorage(d)
+        | Map::CpuMap(d)
+        | Map::DevMap(d)
+        | Map::DevMapHash(d)
+        | Map::HashMap(d)
+        | Map::HashOfMaps(d)
+        | Map::InodeStorage(d)
+        | Map::LpmTrie(d)
+        | Map::LruHashMap(d)
+        | Map::PerCpuArray(d)
+        | Map::PerCpuCgroupStorage(d)
+        | Map::PerCpuHashMap(d)
+        | Map::PerCpuLruHashMap(d)
+        | Map::PerfEventArray(d)
+        | Map::ProgramArray(d)
+        | Map::Queue(d)
+        | Map::ReusePortSockArray(d)
+        | Map::RingBuf(d)
+        | Map::SockHash(d)
+        | Map::SockMap(d)
+        | Map::SkStorage(d)
+        | Map::Stack(d)
+        | Map::StackTraceMap(d)
+        | Map::Unsupported(d)
+        | Map::XskMap(d) => d,
+    }
+}
+
+/// Loads program `name` of the embedded object as a uprobe session
+/// program, sharing `bpf`'s maps.
+pub fn load_session_prog(bpf: &Ebpf, name: &str) -> Result<OwnedFd, String> {
+    let mut obj = aya_obj::Object::parse(super::loader::OBJECT).map_err(|e| e.to_string())?;
+    let maps: Vec<(String, aya_obj::Map)> = obj.maps.drain().collect();
+    let fds: Vec<(&str, i32, &aya_obj::Map)> = maps
+        .iter()
+        .filter_map(|(n, m)| {
+            let fd = map_data(bpf.map(n)?).fd().as_fd().as_raw_fd();
+            Some((n.as_str(), fd, m))
+        })
+        .collect();
+    let text = obj.functions.keys().map(|(sec, _)| *sec).collect();
+    obj.relocate_maps(fds.into_iter(), &text)
+        .map_err(|e| e.to_string())?;
+    obj.relocate_calls(&text).map_err(|e| e.to_string())?;
+    let prog = obj
+        .programs
+        .get(name)
+        .ok_or_else(|| format!("program {name} missing from the object"))?;
+    let insns = &obj.functions[&prog.function_key()].instructions;
+    let license = c"GPL";
+    let mut attr = ProgLoad {
+        prog_type: BPF_PROG_TYPE_KPROBE,
+        insn_cnt: insns.len() as u32,
+        insns: insns.as_ptr() as u64,
+        license: license.as_ptr() as u64,
+        expected_attach_type: BPF_TRACE_UPROBE_SESSION,
+        ..Default::default()
+    };
+    let n = name.len().min(15);
+    attr.prog_name[..n].copy_from_slice(&name.as_bytes()[..n]);
+    sys_bpf(BPF_PROG_LOAD, &attr).or_else(|e| {
+        // Again with the verifier's log, for its last words.
+        let mut log = vec![0u8; 1 << 16];
+        attr.log_level = 1;
+        attr.log_size = log.len() as u32;
+        attr.log_buf = log.as_mut_ptr() as u64;
+        let again = sys_bpf(BPF_PROG_LOAD, &attr);
+        let text = String::from_utf8_lossy(&log);
+        let last = text
+            .trim_end_matches('\0')
+            .lines()
+            .rev()
+            .find(|l| !l.is_empty());
+        match (again, last) {
+            (Ok(fd), _) => Ok(fd),
+            (Err(_), Some(l)) => Err(format!("BPF_PROG_LOAD as a uprobe session: {e} ({l})")),
+            (Err(_), None) => Err(format!("BPF_PROG_LOAD as a uprobe session: {e}")),
+        }
+    })
+}
+
+/// Attaches session program `prog` at file offsets `points` (each with its
+/// cookie) of `path`, for process `pid` or every process.
+pub fn attach_session(
+    prog: &OwnedFd,
+    path: &str,
+    points: &[(u64, u64)],
+    pid: Option<u32>,
+) -> Result<OwnedFd, String> {
+    let cpath = CString::new(path).map_err(|e| e.to_string())?;
+    let offsets: Vec<u64> = points.iter().map(|p| p.0).collect();
+    let cookies: Vec<u64> = points.iter().map(|p| p.1).collect();
+    let attr = LinkCreate {
+        prog_fd: prog.as_raw_fd() as u32,
+        attach_type: BPF_TRACE_UPROBE_SESSION,
+        path: cpath.as_ptr() as u64,
+        offsets: offsets.as_ptr() as u64,
+        cookies: cookies.as_ptr() as u64,
+        cnt: points.len() as u32,
+        pid: pid.unwrap_or(0),
+        ..Default::default()
+    };
+    sys_bpf(BPF_LINK_CREATE, &attr).map_err(|e| format!("BPF_LINK_CREATE (uprobe session): {e}"))
+}
