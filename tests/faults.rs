@@ -262,3 +262,37 @@ fn stack_storage_is_reclaimed_in_long_runs() {
         .sum();
     assert!(in_touch >= 2000, "the workload started last: {in_touch}");
 }
+
+/// Past the bound on kept counts, the per-stack counts of exited processes
+/// fold into one per process: every fault is still counted, and the report
+/// says which were folded.
+#[test]
+fn counts_of_exited_processes_fold_past_the_bound_and_none_is_lost() {
+    let out = run(&[
+        "faults",
+        "--stacks",
+        "--stack-mode",
+        "fp",
+        "--max-kept",
+        "500",
+        "--per-pid",
+        "--top",
+        "1000000",
+        "--json",
+        "-c",
+        "for i in $(seq 200); do /bin/true; done",
+    ]);
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    let s = &json_of(&out.stdout, "summary")[0];
+    assert_eq!(s["lost_total"].as_u64(), Some(0), "{s}");
+    assert!(s["stacks_folded"].as_u64().unwrap_or(0) > 0, "{s}");
+    let stacks = json_of(&out.stdout, "fault_stack");
+    let counted: u64 = stacks.iter().map(|r| r["count"].as_u64().unwrap()).sum();
+    assert_eq!(counted, s["events"].as_u64().unwrap(), "{s}");
+    assert!(
+        stacks
+            .iter()
+            .any(|r| user_frames(r).iter().any(|f| f.contains("folded"))),
+        "no folded line"
+    );
+}

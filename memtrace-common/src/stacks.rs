@@ -80,6 +80,10 @@ pub const USTACK_IN_SAMPLE: i32 = -2;
 /// A user stack id meaning: not copied, by `--sample`.
 pub const USTACK_NOT_SAMPLED: i32 = -3;
 
+/// A user stack id meaning: the counts of an exited process's stacks,
+/// folded into one under memtrace's bound on kept counts.
+pub const USTACK_FOLDED: i32 = -4;
+
 /// Most user frames the in-kernel frame-pointer walk keeps.
 pub const MAX_UFRAMES: usize = 64;
 

@@ -4,7 +4,10 @@
 
 use memtrace_common::{
     names, stack_mode,
-    stacks::{UserStack, UstackConfig, STACK_SAMPLE_HDR, USTACK_IN_SAMPLE, USTACK_NOT_SAMPLED},
+    stacks::{
+        UserStack, UstackConfig, STACK_SAMPLE_HDR, USTACK_FOLDED, USTACK_IN_SAMPLE,
+        USTACK_NOT_SAMPLED,
+    },
     Filter,
 };
 
@@ -28,6 +31,8 @@ pub enum StackRef {
     InSample,
     /// Left out by `--sample`.
     NotSampled,
+    /// An exited process's stacks folded into one count (long runs).
+    Folded,
 }
 
 impl StackRef {
@@ -35,6 +40,7 @@ impl StackRef {
         match id {
             USTACK_IN_SAMPLE => StackRef::InSample,
             USTACK_NOT_SAMPLED => StackRef::NotSampled,
+            USTACK_FOLDED => StackRef::Folded,
             i if i >= 0 => StackRef::Id(i as u32),
             _ => StackRef::Failed,
         }
@@ -165,6 +171,12 @@ impl Session {
     pub fn thread_user_frames(&mut self, pid: u32, tid: Option<u32>, id: i32) -> Vec<String> {
         match StackRef::from_raw(id) {
             StackRef::NotSampled => vec!["[not sampled (--sample)]".into()],
+            StackRef::Folded => {
+                vec![
+                    "[stacks of this exited process folded: memtrace's bound on kept counts]"
+                        .into(),
+                ]
+            }
             StackRef::InSample => {
                 let Some((ips, end)) = self.dwarf.as_mut().and_then(|d| d.take_last(pid, tid))
                 else {

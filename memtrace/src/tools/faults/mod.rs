@@ -20,7 +20,9 @@ use crate::process::{exec_names, exec_probe};
 use crate::records::comm;
 use crate::ustack::{sampled_reports, sampled_title, stack_report};
 
+mod kept;
 mod slots;
+use kept::Kept;
 use slots::Slots;
 
 #[derive(Debug, Clone, clap::Args)]
@@ -50,6 +52,10 @@ pub struct Args {
     /// Tests shrink it to force processes onto the hash map.
     #[arg(long, hide = true, default_value_t = 1024)]
     pub slots: u32,
+    /// Counts by stack kept in runs without -i before those of exited
+    /// processes are folded. Tests shrink it.
+    #[arg(long, hide = true, default_value_t = kept::MAX_KEPT)]
+    pub max_kept: usize,
     /// Keys of the kernel's count map (default 16384, 262144 by mapping).
     /// Tests shrink it to show that long runs never fill it.
     #[arg(long, hide = true)]
@@ -72,7 +78,7 @@ pub struct Faults {
     seen: u64,
     /// Counts moved out of the kernel's map while no interval reports clear
     /// it (`drain`), for the final report.
-    kept: std::collections::HashMap<FaultKey, (u64, String)>,
+    kept: Kept,
 }
 
 impl Faults {
@@ -94,7 +100,7 @@ impl Faults {
             slots: Slots::default(),
             total: 0,
             seen: 0,
-            kept: Default::default(),
+            kept: Kept::new(a.max_kept),
         })
     }
 
@@ -149,14 +155,14 @@ impl Faults {
         } else {
             self.seen = self.total + n;
         }
-        if self.kept.is_empty() {
+        if self.kept.counts.is_empty() {
             return Ok(out);
         }
         // What `drain` moved out joins what the kernel holds now.
         let mut all = if clear {
-            std::mem::take(&mut self.kept)
+            std::mem::take(&mut self.kept.counts)
         } else {
-            self.kept.clone()
+            self.kept.counts.clone()
         };
         for (k, c, name) in out {
             let e = all.entry(k).or_insert((0, name));
@@ -351,18 +357,26 @@ impl Tool for Faults {
     }
 
     fn drain(&mut self, s: &mut Session) -> Result<usize> {
-        let mut kept = std::mem::take(&mut self.kept);
+        // `collect` adds what is kept to what it reads: kept aside meanwhile.
+        let kept = std::mem::take(&mut self.kept.counts);
         let moved = self.collect(s, true)?;
+        self.kept.counts = kept;
         let n = moved.len();
         for (k, c, name) in moved {
-            let e = kept.entry(k).or_insert((0, name));
-            e.0 += c;
+            self.kept.add(k, c, name);
         }
-        self.kept = kept;
+        self.kept.bound(crate::proc::alive);
         Ok(n)
     }
 
     fn events(&self) -> u64 {
         self.seen
+    }
+
+    fn summary_extra(&self) -> Vec<(&'static str, crate::output::Value)> {
+        match self.kept.folded {
+            0 => Vec::new(),
+            n => vec![("stacks_folded", n.into())],
+        }
     }
 }
