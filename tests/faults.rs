@@ -296,3 +296,23 @@ fn counts_of_exited_processes_fold_past_the_bound_and_none_is_lost() {
         "no folded line"
     );
 }
+
+/// More children than the kernel's set of followed processes holds (8192):
+/// memtrace forgets those that exited, so the last one is still followed.
+#[test]
+fn a_command_starting_more_children_than_the_followed_set_holds() {
+    let cmd = format!(
+        "for i in $(seq 9000); do /bin/true; done; {} touch 2000",
+        workload_bin().display()
+    );
+    let out = run(&["faults", "--json", "-c", &cmd]);
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    let s = &json_of(&out.stdout, "summary")[0];
+    assert_eq!(s["lost"]["map_full"].as_u64(), Some(0), "{s}");
+    let work: u64 = json_of(&out.stdout, "faults")
+        .iter()
+        .filter(|r| r["comm"] == "memtrace-worklo")
+        .map(|r| r["total"].as_u64().unwrap())
+        .sum();
+    assert!(work >= 2000, "the workload started last: {work}");
+}

@@ -60,6 +60,7 @@ impl Reclaim {
 
     fn run(&mut self, tool: &mut dyn Tool, session: &mut Session) -> Result<()> {
         let mut moved = session.harvest_user_stacks()?;
+        moved = moved.max(crate::process::forget_exited(session)?);
         // Interval reports empty the count maps themselves.
         if tool.interval().is_none() {
             moved = moved.max(tool.drain(session)?);

@@ -67,6 +67,22 @@ pub fn adopt_descendants(s: &mut Session, root: u32) -> Result<usize> {
     Ok(found.len())
 }
 
+/// Forgets followed processes that have exited: under churn (a build, a
+/// shell loop) FOLLOWED filled after 8192 children and later ones went
+/// unfollowed. Returns how many.
+pub fn forget_exited(s: &mut Session) -> Result<usize> {
+    let gone: Vec<u32> = s
+        .hash_entries(FOLLOWED)
+        .into_iter()
+        .map(|(p, _)| p)
+        .filter(|p| !crate::proc::alive(*p))
+        .collect();
+    for p in &gone {
+        s.hash_remove(FOLLOWED, p)?;
+    }
+    Ok(gone.len())
+}
+
 /// Follows execs, for `exec_names`; optional: without it, processes keep the
 /// name of their first event.
 pub fn exec_probe() -> Probe {
