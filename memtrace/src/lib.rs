@@ -17,6 +17,7 @@ pub mod doctor;
 pub mod error;
 mod events;
 pub mod kernel;
+pub mod ktables;
 pub mod losses;
 pub mod oom;
 pub mod output;

@@ -30,11 +30,11 @@ pub struct WalkScratch {
     /// for a first read that starts part way into it, and for a record read
     /// at the very end.
     stack: [u8; WINDOW + 4096 + 16],
-    frames: UserStack,
+    pub(super) frames: UserStack,
 }
 
 #[map]
-static WALK_SCRATCH: PerCpuArray<WalkScratch> = PerCpuArray::with_max_entries(1, 0);
+pub(super) static WALK_SCRATCH: PerCpuArray<WalkScratch> = PerCpuArray::with_max_entries(1, 0);
 
 /// User stacks of the walk, by id; sized by userspace when stacks are on.
 #[map]
