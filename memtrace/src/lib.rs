@@ -14,6 +14,7 @@ pub mod cli;
 pub mod command;
 pub mod counters;
 pub mod doctor;
+pub mod entrystop;
 pub mod error;
 mod events;
 pub mod kernel;

@@ -209,7 +209,12 @@ impl KTables {
     /// yet. `files` are the open handles MapsCache keeps.
     pub fn update(&mut self, pid: u32, maps: &[Mapping], files: &HashMap<FileId, Arc<File>>) {
         let mut entries = Vec::new();
-        for m in maps.iter().filter(|m| m.perms.contains('x')) {
+        // User addresses only ([vsyscall] is in the kernel's half): the
+        // program's search compares them as signed numbers.
+        for m in maps
+            .iter()
+            .filter(|m| m.perms.contains('x') && m.end <= 1 << 47)
+        {
             let id = (m.dev, m.inode);
             let slice = match files.get(&id) {
                 Some(f) if m.inode != 0 => self.slice(id, &m.path, f),

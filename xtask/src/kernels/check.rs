@@ -102,7 +102,7 @@ const fn forced(name: &'static str, tool: &'static str, method: &'static str) ->
 }
 
 /// Every case, in the order the guest runs them; doctor is checked last.
-pub(super) const CASES: [Case; 21] = [
+pub(super) const CASES: [Case; 22] = [
     case("doctor", "doctor"),
     best("oom-best", "oomkill", "kprobe"),
     forced("oom-fentry", "oomkill", "fentry"),
@@ -113,6 +113,7 @@ pub(super) const CASES: [Case; 21] = [
     case("faults-base", "faults"),
     case("faults", "faults"),
     case("brkstack", "brkstack"),
+    case("faults-dwarf", "faults"),
     case("count", "count"),
     case("trace", "trace"),
     best("memleak", "memleak", "uprobe"),
