@@ -1,6 +1,8 @@
-//! `--stack-mode dwarf`: complete user stacks through code built without
-//! frame pointers. The workloads are built here, without frame pointers, from
-//! tests/workload/nofp/: a C one (cc) and a Rust one (plain rustc).
+//! `--stack-mode dwarf --unwinder copy`: complete user stacks through code
+//! built without frame pointers, unwound here from a copy of the stack (the
+//! fallback of in-kernel unwinding, tests/kunwind.rs). The workloads are
+//! built without frame pointers from tests/workload/nofp/: a C one (cc) and
+//! a Rust one (plain rustc).
 
 mod common;
 
@@ -26,7 +28,16 @@ fn sum(stacks: &[serde_json::Value], field: &str) -> u64 {
 fn dwarf_brkstack_names_every_c_caller_of_sbrk_in_order() {
     const N: u64 = 40;
     let cmd = format!("{} sbrk {N}", c_workload().display());
-    let (out, summary) = trace(&["brkstack", "--stack-mode", "dwarf", "--json", "-c", &cmd]);
+    let (out, summary) = trace(&[
+        "brkstack",
+        "--stack-mode",
+        "dwarf",
+        "--unwinder",
+        "copy",
+        "--json",
+        "-c",
+        &cmd,
+    ]);
     assert_eq!(summary["stack_mode"], "dwarf", "{summary}");
     // glibc's first sbrk also asks for the break with brk(0): another call
     // site in the same functions, merged with the loop's (frames are by
@@ -74,7 +85,16 @@ fn dwarf_brkstack_names_every_c_caller_of_sbrk_in_order() {
 fn dwarf_brkstack_names_every_rust_caller_without_frame_pointers() {
     const N: u64 = 25;
     let cmd = format!("{} {N}", rust_workload().display());
-    let (out, _) = trace(&["brkstack", "--stack-mode", "dwarf", "--json", "-c", &cmd]);
+    let (out, _) = trace(&[
+        "brkstack",
+        "--stack-mode",
+        "dwarf",
+        "--unwinder",
+        "copy",
+        "--json",
+        "-c",
+        &cmd,
+    ]);
     let loop_stacks = stacks_through(&out, "brk_stack", "rust_heap_grow_outer");
     assert_eq!(loop_stacks[0]["count"], N, "{out}");
     assert_eq!(sum(&loop_stacks, "bytes"), N * 4096, "{out}");
@@ -107,7 +127,15 @@ fn auto_mode_unwinds_brk_with_dwarf() {
 /// pages: the fault stacks through its touch loop, the output, the summary.
 fn dwarf_faults(n: u64, extra: &[&str]) -> (Vec<serde_json::Value>, String, serde_json::Value) {
     let cmd = format!("{} touch {n}", c_workload().display());
-    let mut args = vec!["faults", "--stacks", "--stack-mode", "dwarf", "--json"];
+    let mut args = vec![
+        "faults",
+        "--stacks",
+        "--stack-mode",
+        "dwarf",
+        "--unwinder",
+        "copy",
+        "--json",
+    ];
     args.extend_from_slice(extra);
     args.extend(["-c", &cmd]);
     let (out, summary) = trace(&args);
@@ -167,6 +195,8 @@ fn a_short_stack_copy_is_counted_as_truncated_and_keeps_the_inner_frames() {
         "brkstack",
         "--stack-mode",
         "dwarf",
+        "--unwinder",
+        "copy",
         "--stack-size",
         "512",
         "--json",
@@ -200,6 +230,8 @@ fn dwarf_mmapsnoop_names_every_caller_of_each_call() {
         "--stack",
         "--stack-mode",
         "dwarf",
+        "--unwinder",
+        "copy",
         "--json",
         "-c",
         &cmd,
@@ -231,6 +263,8 @@ fn sampled_event_stacks_say_which_were_left_out() {
         "--stack",
         "--stack-mode",
         "dwarf",
+        "--unwinder",
+        "copy",
         "--sample",
         "2",
         "--json",

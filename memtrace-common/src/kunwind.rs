@@ -57,7 +57,9 @@ pub const ROW_STEPS: usize = 23;
 #[derive(Clone, Copy, Debug)]
 pub struct UnwindProc {
     pub nr: u32,
-    pub _pad: u32,
+    /// Changes with every update of the process's table: rows the program
+    /// cached for an older one are not used.
+    pub gen: u32,
     pub maps: [UnwindMapping; MAX_UNWIND_MAPPINGS],
 }
 
@@ -114,3 +116,16 @@ pub struct UnwindMiss {
     pub kind: u32,
     pub tgid: u32,
 }
+
+/// Rows the program found lately, per CPU, by pc: the same return addresses
+/// recur in stack after stack, and a hit skips both searches.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct RowCache {
+    pub pc: u64,
+    pub tgid: u32,
+    pub gen: u32,
+    pub row: UnwindRow,
+}
+
+pub const ROW_CACHE_SLOTS: u32 = 4096;

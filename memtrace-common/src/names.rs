@@ -123,6 +123,7 @@ maps! {
     UNWIND_PROCS: u32 => UnwindProc, OnDemand;
     UNWIND_MISSES: u32 => u8, OnDemand;
     UNWIND_STATS: u32 => u64, Compiled;
+    UNWIND_CACHE: () => (), OnDemand;
     FOLLOWED: u32 => u8, OnDemand;
     EXEC_NAMES: u32 => [u8; TASK_COMM_LEN], OnDemand;
     SNOOP_PENDING: u32 => PendingCall, OnDemand;

@@ -3,7 +3,7 @@
 //! counts turned into reports.
 
 use memtrace_common::{
-    kunwind::mark,
+    kunwind::{mark, ROW_CACHE_SLOTS},
     names, stack_mode,
     stacks::{UserStack, UstackConfig, STACK_SAMPLE_HDR, USTACK_IN_SAMPLE, USTACK_NOT_SAMPLED},
     Filter,
@@ -114,6 +114,7 @@ pub(crate) fn setup(
         loader.max_entries(names::UNWIND_ROWS, args.unwind_table_size);
         loader.max_entries(names::UNWIND_PROCS, 8192);
         loader.max_entries(names::UNWIND_MISSES, 8192);
+        loader.max_entries(names::UNWIND_CACHE, ROW_CACHE_SLOTS);
         say!(
             "memtrace: user stacks: dwarf{}, unwound in the kernel (every event; unwind tables up to {} MiB)",
             if auto { " (auto)" } else { "" },

@@ -12,8 +12,8 @@ use aya_ebpf::{
 };
 use memtrace_common::{
     kunwind::{
-        mark, row, stat, UnwindMapping, UnwindProc, UnwindRow, MAPPING_STEPS, MAX_UNWIND_MAPPINGS,
-        ROW_STEPS,
+        mark, row, stat, RowCache, UnwindMapping, UnwindProc, UnwindRow, MAPPING_STEPS,
+        MAX_UNWIND_MAPPINGS, ROW_CACHE_SLOTS, ROW_STEPS,
     },
     loss,
     stacks::MAX_UFRAMES,
@@ -22,9 +22,9 @@ use memtrace_common::{
 use super::{
     emit::{count_loss, emit},
     filter::current_tgid,
-    reads::user_regs,
+    reads::{stack_top, user_regs},
     stacks::USTACK,
-    walk::WALK_SCRATCH,
+    walk::{WALK_SCRATCH, WINDOW},
     NO_PREALLOC,
 };
 
@@ -41,6 +41,10 @@ static UNWIND_PROCS: HashMap<u32, UnwindProc> = HashMap::with_max_entries(1, NO_
 /// again, and the entry removed once done (one record until then).
 #[map]
 static UNWIND_MISSES: HashMap<u32, u8> = HashMap::with_max_entries(1, NO_PREALLOC);
+
+/// Rows found lately on this CPU (`RowCache`); userspace sizes it.
+#[map]
+static UNWIND_CACHE: PerCpuArray<RowCache> = PerCpuArray::with_max_entries(1, 0);
 
 /// How each unwind ended (`kunwind::stat`).
 #[map]
@@ -95,6 +99,8 @@ fn find_row(first: u32, n: u32, rel: u64) -> Option<UnwindRow> {
     if r0.pc as u64 > rel {
         return None;
     }
+    // Fixed steps (a half of 0 changes nothing): an early exit would give
+    // the verifier one more path per step.
     for _ in 0..ROW_STEPS {
         let half = n >> 1;
         let pc = match UNWIND_ROWS.get((lo + half) as u32) {
@@ -107,6 +113,71 @@ fn find_row(first: u32, n: u32, rel: u64) -> Option<UnwindRow> {
     UNWIND_ROWS.get(lo as u32).copied()
 }
 
+/// The row for `pc` in process `p` (`tgid`): from this CPU's cache, else
+/// searched and cached. Either way it is loaded from the cache slot: two
+/// ways of producing it made the verifier's states differ at every frame.
+/// Err: the mark to end the stack with.
+#[inline(always)]
+fn row_for(p: &UnwindProc, tgid: u32, pc: u64) -> Result<UnwindRow, u64> {
+    let slot = ((pc ^ (pc >> 13)).wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 52) as u32
+        & (ROW_CACHE_SLOTS - 1);
+    let c = UNWIND_CACHE.get_ptr_mut(slot).ok_or(mark::NO_INFO)?;
+    let hit = unsafe { (*c).pc == pc && (*c).tgid == tgid && (*c).gen == p.gen };
+    if !hit {
+        let m = find_mapping(p, pc).ok_or(mark::NO_TABLE)?;
+        let rel = pc.wrapping_sub(m.bias);
+        if m.nrows == 0 || rel > u32::MAX as u64 {
+            return Err(mark::NO_INFO);
+        }
+        let row = find_row(m.rows, m.nrows, rel).ok_or(mark::NO_INFO)?;
+        unsafe {
+            *c = RowCache {
+                pc,
+                tgid,
+                gen: p.gen,
+                row,
+            }
+        };
+    }
+    Ok(unsafe { (*c).row })
+}
+
+/// The top of the user stack copied once (most frames' words are read from
+/// there), from `base` for `len` bytes.
+struct Copy {
+    buf: *mut u8,
+    base: u64,
+    len: u64,
+}
+
+impl Copy {
+    /// The word at `addr`: from the copy when it is there, else read into
+    /// the slot just past it. Either way one load from the buffer: a path
+    /// that kept the word on the stack instead made the verifier's states
+    /// differ at every frame, and it gave up.
+    #[inline(always)]
+    fn word(&self, addr: u64) -> Option<u64> {
+        let off = addr.wrapping_sub(self.base);
+        let at = if addr & 7 == 0 && off + 8 <= self.len && off < WINDOW as u64 {
+            off as usize & (WINDOW - 1)
+        } else {
+            let r = unsafe {
+                bpf_probe_read_user(
+                    self.buf.add(WINDOW) as *mut c_void,
+                    8,
+                    addr as *const c_void,
+                )
+            };
+            if r != 0 {
+                return None;
+            }
+            WINDOW
+        };
+        // 8-aligned in an 8-aligned buffer: one load.
+        Some(unsafe { (self.buf.add(at) as *const u64).read() })
+    }
+}
+
 /// Unwinds the current task's user stack into the walk's scratch, ending
 /// with a `mark` frame when it stops early. Returns its id and more bits of
 /// its hash, as `walk_user_stack`.
@@ -116,8 +187,31 @@ pub(super) fn unwind_user_stack() -> (i32, u32) {
     let Some(s) = WALK_SCRATCH.get_ptr_mut(0) else {
         return (-1, 0);
     };
-    let f = unsafe { &mut (*s).frames };
     let (mut ip, mut sp, mut bp) = user_regs(&cfg);
+    // One read of the stack in use, up to the main thread's stack top (a
+    // thread's top is unknown: the rest of sp's page), far cheaper than a
+    // read per word.
+    let base = sp & !7;
+    let top = stack_top(&cfg);
+    let mut want = if top > base {
+        top - base
+    } else {
+        4096 - (base & 4095)
+    };
+    if want > WINDOW as u64 {
+        want = WINDOW as u64;
+    }
+    // Opaque, so that LLVM keeps the bound as the walk's does (6.1).
+    let want = core::hint::black_box(want);
+    let buf = unsafe { (*s).stack.as_mut_ptr() };
+    let mut copy = Copy { buf, base, len: 0 };
+    if want <= WINDOW as u64
+        && unsafe { bpf_probe_read_user(buf as *mut c_void, want as u32, base as *const c_void) }
+            == 0
+    {
+        copy.len = want;
+    }
+    let f = unsafe { &mut (*s).frames };
     let tgid = current_tgid();
     f.ips[0] = ip;
     let mut nr = 1usize;
@@ -131,19 +225,12 @@ pub(super) fn unwind_user_stack() -> (i32, u32) {
         // A return address is just past its call: look up the call itself
         // (a call can be a function's last instruction).
         let pc = if i == 1 { ip } else { ip - 1 };
-        let Some(m) = find_mapping(p, pc) else {
-            end = mark::NO_TABLE;
-            break;
-        };
-        let rel = pc.wrapping_sub(m.bias);
-        let r = if m.nrows == 0 || rel > u32::MAX as u64 {
-            None
-        } else {
-            find_row(m.rows, m.nrows, rel)
-        };
-        let Some(r) = r else {
-            end = mark::NO_INFO;
-            break;
+        let r = match row_for(p, tgid, pc) {
+            Ok(r) => r,
+            Err(e) => {
+                end = e;
+                break;
+            }
         };
         let cfa = match r.kind {
             row::RSP => sp.wrapping_add(r.cfa_off as i64 as u64),
@@ -158,12 +245,12 @@ pub(super) fn unwind_user_stack() -> (i32, u32) {
                 break;
             }
         };
-        let Some(ra) = read_user(cfa.wrapping_sub(8)) else {
+        let Some(ra) = copy.word(cfa.wrapping_sub(8)) else {
             end = mark::READ_FAIL;
             break;
         };
         if r.rbp_off != 0 {
-            match read_user(cfa.wrapping_add((r.rbp_off as i64 * 8) as u64)) {
+            match copy.word(cfa.wrapping_add((r.rbp_off as i64 * 8) as u64)) {
                 Some(v) => bp = v,
                 None => {
                     end = mark::READ_FAIL;

@@ -22,14 +22,14 @@ use super::{
 
 /// Pages of user stack, from sp's up, the frame-pointer walk reads at most.
 const PAGES: usize = 4;
-const WINDOW: usize = PAGES * 4096;
+pub(super) const WINDOW: usize = PAGES * 4096;
 
 #[repr(C, align(8))]
 pub struct WalkScratch {
     /// User pages from sp's up, indexed from the start of sp's page; room
     /// for a first read that starts part way into it, and for a record read
     /// at the very end.
-    stack: [u8; WINDOW + 4096 + 16],
+    pub(super) stack: [u8; WINDOW + 4096 + 16],
     pub(super) frames: UserStack,
 }
 

@@ -69,6 +69,8 @@ impl Drop for Rows {
 pub struct KTables {
     rows: Rows,
     used: u32,
+    /// Generation of the last process table published.
+    gen: u32,
     files: HashMap<FileId, Slice>,
     procs: BpfHash<MapData, u32, UnwindProc>,
     misses: BpfHash<MapData, u32, u8>,
@@ -128,6 +130,7 @@ impl KTables {
                 bytes,
             },
             used: 0,
+            gen: 0,
             files: HashMap::new(),
             procs,
             misses,
@@ -243,9 +246,10 @@ impl KTables {
         if self.pushed.get(&pid) == Some(&entries) {
             return;
         }
+        self.gen = self.gen.wrapping_add(1);
         let mut p = UnwindProc {
             nr: entries.len() as u32,
-            _pad: 0,
+            gen: self.gen,
             maps: [UnwindMapping::default(); MAX_UNWIND_MAPPINGS],
         };
         p.maps[..entries.len()].copy_from_slice(&entries);
