@@ -56,8 +56,15 @@ pub fn attach(
         // In-kernel unwinding refused (verifier, memory): the copy path
         // still gives complete stacks, at a copy per event.
         Err(e) if tool_unwinds_in_kernel(tool) => {
+            // The verifier's log is long: its first line says enough (-v
+            // gives it all).
+            let e = e.to_string();
+            let why = match common.verbose {
+                true => e.as_str(),
+                false => e.split(". Verifier output").next().unwrap_or(&e),
+            };
             say!(
-                "memtrace: in-kernel unwinding could not be set up ({e}); \
+                "memtrace: in-kernel unwinding could not be set up ({why}); \
                  user stacks are copied and unwound here instead"
             );
             attach_with(tool, common, target, follow, true)

@@ -113,16 +113,20 @@ fn find_row(first: u32, n: u32, rel: u64) -> Option<UnwindRow> {
     UNWIND_ROWS.get(lo as u32).copied()
 }
 
-/// The row for `pc` in process `p` (`tgid`): from this CPU's cache, else
-/// searched and cached. Either way it is loaded from the cache slot: two
-/// ways of producing it made the verifier's states differ at every frame.
+/// Whether rows found earlier are used again. Off: with the check,
+/// brkstack's program was too complex for the verifier (faults' passed).
+const CACHE: bool = false;
+
+/// The row for `pc` in process `p` (`tgid`): searched and left in this
+/// CPU's slot, then loaded from it. Returned straight from the search, the
+/// row made the verifier's states differ at every frame, and it gave up.
 /// Err: the mark to end the stack with.
 #[inline(always)]
 fn row_for(p: &UnwindProc, tgid: u32, pc: u64) -> Result<UnwindRow, u64> {
     let slot = ((pc ^ (pc >> 13)).wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 52) as u32
         & (ROW_CACHE_SLOTS - 1);
     let c = UNWIND_CACHE.get_ptr_mut(slot).ok_or(mark::NO_INFO)?;
-    let hit = unsafe { (*c).pc == pc && (*c).tgid == tgid && (*c).gen == p.gen };
+    let hit = CACHE && unsafe { (*c).pc == pc && (*c).tgid == tgid && (*c).gen == p.gen };
     if !hit {
         let m = find_mapping(p, pc).ok_or(mark::NO_TABLE)?;
         let rel = pc.wrapping_sub(m.bias);
