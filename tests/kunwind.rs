@@ -1,5 +1,5 @@
 //! `--stack-mode dwarf` unwound in the kernel program (`--unwinder kernel`,
-//! the default): every event's stack complete through code without frame
+//! opt-in for now): every event's stack complete through code without frame
 //! pointers, the same stacks as the copy path, exact counts, and honest
 //! about where it stops (a library mapped later, a stack deeper than kept).
 
@@ -110,7 +110,16 @@ fn rust_fault_stacks_unwound_in_the_kernel_match_the_copy_path_exactly() {
 fn brk_stacks_unwound_in_the_kernel_pass_through_glibc() {
     const N: u64 = 40;
     let cmd = format!("{} sbrk {N}", c_workload().display());
-    let (out, summary) = trace(&["brkstack", "--stack-mode", "dwarf", "--json", "-c", &cmd]);
+    let (out, summary) = trace(&[
+        "brkstack",
+        "--stack-mode",
+        "dwarf",
+        "--unwinder",
+        "kernel",
+        "--json",
+        "-c",
+        &cmd,
+    ]);
     assert_eq!(summary["unwinder"], "kernel", "{summary}");
     let loop_stacks = through(&out, "brk_stack", "heap_grow_outer");
     // The loop's N calls and glibc's first brk(0), one stack by function.

@@ -120,10 +120,11 @@ pub struct StackArgs {
     /// dwarf: copy the stack of one event in N; counts by stack become estimates.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
     pub sample: u32,
-    /// dwarf: where stacks are unwound: in the kernel program, with tables
-    /// built from each file's .eh_frame (every event, nothing copied), or
-    /// here, from a copy of the stack sent per event.
-    #[arg(long, value_enum, default_value_t = Unwinder::Kernel)]
+    /// dwarf: where stacks are unwound: here, from a copy of the stack sent
+    /// per event, or in the kernel program, with tables built from each
+    /// file's .eh_frame (every event, nothing copied; not yet the default:
+    /// a forked child's first events can precede its table).
+    #[arg(long, value_enum, default_value_t = Unwinder::Copy)]
     pub unwinder: Unwinder,
     /// dwarf in the kernel: bytes of locked kernel memory for unwind tables
     /// (8 bytes a row; files that do not fit are left out, counted).

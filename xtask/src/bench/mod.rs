@@ -74,7 +74,7 @@ fn stack_costs(
             cfg("memtrace faults --stacks", Some(s(&[m, "faults", "--stacks"])), "Tracing"),
             cfg(
                 "memtrace faults --stacks --stack-mode dwarf (in the kernel)",
-                Some(s(&[m, "faults", "--stacks", "--stack-mode", "dwarf"])),
+                Some(s(&[m, "faults", "--stacks", "--stack-mode", "dwarf", "--unwinder", "kernel"])),
                 "Tracing",
             ),
             cfg(
@@ -109,16 +109,16 @@ fn stack_costs(
                 Some(s(&[m, "brkstack", "--stack-mode", "fp"])),
                 "Tracing",
             ),
-            // The default: every call's stack unwound in the kernel.
+            // Every call's stack unwound in the kernel.
             cfg(
-                "memtrace brkstack (dwarf, in the kernel)",
-                Some(s(&[m, "brkstack"])),
+                "memtrace brkstack --unwinder kernel (dwarf)",
+                Some(s(&[m, "brkstack", "--unwinder", "kernel"])),
                 "Tracing",
             ),
-            // The fallback: every call's stack copied (16 KiB) and unwound here.
+            // The default: every call's stack copied (16 KiB) and unwound here.
             cfg(
-                "memtrace brkstack --unwinder copy",
-                Some(s(&[m, "brkstack", "--unwinder", "copy"])),
+                "memtrace brkstack (dwarf, copied)",
+                Some(s(&[m, "brkstack"])),
                 "Tracing",
             ),
             cfg(
