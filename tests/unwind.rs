@@ -1,92 +1,13 @@
-//! `--stack-mode dwarf`: complete user stacks through code built without
-//! frame pointers. The workloads are built here, without frame pointers, from
-//! tests/workload/nofp/: a C one (cc) and a Rust one (plain rustc).
+//! `--stack-mode dwarf --unwinder copy`: complete user stacks through code
+//! built without frame pointers, unwound here from a copy of the stack (the
+//! fallback of in-kernel unwinding, tests/kunwind.rs). The workloads are
+//! built without frame pointers from tests/workload/nofp/: a C one (cc) and
+//! a Rust one (plain rustc).
 
 mod common;
 
-use std::path::{Path, PathBuf};
-use std::process::Command;
-use std::sync::OnceLock;
-
+use common::nofp::*;
 use common::*;
-
-fn src(name: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../tests/workload/nofp")
-        .join(name)
-}
-
-fn build(out: &str, cmd: &mut Command) -> PathBuf {
-    let path = Path::new(env!("CARGO_TARGET_TMPDIR")).join(out);
-    let st = status_within(
-        cmd.arg("-o").arg(&path),
-        std::time::Duration::from_secs(300),
-    );
-    assert!(st.success(), "building {out} failed");
-    path
-}
-
-/// The C workload: sbrk and page touches three named functions deep.
-fn c_workload() -> &'static Path {
-    static BIN: OnceLock<PathBuf> = OnceLock::new();
-    BIN.get_or_init(|| {
-        build(
-            "nofp-c",
-            Command::new("cc")
-                .args([
-                    "-O2",
-                    "-g",
-                    "-fomit-frame-pointer",
-                    "-fno-optimize-sibling-calls",
-                ])
-                .arg(src("nofp.c")),
-        )
-    })
-}
-
-fn rust_workload() -> &'static Path {
-    static BIN: OnceLock<PathBuf> = OnceLock::new();
-    BIN.get_or_init(|| {
-        build(
-            "nofp-rs",
-            Command::new("rustc")
-                .args([
-                    "--edition",
-                    "2021",
-                    "-O",
-                    "-g",
-                    "-C",
-                    "force-frame-pointers=no",
-                ])
-                .arg(src("nofp.rs")),
-        )
-    })
-}
-
-fn trace(args: &[&str]) -> (String, serde_json::Value) {
-    let out = run(args);
-    assert_eq!(out.code, 0, "{}", out.stderr);
-    let summary = json_of(&out.stdout, "summary").pop().expect("a summary");
-    (out.stdout, summary)
-}
-
-/// Index of the first frame naming `f`.
-fn at(frames: &[String], f: &str) -> Option<usize> {
-    frames.iter().position(|x| x.contains(f))
-}
-
-/// Asserts `names` appear in `frames` in this order, innermost first.
-fn assert_in_order(frames: &[String], names: &[&str]) {
-    let idx: Vec<Option<usize>> = names.iter().map(|n| at(frames, n)).collect();
-    assert!(
-        idx.iter().all(|i| i.is_some()),
-        "{names:?} not all in {frames:#?}"
-    );
-    assert!(
-        idx.windows(2).all(|w| w[0] < w[1]),
-        "{names:?} out of order in {frames:#?}"
-    );
-}
 
 /// The stacks through `f`, largest first: the workload's loop (glibc's sbrk
 /// takes another path on its first call, so there may be two).
@@ -107,7 +28,16 @@ fn sum(stacks: &[serde_json::Value], field: &str) -> u64 {
 fn dwarf_brkstack_names_every_c_caller_of_sbrk_in_order() {
     const N: u64 = 40;
     let cmd = format!("{} sbrk {N}", c_workload().display());
-    let (out, summary) = trace(&["brkstack", "--stack-mode", "dwarf", "--json", "-c", &cmd]);
+    let (out, summary) = trace(&[
+        "brkstack",
+        "--stack-mode",
+        "dwarf",
+        "--unwinder",
+        "copy",
+        "--json",
+        "-c",
+        &cmd,
+    ]);
     assert_eq!(summary["stack_mode"], "dwarf", "{summary}");
     // glibc's first sbrk also asks for the break with brk(0): another call
     // site in the same functions, merged with the loop's (frames are by
@@ -155,7 +85,16 @@ fn dwarf_brkstack_names_every_c_caller_of_sbrk_in_order() {
 fn dwarf_brkstack_names_every_rust_caller_without_frame_pointers() {
     const N: u64 = 25;
     let cmd = format!("{} {N}", rust_workload().display());
-    let (out, _) = trace(&["brkstack", "--stack-mode", "dwarf", "--json", "-c", &cmd]);
+    let (out, _) = trace(&[
+        "brkstack",
+        "--stack-mode",
+        "dwarf",
+        "--unwinder",
+        "copy",
+        "--json",
+        "-c",
+        &cmd,
+    ]);
     let loop_stacks = stacks_through(&out, "brk_stack", "rust_heap_grow_outer");
     assert_eq!(loop_stacks[0]["count"], N, "{out}");
     assert_eq!(sum(&loop_stacks, "bytes"), N * 4096, "{out}");
@@ -188,7 +127,15 @@ fn auto_mode_unwinds_brk_with_dwarf() {
 /// pages: the fault stacks through its touch loop, the output, the summary.
 fn dwarf_faults(n: u64, extra: &[&str]) -> (Vec<serde_json::Value>, String, serde_json::Value) {
     let cmd = format!("{} touch {n}", c_workload().display());
-    let mut args = vec!["faults", "--stacks", "--stack-mode", "dwarf", "--json"];
+    let mut args = vec![
+        "faults",
+        "--stacks",
+        "--stack-mode",
+        "dwarf",
+        "--unwinder",
+        "copy",
+        "--json",
+    ];
     args.extend_from_slice(extra);
     args.extend(["-c", &cmd]);
     let (out, summary) = trace(&args);
@@ -248,6 +195,8 @@ fn a_short_stack_copy_is_counted_as_truncated_and_keeps_the_inner_frames() {
         "brkstack",
         "--stack-mode",
         "dwarf",
+        "--unwinder",
+        "copy",
         "--stack-size",
         "512",
         "--json",
@@ -281,6 +230,8 @@ fn dwarf_mmapsnoop_names_every_caller_of_each_call() {
         "--stack",
         "--stack-mode",
         "dwarf",
+        "--unwinder",
+        "copy",
         "--json",
         "-c",
         &cmd,
@@ -312,6 +263,8 @@ fn sampled_event_stacks_say_which_were_left_out() {
         "--stack",
         "--stack-mode",
         "dwarf",
+        "--unwinder",
+        "copy",
         "--sample",
         "2",
         "--json",

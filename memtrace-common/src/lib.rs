@@ -6,6 +6,7 @@
 pub mod faults;
 pub mod ffaults;
 pub mod generic;
+pub mod kunwind;
 pub mod memcg;
 pub mod memleak;
 pub mod names;
@@ -76,6 +77,8 @@ pub mod kind {
     pub const PROC_EXEC: u32 = 10;
     /// A watched memory cgroup crossed its warning line (`memcg::MemcgCross`).
     pub const MEMCG_CROSS: u32 = 11;
+    /// A process ran code no unwind table covers (`kunwind::UnwindMiss`).
+    pub const UNWIND_MISS: u32 = 12;
 }
 
 /// A process the kernel programs follow started or changed image: memtrace
@@ -127,6 +130,9 @@ pub mod stack_mode {
     /// User stacks walked by frame pointers over one copy of the stack, in
     /// the program itself: the kernel's walker faults at every chain's end.
     pub const WALK: u32 = 8;
+    /// With WALK: user stacks unwound in the program with the DWARF rows
+    /// of `kunwind`, not by frame pointers.
+    pub const KUNWIND: u32 = 16;
 }
 
 /// Offsets into `struct task_struct` and friends, read from kernel BTF.
@@ -169,6 +175,8 @@ mod pod {
     unsafe impl aya::Pod for super::TaskOffsets {}
     unsafe impl aya::Pod for super::stacks::UstackConfig {}
     unsafe impl aya::Pod for super::stacks::UserStack {}
+    unsafe impl aya::Pod for super::kunwind::UnwindRow {}
+    unsafe impl aya::Pod for super::kunwind::UnwindProc {}
     unsafe impl aya::Pod for super::oom::OomTpOffsets {}
     unsafe impl aya::Pod for super::oom::OomKprobeOffsets {}
     unsafe impl aya::Pod for super::faults::FaultConfig {}

@@ -14,6 +14,7 @@ use crate::{
     faults::{FaultConfig, FaultKey, FaultSlot, FaultVal},
     ffaults::{FfaultsConfig, FileKey},
     generic::{CountKey, CountVal, TpConfig},
+    kunwind::{UnwindProc, UnwindRow},
     memcg::{MemcgLine, MemcgOffsets, MemcgProc},
     memleak::{AllocInfo, AllocKey, AllocStats, MemleakConfig, PendingSlot},
     oom::{OomKprobeOffsets, OomTpOffsets},
@@ -118,6 +119,11 @@ maps! {
     SAMPLE_SCRATCH: () => (), OnDemand;
     STACKS: u32 => (), OnDemand;
     USTACKS: u32 => UserStack, OnDemand;
+    UNWIND_ROWS: u32 => UnwindRow, OnDemand;
+    UNWIND_PROCS: u32 => UnwindProc, OnDemand;
+    UNWIND_MISSES: u32 => u8, OnDemand;
+    UNWIND_STATS: u32 => u64, Compiled;
+    UNWIND_CACHE: () => (), OnDemand;
     FOLLOWED: u32 => u8, OnDemand;
     EXEC_NAMES: u32 => [u8; TASK_COMM_LEN], OnDemand;
     SNOOP_PENDING: u32 => PendingCall, OnDemand;

@@ -124,6 +124,31 @@ pub struct StackArgs {
     /// dwarf: copy the stack of one event in N; counts by stack become estimates.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
     pub sample: u32,
+    /// dwarf: where stacks are unwound: here, from a copy of the stack sent
+    /// per event, or in the kernel program, with tables built from each
+    /// file's .eh_frame (every event, nothing copied; not yet the default:
+    /// a forked child's first events can precede its table).
+    #[arg(long, value_enum, default_value_t = Unwinder::Copy)]
+    pub unwinder: Unwinder,
+    /// dwarf in the kernel: bytes of locked kernel memory for unwind tables
+    /// (8 bytes a row; files that do not fit are left out, counted).
+    #[arg(long, default_value = "32M", value_parser = parse_table_size)]
+    pub unwind_table_size: u32,
+}
+
+/// Where `--stack-mode dwarf` unwinds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Unwinder {
+    Kernel,
+    Copy,
+}
+
+/// `--unwind-table-size`, in rows of 8 bytes.
+pub fn parse_table_size(s: &str) -> Result<u32, String> {
+    match parse_size(s) {
+        Ok(n) if (64 << 10..=1 << 30).contains(&n) => Ok((n / 8) as u32),
+        _ => Err(format!("'{s}' is not a table size from 64K to 1G")),
+    }
 }
 
 impl StackArgs {

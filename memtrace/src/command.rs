@@ -10,6 +10,7 @@
 
 use std::sync::mpsc;
 
+use crate::entrystop::EntryStops;
 use crate::error::{Error, Result};
 use crate::symbolize::SharedMaps;
 
@@ -68,9 +69,15 @@ const CHILD_OPTS: libc::c_int = libc::PTRACE_O_TRACEFORK | libc::PTRACE_O_TRACEV
 /// process stops at its execs and its exit, where its maps are read; the
 /// first process's exit status goes to `exit_tx`. Processes left when it
 /// ends keep running (only the command itself dies with memtrace).
-fn follow_tree(pid: libc::pid_t, maps: &SharedMaps, exit_tx: tokio::sync::oneshot::Sender<i32>) {
+fn follow_tree(
+    pid: libc::pid_t,
+    maps: &SharedMaps,
+    exit_tx: tokio::sync::oneshot::Sender<i32>,
+    mut stops: EntryStops,
+) {
     let mut exit_tx = Some(exit_tx);
     let mut seen = std::collections::HashSet::from([pid]);
+    let kunwind = maps.lock().unwrap().ktables.is_some();
     let mut status = 0;
     loop {
         // SAFETY: waiting for our own tracees.
@@ -106,6 +113,13 @@ fn follow_tree(pid: libc::pid_t, maps: &SharedMaps, exit_tx: tokio::sync::onesho
         if event == libc::PTRACE_EVENT_EXEC {
             // The new image, with the one it replaced kept aside.
             maps.lock().unwrap().exec(w as u32);
+            stops.forget(w);
+            if kunwind {
+                stops.arm(w);
+            }
+        } else if event == 0 && sig == libc::SIGTRAP && stops.hit(w) {
+            // At its entry: the libraries it links are mapped now.
+            maps.lock().unwrap().snapshot(w as u32);
         } else if event == libc::PTRACE_EVENT_EXIT {
             // Still mapped: keep what symbolization needs after exit.
             maps.lock().unwrap().snapshot(w as u32);
@@ -198,13 +212,20 @@ pub fn spawn_traced(cmd: &str) -> Result<Traced> {
         let Ok(maps) = go_rx.recv() else {
             return;
         };
-        maps.lock().unwrap().snapshot(pid as u32);
+        let mut stops = EntryStops::default();
+        {
+            let mut m = maps.lock().unwrap();
+            m.snapshot(pid as u32);
+            if m.ktables.is_some() {
+                stops.arm(pid);
+            }
+        }
         if let Err(e) = ptrace(libc::PTRACE_CONT, pid, 0) {
             say!("memtrace: error: cannot start '{cmd}': ptrace: {e}");
             let _ = exit_tx.send(-1);
             return;
         }
-        follow_tree(pid, &maps, exit_tx);
+        follow_tree(pid, &maps, exit_tx, stops);
     });
     match pid_rx.recv() {
         Ok(Ok(pid)) => Ok(Traced {

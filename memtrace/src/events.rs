@@ -135,7 +135,11 @@ pub(crate) async fn event_loop(
                 output::check(out)?;
             }
             _ = drain.tick() => {
-                session.sym.maps.lock().unwrap().refresh_due();
+                {
+                    let mut maps = session.sym.maps.lock().unwrap();
+                    maps.refresh_due();
+                    maps.refresh_missed();
+                }
                 let ring = rb.get_mut();
                 while let Some(item) = ring.next() {
                     dispatch(&item, tool, session, out)?;
@@ -226,6 +230,10 @@ fn dispatch(
     out: &mut dyn Printer,
 ) -> Result<()> {
     if crate::process::on_record(item, session) {
+        return Ok(());
+    }
+    if item.get(..4) == Some(&kind::UNWIND_MISS.to_ne_bytes()) {
+        session.sym.maps.lock().unwrap().refresh_missed();
         return Ok(());
     }
     if item.get(..4) == Some(&kind::STACK_SAMPLE.to_ne_bytes()) {

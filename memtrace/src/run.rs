@@ -52,6 +52,42 @@ pub fn attach(
     target: Option<u32>,
     follow: bool,
 ) -> Result<Session> {
+    match attach_with(tool, common, target, follow, false) {
+        // In-kernel unwinding refused (verifier, memory): the copy path
+        // still gives complete stacks, at a copy per event.
+        Err(e) if tool_unwinds_in_kernel(tool) => {
+            // The verifier's log is long: its first line says enough (-v
+            // gives it all).
+            let e = e.to_string();
+            let why = match common.verbose {
+                true => e.as_str(),
+                false => e.split(". Verifier output").next().unwrap_or(&e),
+            };
+            say!(
+                "memtrace: in-kernel unwinding could not be set up ({why}); \
+                 user stacks are copied and unwound here instead"
+            );
+            attach_with(tool, common, target, follow, true)
+        }
+        r => r,
+    }
+}
+
+/// Whether the tool's stack arguments ask for unwinding in the kernel.
+fn tool_unwinds_in_kernel(tool: &dyn Tool) -> bool {
+    tool.stack_mode() & stack_mode::USER != 0
+        && tool.user_stacks().is_some_and(|(a, rare)| {
+            a.dwarf(rare) && a.unwinder == crate::cli::Unwinder::Kernel && a.sample == 1
+        })
+}
+
+fn attach_with(
+    tool: &mut dyn Tool,
+    common: &Common,
+    target: Option<u32>,
+    follow: bool,
+    copy_only: bool,
+) -> Result<Session> {
     let mut loader = Loader::default();
     let mut filter = Filter {
         tgid: target.unwrap_or(0),
@@ -64,7 +100,7 @@ pub fn attach(
         filter.fork_child_pid = Format::load("sched", "sched_process_fork")?.offset("child_pid")?;
         loader.max_entries(names::FOLLOWED, 8192);
     }
-    let dwarf = crate::ustack::setup(tool, &mut filter, &mut loader)?;
+    let dwarf = crate::ustack::setup(tool, &mut filter, &mut loader, copy_only)?;
     // The kernel's stack map: kernel stacks, and user stacks neither walked
     // in the program nor copied for unwinding.
     let user_by_kernel = filter.stacks & stack_mode::USER != 0
@@ -89,6 +125,10 @@ pub fn attach(
     let mut session = Session::load(&loader, common.attach, common.verbose)?;
     session.dwarf = dwarf;
     session.walked_user_stacks = filter.stacks & stack_mode::WALK != 0;
+    if filter.stacks & stack_mode::KUNWIND != 0 {
+        let kt = crate::ktables::KTables::new(&mut session.bpf, common.verbose)?;
+        session.sym.maps.lock().unwrap().ktables = Some(kt);
+    }
     session.sym.style = match (common.addresses, common.lines) {
         (true, _) => FrameStyle::Addresses,
         (_, true) => FrameStyle::Lines,
@@ -234,6 +274,18 @@ pub fn run(tool: &mut dyn Tool, common: &Common) -> Result<i32> {
             ("unwind_no_maps", Value::from(u.no_maps)),
             ("unwind_failed", Value::from(u.failed)),
         ]);
+    } else if let Some(t) = session
+        .sym
+        .maps
+        .lock()
+        .unwrap()
+        .ktables
+        .as_ref()
+        .map(|k| k.stats)
+    {
+        extra.push(("stack_mode", Value::from("dwarf")));
+        extra.push(("unwinder", Value::from("kernel")));
+        extra.extend(crate::ktables::summary(&session, &t));
     } else if tool.user_stacks().is_some() {
         extra.push(("stack_mode", Value::from("fp")));
     }

@@ -46,6 +46,9 @@ pub struct MapsCache {
     pending: Vec<(u32, std::time::Instant)>,
     /// Pids in the order their maps were first kept.
     order: std::collections::VecDeque<u32>,
+    /// In-kernel unwinding: each process's mappings are published to the
+    /// programs as they are read.
+    pub ktables: Option<crate::ktables::KTables>,
 }
 
 impl MapsCache {
@@ -83,6 +86,9 @@ impl MapsCache {
             .map(|s| s.earlier)
             .unwrap_or_default();
         self.keep(pid);
+        if let Some(kt) = self.ktables.as_mut() {
+            kt.update(pid, &maps, &self.files);
+        }
         self.procs.insert(
             pid,
             Snapshot {
@@ -91,6 +97,20 @@ impl MapsCache {
             },
         );
         true
+    }
+
+    /// Reads again the maps of processes that ran code the in-kernel
+    /// unwinder had no table for (a library loaded since).
+    pub fn refresh_missed(&mut self) {
+        let Some(pids) = self.ktables.as_mut().map(|kt| kt.missed()) else {
+            return;
+        };
+        for p in pids {
+            self.snapshot(p);
+            if let Some(kt) = self.ktables.as_mut() {
+                kt.missed_done(p);
+            }
+        }
     }
 
     /// Notes that `pid`'s maps are kept; past MAX_PROCS, lets go of the
@@ -110,6 +130,9 @@ impl MapsCache {
         while let Some(p) = self.order.pop_front() {
             if over > 0 && p != pid && !crate::proc::alive(p) {
                 self.procs.remove(&p);
+                if let Some(kt) = self.ktables.as_mut() {
+                    kt.forget(p);
+                }
                 over -= 1;
             } else {
                 kept.push_back(p);
@@ -133,6 +156,9 @@ impl MapsCache {
         match self.procs.get(&parent).map(|s| s.maps.clone()) {
             Some(maps) => {
                 let earlier = Vec::new();
+                if let Some(kt) = self.ktables.as_mut() {
+                    kt.update(child, &maps, &self.files);
+                }
                 self.keep(child);
                 self.procs.insert(child, Snapshot { maps, earlier });
             }

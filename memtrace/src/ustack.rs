@@ -3,6 +3,7 @@
 //! counts turned into reports.
 
 use memtrace_common::{
+    kunwind::{mark, ROW_CACHE_SLOTS},
     names, stack_mode,
     stacks::{
         UserStack, UstackConfig, STACK_SAMPLE_HDR, USTACK_FOLDED, USTACK_IN_SAMPLE,
@@ -11,6 +12,7 @@ use memtrace_common::{
     Filter,
 };
 
+use crate::cli::Unwinder;
 use crate::error::{Error, Result};
 use crate::kernel::KernelBtf;
 use crate::output::StackReport;
@@ -50,10 +52,13 @@ impl StackRef {
 /// Resolves `--stack-mode`, says which was chosen, and sets what the kernel
 /// programs need to take user stacks: the register and stack-top offsets,
 /// and for dwarf the copy size and a ring buffer to carry the copies.
+/// `copy_only` rules out unwinding in the kernel (after this kernel refused
+/// it).
 pub(crate) fn setup(
     tool: &dyn Tool,
     filter: &mut Filter,
     loader: &mut Loader,
+    copy_only: bool,
 ) -> Result<Option<DwarfStacks>> {
     if filter.stacks & stack_mode::USER == 0 {
         return Ok(None);
@@ -106,6 +111,23 @@ pub(crate) fn setup(
         loader.max_entries(names::USTACKS, 16384);
         return Ok(None);
     };
+    // Sampling is a choice of the copy path: in the kernel every event is
+    // unwound.
+    if args.unwinder == Unwinder::Kernel && args.sample == 1 && !copy_only {
+        filter.stacks |= stack_mode::WALK | stack_mode::KUNWIND;
+        loader.global(names::USTACK, &cfg);
+        loader.max_entries(names::USTACKS, 16384);
+        loader.max_entries(names::UNWIND_ROWS, args.unwind_table_size);
+        loader.max_entries(names::UNWIND_PROCS, 8192);
+        loader.max_entries(names::UNWIND_MISSES, 8192);
+        loader.max_entries(names::UNWIND_CACHE, ROW_CACHE_SLOTS);
+        say!(
+            "memtrace: user stacks: dwarf{}, unwound in the kernel (every event; unwind tables up to {} MiB)",
+            if auto { " (auto)" } else { "" },
+            crate::ktables::table_bytes(args.unwind_table_size) >> 20
+        );
+        return Ok(None);
+    }
     cfg.stack_bytes = args.stack_size;
     cfg.sample_every = args.sample;
     filter.stacks |= stack_mode::DWARF;
@@ -188,7 +210,16 @@ impl Session {
             }
             StackRef::Failed => Vec::new(),
             StackRef::Id(_) => match self.user_stack(id) {
-                Some(ips) => self.sym.user(pid, &ips),
+                Some(mut ips) => {
+                    // An in-kernel unwind that stopped early ends with why.
+                    let end = ips.last().and_then(|&ip| mark::note(ip));
+                    if end.is_some() {
+                        ips.pop();
+                    }
+                    let mut frames = self.sym.user(pid, &ips);
+                    frames.extend(end.map(|n| format!("[{n}]")));
+                    frames
+                }
                 None => Vec::new(),
             },
         }
@@ -368,13 +399,15 @@ mod tests {
                 stack_mode: mode,
                 stack_size: 4096,
                 sample: 1,
+                unwinder: Unwinder::Copy,
+                unwind_table_size: 1 << 16,
             });
             let mut filter = Filter {
                 stacks: stack_mode::USER,
                 ..Default::default()
             };
             let mut loader = Loader::default();
-            let dwarf = setup(&tool, &mut filter, &mut loader).unwrap();
+            let dwarf = setup(&tool, &mut filter, &mut loader, false).unwrap();
             assert_eq!(dwarf.is_some(), mode == StackMode::Dwarf);
             let names: Vec<_> = loader.global_names().collect();
             assert!(names.contains(&"TASK"), "{mode:?}: {names:?}");

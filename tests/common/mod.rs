@@ -4,6 +4,7 @@
 #![allow(dead_code)]
 
 mod host;
+pub mod nofp;
 #[allow(unused_imports)]
 pub use host::*;
 

@@ -6,6 +6,7 @@ mod dwarf;
 mod emit;
 mod filter;
 mod floor;
+mod kunwind;
 mod process;
 mod reads;
 mod rssstat;

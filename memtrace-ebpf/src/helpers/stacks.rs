@@ -15,6 +15,7 @@ use super::{
     dwarf::sample_user_stack,
     emit::count_loss,
     filter::FILTER,
+    kunwind::unwind_user_stack,
     walk::{store_user_stack, walk_user_stack},
 };
 
@@ -129,7 +130,13 @@ pub fn capture_stacks<C: StackIdContext>(ctx: &C, value: u64, aux: u32) -> Stack
     }
     if mode & stack_mode::USER != 0 {
         if mode & stack_mode::WALK != 0 {
-            (st.user, st.user_check) = walk_user_stack();
+            // A constant to the verifier (frozen .rodata): the other way is
+            // never checked.
+            (st.user, st.user_check) = if mode & stack_mode::KUNWIND != 0 {
+                unwind_user_stack()
+            } else {
+                walk_user_stack()
+            };
             // Never 0 for a walked stack: 0 means nothing to store.
             st.user_check |= 1;
         } else if mode & stack_mode::DWARF != 0 {

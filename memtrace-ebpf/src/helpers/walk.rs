@@ -22,19 +22,19 @@ use super::{
 
 /// Pages of user stack, from sp's up, the frame-pointer walk reads at most.
 const PAGES: usize = 4;
-const WINDOW: usize = PAGES * 4096;
+pub(super) const WINDOW: usize = PAGES * 4096;
 
 #[repr(C, align(8))]
 pub struct WalkScratch {
     /// User pages from sp's up, indexed from the start of sp's page; room
     /// for a first read that starts part way into it, and for a record read
     /// at the very end.
-    stack: [u8; WINDOW + 4096 + 16],
-    frames: UserStack,
+    pub(super) stack: [u8; WINDOW + 4096 + 16],
+    pub(super) frames: UserStack,
 }
 
 #[map]
-static WALK_SCRATCH: PerCpuArray<WalkScratch> = PerCpuArray::with_max_entries(1, 0);
+pub(super) static WALK_SCRATCH: PerCpuArray<WalkScratch> = PerCpuArray::with_max_entries(1, 0);
 
 /// User stacks of the walk, by id; sized by userspace when stacks are on.
 #[map]

@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <dlfcn.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -55,10 +56,40 @@ __attribute__((noinline)) void pages_touch_outer(int n)
 	KEEP();
 }
 
+/* Recurses `depth` frames, then touches `n` pages: a stack deeper than an
+ * unwinder keeps. */
+__attribute__((noinline)) void deep_recurse(int depth, int n)
+{
+	if (depth > 1)
+		deep_recurse(depth - 1, n);
+	else
+		pages_touch_inner(n);
+	KEEP();
+}
+
+/* dlopen's `lib` once tracing runs, calls its lib_touch_pages(1), waits,
+ * then lib_touch_pages(n): code mapped after its process's maps were read. */
+static int touch_in_library(const char *lib, int n)
+{
+	usleep(300 * 1000);
+	void *h = dlopen(lib, RTLD_NOW);
+	if (!h) {
+		fprintf(stderr, "%s\n", dlerror());
+		return 1;
+	}
+	void (*touch)(int) = (void (*)(int))dlsym(h, "lib_touch_pages");
+	if (!touch)
+		return 1;
+	touch(1);
+	usleep(300 * 1000);
+	touch(n);
+	return 0;
+}
+
 int main(int argc, char **argv)
 {
 	if (argc < 3) {
-		fprintf(stderr, "usage: nofp sbrk|touch N\n");
+		fprintf(stderr, "usage: nofp sbrk|touch N | deep D N | dlopen N LIB\n");
 		return 2;
 	}
 	int n = atoi(argv[2]);
@@ -66,6 +97,10 @@ int main(int argc, char **argv)
 		heap_grow_outer(n);
 	else if (!strcmp(argv[1], "touch"))
 		pages_touch_outer(n);
+	else if (!strcmp(argv[1], "deep") && argc > 3)
+		deep_recurse(n, atoi(argv[3]));
+	else if (!strcmp(argv[1], "dlopen") && argc > 3)
+		return touch_in_library(argv[3], n);
 	else
 		return 2;
 	return 0;

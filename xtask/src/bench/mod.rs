@@ -25,24 +25,111 @@ pub fn run_only(section: &str, runs: usize) -> Result<()> {
     let mut out = String::new();
     match section {
         "memleak" => memleak::memleak_cost(runs, &mut out)?,
-        _ => anyhow::bail!("no bench section {section} (sections: memleak)"),
+        "stacks" => {
+            ensure_peers();
+            let bpftrace = have("bpftrace");
+            let bt = |prog: &str| bpftrace.then(|| s(&["bpftrace", "-e", prog]));
+            stack_costs(&memtrace(), &bt, runs, &mut out)?
+        }
+        _ => anyhow::bail!("no bench section {section} (sections: memleak, stacks)"),
     }
     print!("{out}");
     let path = root().join("bench").join("RESULTS.md");
-    let old = std::fs::read_to_string(&path).unwrap_or_default();
-    let head = out.trim_start().lines().next().unwrap_or("").to_string();
-    let kept = match old.find(&head) {
-        Some(at) => {
-            let rest = &old[at + head.len()..];
+    let mut kept = std::fs::read_to_string(&path).unwrap_or_default();
+    // Every table of the section replaces its earlier one.
+    for head in out.lines().filter(|l| l.starts_with("### ")) {
+        if let Some(at) = kept.find(head) {
+            let rest = &kept[at + head.len()..];
             let end = rest
                 .find("\n### ")
-                .map_or(old.len(), |e| at + head.len() + e + 1);
-            format!("{}{}", &old[..at], &old[end..])
+                .map_or(kept.len(), |e| at + head.len() + e + 1);
+            kept = format!("{}{}", &kept[..at], &kept[end..]);
         }
-        None => old,
-    };
+    }
     std::fs::write(&path, format!("{}\n{}", kept.trim_end(), out))?;
     eprintln!("bench: updated the {section} section of bench/RESULTS.md");
+    Ok(())
+}
+
+/// User stacks: page faults and brk calls by stack, each way of taking them.
+fn stack_costs(
+    m: &str,
+    bt: &dyn Fn(&str) -> Option<Vec<String>>,
+    runs: usize,
+    out: &mut String,
+) -> Result<()> {
+    let cfg = |name, argv: Option<Vec<String>>, ready| Config { name, argv, ready };
+    let none = |name| Config {
+        name,
+        argv: None,
+        ready: "",
+    };
+    let zero_n = (PAGES / 10).to_string();
+    per_event(
+        &format!("Page faults, count by user stack ({PAGES} zero-page read faults)"),
+        &["zero-faults", &zero_n, "10"],
+        PAGES,
+        &[
+            none("untraced"),
+            cfg("memtrace faults --stacks", Some(s(&[m, "faults", "--stacks"])), "Tracing"),
+            cfg(
+                "memtrace faults --stacks --stack-mode dwarf (in the kernel)",
+                Some(s(&[m, "faults", "--stacks", "--stack-mode", "dwarf", "--unwinder", "kernel"])),
+                "Tracing",
+            ),
+            cfg(
+                "memtrace faults --stacks --stack-mode dwarf --sample 10 (copied)",
+                Some(s(&[m, "faults", "--stacks", "--stack-mode", "dwarf", "--sample", "10"])),
+                "Tracing",
+            ),
+            cfg(
+                "bpftrace @[ustack] = count()",
+                // The predicate keeps bpftrace from symbolizing every stack on the host at exit.
+                bt("tracepoint:exceptions:page_fault_user /comm == \"memtrace-worklo\"/ { @[ustack] = count(); }"),
+                "Attaching",
+            ),
+        ],
+        runs,
+        out,
+    )?;
+    let brks = BRKS.to_string();
+    per_event(
+        &format!("brk calls by user stack ({BRKS} calls)"),
+        &["rawbrk-timed", &brks],
+        BRKS,
+        &[
+            none("untraced"),
+            cfg(
+                "empty tracepoint program (floor)",
+                Some(s(&[m, "brkstack", "--floor"])),
+                "Tracing",
+            ),
+            cfg(
+                "memtrace brkstack --stack-mode fp",
+                Some(s(&[m, "brkstack", "--stack-mode", "fp"])),
+                "Tracing",
+            ),
+            // Every call's stack unwound in the kernel.
+            cfg(
+                "memtrace brkstack --unwinder kernel (dwarf)",
+                Some(s(&[m, "brkstack", "--unwinder", "kernel"])),
+                "Tracing",
+            ),
+            // The default: every call's stack copied (16 KiB) and unwound here.
+            cfg(
+                "memtrace brkstack (dwarf, copied)",
+                Some(s(&[m, "brkstack"])),
+                "Tracing",
+            ),
+            cfg(
+                "bpftrace brkstack.bt",
+                bt("tracepoint:syscalls:sys_enter_brk { @[ustack, comm] = count(); }"),
+                "Attaching",
+            ),
+        ],
+        runs,
+        out,
+    )?;
     Ok(())
 }
 
@@ -102,60 +189,7 @@ pub fn run(runs: usize) -> Result<()> {
         runs,
         &mut out,
     )?;
-    per_event(
-        &format!("Page faults, count by user stack ({PAGES} zero-page read faults)"),
-        &["zero-faults", &zero_n, "10"],
-        PAGES,
-        &[
-            none("untraced"),
-            cfg("memtrace faults --stacks", Some(s(&[&m, "faults", "--stacks"])), "Tracing"),
-            cfg(
-                "memtrace faults --stacks --stack-mode dwarf --sample 10",
-                Some(s(&[&m, "faults", "--stacks", "--stack-mode", "dwarf", "--sample", "10"])),
-                "Tracing",
-            ),
-            cfg(
-                "bpftrace @[ustack] = count()",
-                // The predicate keeps bpftrace from symbolizing every stack on the host at exit.
-                bt("tracepoint:exceptions:page_fault_user /comm == \"memtrace-worklo\"/ { @[ustack] = count(); }"),
-                "Attaching",
-            ),
-        ],
-        runs,
-        &mut out,
-    )?;
-    let brks = BRKS.to_string();
-    per_event(
-        &format!("brk calls by user stack ({BRKS} calls)"),
-        &["rawbrk-timed", &brks],
-        BRKS,
-        &[
-            none("untraced"),
-            cfg(
-                "empty tracepoint program (floor)",
-                Some(s(&[&m, "brkstack", "--floor"])),
-                "Tracing",
-            ),
-            cfg(
-                "memtrace brkstack --stack-mode fp",
-                Some(s(&[&m, "brkstack", "--stack-mode", "fp"])),
-                "Tracing",
-            ),
-            // The default: every call's stack copied (16 KiB) and unwound here.
-            cfg(
-                "memtrace brkstack (dwarf)",
-                Some(s(&[&m, "brkstack"])),
-                "Tracing",
-            ),
-            cfg(
-                "bpftrace brkstack.bt",
-                bt("tracepoint:syscalls:sys_enter_brk { @[ustack, comm] = count(); }"),
-                "Attaching",
-            ),
-        ],
-        runs,
-        &mut out,
-    )?;
+    stack_costs(&m, &bt, runs, &mut out)?;
     per_event(
         &format!("mmap + munmap streamed one record per call ({MMAPS} pairs, one thread)"),
         &["mmap-loop", "1", &MMAPS.to_string()],

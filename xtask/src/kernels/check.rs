@@ -107,7 +107,7 @@ const fn forced(name: &'static str, tool: &'static str, method: &'static str) ->
 }
 
 /// Every case, in the order the guest runs them; doctor is checked last.
-pub(super) const CASES: [Case; 24] = [
+pub(super) const CASES: [Case; 25] = [
     case("doctor", "doctor"),
     best("oom-best", "oomkill", "kprobe"),
     forced("oom-fentry", "oomkill", "fentry"),
@@ -130,6 +130,7 @@ pub(super) const CASES: [Case; 24] = [
     case("faults-base", "faults"),
     case("faults", "faults"),
     case("brkstack", "brkstack"),
+    case("faults-dwarf", "faults"),
     case("count", "count"),
     case("trace", "trace"),
     best("memleak", "memleak", "uprobe"),

@@ -64,6 +64,32 @@ pub(super) fn check(g: &Guest, case: &Case, v: &[Value], why: &mut Vec<String>) 
                 ));
             }
         }
+        "faults" if case.name == "faults-dwarf" => {
+            // Unwound in the kernel: the loop's faults through its function
+            // to main, the stacks complete (no stop mark), all 2000.
+            let touch: Vec<_> = of_type(v, "fault_stack")
+                .into_iter()
+                .filter(|s| {
+                    let f = s["user_stack"].as_array().cloned().unwrap_or_default();
+                    let has = |n: &str| f.iter().any(|x| x.as_str().is_some_and(|x| x.contains(n)));
+                    // A stop mark is a frame of its own: "[...]".
+                    let mark = f
+                        .iter()
+                        .any(|x| x.as_str().is_some_and(|x| x.starts_with('[')));
+                    has("touch_fresh_pages") && has("main") && !mark
+                })
+                .collect();
+            let n = sum(&touch, "count");
+            if n < 2000 {
+                why.push(format!(
+                    "{n} complete dwarf stacks through touch_fresh_pages, expected 2000"
+                ));
+            }
+            let summary = of_type(v, "summary");
+            if summary.first().is_none_or(|s| s["unwinder"] != "kernel") {
+                why.push(format!("not unwound in the kernel: {summary:?}"));
+            }
+        }
         "brkstack" => {
             // The loop's 50 calls and the brk(0) before it: two call sites
             // of one function, one stack when frames are by function.

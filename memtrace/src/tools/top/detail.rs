@@ -73,6 +73,8 @@ impl Detail {
                 stack_mode: StackMode::Fp,
                 stack_size: 16384,
                 sample: 1,
+                unwinder: crate::cli::Unwinder::Copy,
+                unwind_table_size: 1 << 16,
             },
         };
         let mut common = common.clone();

@@ -1,0 +1,131 @@
+//! DWARF unwinding inside the kernel programs (`--stack-mode dwarf` with
+//! tables): userspace compiles each file's `.eh_frame` into sorted rows,
+//! shared by every process that maps the file, and keeps per process a
+//! small table of its executable mappings; the program looks both up frame
+//! by frame.
+
+/// One unwind rule from `pc` (relative to the file's stated addresses) up to
+/// the next row's. 8 bytes: a large binary has hundreds of thousands.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct UnwindRow {
+    pub pc: u32,
+    /// `row::RSP`, `row::RBP`: CFA = register + `cfa_off`. `row::PLT`: the
+    /// threshold of the PLT's CFA expression.
+    pub cfa_off: i16,
+    /// The caller's rbp is saved at CFA + 8 * `rbp_off`; 0: rbp unchanged.
+    pub rbp_off: i8,
+    pub kind: u8,
+}
+
+pub mod row {
+    /// No unwind information here (between FDEs).
+    pub const NONE: u8 = 0;
+    pub const RSP: u8 = 1;
+    pub const RBP: u8 = 2;
+    /// The PLT's expression: CFA = rsp + 8 + ((rip & 15) >= off ? 8 : 0).
+    pub const PLT: u8 = 3;
+    /// The outermost frame: the return address is undefined (`_start`).
+    pub const END: u8 = 4;
+    /// A rule the rows cannot express (counted when the table is built).
+    pub const UNSUPPORTED: u8 = 5;
+}
+
+/// An executable mapping of a process: `[start, end)`, file-relative pc =
+/// pc - `bias`, rows `[rows, rows + nrows)` of `UNWIND_ROWS` (none: no
+/// unwind information, e.g. JIT code or a file without `.eh_frame`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct UnwindMapping {
+    pub start: u64,
+    pub end: u64,
+    pub bias: u64,
+    pub rows: u32,
+    pub nrows: u32,
+}
+
+/// Executable mappings kept per process (sorted by start); more are counted.
+pub const MAX_UNWIND_MAPPINGS: usize = 128;
+/// Binary-search steps over a process's mappings: log2(MAX_UNWIND_MAPPINGS) + 1.
+pub const MAPPING_STEPS: usize = 8;
+/// Rows one file may have, so that the program's search is bounded.
+pub const MAX_FILE_ROWS: u32 = 1 << 22;
+/// Binary-search steps over one file's rows: log2(MAX_FILE_ROWS) + 1.
+pub const ROW_STEPS: usize = 23;
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct UnwindProc {
+    pub nr: u32,
+    /// Changes with every update of the process's table: rows the program
+    /// cached for an older one are not used.
+    pub gen: u32,
+    pub maps: [UnwindMapping; MAX_UNWIND_MAPPINGS],
+}
+
+/// Marks put in place of a frame to say why an in-kernel unwind stopped
+/// early; never a user address (those stay below 2^47).
+pub mod mark {
+    pub const BASE: u64 = 0xffff_ffff_ffff_ff00;
+    /// Deeper than the frames kept.
+    pub const TRUNCATED: u64 = BASE + 1;
+    /// The pc is in no mapping memtrace has a table for yet (a library
+    /// mapped since the process's maps were read: they are read again).
+    pub const NO_TABLE: u64 = BASE + 2;
+    /// Code without unwind information, or a rule the rows cannot express.
+    pub const NO_INFO: u64 = BASE + 3;
+    /// A read of the user stack failed.
+    pub const READ_FAIL: u64 = BASE + 4;
+
+    /// Why a stack stopped, for a mark; None for an address.
+    pub fn note(ip: u64) -> Option<&'static str> {
+        match ip {
+            TRUNCATED => Some("truncated: deeper than the frames kept"),
+            NO_TABLE => Some("no unwind table for this code yet (mapped since its maps were read)"),
+            NO_INFO => Some("code without usable unwind information"),
+            READ_FAIL => Some("user stack read failed"),
+            _ if ip >= BASE => Some("unwind stopped"),
+            _ => None,
+        }
+    }
+}
+
+/// Slots of the `UNWIND_STATS` per-CPU counters: how each in-kernel unwind
+/// ended.
+pub mod stat {
+    pub const COMPLETE: u32 = 0;
+    pub const TRUNCATED: u32 = 1;
+    pub const NO_TABLE: u32 = 2;
+    pub const NO_INFO: u32 = 3;
+    pub const READ_FAIL: u32 = 4;
+    pub const NR: u32 = 5;
+    pub const NAMES: [&str; NR as usize] = [
+        "kunwind_complete",
+        "kunwind_truncated",
+        "kunwind_no_table",
+        "kunwind_no_info",
+        "kunwind_read_fail",
+    ];
+}
+
+/// A `kind::UNWIND_MISS` record: process `tgid` ran code in no mapping
+/// memtrace has a table for; its maps are to be read again.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct UnwindMiss {
+    pub kind: u32,
+    pub tgid: u32,
+}
+
+/// Rows the program found lately, per CPU, by pc: the same return addresses
+/// recur in stack after stack, and a hit skips both searches.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct RowCache {
+    pub pc: u64,
+    pub tgid: u32,
+    pub gen: u32,
+    pub row: UnwindRow,
+}
+
+pub const ROW_CACHE_SLOTS: u32 = 4096;

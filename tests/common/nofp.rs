@@ -1,0 +1,108 @@
+//! The workloads built without frame pointers (tests/workload/nofp/), built
+//! here once per test binary: a C one (cc), a Rust one (plain rustc) and a
+//! C library to dlopen.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::OnceLock;
+
+use super::{json_of, run, status_within};
+
+pub fn src(name: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../tests/workload/nofp")
+        .join(name)
+}
+
+pub fn build(out: &str, cmd: &mut Command) -> PathBuf {
+    let path = Path::new(env!("CARGO_TARGET_TMPDIR")).join(out);
+    let st = status_within(
+        cmd.arg("-o").arg(&path),
+        std::time::Duration::from_secs(300),
+    );
+    assert!(st.success(), "building {out} failed");
+    path
+}
+
+/// The C workload: sbrk and page touches three named functions deep.
+pub fn c_workload() -> &'static Path {
+    static BIN: OnceLock<PathBuf> = OnceLock::new();
+    BIN.get_or_init(|| {
+        build(
+            "nofp-c",
+            Command::new("cc")
+                .args([
+                    "-O2",
+                    "-g",
+                    "-fomit-frame-pointer",
+                    "-fno-optimize-sibling-calls",
+                ])
+                .arg(src("nofp.c")),
+        )
+    })
+}
+
+pub fn rust_workload() -> &'static Path {
+    static BIN: OnceLock<PathBuf> = OnceLock::new();
+    BIN.get_or_init(|| {
+        build(
+            "nofp-rs",
+            Command::new("rustc")
+                .args([
+                    "--edition",
+                    "2021",
+                    "-O",
+                    "-g",
+                    "-C",
+                    "force-frame-pointers=no",
+                ])
+                .arg(src("nofp.rs")),
+        )
+    })
+}
+
+/// lib.c as a shared library, for `nofp-c dlopen`.
+pub fn c_library() -> &'static Path {
+    static LIB: OnceLock<PathBuf> = OnceLock::new();
+    LIB.get_or_init(|| {
+        build(
+            "libnofp.so",
+            Command::new("cc")
+                .args([
+                    "-O2",
+                    "-g",
+                    "-shared",
+                    "-fPIC",
+                    "-fomit-frame-pointer",
+                    "-fno-optimize-sibling-calls",
+                ])
+                .arg(src("lib.c")),
+        )
+    })
+}
+
+/// Runs memtrace, which must succeed: its stdout and JSON summary.
+pub fn trace(args: &[&str]) -> (String, serde_json::Value) {
+    let out = run(args);
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    let summary = json_of(&out.stdout, "summary").pop().expect("a summary");
+    (out.stdout, summary)
+}
+
+/// Index of the first frame naming `f`.
+pub fn at(frames: &[String], f: &str) -> Option<usize> {
+    frames.iter().position(|x| x.contains(f))
+}
+
+/// Asserts `names` appear in `frames` in this order, innermost first.
+pub fn assert_in_order(frames: &[String], names: &[&str]) {
+    let idx: Vec<Option<usize>> = names.iter().map(|n| at(frames, n)).collect();
+    assert!(
+        idx.iter().all(|i| i.is_some()),
+        "{names:?} not all in {frames:#?}"
+    );
+    assert!(
+        idx.windows(2).all(|w| w[0] < w[1]),
+        "{names:?} out of order in {frames:#?}"
+    );
+}

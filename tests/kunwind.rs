@@ -1,0 +1,206 @@
+//! `--stack-mode dwarf` unwound in the kernel program (`--unwinder kernel`,
+//! opt-in for now): every event's stack complete through code without frame
+//! pointers, the same stacks as the copy path, exact counts, and honest
+//! about where it stops (a library mapped later, a stack deeper than kept).
+
+mod common;
+
+use common::nofp::*;
+use common::*;
+
+/// The stacks of `ty` whose frames include `f`.
+fn through(stdout: &str, ty: &str, f: &str) -> Vec<serde_json::Value> {
+    json_of(stdout, ty)
+        .into_iter()
+        .filter(|s| at(&user_frames(s), f).is_some())
+        .collect()
+}
+
+/// The stacks of `ty` whose innermost frame is `f`: the faults `f` itself
+/// took, not those of what it called.
+fn in_(stdout: &str, ty: &str, f: &str) -> Vec<serde_json::Value> {
+    json_of(stdout, ty)
+        .into_iter()
+        .filter(|s| user_frames(s).first().is_some_and(|x| x.contains(f)))
+        .collect()
+}
+
+fn count(stacks: &[serde_json::Value]) -> u64 {
+    stacks.iter().map(|s| s["count"].as_u64().unwrap()).sum()
+}
+
+/// A stack that ran to its outermost frame: no mark of an early stop.
+fn complete(s: &serde_json::Value) -> bool {
+    user_frames(s).iter().all(|f| !f.starts_with('[')) && s["note"].is_null()
+}
+
+/// faults --stacks --stack-mode dwarf on `cmd`, in the kernel or copied.
+fn faults(cmd: &str, unwinder: &str) -> (String, serde_json::Value) {
+    trace(&[
+        "faults",
+        "--stacks",
+        "--stack-mode",
+        "dwarf",
+        "--unwinder",
+        unwinder,
+        "--json",
+        "-c",
+        cmd,
+    ])
+}
+
+/// The workload's page loop: N faults, each through the three functions,
+/// main and glibc's start-up to _start. In the kernel, every one of them is
+/// unwound (the count is exact, not sampled) and the stack is the one the
+/// copy path unwinds in userspace.
+fn same_as_copy_with_exact_counts(cmd: &str, frames: &[&str], n: u64) {
+    let (out, summary) = faults(cmd, "kernel");
+    assert_eq!(summary["unwinder"], "kernel", "{summary}");
+    let loop_stacks = in_(&out, "fault_stack", frames[0]);
+    assert_eq!(count(&loop_stacks), n, "{out}");
+    // All of them complete, as one stack (frames by function).
+    assert_eq!(loop_stacks.len(), 1, "{out}");
+    let kernel = user_frames(&loop_stacks[0]);
+    assert!(complete(&loop_stacks[0]), "{kernel:#?}");
+    assert_in_order(&kernel, frames);
+    assert!(kernel.last().unwrap().starts_with("_start"), "{kernel:#?}");
+    assert!(
+        summary["kunwind_complete"].as_u64().unwrap() >= n,
+        "{summary}"
+    );
+
+    let (copy_out, copy_summary) = faults(cmd, "copy");
+    assert!(copy_summary["unwinder"].is_null(), "{copy_summary}");
+    let copied = in_(&copy_out, "fault_stack", frames[0]);
+    let copied = copied
+        .iter()
+        .max_by_key(|s| s["count"].as_u64())
+        .unwrap_or_else(|| panic!("no copied stack in {}: {copy_out}", frames[0]));
+    assert_eq!(user_frames(copied), kernel, "copy path vs kernel");
+}
+
+#[test]
+fn c_fault_stacks_unwound_in_the_kernel_match_the_copy_path_exactly() {
+    let cmd = format!("{} touch 3000", c_workload().display());
+    let frames = [
+        "pages_touch_inner",
+        "pages_touch_middle",
+        "pages_touch_outer",
+        "main",
+        "__libc_start_call_main",
+    ];
+    same_as_copy_with_exact_counts(&cmd, &frames, 3000);
+}
+
+#[test]
+fn rust_fault_stacks_unwound_in_the_kernel_match_the_copy_path_exactly() {
+    let cmd = format!("{} touch 2000", rust_workload().display());
+    let frames = [
+        "rust_touch_inner",
+        "rust_touch_middle",
+        "rust_touch_outer",
+        "nofp::main",
+        "std::rt::lang_start_internal",
+        "__libc_start_call_main",
+    ];
+    same_as_copy_with_exact_counts(&cmd, &frames, 2000);
+}
+
+#[test]
+fn brk_stacks_unwound_in_the_kernel_pass_through_glibc() {
+    const N: u64 = 40;
+    let cmd = format!("{} sbrk {N}", c_workload().display());
+    let (out, summary) = trace(&[
+        "brkstack",
+        "--stack-mode",
+        "dwarf",
+        "--unwinder",
+        "kernel",
+        "--json",
+        "-c",
+        &cmd,
+    ]);
+    assert_eq!(summary["unwinder"], "kernel", "{summary}");
+    let loop_stacks = through(&out, "brk_stack", "heap_grow_outer");
+    // The loop's N calls and glibc's first brk(0), one stack by function.
+    assert_eq!(count(&loop_stacks), N + 1, "{out}");
+    assert!(complete(&loop_stacks[0]), "{out}");
+    assert_in_order(
+        &user_frames(&loop_stacks[0]),
+        &[
+            "__brk",
+            "sbrk",
+            "heap_grow_inner",
+            "heap_grow_middle",
+            "heap_grow_outer",
+            "main",
+        ],
+    );
+}
+
+/// Deeper than the frames kept (64): the inner frames are kept, the stack
+/// ends with a mark saying it was cut, and the cut is counted; a shallower
+/// recursion is complete, every frame there.
+#[test]
+fn a_stack_deeper_than_the_limit_is_reported_truncated_not_wrong() {
+    const N: u64 = 50;
+    let cmd = format!("{} deep 100 {N}", c_workload().display());
+    let (out, summary) = faults(&cmd, "kernel");
+    let deep = in_(&out, "fault_stack", "pages_touch_inner");
+    assert_eq!(count(&deep), N, "{out}");
+    for s in &deep {
+        let f = user_frames(s);
+        assert_eq!(f.len(), 64, "{f:#?}");
+        assert!(f[63].contains("truncated"), "{f:#?}");
+        assert!(
+            f[1..63].iter().all(|x| x.starts_with("deep_recurse")),
+            "{f:#?}"
+        );
+    }
+    assert!(
+        summary["kunwind_truncated"].as_u64().unwrap() >= N,
+        "{summary}"
+    );
+    assert!(
+        summary["lost"]["stack_truncated"].as_u64().unwrap() >= N,
+        "{summary}"
+    );
+
+    let cmd = format!("{} deep 20 {N}", c_workload().display());
+    let (out, _) = faults(&cmd, "kernel");
+    let shallow = in_(&out, "fault_stack", "pages_touch_inner");
+    assert_eq!(count(&shallow), N, "{out}");
+    let f = user_frames(&shallow[0]);
+    assert!(complete(&shallow[0]), "{f:#?}");
+    let recursions = f.iter().filter(|x| x.starts_with("deep_recurse")).count();
+    assert_eq!(recursions, 20, "{f:#?}");
+    assert_in_order(&f, &["pages_touch_inner", "deep_recurse", "main", "_start"]);
+}
+
+/// A library dlopen'd after tracing started: its first call meets no table
+/// (said, counted) and has its process's maps read again; its second call,
+/// of N pages, unwinds through it completely.
+#[test]
+fn a_library_loaded_after_tracing_started_unwinds_through() {
+    const N: u64 = 500;
+    let cmd = format!(
+        "{} dlopen {N} {}",
+        c_workload().display(),
+        c_library().display()
+    );
+    let (out, summary) = faults(&cmd, "kernel");
+    let lib = in_(&out, "fault_stack", "lib_touch_inner");
+    let done: Vec<_> = lib.iter().filter(|s| complete(s)).cloned().collect();
+    // N of the second call, and the first call's page if its table came
+    // in time: never fewer than N, nor more than the faults made there.
+    let n = count(&done);
+    assert!((N..=N + 1).contains(&n), "{n} complete: {out}");
+    assert_in_order(
+        &user_frames(&done[0]),
+        &["lib_touch_inner", "lib_touch_pages", "main", "_start"],
+    );
+    assert!(
+        summary["unwind_table_files"].as_u64().unwrap() >= 4,
+        "{summary}"
+    );
+}
