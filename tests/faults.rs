@@ -274,13 +274,14 @@ fn counts_of_exited_processes_fold_past_the_bound_and_none_is_lost() {
         "--stack-mode",
         "fp",
         "--max-kept",
-        "500",
+        "200",
         "--per-pid",
         "--top",
         "1000000",
         "--json",
         "-c",
-        "for i in $(seq 200); do /bin/true; done",
+        // Long enough for several rounds of draining (every 250 ms).
+        "for i in $(seq 1000); do /bin/true; done",
     ]);
     assert_eq!(out.code, 0, "{}", out.stderr);
     let s = &json_of(&out.stdout, "summary")[0];

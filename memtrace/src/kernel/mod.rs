@@ -1,5 +1,6 @@
 //! What the running kernel offers: tracefs formats, BTF offsets, features.
 
+pub mod bpfsys;
 pub mod btf;
 pub mod cgroup;
 pub mod feature;

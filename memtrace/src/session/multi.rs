@@ -7,36 +7,16 @@
 //! every map), then `BPF_PROG_LOAD` and `BPF_LINK_CREATE`, as libbpf does.
 
 use std::ffi::CString;
-use std::io;
-use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 
 use aya::maps::{Map, MapData};
 use aya::Ebpf;
 
-const BPF_PROG_LOAD: libc::c_long = 5;
-const BPF_LINK_CREATE: libc::c_long = 28;
+use crate::kernel::bpfsys::{call_fd, ProgLoad, BPF_LINK_CREATE, BPF_PROG_LOAD};
+
 const BPF_PROG_TYPE_KPROBE: u32 = 2;
 /// `enum bpf_attach_type` in Linux 6.13 and later.
 const BPF_TRACE_UPROBE_SESSION: u32 = 57;
-
-/// `union bpf_attr` for `BPF_PROG_LOAD`, up to `expected_attach_type`; the
-/// kernel takes the fields past a shorter size as zero.
-#[repr(C)]
-#[derive(Default)]
-struct ProgLoad {
-    prog_type: u32,
-    insn_cnt: u32,
-    insns: u64,
-    license: u64,
-    log_level: u32,
-    log_size: u32,
-    log_buf: u64,
-    kern_version: u32,
-    prog_flags: u32,
-    prog_name: [u8; 16],
-    prog_ifindex: u32,
-    expected_attach_type: u32,
-}
 
 /// `union bpf_attr`'s `link_create` with its `uprobe_multi` member.
 #[repr(C)]
@@ -54,24 +34,6 @@ struct LinkCreate {
     multi_flags: u32,
     pid: u32,
     _pad: u32,
-}
-
-fn sys_bpf<T>(cmd: libc::c_long, attr: &T) -> io::Result<OwnedFd> {
-    // SAFETY: attr is a valid bpf_attr prefix of the size passed; every
-    // pointer in it outlives the call.
-    let r = unsafe {
-        libc::syscall(
-            libc::SYS_bpf,
-            cmd,
-            attr as *const T,
-            std::mem::size_of::<T>(),
-        )
-    };
-    if r < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: the syscall returned a new descriptor that nothing else owns.
-    Ok(unsafe { OwnedFd::from_raw_fd(r as i32) })
 }
 
 fn map_data(m: &Map) -> &MapData {
@@ -141,13 +103,13 @@ pub fn load_session_prog(bpf: &Ebpf, name: &str) -> Result<OwnedFd, String> {
     };
     let n = name.len().min(15);
     attr.prog_name[..n].copy_from_slice(&name.as_bytes()[..n]);
-    sys_bpf(BPF_PROG_LOAD, &attr).or_else(|e| {
+    call_fd(BPF_PROG_LOAD, &attr).or_else(|e| {
         // Again with the verifier's log, for its last words.
         let mut log = vec![0u8; 1 << 16];
         attr.log_level = 1;
         attr.log_size = log.len() as u32;
         attr.log_buf = log.as_mut_ptr() as u64;
-        let again = sys_bpf(BPF_PROG_LOAD, &attr);
+        let again = call_fd(BPF_PROG_LOAD, &attr);
         let text = String::from_utf8_lossy(&log);
         let last = text
             .trim_end_matches('\0')
@@ -183,5 +145,5 @@ pub fn attach_session(
         pid: pid.unwrap_or(0),
         ..Default::default()
     };
-    sys_bpf(BPF_LINK_CREATE, &attr).map_err(|e| format!("BPF_LINK_CREATE (uprobe session): {e}"))
+    call_fd(BPF_LINK_CREATE, &attr).map_err(|e| format!("BPF_LINK_CREATE (uprobe session): {e}"))
 }

@@ -1,0 +1,69 @@
+//! The bpf(2) calls memtrace makes itself, where aya 0.14 has no API: a
+//! feature probe, and a program of an attach type aya cannot load (uprobe
+//! sessions). One attribute layout and one wrapper for both.
+
+use std::io;
+use std::os::fd::{FromRawFd, OwnedFd};
+
+pub const BPF_PROG_LOAD: libc::c_long = 5;
+pub const BPF_LINK_CREATE: libc::c_long = 28;
+
+/// `BPF_PROG_LOAD`'s attribute prefix, up to `attach_prog_fd`
+/// (include/uapi/linux/bpf.h); the kernel zero-extends the rest.
+#[repr(C)]
+#[derive(Default)]
+pub struct ProgLoad {
+    pub prog_type: u32,
+    pub insn_cnt: u32,
+    pub insns: u64,
+    pub license: u64,
+    pub log_level: u32,
+    pub log_size: u32,
+    pub log_buf: u64,
+    pub kern_version: u32,
+    pub prog_flags: u32,
+    pub prog_name: [u8; 16],
+    pub prog_ifindex: u32,
+    pub expected_attach_type: u32,
+    pub prog_btf_fd: u32,
+    pub func_info_rec_size: u32,
+    pub func_info: u64,
+    pub func_info_cnt: u32,
+    pub line_info_rec_size: u32,
+    pub line_info: u64,
+    pub line_info_cnt: u32,
+    pub attach_btf_id: u32,
+    pub attach_prog_fd: u32,
+}
+
+/// bpf(2) with `attr` for a command that returns a new descriptor.
+pub fn call_fd<T>(cmd: libc::c_long, attr: &T) -> io::Result<OwnedFd> {
+    // SAFETY: attr is a valid bpf_attr prefix of the size passed; every
+    // pointer in it outlives the call.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_bpf,
+            cmd,
+            attr as *const T,
+            std::mem::size_of::<T>(),
+        )
+    };
+    if r < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: the syscall returned a new descriptor that nothing else owns.
+    Ok(unsafe { OwnedFd::from_raw_fd(r as i32) })
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn attr_layout_matches_the_uapi() {
+        // attach_btf_id sits at byte 108 of union bpf_attr for BPF_PROG_LOAD.
+        assert_eq!(std::mem::offset_of!(super::ProgLoad, attach_btf_id), 108);
+        assert_eq!(
+            std::mem::offset_of!(super::ProgLoad, expected_attach_type),
+            68
+        );
+    }
+}
