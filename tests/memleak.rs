@@ -136,6 +136,42 @@ fn sampling_by_uprobe_and_uretprobe_keeps_big_blocks_exact_and_sees_every_free()
     sampled(&["--no-uprobe-session"]);
 }
 
+/// Blocks grown by realloc under byte sampling: 2 KiB and 4 KiB calls are
+/// sampled by chance, 12 KiB ones always. Kept, exactly the last blocks are
+/// held; freed, nothing is: a block sampled at one call and released by a
+/// realloc that was not sampled must not stay behind.
+fn realloc_under_sampling(extra: &[&str]) {
+    const N: u64 = 2000;
+    for keep in [1, 0] {
+        let cmd = format!("{} realloc-churn {N} {keep}", workload_bin().display());
+        let mut argv = vec!["memleak", "--json", "--top", "50", "--sample-bytes", "4K"];
+        argv.extend_from_slice(extra);
+        argv.extend_from_slice(&["-c", &cmd]);
+        let out = run(&argv);
+        assert_eq!(out.code, 0, "{}", out.stderr);
+        let rows = json_of(&out.stdout, "memleak");
+        let want = if keep == 1 { (N, N * 12288) } else { (0, 0) };
+        assert_eq!(held(&rows, "realloc_churn"), want, "{}", out.stdout);
+        assert_eq!(lost(&out.stdout, "missed_return"), 0, "{}", out.stdout);
+        let summary = &json_of(&out.stdout, "summary")[0];
+        assert!(
+            summary["not_sampled"].as_u64().unwrap() > N / 4,
+            "{}",
+            out.stdout
+        );
+    }
+}
+
+#[test]
+fn a_block_sampled_then_reallocated_unsampled_is_released_by_session() {
+    realloc_under_sampling(&[]);
+}
+
+#[test]
+fn a_block_sampled_then_reallocated_unsampled_is_released_by_uretprobe() {
+    realloc_under_sampling(&["--no-uprobe-session"]);
+}
+
 #[test]
 fn a_running_process_s_leaks_are_reported_exactly_by_stack() {
     let args = leak_args(300);

@@ -83,12 +83,72 @@ pub fn phases(k: usize, size: usize, gap_ms: u64) {
     std::thread::sleep(Duration::from_millis(gap_ms));
 }
 
-/// `malloc-loop N`: N malloc(16)/free pairs (for the benchmark).
+/// `malloc-loop N`: N malloc(16)/free pairs; `calloc-loop N`: N
+/// calloc(1, 16)/free pairs; `realloc-loop N`: N realloc calls on one
+/// block, between 16 and 48 bytes (the benchmark's loops). Prints the
+/// loop's own time.
+pub fn timed_loop(which: &str, n: usize) {
+    let t = std::time::Instant::now();
+    match which {
+        "calloc-loop" => calloc_loop(n),
+        "realloc-loop" => realloc_loop(n),
+        _ => malloc_loop(n),
+    }
+    println!("elapsed_ns {}", t.elapsed().as_nanos());
+}
+
 #[inline(never)]
-pub fn malloc_loop(n: usize) {
+fn malloc_loop(n: usize) {
     for _ in 0..n {
         unsafe { libc::free(black_box(libc::malloc(16))) };
     }
+}
+
+#[inline(never)]
+fn calloc_loop(n: usize) {
+    for _ in 0..n {
+        unsafe { libc::free(black_box(libc::calloc(1, 16))) };
+    }
+}
+
+#[inline(never)]
+fn realloc_loop(n: usize) {
+    let mut p = unsafe { libc::malloc(16) };
+    for i in 0..n {
+        p = black_box(unsafe { libc::realloc(p, 16 + 32 * (i & 1)) });
+    }
+    unsafe { libc::free(p) };
+}
+
+/// `realloc-churn N KEEP`: N blocks of 2 KiB, each grown to 4 KiB and then
+/// to 12 KiB while a neighbour keeps it from growing in place, freed unless
+/// KEEP. Under byte sampling many blocks are sampled at one call and not at
+/// the next: a sampled block's release by an unsampled realloc must be seen.
+/// The slot each realloc frees is taken by a block held elsewhere, so no
+/// later allocation at the same address can hide a release that was missed.
+#[inline(never)]
+pub fn realloc_churn(n: usize, keep: bool) {
+    for _ in 0..n {
+        unsafe {
+            let a = libc::malloc(2048);
+            // Not from the small-block cache: placed right after `a`.
+            let fence = libc::malloc(2048);
+            let b = libc::realloc(a, 4096);
+            // black_box: an unused block's calls would be optimised away.
+            let c = black_box(libc::realloc(b, 12288));
+            hold_freed_slot();
+            if !keep {
+                libc::free(c);
+            }
+            libc::free(black_box(fence));
+        }
+    }
+}
+
+#[inline(never)]
+fn hold_freed_slot() {
+    let p = unsafe { libc::malloc(2048) } as *mut u8;
+    unsafe { std::ptr::write_volatile(p, 3) };
 }
 
 /// `pipes N KEEP LINGER_MS`: N pipes, left open (KEEP=1) or closed at once;

@@ -360,12 +360,12 @@ fn main() {
         "leak-mapping" => leak::leak_mapping(arg(&args, 1, 1 << 20)),
         "phases" => leak::phases(arg(&args, 1, 10), arg(&args, 2, 100), arg(&args, 3, 1000)),
         "pipes" => leak::pipes(arg(&args, 1, 100), arg(&args, 2, 1) != 0, arg(&args, 3, 0)),
-        // malloc-loop N: N malloc(16)/free pairs, timed.
-        "malloc-loop" => {
-            let t = std::time::Instant::now();
-            leak::malloc_loop(arg(&args, 1, 1_000_000));
-            println!("elapsed_ns {}", t.elapsed().as_nanos());
+        // malloc-loop, calloc-loop, realloc-loop N: timed allocator loops.
+        "malloc-loop" | "calloc-loop" | "realloc-loop" => {
+            leak::timed_loop(&args[0], arg(&args, 1, 1_000_000))
         }
+        // realloc-churn N KEEP: N blocks reallocated twice (memleak tests).
+        "realloc-churn" => leak::realloc_churn(arg(&args, 1, 1000), arg(&args, 2, 0) != 0),
         // paced FAULTS_PER_S BRKS_PER_S SECS, counted PAGES MMAPS BRKS: see paced.rs.
         "paced" => paced::paced(
             arg(&args, 1, 1000),

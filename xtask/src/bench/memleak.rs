@@ -1,5 +1,6 @@
-//! memleak's cost per malloc/free pair, against the classic memleak.bt
-//! (size at entry, address and user stack at return, delete at free),
+//! memleak's cost per malloc/free pair, per calloc/free pair and per
+//! realloc call, against the classic memleak.bt (size at entry, address and
+//! user stack at return, delete at free) extended to the same function,
 //! each running the same timed loop as its `-c` command.
 
 use std::process::{Command, Stdio};
@@ -22,8 +23,8 @@ fn libc_path() -> Option<String> {
 
 /// The loop's own time in ns, run under `argv` (`-c` appended; untraced
 /// when empty), or None.
-fn once(argv: &[String]) -> Option<f64> {
-    let cmd = format!("{} malloc-loop {PAIRS}", workload());
+fn once(lp: &str, argv: &[String]) -> Option<f64> {
+    let cmd = format!("{} {lp} {PAIRS}", workload());
     let mut c = match argv.split_first() {
         Some((prog, rest)) => {
             let mut c = Command::new(prog);
@@ -32,7 +33,7 @@ fn once(argv: &[String]) -> Option<f64> {
         }
         None => {
             let mut c = Command::new(workload());
-            c.args(["malloc-loop", &PAIRS.to_string()]);
+            c.args([lp, &PAIRS.to_string()]);
             c
         }
     };
@@ -46,16 +47,46 @@ fn once(argv: &[String]) -> Option<f64> {
         .find_map(|l| l.strip_prefix("elapsed_ns ")?.trim().parse().ok())
 }
 
+/// memleak.bt's classic program, with its entry and return probes on `f`
+/// (realloc also drops the old block, as memleak.bt's free does).
+fn memleak_bt(libc: &str, f: &str) -> String {
+    let (size, old) = match f {
+        "calloc" => ("arg0 * arg1", ""),
+        "realloc" => ("arg1", "delete(@mem[arg0]); delete(@stack[arg0]); "),
+        _ => ("arg0", ""),
+    };
+    format!(
+        "uprobe:{libc}:{f} /pid == cpid/ {{ {old}@size[tid] = {size}; }} \
+         uretprobe:{libc}:{f} /@size[tid]/ {{ @mem[retval] = @size[tid]; @stack[retval] = ustack; delete(@size[tid]); }} \
+         uprobe:{libc}:free /@mem[arg0]/ {{ delete(@mem[arg0]); delete(@stack[arg0]); }}"
+    )
+}
+
 pub(super) fn memleak_cost(runs: usize, out: &mut String) -> Result<()> {
+    for (lp, f, what, unit) in [
+        ("malloc-loop", "malloc", "malloc(16)/free pair", "pair"),
+        ("calloc-loop", "calloc", "calloc(1, 16)/free pair", "pair"),
+        (
+            "realloc-loop",
+            "realloc",
+            "realloc call, 16 to 48 bytes and back",
+            "call",
+        ),
+    ] {
+        loop_cost(runs, [lp, f, what, unit], out)?;
+    }
+    Ok(())
+}
+
+fn loop_cost(runs: usize, [lp, f, what, unit]: [&str; 4], out: &mut String) -> Result<()> {
     let m = memtrace();
     let libc = libc_path().unwrap_or_else(|| "libc".into());
-    let bt = format!(
-        "uprobe:{libc}:malloc /pid == cpid/ {{ @size[tid] = arg0; }} \
-         uretprobe:{libc}:malloc /@size[tid]/ {{ @mem[retval] = @size[tid]; @stack[retval] = ustack; delete(@size[tid]); }} \
-         uprobe:{libc}:free /@mem[arg0]/ {{ delete(@mem[arg0]); delete(@stack[arg0]); }}"
-    );
+    let bt = memleak_bt(&libc, f);
     let owned = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
-    let configs: Vec<(&str, Option<Vec<String>>)> = vec![
+    // The variants that only differ in where probes land are measured on
+    // the malloc loop alone.
+    let all = f == "malloc";
+    let mut configs: Vec<(&str, Option<Vec<String>>)> = vec![
         ("untraced", Some(Vec::new())),
         (
             "memtrace memleak (uprobe session)",
@@ -88,10 +119,13 @@ pub(super) fn memleak_cost(runs: usize, out: &mut String) -> Result<()> {
             have("bpftrace").then(|| owned(&["bpftrace", "-e", &bt])),
         ),
     ];
+    if !all {
+        configs.retain(|(n, _)| !n.contains("every probe") && !n.ends_with("uprobe + uretprobe"));
+    }
     let mut times: Vec<Vec<f64>> = vec![Vec::new(); configs.len()];
     for _ in 0..runs {
         for (i, (_, argv)) in configs.iter().enumerate() {
-            if let Some(t) = argv.as_deref().and_then(once) {
+            if let Some(t) = argv.as_deref().and_then(|a| once(lp, a)) {
                 times[i].push(t);
             }
         }
@@ -100,8 +134,8 @@ pub(super) fn memleak_cost(runs: usize, out: &mut String) -> Result<()> {
     let base = per(0).unwrap_or(0.0);
     let bt_added = per(configs.len() - 1).map(|t| t - base);
     out.push_str(&format!(
-        "\n### memleak: cost per malloc(16)/free pair ({PAIRS} pairs, traced with -c)\n\n\
-         | tracer | ns per pair | added ns per pair | added vs memleak.bt |\n|---|---:|---:|---:|\n"
+        "\n### memleak: cost per {what} ({PAIRS} {unit}s, traced with -c)\n\n\
+         | tracer | ns per {unit} | added ns per {unit} | added vs memleak.bt |\n|---|---:|---:|---:|\n"
     ));
     for (i, (name, argv)) in configs.iter().enumerate() {
         match (argv, per(i)) {
@@ -119,9 +153,13 @@ pub(super) fn memleak_cost(runs: usize, out: &mut String) -> Result<()> {
     }
     // The issue's yardstick for sampling: a program making 1M allocations a
     // second spends 1000 ns per pair; what sampling adds, relative to that.
-    if let Some(t) = configs
-        .iter()
-        .position(|(n, _)| n.starts_with("memtrace memleak --sample-bytes"))
+    if let Some(t) = all
+        .then_some(())
+        .and(
+            configs
+                .iter()
+                .position(|(n, _)| n.starts_with("memtrace memleak --sample-bytes")),
+        )
         .and_then(per)
     {
         let added = t - base;
