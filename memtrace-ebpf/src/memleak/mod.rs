@@ -192,6 +192,13 @@ fn record<C: aya_ebpf::programs::tracing::StackIdContext>(
     }
 }
 
+/// Whether a block is in the table (a realloc that is not sampled needs its
+/// return only to release a block that is).
+#[inline(always)]
+fn tracked(t: Tables, tgid: u32, addr: u64, origin: u32) -> bool {
+    unsafe { t.allocs.get(&AllocKey { addr, tgid, origin }) }.is_some()
+}
+
 /// Deletes a live allocation; true when it was one.
 #[inline(always)]
 fn release(t: Tables, tgid: u32, addr: u64, origin: u32) -> bool {

@@ -17,7 +17,7 @@ use memtrace_common::{
     memleak::{counter, origin, shape, PendingAlloc},
 };
 
-use super::{admit, bump, pending, record, release, set_pending, MEMLEAK_CFG, USER};
+use super::{admit, bump, pending, record, release, set_pending, tracked, MEMLEAK_CFG, USER};
 use crate::helpers::{count_loss, current_tgid, tp_field, wanted};
 
 const MAP_ANONYMOUS: u64 = 0x20;
@@ -54,6 +54,7 @@ fn alloc_enter(regs: *const pt_regs, shape: u64) -> bool {
         return false;
     }
     let r = unsafe { &*regs };
+    let id = bpf_get_current_pid_tgid();
     let (size, ptr) = match shape {
         shape::CALLOC => (mul(r.rdi, r.rsi), 0),
         shape::REALLOC => (r.rsi, r.rdi),
@@ -66,7 +67,6 @@ fn alloc_enter(regs: *const pt_regs, shape: u64) -> bool {
         }
         _ => (r.rdi, 0),
     };
-    let id = bpf_get_current_pid_tgid();
     let sp = r.rsp;
     if let Some(outer) = pending(id) {
         if sp <= outer.call.sp {
@@ -79,7 +79,11 @@ fn alloc_enter(regs: *const pt_regs, shape: u64) -> bool {
         count_loss(loss::MISSED_RETURN);
     }
     let (n, bytes) = admit(size).unwrap_or((0, 0));
-    let frees_old = matches!(shape, shape::REALLOC | shape::REALLOCARRAY) && ptr != 0;
+    // An old block that is not followed (most of them, when sampling) has
+    // nothing to release: its return need not be seen.
+    let frees_old = matches!(shape, shape::REALLOC | shape::REALLOCARRAY)
+        && ptr != 0
+        && tracked(USER, (id >> 32) as u32, ptr, origin::USER);
     if n == 0 && !frees_old {
         return false;
     }
