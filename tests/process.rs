@@ -268,3 +268,28 @@ fn memtrace_does_not_count_itself() {
         out.stdout
     );
 }
+
+/// `--top` counts a stack that several processes share by its sum: five
+/// processes touching 100 pages each in one function outrank one touching
+/// 300 in another, though each of the five alone is smaller.
+#[test]
+fn top_ranks_stacks_after_merging_processes() {
+    let w = workload_bin();
+    let w = w.display();
+    let five = vec![format!("{w} touch 100 &"); 5].join(" ");
+    let cmd = format!("{five} {w} zero-faults 300 1; wait");
+    let out = run(&["faults", "--stacks", "--top", "1", "--json", "-c", &cmd]);
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    let stacks = json_of(&out.stdout, "fault_stack");
+    assert_eq!(stacks.len(), 1, "{}", out.stdout);
+    let top = &stacks[0];
+    assert!(
+        user_frames(top)
+            .iter()
+            .any(|f| f.contains("touch_fresh_pages")),
+        "{}",
+        out.stdout
+    );
+    assert_eq!(top["processes"], 5, "{}", out.stdout);
+    assert!(top["count"].as_u64().unwrap() >= 500, "{}", out.stdout);
+}

@@ -203,7 +203,7 @@ pub fn run(tool: &mut dyn Tool, common: &Common) -> Result<i32> {
         OutFormat::Text
     };
     let mut out = output::printer(format, common.timestamps, dest);
-    out = Box::new(output::MergedStacks(out, common.per_pid));
+    out = Box::new(output::MergedStacks(out, common.per_pid, tool.top()));
     if let Some(path) = &common.record {
         // The record keeps source lines even when they are not shown.
         let shown = session.sym.style;

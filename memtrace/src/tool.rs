@@ -29,6 +29,11 @@ pub trait Tool {
     fn user_stacks(&self) -> Option<(&StackArgs, bool)> {
         None
     }
+    /// `--top N` of tools that print stacks: applied after identical
+    /// stacks of several processes are merged, not before.
+    fn top(&self) -> Option<usize> {
+        None
+    }
     /// Sets the globals and map sizes the tool's programs need.
     fn prepare(&mut self, k: &mut Prep) -> Result<()>;
     /// `-i`/`--count` (or `INTERVAL [COUNT]`) of tools that report per interval.

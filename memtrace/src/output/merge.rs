@@ -62,9 +62,21 @@ pub fn merge_stacks(stacks: &[StackReport], per_pid: bool) -> Vec<StackReport> {
     out
 }
 
-/// A printer that merges stacks before the one it wraps prints them; the
-/// flag keeps processes apart (`--per-pid`).
-pub struct MergedStacks(pub Box<dyn Printer>, pub bool);
+/// How many of the busiest (process, stack) entries a tool symbolizes and
+/// hands over to be merged, whatever its `--top`: a stack that many
+/// processes share ranks by its sum, not by its share in one process.
+/// Bounded, since every entry is symbolized.
+pub const MERGE_CUT: usize = 10_000;
+
+/// The entries a tool hands over for a `--top` of `top`.
+pub fn pre_merge_cut(top: usize) -> usize {
+    top.max(MERGE_CUT)
+}
+
+/// A printer that merges stacks before the one it wraps prints them, then
+/// keeps the tool's `--top` of them; the flag keeps processes apart
+/// (`--per-pid`).
+pub struct MergedStacks(pub Box<dyn Printer>, pub bool, pub Option<usize>);
 
 impl Printer for MergedStacks {
     fn event(&mut self, kind: &'static str, cols: &[Col], row: &Row) {
@@ -77,7 +89,9 @@ impl Printer for MergedStacks {
         self.0.table(kind, title, cols, rows)
     }
     fn stacks(&mut self, kind: &'static str, title: &str, stacks: &[StackReport]) {
-        self.0.stacks(kind, title, &merge_stacks(stacks, self.1))
+        let mut m = merge_stacks(stacks, self.1);
+        m.truncate(self.2.unwrap_or(usize::MAX));
+        self.0.stacks(kind, title, &m)
     }
     fn histogram(&mut self, h: &Hist) {
         self.0.histogram(h)

@@ -11,7 +11,7 @@ use std::io::Write;
 
 pub use folded::{fold, FoldedPrinter};
 pub use json::JsonPrinter;
-pub use merge::{merge_stacks, MergedStacks};
+pub use merge::{merge_stacks, pre_merge_cut, MergedStacks};
 pub use sink::to_stderr;
 pub use text::TextPrinter;
 

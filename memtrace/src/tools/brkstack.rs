@@ -79,6 +79,9 @@ impl Tool for Brkstack {
                 0
             }
     }
+    fn top(&self) -> Option<usize> {
+        Some(self.args.top)
+    }
     fn folded(&self) -> bool {
         self.args.folded
     }
@@ -112,9 +115,11 @@ impl Tool for Brkstack {
         let calls: u64 = v.iter().map(|(_, val)| val.count).sum();
         self.calls = if clear { self.calls + calls } else { calls };
         v.sort_by(|a, b| b.1.count.cmp(&a.1.count).then(b.1.bytes.cmp(&a.1.bytes)));
-        v.truncate(self.args.top);
+        // --top is applied after merging (output::MergedStacks).
+        let cut = crate::output::pre_merge_cut(self.args.top);
+        v.truncate(cut);
         let mode = self.stack_mode();
-        let reports: Vec<StackReport> = match sampled_reports(s, clear, mode, self.args.top, true) {
+        let reports: Vec<StackReport> = match sampled_reports(s, clear, mode, cut, true) {
             Some(r) => r,
             None => v
                 .into_iter()

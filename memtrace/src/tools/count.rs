@@ -211,7 +211,8 @@ impl Count {
     }
 
     fn stack_reports(&self, s: &mut Session, clear: bool, v: &[(CountKey, CountVal)], index: u32) -> Vec<StackReport> {
-        let top = self.args.top.unwrap_or(usize::MAX);
+        // --top is applied after merging (output::MergedStacks).
+        let top = crate::output::pre_merge_cut(self.args.top.unwrap_or(usize::MAX));
         if let Some(mut r) = sampled_reports(s, clear, self.mode, usize::MAX, self.args.sum.is_some()) {
             r.truncate(top);
             return r;
@@ -264,6 +265,10 @@ impl Tool for Count {
         // Tracepoints can fire millions of times a second: no stack copy per
         // event unless asked for (--stack-mode dwarf, --sample).
         (self.mode & stack_mode::USER != 0).then_some((&self.args.stacks, false))
+    }
+    fn top(&self) -> Option<usize> {
+        // Tables are cut here; stacks after merging.
+        self.args.top.filter(|_| self.mode != 0)
     }
     fn folded(&self) -> bool {
         self.args.folded

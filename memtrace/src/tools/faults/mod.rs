@@ -196,10 +196,12 @@ impl Faults {
             }
             let mut v: Vec<_> = agg.into_iter().collect();
             v.sort_by_key(|e| std::cmp::Reverse(e.1 .0));
-            v.truncate(self.args.top);
+            // --top is applied after merging (output::MergedStacks).
+            let cut = crate::output::pre_merge_cut(self.args.top);
+            v.truncate(cut);
             let mode = self.mode();
             let reports: Vec<StackReport> =
-                match sampled_reports(s, clear, mode, self.args.top, false) {
+                match sampled_reports(s, clear, mode, cut, false) {
                     Some(r) => r,
                     None => v
                         .into_iter()
@@ -319,6 +321,9 @@ impl Tool for Faults {
     }
     fn stack_mode(&self) -> u32 {
         self.mode()
+    }
+    fn top(&self) -> Option<usize> {
+        Some(self.args.top)
     }
     fn folded(&self) -> bool {
         self.args.folded

@@ -176,6 +176,9 @@ impl Tool for Memleak {
     fn user_stacks(&self) -> Option<(&StackArgs, bool)> {
         self.user.then_some((&self.args.stacks, false))
     }
+    fn top(&self) -> Option<usize> {
+        Some(self.args.top)
+    }
     fn folded(&self) -> bool {
         self.args.folded
     }
@@ -232,7 +235,8 @@ impl Tool for Memleak {
         // every report shows all that is held (as BCC does).
         self.read_counts(s)?;
         let reports = report::outstanding(s, self.tables(), &self.args, &self.phase, self.stack_mode())?;
-        let n = reports.len().min(self.args.top);
+        // As BCC: the number asked for (merging may leave fewer).
+        let n = self.args.top;
         let est = if self.args.sample_bytes.is_some() {
             " (estimated from samples)"
         } else {
@@ -242,7 +246,7 @@ impl Tool for Memleak {
             "[{}] Top {n} stacks with outstanding allocations{est}:",
             crate::output::clock()
         );
-        out.stacks("memleak", &title, &reports[..n]);
+        out.stacks("memleak", &title, &reports);
         Ok(())
     }
 

@@ -71,7 +71,8 @@ fn monotonic_ns() -> u64 {
     t.tv_sec as u64 * 1_000_000_000 + t.tv_nsec as u64
 }
 
-/// The stacks holding most, symbolized, best first (`args.top` of them).
+/// The stacks holding most, symbolized, best first (enough of them for
+/// `args.top` after merging).
 pub fn outstanding(
     s: &mut Session,
     t: Tables,
@@ -106,7 +107,8 @@ pub fn outstanding(
         Sort::Size => top.sort_by(|a, b| b.1 .1.cmp(&a.1 .1).then(b.1 .0.cmp(&a.1 .0))),
         Sort::Count => top.sort_by(|a, b| b.1 .0.cmp(&a.1 .0).then(b.1 .1.cmp(&a.1 .1))),
     }
-    top.truncate(args.top);
+    // --top is applied after merging (output::MergedStacks).
+    top.truncate(crate::output::pre_merge_cut(args.top));
     let reports = top
         .into_iter()
         .map(|(k, (n, bytes))| {
