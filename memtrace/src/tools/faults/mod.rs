@@ -54,7 +54,7 @@ pub struct Args {
     pub slots: u32,
     /// Counts by stack kept in runs without -i before those of exited
     /// processes are folded. Tests shrink it.
-    #[arg(long, hide = true, default_value_t = kept::MAX_KEPT)]
+    #[arg(long, hide = true, default_value_t = crate::kept::MAX_KEPT)]
     pub max_kept: usize,
     /// Keys of the kernel's count map (default 16384, 262144 by mapping).
     /// Tests shrink it to show that long runs never fill it.
@@ -363,7 +363,7 @@ impl Tool for Faults {
         self.kept.counts = kept;
         let n = moved.len();
         for (k, c, name) in moved {
-            self.kept.add(k, c, name);
+            self.kept.add(k, &(c, name));
         }
         self.kept.bound(crate::proc::alive);
         Ok(n)
@@ -371,6 +371,14 @@ impl Tool for Faults {
 
     fn events(&self) -> u64 {
         self.seen
+    }
+
+    fn on_start(&mut self, s: &mut Session) -> Result<()> {
+        // The unwound samples of dwarf mode are kept under the same bound.
+        if let Some(d) = s.dwarf.as_mut() {
+            d.samples.max = self.args.max_kept;
+        }
+        Ok(())
     }
 
     fn summary_extra(&self) -> Vec<(&'static str, crate::output::Value)> {
