@@ -147,7 +147,14 @@ struct Proc {
     exec: Vec<Range<u64>>,
     /// Those with unwind info, to tell where unwinding left it.
     covered: Vec<Range<u64>>,
+    /// The files its modules were read from.
+    files: Vec<FileId>,
 }
+
+/// Binaries whose unwind info is kept even when no live process maps them
+/// (a churn of short processes runs the same few again and again); past
+/// it, only those of live processes are (a busy host runs ever new ones).
+const MAX_OBJECTS: usize = 64;
 
 #[derive(Default)]
 pub struct DwarfUnwinder {
@@ -163,6 +170,7 @@ impl DwarfUnwinder {
         let mut unwinder = UnwinderX86_64::new();
         let mut covered = Vec::new();
         let mut exec = Vec::new();
+        let mut files = Vec::new();
         for m in maps.maps(pid)? {
             if !m.perms.contains('x') {
                 continue;
@@ -181,6 +189,7 @@ impl DwarfUnwinder {
                 })
                 .clone();
             let Some(info) = info else { continue };
+            files.push((m.dev, m.inode));
             let Some(bias) = info.bias(m) else { continue };
             if info.has_unwind_info() {
                 covered.push(m.start..m.end);
@@ -203,7 +212,22 @@ impl DwarfUnwinder {
             unwinder,
             exec,
             covered,
+            files,
         })
+    }
+
+    /// Lets go of the modules of processes that exited, and past
+    /// MAX_OBJECTS of the unwind info only they used.
+    pub fn forget_exited(&mut self, alive: impl Fn(u32) -> bool) {
+        self.procs.retain(|p, _| alive(*p));
+        if self.objects.len() > MAX_OBJECTS {
+            let used: std::collections::HashSet<FileId> = self
+                .procs
+                .values()
+                .flat_map(|p| p.files.iter().copied())
+                .collect();
+            self.objects.retain(|k, _| used.contains(k));
+        }
     }
 
     /// Unwinds one `kind::STACK_SAMPLE` record of `pid`: addresses for

@@ -122,7 +122,7 @@ impl DwarfStacks {
     /// unwinder's modules, the latest stacks, and past the bound their
     /// counts by stack (folded, never dropped). How many samples folded.
     pub fn forget_exited(&mut self, alive: impl Fn(u32) -> bool) -> usize {
-        self.unwinder.procs.retain(|p, _| alive(*p));
+        self.unwinder.forget_exited(&alive);
         self.last.retain(|t, _| alive(*t));
         self.last_thread.retain(|p, _| alive(*p));
         self.samples.bound(alive)
