@@ -245,7 +245,8 @@ fn processes_that_exit_never_fill_the_tables() {
     assert!(s["frees"].as_u64().unwrap() >= N * 100, "{s}");
     let rows = json_of(&out.stdout, "memleak");
     assert!(
-        rows.iter().any(|r| r["note"] == "held when the process exited"),
+        rows.iter()
+            .any(|r| r["note"] == "held when the process exited"),
         "{}",
         out.stdout
     );

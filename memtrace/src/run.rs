@@ -307,6 +307,7 @@ pub fn run(tool: &mut dyn Tool, common: &Common) -> Result<i32> {
         duration_s: started.elapsed().as_secs_f64(),
         events: tool.events(),
         lost: session.losses(),
+        degraded: session.degraded(),
         attached: session.attached.clone(),
         command_status: status,
         extra,

@@ -263,14 +263,28 @@ impl Session {
         }
     }
 
-    /// Events lost in the kernel so far, by reason, summed over CPUs.
-    pub fn losses(&self) -> Vec<(&'static str, u64)> {
+    /// The kernel's loss and degradation counters, by reason, summed over CPUs.
+    fn loss_counters(&self) -> Vec<(&'static str, u64)> {
         let mut out: Vec<(&'static str, u64)> = loss::NAMES.iter().map(|n| (*n, 0)).collect();
         if let Ok(slots) = self.read_percpu_array(names::LOSSES) {
             for (slot, vals) in out.iter_mut().zip(slots) {
                 slot.1 = vals.iter().sum();
             }
         }
+        out
+    }
+
+    /// Events kept in a lesser form (`losses::DEGRADATIONS`), by reason.
+    pub fn degraded(&self) -> Vec<(&'static str, u64)> {
+        let mut out = self.loss_counters();
+        out.retain(|(r, _)| crate::losses::is_degradation(r));
+        out
+    }
+
+    /// Events lost in the kernel so far, by reason, summed over CPUs.
+    pub fn losses(&self) -> Vec<(&'static str, u64)> {
+        let mut out = self.loss_counters();
+        out.retain(|(r, _)| !crate::losses::is_degradation(r));
         out.push(("missed_runs", self.missed_runs()));
         out.push(("stack_evicted", self.stacks.missed.get()));
         out
