@@ -87,10 +87,12 @@ fn command_stacks_symbolize_after_the_command_exited() {
     assert!(frames[0].contains("grow_heap_with_raw_brk"), "{frames:?}");
 }
 
-/// `lost.stack_truncated` of a run's summary.
+/// `degraded.stack_truncated` of a run's summary; such stacks are
+/// reported (cut), so none of them is among the losses.
 fn truncated(stdout: &str) -> u64 {
     let summary = json_of(stdout, "summary").pop().unwrap();
-    summary["lost"]["stack_truncated"].as_u64().unwrap()
+    assert_eq!(summary["lost_total"], 0, "{summary}");
+    summary["degraded"]["stack_truncated"].as_u64().unwrap()
 }
 
 /// A walked stack cut at either bound of the walk (frames kept, pages of
@@ -203,4 +205,48 @@ fn long_runs_without_intervals_never_fill_the_map() {
     let (full, events) = run_with(&[]);
     assert_eq!(full, 0);
     assert!(events >= 2400, "{events} brk calls counted");
+}
+
+/// Past the bound on kept counts, the dwarf (copy) samples of exited
+/// processes fold into one count per process, as the counts by stack id
+/// do: memtrace's memory stays bounded, every call is still counted, and
+/// the report says which were folded.
+#[test]
+fn samples_of_exited_processes_fold_past_the_bound_and_none_is_lost() {
+    let cmd = format!(
+        // Long enough for several rounds of reclaiming (every 250 ms).
+        "for i in $(seq 300); do {} sbrk 3 8192; done",
+        workload_bin().display()
+    );
+    let out = run(&[
+        "brkstack",
+        "--max-kept",
+        "50",
+        "--top",
+        "1000000",
+        "--json",
+        "-c",
+        &cmd,
+    ]);
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    let s = &json_of(&out.stdout, "summary")[0];
+    assert_eq!(s["stack_mode"], "dwarf", "{s}");
+    assert_eq!(s["lost_total"].as_u64(), Some(0), "{s}");
+    assert!(s["stacks_folded"].as_u64().unwrap_or(0) > 0, "{s}");
+    let (calls, bytes) = totals(&out.stdout);
+    assert_eq!(calls, s["events"].as_u64().unwrap(), "{s}");
+    // Each process grew its heap by at least its three 8 KiB calls.
+    assert!(calls >= 900 && bytes >= 300 * 3 * 8192, "{calls} {bytes}");
+    let folded: Vec<_> = stacks(&out.stdout)
+        .into_iter()
+        .filter(|r| user_frames(r).iter().any(|f| f.contains("folded")))
+        .collect();
+    assert!(!folded.is_empty(), "no folded line");
+    // Far fewer lines than processes: one per process at most, plus the
+    // stacks of processes that had not exited yet at a round.
+    assert!(
+        stacks(&out.stdout).len() < 300 * 3,
+        "{}",
+        stacks(&out.stdout).len()
+    );
 }

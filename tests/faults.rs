@@ -188,6 +188,7 @@ fn ffaults_names_the_file_with_its_faults() {
 /// 3000 short processes and then a workload, counted by process in a map of
 /// 4096 keys: without interval reports, memtrace still empties the map as
 /// it goes, so nothing is lost and the workload started last is there.
+/// What comes while the map is full is counted without its process.
 #[test]
 fn long_runs_without_intervals_never_fill_the_map() {
     let w = workload_bin();
@@ -202,15 +203,21 @@ fn long_runs_without_intervals_never_fill_the_map() {
         args.extend_from_slice(extra);
         let out = run(&args);
         assert_eq!(out.code, 0, "{}", out.stderr);
-        let s = json_of(&out.stdout, "summary");
-        (s[0]["lost"]["map_full"].as_u64().unwrap(), out.stdout)
+        let s = &json_of(&out.stdout, "summary")[0];
+        let full = s["lost"]["map_full"].as_u64().unwrap();
+        (
+            full,
+            s["degraded"]["count_spilled"].as_u64().unwrap(),
+            out.stdout,
+        )
     };
     // The churn does overflow such a map when nothing empties it (a report
     // interval longer than the run): the check below can fail.
-    let (full, out) = lost(&["-i", "600"]);
-    assert!(full > 0, "the churn never filled the map: {out}");
-    let (full, out) = lost(&[]);
+    let (full, spilled, out) = lost(&["-i", "600"]);
+    assert!(spilled > 0, "the churn never filled the map: {out}");
     assert_eq!(full, 0, "{out}");
+    let (full, spilled, out) = lost(&[]);
+    assert_eq!((full, spilled), (0, 0), "{out}");
     let work: u64 = json_of(&out, "faults")
         .iter()
         .filter(|r| r["comm"] == "memtrace-worklo")
@@ -265,6 +272,43 @@ fn stack_storage_is_reclaimed_in_long_runs() {
         .map(|s| s["count"].as_u64().unwrap())
         .sum();
     assert!(in_touch >= 2000, "the workload started last: {in_touch}");
+}
+
+/// Counted by stack in a map far too small for a churn of processes: what
+/// comes while it is full between two drains is counted on a line of its
+/// own, without process or stack, never lost (the soak lost 0.6% in bursts).
+#[test]
+fn faults_while_the_count_map_is_full_are_counted_not_lost() {
+    let out = run(&[
+        "faults",
+        "--stacks",
+        "--stack-mode",
+        "fp",
+        "--keys",
+        "16",
+        "--top",
+        "1000000",
+        "--json",
+        "-c",
+        "for i in $(seq 200); do /bin/true; done",
+    ]);
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    let s = &json_of(&out.stdout, "summary")[0];
+    assert_eq!(s["lost"]["map_full"].as_u64(), Some(0), "{s}");
+    assert!(s["degraded"]["count_spilled"].as_u64().unwrap() > 0, "{s}");
+    let stacks = json_of(&out.stdout, "fault_stack");
+    let counted: u64 = stacks.iter().map(|r| r["count"].as_u64().unwrap()).sum();
+    assert_eq!(counted, s["events"].as_u64().unwrap(), "{s}");
+    let spilled: u64 = stacks
+        .iter()
+        .filter(|r| r["comm"] == "[count map full]")
+        .map(|r| r["count"].as_u64().unwrap())
+        .sum();
+    assert_eq!(
+        spilled,
+        s["degraded"]["count_spilled"].as_u64().unwrap(),
+        "{s}"
+    );
 }
 
 /// Past the bound on kept counts, the per-stack counts of exited processes

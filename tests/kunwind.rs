@@ -162,7 +162,7 @@ fn a_stack_deeper_than_the_limit_is_reported_truncated_not_wrong() {
         "{summary}"
     );
     assert!(
-        summary["lost"]["stack_truncated"].as_u64().unwrap() >= N,
+        summary["degraded"]["stack_truncated"].as_u64().unwrap() >= N,
         "{summary}"
     );
 

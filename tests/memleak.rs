@@ -257,6 +257,37 @@ fn a_full_table_is_counted_not_silent() {
     assert!(out.stderr.contains("map_full"), "{}", out.stderr);
 }
 
+/// A loop of short processes, each leaving blocks and stacks of its own:
+/// memtrace moves what a process held out of the kernel's tables once it
+/// exits, so tables that hold a fraction of the loop's stacks never fill.
+#[test]
+fn processes_that_exit_never_fill_the_tables() {
+    const N: u64 = 100;
+    let cmd = format!(
+        // Paced so that a round of reclaiming (every 250 ms) meets a few
+        // processes at a time; the whole loop has thousands of stacks.
+        "for i in $(seq {N}); do {} malloc-loop 100 >/dev/null; sleep 0.05; done",
+        workload_bin().display()
+    );
+    let out = run(&["memleak", "--json", "--max-stacks", "1024", "-c", &cmd]);
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    let s = &json_of(&out.stdout, "summary")[0];
+    assert_eq!(lost(&out.stdout, "map_full"), 0, "{s}");
+    // Each workload process and each sleep exited, holding some blocks.
+    assert!(s["exited_processes"].as_u64().unwrap() >= 2 * N - 10, "{s}");
+    assert!(s["held_at_exit"].as_u64().unwrap() >= N, "{s}");
+    assert!(s["exited_blocks_swept"].as_u64().unwrap() > 0, "{s}");
+    // Every malloc/free pair of the loops was followed to its free.
+    assert!(s["frees"].as_u64().unwrap() >= N * 100, "{s}");
+    let rows = json_of(&out.stdout, "memleak");
+    assert!(
+        rows.iter()
+            .any(|r| r["note"] == "held when the process exited"),
+        "{}",
+        out.stdout
+    );
+}
+
 /// Outstanding kernel allocations made under `alloc_pipe_info`, reported
 /// while the workload still holds (or has closed) its pipes.
 fn pipe_allocations(keep: bool) -> u64 {

@@ -44,7 +44,10 @@ pub mod loss {
     /// call on the thread found it still pending): longjmp, or a return
     /// probe the kernel could not place.
     pub const MISSED_RETURN: u32 = 7;
-    pub const NR: u32 = 8;
+    /// Counted while the count map was full, without process or stack
+    /// (faults): a degradation, not a loss.
+    pub const SPILLED: u32 = 8;
+    pub const NR: u32 = 9;
     pub const NAMES: [&str; NR as usize] = [
         "ringbuf_full",
         "stack_fail",
@@ -54,6 +57,7 @@ pub mod loss {
         "stack_truncated",
         "map_busy",
         "missed_return",
+        "count_spilled",
     ];
 }
 

@@ -133,6 +133,7 @@ maps! {
     FAULTS_PERF: FaultKey => FaultVal, OnDemand;
     FAULT_SLOTS: u32 => FaultSlot, OnDemand;
     FAULT_SLOT_FREE: u32 => u32, OnDemand;
+    FAULT_SPILL: u32 => u64, Compiled;
     FILE_FAULTS: FileKey => u64, OnDemand;
     FILES_SEEN: FileKey => u8, OnDemand;
     SWAPINS: u32 => FaultVal, OnDemand;

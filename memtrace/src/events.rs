@@ -61,6 +61,10 @@ impl Reclaim {
     fn run(&mut self, tool: &mut dyn Tool, session: &mut Session) -> Result<()> {
         let mut moved = session.harvest_user_stacks()?;
         moved = moved.max(crate::process::forget_exited(session)?);
+        moved = moved.max(tool.forget_exited(session)?);
+        if let Some(d) = session.dwarf.as_mut() {
+            d.forget_exited(crate::proc::alive);
+        }
         // Interval reports empty the count maps themselves.
         if tool.interval().is_none() {
             moved = moved.max(tool.drain(session)?);

@@ -274,6 +274,7 @@ pub fn run(tool: &mut dyn Tool, common: &Common) -> Result<i32> {
             ("unwind_no_maps", Value::from(u.no_maps)),
             ("unwind_failed", Value::from(u.failed)),
         ]);
+        add_folded(&mut extra, d.samples.folded);
     } else if let Some(t) = session
         .sym
         .maps
@@ -306,6 +307,7 @@ pub fn run(tool: &mut dyn Tool, common: &Common) -> Result<i32> {
         duration_s: started.elapsed().as_secs_f64(),
         events: tool.events(),
         lost: session.losses(),
+        degraded: session.degraded(),
         attached: session.attached.clone(),
         command_status: status,
         extra,
@@ -321,4 +323,16 @@ pub fn run(tool: &mut dyn Tool, common: &Common) -> Result<i32> {
         (0, Some(s)) if s > 0 => s,
         (code, _) => code,
     })
+}
+
+/// Stacks folded under the bound on kept counts, the tool's and the
+/// unwound samples' together.
+fn add_folded(extra: &mut Vec<(&'static str, Value)>, n: u64) {
+    if n == 0 {
+        return;
+    }
+    match extra.iter_mut().find(|(k, _)| *k == "stacks_folded") {
+        Some((_, Value::U(v))) => *v += n,
+        _ => extra.push(("stacks_folded", Value::from(n))),
+    }
 }

@@ -64,6 +64,12 @@ pub trait Tool {
     fn drain(&mut self, _s: &mut Session) -> Result<usize> {
         Ok(0)
     }
+    /// Every second or so, intervals or not: the tool lets go of what the
+    /// kernel keeps for processes that exited (a long run meets thousands).
+    /// Returns how many keys it moved.
+    fn forget_exited(&mut self, _s: &mut Session) -> Result<usize> {
+        Ok(0)
+    }
     /// Every interval.
     fn on_interval(&mut self, s: &mut Session, out: &mut dyn Printer) -> Result<()> {
         self.report(s, out, true)

@@ -20,6 +20,9 @@ use crate::session::{Loader, Session};
 use crate::tool::Tool;
 use crate::unwind::DwarfStacks;
 
+/// The frames shown for the folded stacks of an exited process.
+pub const FOLDED: &str = "[stacks of this exited process folded: memtrace's bound on kept counts]";
+
 /// A stack id as the kernel programs store it in keys and records: an id in
 /// a stack map, or one of the negative sentinels.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -193,12 +196,7 @@ impl Session {
     pub fn thread_user_frames(&mut self, pid: u32, tid: Option<u32>, id: i32) -> Vec<String> {
         match StackRef::from_raw(id) {
             StackRef::NotSampled => vec!["[not sampled (--sample)]".into()],
-            StackRef::Folded => {
-                vec![
-                    "[stacks of this exited process folded: memtrace's bound on kept counts]"
-                        .into(),
-                ]
-            }
+            StackRef::Folded => vec![FOLDED.into()],
             StackRef::InSample => {
                 let Some((ips, end)) = self.dwarf.as_mut().and_then(|d| d.take_last(pid, tid))
                 else {
@@ -273,9 +271,12 @@ pub fn sampled_reports(
     let reports = v
         .into_iter()
         .map(|(k, val)| {
-            let user = s.sym.user(k.tgid, &k.user);
+            let user = match k.folded {
+                true => vec![FOLDED.to_string()],
+                false => s.sym.user(k.tgid, &k.user),
+            };
             let kernel = s.kernel_frames(k.kstack);
-            let note = if mode & stack_mode::KERNEL != 0 && k.kstack < 0 {
+            let note = if mode & stack_mode::KERNEL != 0 && k.kstack < 0 && !k.folded {
                 Some("kernel stack capture failed (counted in stack_fail)".to_string())
             } else {
                 val.end.and_then(|e| e.note()).map(String::from)

@@ -138,6 +138,12 @@ impl Printer for JsonPrinter {
         m.insert("events".into(), json!(s.events));
         m.insert("lost_total".into(), json!(s.total_lost()));
         m.insert("lost".into(), J::Object(lost));
+        let degraded: Map<String, J> = s
+            .degraded
+            .iter()
+            .map(|(k, n)| ((*k).into(), json!(n)))
+            .collect();
+        m.insert("degraded".into(), J::Object(degraded));
         m.insert("attached".into(), J::Array(attached));
         if let Some(st) = s.command_status {
             m.insert("command_status".into(), json!(st));

@@ -200,6 +200,9 @@ pub struct Summary {
     pub events: u64,
     /// (reason, count) for every loss counter, zero or not.
     pub lost: Vec<(&'static str, u64)>,
+    /// (reason, count) for events kept in a lesser form (a truncated
+    /// stack): reported, so not among the losses.
+    pub degraded: Vec<(&'static str, u64)>,
     /// (probe, method, target) as attached.
     pub attached: Vec<(String, String, String)>,
     /// Exit status of the command run with `-c`.

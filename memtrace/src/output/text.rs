@@ -192,6 +192,15 @@ impl Printer for TextPrinter {
             "memtrace {}: {:.1}s, {} events, {lost}",
             s.tool, s.duration_s, s.events
         );
+        let degraded: Vec<String> = s
+            .degraded
+            .iter()
+            .filter(|(_, n)| *n > 0)
+            .map(|(k, n)| format!("{k}={n}"))
+            .collect();
+        if !degraded.is_empty() {
+            line.push_str(&format!(", degraded (reported): {}", degraded.join(" ")));
+        }
         if let Some(st) = s.command_status {
             line.push_str(&format!(", command exited with status {st}"));
         }

@@ -100,13 +100,31 @@ impl Session {
         // deleting, lost every add made in between (a millisecond with
         // a thousand keys).
         let keys: Vec<K> = m.keys().filter_map(|k| k.ok()).collect();
+        self.take_percpu(map, &keys)
+    }
+
+    /// Every key of a per-CPU hash map.
+    pub fn percpu_keys<K: Pod, V: Pod>(&self, map: MapName<K, V>) -> Result<Vec<K>> {
+        let m: PerCpuHashMap<_, K, V> = PerCpuHashMap::try_from(self.map_data(map.name)?)
+            .map_err(|e| Error::Runtime(chain(&e)))?;
+        Ok(m.keys().filter_map(|k| k.ok()).collect())
+    }
+
+    /// Reads and deletes `keys` of a per-CPU hash map, with their per-CPU
+    /// values; keys already gone are left out.
+    pub fn take_percpu<K: Pod, V: Pod>(
+        &mut self,
+        map: MapName<K, V>,
+        keys: &[K],
+    ) -> Result<Vec<(K, Vec<V>)>> {
+        let name = map.name;
         let fd = match self.bpf.map(name) {
             Some(aya::maps::Map::PerCpuHashMap(d)) => Some(d.fd().as_fd().as_raw_fd()),
             _ => None,
         };
         let cpus = aya::util::nr_cpus().map_err(|(_, e)| Error::Runtime(e.to_string()))?;
         let mut out = Vec::with_capacity(keys.len());
-        for k in keys {
+        for &k in keys {
             match fd.map(|fd| take::<K, V>(fd, &k, cpus)) {
                 Some(Ok(Some(vals))) => out.push((k, vals)),
                 Some(Ok(None)) => {}
@@ -138,6 +156,19 @@ impl Session {
             .collect())
     }
 
+    /// `take_percpu` with each key's values folded over the CPUs.
+    pub fn take_folded<K: Pod, V: Fold>(
+        &mut self,
+        map: MapName<K, V>,
+        keys: &[K],
+    ) -> Result<Vec<(K, V)>> {
+        Ok(self
+            .take_percpu(map, keys)?
+            .into_iter()
+            .map(|(k, vals)| (k, V::fold(&vals)))
+            .collect())
+    }
+
     /// Every entry of a (non-per-CPU) hash map; empty when it is missing.
     pub fn hash_entries<K: Pod, V: Pod>(&self, map: MapName<K, V>) -> Vec<(K, V)> {
         let Ok(m) = self.map_data(map.name) else {
@@ -147,6 +178,17 @@ impl Session {
             return Vec::new();
         };
         h.iter().filter_map(|e| e.ok()).collect()
+    }
+
+    /// Every key of a (non-per-CPU) hash map; empty when it is missing.
+    pub fn hash_keys<K: Pod, V: Pod>(&self, map: MapName<K, V>) -> Vec<K> {
+        let Ok(m) = self.map_data(map.name) else {
+            return Vec::new();
+        };
+        let Ok(h) = AyaHashMap::<_, K, V>::try_from(m) else {
+            return Vec::new();
+        };
+        h.keys().filter_map(|k| k.ok()).collect()
     }
 
     /// One entry of a hash map.
@@ -221,14 +263,28 @@ impl Session {
         }
     }
 
-    /// Events lost in the kernel so far, by reason, summed over CPUs.
-    pub fn losses(&self) -> Vec<(&'static str, u64)> {
+    /// The kernel's loss and degradation counters, by reason, summed over CPUs.
+    fn loss_counters(&self) -> Vec<(&'static str, u64)> {
         let mut out: Vec<(&'static str, u64)> = loss::NAMES.iter().map(|n| (*n, 0)).collect();
         if let Ok(slots) = self.read_percpu_array(names::LOSSES) {
             for (slot, vals) in out.iter_mut().zip(slots) {
                 slot.1 = vals.iter().sum();
             }
         }
+        out
+    }
+
+    /// Events kept in a lesser form (`losses::DEGRADATIONS`), by reason.
+    pub fn degraded(&self) -> Vec<(&'static str, u64)> {
+        let mut out = self.loss_counters();
+        out.retain(|(r, _)| crate::losses::is_degradation(r));
+        out
+    }
+
+    /// Events lost in the kernel so far, by reason, summed over CPUs.
+    pub fn losses(&self) -> Vec<(&'static str, u64)> {
+        let mut out = self.loss_counters();
+        out.retain(|(r, _)| !crate::losses::is_degradation(r));
         out.push(("missed_runs", self.missed_runs()));
         out.push(("stack_evicted", self.stacks.missed.get()));
         out

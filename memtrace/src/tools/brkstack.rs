@@ -1,8 +1,6 @@
 //! `memtrace brkstack`: brk calls counted in the kernel by (process, user
 //! stack), with the bytes the heap grew by.
 
-use std::collections::HashMap;
-
 use memtrace_common::{
     names::BRK_STACKS,
     stack_mode,
@@ -12,6 +10,7 @@ use memtrace_common::{
 use crate::attach::Probe;
 use crate::cli::{IntervalArgs, StackArgs};
 use crate::error::Result;
+use crate::kept::Kept;
 use crate::output::{clock, Printer, StackReport};
 use crate::session::Session;
 use crate::tool::{Prep, Tool};
@@ -38,6 +37,10 @@ pub struct Args {
     /// runs never fill it.
     #[arg(long, hide = true, default_value_t = 8192)]
     pub keys: u32,
+    /// Counts by stack kept in runs without -i before those of exited
+    /// processes are folded. Tests shrink it.
+    #[arg(long, hide = true, default_value_t = crate::kept::MAX_KEPT)]
+    pub max_kept: usize,
 }
 
 pub fn probes() -> Vec<Probe> {
@@ -48,7 +51,7 @@ pub struct Brkstack {
     args: Args,
     calls: u64,
     /// What `drain` moved out of the kernel's map since the last report.
-    kept: HashMap<StackKey, StackVal>,
+    kept: Kept<StackKey, StackVal>,
 }
 
 impl Brkstack {
@@ -56,7 +59,7 @@ impl Brkstack {
         Ok(Brkstack {
             args: a.clone(),
             calls: 0,
-            kept: HashMap::new(),
+            kept: Kept::new(a.max_kept),
         })
     }
 }
@@ -101,16 +104,17 @@ impl Tool for Brkstack {
 
     fn report(&mut self, s: &mut Session, out: &mut dyn Printer, clear: bool) -> Result<()> {
         let mut v = s.read_folded(BRK_STACKS, clear)?;
-        if !self.kept.is_empty() {
-            let mut all = if clear {
-                std::mem::take(&mut self.kept)
+        if !self.kept.counts.is_empty() {
+            let mut all = Kept::new(self.kept.max);
+            all.counts = if clear {
+                std::mem::take(&mut self.kept.counts)
             } else {
-                self.kept.clone()
+                self.kept.counts.clone()
             };
             for (k, val) in v {
-                add(&mut all, k, &val);
+                all.add(k, &val);
             }
-            v = all.into_iter().collect();
+            v = all.counts.into_iter().collect();
         }
         let calls: u64 = v.iter().map(|(_, val)| val.count).sum();
         self.calls = if clear { self.calls + calls } else { calls };
@@ -143,21 +147,28 @@ impl Tool for Brkstack {
         let v = s.read_folded(BRK_STACKS, true)?;
         let n = v.len();
         for (k, val) in v {
-            add(&mut self.kept, k, &val);
+            self.kept.add(k, &val);
         }
+        self.kept.bound(crate::proc::alive);
         Ok(n)
     }
 
     fn events(&self) -> u64 {
         self.calls
     }
-}
 
-fn add(to: &mut HashMap<StackKey, StackVal>, k: StackKey, v: &StackVal) {
-    let e = to.entry(k).or_insert(StackVal {
-        comm: v.comm,
-        ..Default::default()
-    });
-    e.count += v.count;
-    e.bytes += v.bytes;
+    fn on_start(&mut self, s: &mut Session) -> Result<()> {
+        // The unwound samples of dwarf mode are kept under the same bound.
+        if let Some(d) = s.dwarf.as_mut() {
+            d.samples.max = self.args.max_kept;
+        }
+        Ok(())
+    }
+
+    fn summary_extra(&self) -> Vec<(&'static str, crate::output::Value)> {
+        match self.kept.folded {
+            0 => Vec::new(),
+            n => vec![("stacks_folded", n.into())],
+        }
+    }
 }

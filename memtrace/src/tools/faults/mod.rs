@@ -22,6 +22,7 @@ use crate::ustack::{sampled_reports, sampled_title, stack_report};
 
 mod kept;
 mod slots;
+mod spill;
 use kept::Kept;
 use slots::Slots;
 
@@ -54,9 +55,10 @@ pub struct Args {
     pub slots: u32,
     /// Counts by stack kept in runs without -i before those of exited
     /// processes are folded. Tests shrink it.
-    #[arg(long, hide = true, default_value_t = kept::MAX_KEPT)]
+    #[arg(long, hide = true, default_value_t = crate::kept::MAX_KEPT)]
     pub max_kept: usize,
-    /// Keys of the kernel's count map (default 16384, 262144 by mapping).
+    /// Keys of the kernel's count map (default 16384, 65536 by stack,
+    /// 262144 by mapping; allocated as used).
     /// Tests shrink it to show that long runs never fill it.
     #[arg(long, hide = true)]
     pub keys: Option<u32>,
@@ -79,6 +81,7 @@ pub struct Faults {
     /// Counts moved out of the kernel's map while no interval reports clear
     /// it (`drain`), for the final report.
     kept: Kept,
+    spill: spill::Spill,
 }
 
 impl Faults {
@@ -101,6 +104,7 @@ impl Faults {
             total: 0,
             seen: 0,
             kept: Kept::new(a.max_kept),
+            spill: spill::Spill::default(),
         })
     }
 
@@ -142,6 +146,7 @@ impl Faults {
                 self.slots.pending.clear();
             }
         }
+        out.extend(self.spill.read(s, clear)?);
         let renamed = exec_names(s);
         for (k, _, name) in out.iter_mut() {
             if let Some(n) = renamed.get(&k.tgid) {
@@ -205,7 +210,14 @@ impl Faults {
                     Some(r) => r,
                     None => v
                         .into_iter()
-                        .map(|((pid, u, k), (c, n))| stack_report(s, pid, n, (u, k), mode, c, None))
+                        .map(|((pid, u, k), (c, n))| {
+                            let spilled = pid == 0 && n == spill::NAME;
+                            let mut r = stack_report(s, pid, n, (u, k), mode, c, None);
+                            if spilled {
+                                r.note = Some(spill::NOTE.into());
+                            }
+                            r
+                        })
                         .collect(),
                 };
             let title = match sampled_title(s) {
@@ -341,8 +353,12 @@ impl Tool for Faults {
             by_page: self.args.by_mapping as u32,
             ..Default::default()
         };
+        // By stack, each new process brings keys of its own: room for the
+        // bursts between two drains (allocated only as keys appear).
         let size = self.args.keys.unwrap_or(if self.args.by_mapping {
             262_144
+        } else if self.mode() != 0 {
+            65_536
         } else {
             16_384
         });
@@ -368,7 +384,7 @@ impl Tool for Faults {
         self.kept.counts = kept;
         let n = moved.len();
         for (k, c, name) in moved {
-            self.kept.add(k, c, name);
+            self.kept.add(k, &(c, name));
         }
         self.kept.bound(crate::proc::alive);
         Ok(n)
@@ -376,6 +392,14 @@ impl Tool for Faults {
 
     fn events(&self) -> u64 {
         self.seen
+    }
+
+    fn on_start(&mut self, s: &mut Session) -> Result<()> {
+        // The unwound samples of dwarf mode are kept under the same bound.
+        if let Some(d) = s.dwarf.as_mut() {
+            d.samples.max = self.args.max_kept;
+        }
+        Ok(())
     }
 
     fn summary_extra(&self) -> Vec<(&'static str, crate::output::Value)> {

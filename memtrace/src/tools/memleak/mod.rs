@@ -3,6 +3,7 @@
 //! probed instruction) and its anonymous mmaps; without, the kernel's
 //! allocators by the kmem tracepoints and kernel stacks.
 
+mod exited;
 mod probes;
 mod report;
 
@@ -81,6 +82,13 @@ pub struct Args {
     /// Live allocations tracked at most (a full table is counted as map_full).
     #[arg(long, default_value_t = DEFAULT_MAX_ALLOCS, hide = true)]
     pub max_allocs: u32,
+    /// Stacks the kernel's table of totals holds. Tests shrink it.
+    #[arg(long, default_value_t = 16384, hide = true)]
+    pub max_stacks: u32,
+    /// Totals by stack of exited processes kept before they fold into one
+    /// per process. Tests shrink it.
+    #[arg(long, hide = true, default_value_t = crate::kept::MAX_KEPT)]
+    pub max_kept: usize,
     #[command(flatten)]
     pub stacks: StackArgs,
 }
@@ -103,6 +111,7 @@ pub struct Memleak {
     placements: Vec<String>,
     counts: [u64; counter::NR as usize],
     phase: report::Phase,
+    exited: exited::Exited,
 }
 
 impl Memleak {
@@ -123,6 +132,7 @@ impl Memleak {
             placements: Vec::new(),
             counts: [0; counter::NR as usize],
             phase: report::Phase::default(),
+            exited: exited::Exited::new(a.max_kept),
         })
     }
 
@@ -224,7 +234,7 @@ impl Tool for Memleak {
             (_, n) => n.max(1),
         };
         k.loader.max_entries(t.allocs, allocs);
-        k.loader.max_entries(t.stacks, 16384);
+        k.loader.max_entries(t.stacks, self.args.max_stacks);
         k.loader.max_entries(ML_COUNTS, counter::NR);
         k.loader.max_entries(ML_SAMPLE, 1);
         Ok(())
@@ -234,7 +244,13 @@ impl Tool for Memleak {
         // Outstanding allocations are a state, not a count per interval:
         // every report shows all that is held (as BCC does).
         self.read_counts(s)?;
-        let reports = report::outstanding(s, self.tables(), &self.args, &self.phase, self.stack_mode())?;
+        let reports = report::outstanding(
+            s,
+            self.tables(),
+            &self.args,
+            (&self.phase, &self.exited.kept.counts),
+            self.stack_mode(),
+        )?;
         // As BCC: the number asked for (merging may leave fewer).
         let n = self.args.top;
         let est = if self.args.sample_bytes.is_some() {
@@ -271,6 +287,14 @@ impl Tool for Memleak {
         self.counts[counter::ALLOCS as usize] + self.counts[counter::FREES as usize]
     }
 
+    fn forget_exited(&mut self, s: &mut Session) -> Result<usize> {
+        // Kernel objects outlive the process that allocated them.
+        if !self.user {
+            return Ok(0);
+        }
+        self.exited.reclaim(s, self.tables())
+    }
+
     fn summary_extra(&self) -> Vec<(&'static str, Value)> {
         let c = |i: u32| Value::from(self.counts[i as usize]);
         let mut v = vec![
@@ -287,6 +311,7 @@ impl Tool for Memleak {
         if self.args.min_size.is_some() || self.args.max_size.is_some() {
             v.push(("out_of_bounds", c(counter::OUT_OF_BOUNDS)));
         }
+        v.extend(self.exited.summary());
         v
     }
 }

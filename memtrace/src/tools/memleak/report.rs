@@ -27,6 +27,7 @@ pub const KERNEL: Tables = Tables {
 
 use super::{Args, Sort};
 use crate::error::Result;
+use crate::kept::Tally;
 use crate::output::{AllocFigures, StackReport};
 use crate::session::{first_name, Fold, Session};
 use crate::ustack::stack_report;
@@ -77,10 +78,15 @@ pub fn outstanding(
     s: &mut Session,
     t: Tables,
     args: &Args,
-    phase: &Phase,
+    (phase, exited): (&Phase, &HashMap<StackKey, AllocStats>),
     mode: u32,
 ) -> Result<Vec<StackReport>> {
-    let stats: HashMap<StackKey, AllocStats> = s.read_folded(t.stacks, false)?.into_iter().collect();
+    let mut stats: HashMap<StackKey, AllocStats> =
+        s.read_folded(t.stacks, false)?.into_iter().collect();
+    // Processes that exited: what they held then (never in the live table).
+    for (k, v) in exited {
+        stats.entry(*k).or_default().add(v);
+    }
     let mut held: HashMap<StackKey, (u64, u64)> = HashMap::new();
     if args.older.is_some() || phase.since_ns > 0 {
         let now = monotonic_ns();
@@ -117,6 +123,9 @@ pub fn outstanding(
             let comm = crate::records::comm(&v.comm);
             let ids = (k.ustack, k.kstack);
             let mut r = stack_report(s, k.tgid, comm, ids, mode, n, Some(bytes));
+            if exited.contains_key(&k) && r.note.is_none() {
+                r.note = Some("held when the process exited".into());
+            }
             r.alloc = Some(AllocFigures {
                 allocs: v.allocs - base.allocs.min(v.allocs),
                 bytes: v.bytes - base.bytes.min(v.bytes),

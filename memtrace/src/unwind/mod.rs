@@ -11,10 +11,13 @@ use std::sync::Arc;
 
 use framehop::x86_64::{CacheX86_64, UnwindRegsX86_64, UnwinderX86_64};
 use framehop::{Error as UnwindError, ExplicitModuleSectionInfo, FrameAddress, Module, Unwinder};
-use memtrace_common::stacks::{StackSample, STACK_SAMPLE_HDR};
+use memtrace_common::stacks::StackSample;
 use object::{Object, ObjectSection, ObjectSegment};
 
 use crate::symbolize::{Mapping, MapsCache};
+
+mod samples;
+pub use samples::{DwarfStacks, SampleKey, SampleVal};
 
 /// Most frames kept per stack, as the kernel's own walker.
 const MAX_FRAMES: usize = 127;
@@ -144,7 +147,14 @@ struct Proc {
     exec: Vec<Range<u64>>,
     /// Those with unwind info, to tell where unwinding left it.
     covered: Vec<Range<u64>>,
+    /// The files its modules were read from.
+    files: Vec<FileId>,
 }
+
+/// Binaries whose unwind info is kept even when no live process maps them
+/// (a churn of short processes runs the same few again and again); past
+/// it, only those of live processes are (a busy host runs ever new ones).
+const MAX_OBJECTS: usize = 64;
 
 #[derive(Default)]
 pub struct DwarfUnwinder {
@@ -160,6 +170,7 @@ impl DwarfUnwinder {
         let mut unwinder = UnwinderX86_64::new();
         let mut covered = Vec::new();
         let mut exec = Vec::new();
+        let mut files = Vec::new();
         for m in maps.maps(pid)? {
             if !m.perms.contains('x') {
                 continue;
@@ -178,6 +189,7 @@ impl DwarfUnwinder {
                 })
                 .clone();
             let Some(info) = info else { continue };
+            files.push((m.dev, m.inode));
             let Some(bias) = info.bias(m) else { continue };
             if info.has_unwind_info() {
                 covered.push(m.start..m.end);
@@ -200,7 +212,22 @@ impl DwarfUnwinder {
             unwinder,
             exec,
             covered,
+            files,
         })
+    }
+
+    /// Lets go of the modules of processes that exited, and past
+    /// MAX_OBJECTS of the unwind info only they used.
+    pub fn forget_exited(&mut self, alive: impl Fn(u32) -> bool) {
+        self.procs.retain(|p, _| alive(*p));
+        if self.objects.len() > MAX_OBJECTS {
+            let used: std::collections::HashSet<FileId> = self
+                .procs
+                .values()
+                .flat_map(|p| p.files.iter().copied())
+                .collect();
+            self.objects.retain(|k, _| used.contains(k));
+        }
     }
 
     /// Unwinds one `kind::STACK_SAMPLE` record of `pid`: addresses for
@@ -288,97 +315,5 @@ fn split(s: Option<(Range<u64>, Data)>) -> (Option<Range<u64>>, Option<Data>) {
     match s {
         Some((r, d)) => (Some(r), Some(d)),
         None => (None, None),
-    }
-}
-
-/// Splits a `kind::STACK_SAMPLE` record into its header and stack bytes.
-fn parse_sample(data: &[u8]) -> Option<(StackSample, &[u8])> {
-    let hdr: StackSample = crate::records::record(data, memtrace_common::kind::STACK_SAMPLE)?;
-    let stack = data.get(STACK_SAMPLE_HDR..STACK_SAMPLE_HDR + hdr.size as usize)?;
-    Some((hdr, stack))
-}
-
-/// What samples with the same stack add up to.
-#[derive(Debug, Clone, Default)]
-pub struct SampleVal {
-    pub count: u64,
-    /// Sum of the tool's `value` (bytes for brk).
-    pub value: u64,
-    pub comm: String,
-    pub end: Option<End>,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub struct SampleKey {
-    pub tgid: u32,
-    pub aux: u32,
-    pub kstack: i32,
-    pub user: Vec<u64>,
-}
-
-/// Unwound samples, aggregated by stack: the counting tools' view in dwarf mode.
-pub struct DwarfStacks {
-    pub unwinder: DwarfUnwinder,
-    pub samples: HashMap<SampleKey, SampleVal>,
-    /// One event in this many was copied.
-    pub every: u32,
-    /// Each thread's latest unwound stack, for the record that follows it.
-    last: HashMap<u32, (Vec<u64>, End)>,
-    /// Each process's latest thread to send a stack.
-    last_thread: HashMap<u32, u32>,
-}
-
-impl DwarfStacks {
-    pub fn new(every: u32) -> Self {
-        DwarfStacks {
-            unwinder: DwarfUnwinder::default(),
-            samples: HashMap::new(),
-            every,
-            last: HashMap::new(),
-            last_thread: HashMap::new(),
-        }
-    }
-
-    /// The stack a thread copied just before its record (`USTACK_IN_SAMPLE`);
-    /// by process where the record has no thread id.
-    pub fn take_last(&mut self, tgid: u32, tid: Option<u32>) -> Option<(Vec<u64>, End)> {
-        let tid = tid.or_else(|| self.last_thread.get(&tgid).copied())?;
-        self.last.remove(&tid)
-    }
-
-    pub fn add(&mut self, maps: &mut MapsCache, data: &[u8]) {
-        let Some((h, stack)) = parse_sample(data) else {
-            return;
-        };
-        let (user, end) = self.unwinder.unwind(maps, &h, stack);
-        self.last.insert(h.pid, (user.clone(), end));
-        self.last_thread.insert(h.tgid, h.pid);
-        let key = SampleKey {
-            tgid: h.tgid,
-            aux: h.aux,
-            kstack: h.kstack,
-            user,
-        };
-        let v = self.samples.entry(key).or_default();
-        v.count += 1;
-        v.value += h.value;
-        if v.comm.is_empty() {
-            v.comm = crate::records::comm(&h.comm);
-        }
-        if end != End::Complete {
-            v.end = Some(end);
-        }
-    }
-
-    /// The aggregated samples, emptied with `clear`.
-    pub fn take(&mut self, clear: bool) -> Vec<(SampleKey, SampleVal)> {
-        if clear {
-            self.samples.drain().collect()
-        } else {
-            self.samples
-                .iter()
-                .map(|(k, v)| (k.clone(), v.clone()))
-                .collect()
-        }
     }
 }
