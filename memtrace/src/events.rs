@@ -152,6 +152,11 @@ pub(crate) async fn event_loop(
                 output::check(out)?;
                 if reclaim.soon {
                     reclaim.run(tool, session)?;
+                } else {
+                    // Walked stacks are taken every tick: a round that also
+                    // empties count maps comes too seldom for a busy host,
+                    // whose new stacks fill the kernel's store in between.
+                    session.harvest_user_stacks()?;
                 }
             }
             _ = sig.int.recv() => break,

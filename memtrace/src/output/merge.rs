@@ -66,7 +66,7 @@ pub fn merge_stacks(stacks: &[StackReport], per_pid: bool) -> Vec<StackReport> {
 /// hands over to be merged, whatever its `--top`: a stack that many
 /// processes share ranks by its sum, not by its share in one process.
 /// Bounded, since every entry is symbolized.
-pub const MERGE_CUT: usize = 10_000;
+pub const MERGE_CUT: usize = 2_000;
 
 /// The entries a tool hands over for a `--top` of `top`.
 pub fn pre_merge_cut(top: usize) -> usize {
