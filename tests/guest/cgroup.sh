@@ -27,6 +27,20 @@ lift_memcg() {
     fi
 }
 
+# Once the background memtrace is up, runs CMD in the group DIR and waits
+# for it (its pid and exit status then in $wpid and $wrc), then SECS more for
+# the last events to come: DIR SECS CMD
+work_in() {
+    wpid=0
+    wrc=0
+    kill -0 $tp 2>/dev/null || return 0
+    sh -c "echo \$\$ >$1/cgroup.procs && exec $3" >/dev/null &
+    wpid=$!
+    wait $wpid
+    wrc=$?
+    sleep "$2"
+}
+
 # A memcg OOM kill traced by `memtrace TOOL --json -v ARGS`: CASE TOOL ARGS...
 oom_case() {
     mk_memcg "$1" 64M no
@@ -34,15 +48,7 @@ oom_case() {
     tool=$2
     shift 2
     start_bg "$n" "$tool" --json -v "$@"
-    wpid=0
-    wrc=0
-    if kill -0 $tp 2>/dev/null; then
-        sh -c "echo \$\$ >$cg/cgroup.procs && exec memtrace-workload alloc 200" &
-        wpid=$!
-        wait $wpid
-        wrc=$?
-        sleep 1
-    fi
+    work_in "$cg" 1 "memtrace-workload alloc 200"
     stop_bg
     # The workload must have been SIGKILLed (128 + 9).
     [ "$rc" = 0 ] && [ "$wrc" = 137 ] || FAILED=1
@@ -94,16 +100,7 @@ memcg_case() {
     [ $CG = v1 ] || echo +memory >"$cg/cgroup.subtree_control"
     mkdir "$cg/kid"
     start_bg memcg memcg --json -v --cgroup /mt-memcg/kid --warn 75
-    wpid=0
-    wrc=0
-    if kill -0 $tp 2>/dev/null; then
-        sh -c "echo \$\$ >$cg/kid/cgroup.procs && exec memtrace-workload steps 4 40 100" \
-            >/dev/null &
-        wpid=$!
-        wait $wpid
-        wrc=$?
-        sleep 2
-    fi
+    work_in "$cg/kid" 2 "memtrace-workload steps 4 40 100"
     # The last table reads the kid's files: it goes after memtrace.
     parent=$cg
     cg=$cg/kid
@@ -134,16 +131,7 @@ psi_case() {
     mk_memcg psi 128M no
     echo 120M >"$cg/memory.high"
     start_bg psi memcg --json -v --cgroup /mt-psi --warn-pressure some:10
-    wpid=0
-    wrc=0
-    if kill -0 $tp 2>/dev/null; then
-        sh -c "echo \$\$ >$cg/cgroup.procs && exec memtrace-workload steps 8 40 100" \
-            >/dev/null &
-        wpid=$!
-        wait $wpid
-        wrc=$?
-        sleep 2
-    fi
+    work_in "$cg" 2 "memtrace-workload steps 8 40 100"
     stop_bg
     [ "$rc" = 0 ] && [ "$wrc" = 137 ] || FAILED=1
 }
