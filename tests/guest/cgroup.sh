@@ -41,13 +41,19 @@ work_in() {
     sleep "$2"
 }
 
+# The group mt-CASE (mk_memcg), then `memtrace TOOL --json -v ARGS` in the
+# background: LIMIT SWAP CASE TOOL ARGS...
+bg_in_memcg() {
+    mk_memcg "$3" "$1" "$2"
+    n=$3
+    tool=$4
+    shift 4
+    start_bg "$n" "$tool" --json -v "$@"
+}
+
 # A memcg OOM kill traced by `memtrace TOOL --json -v ARGS`: CASE TOOL ARGS...
 oom_case() {
-    mk_memcg "$1" 64M no
-    n=$1
-    tool=$2
-    shift 2
-    start_bg "$n" "$tool" --json -v "$@"
+    bg_in_memcg 64M no "$@"
     work_in "$cg" 1 "memtrace-workload alloc 200"
     stop_bg
     # The workload must have been SIGKILLed (128 + 9).
@@ -59,11 +65,7 @@ oom_case() {
 # limit is lifted; it counts those in swap and reads them all back: exactly
 # that many swap-ins. CASE TOOL ARGS...
 swap_case() {
-    mk_memcg "$1" 32M yes
-    n=$1
-    tool=$2
-    shift 2
-    start_bg "$n" "$tool" --json -v "$@"
+    bg_in_memcg 32M yes "$@"
     wpid=0
     wrc=-1
     if kill -0 $tp 2>/dev/null; then

@@ -1,8 +1,6 @@
 //! `memtrace brkstack`: brk calls counted in the kernel by (process, user
 //! stack), with the bytes the heap grew by.
 
-use std::collections::HashMap;
-
 use memtrace_common::{
     names::BRK_STACKS,
     stack_mode,
@@ -14,7 +12,7 @@ use crate::cli::{IntervalArgs, StackArgs};
 use crate::error::Result;
 use crate::output::{clock, Printer, StackReport};
 use crate::session::Session;
-use crate::tool::{Prep, Tool};
+use crate::tool::{Drained, Prep, Tool};
 use crate::ustack::{sampled_reports, sampled_title, stack_report};
 
 #[derive(Debug, Clone, clap::Args)]
@@ -48,7 +46,7 @@ pub struct Brkstack {
     args: Args,
     calls: u64,
     /// What `drain` moved out of the kernel's map since the last report.
-    kept: HashMap<StackKey, StackVal>,
+    kept: Drained<StackKey, StackVal>,
 }
 
 impl Brkstack {
@@ -56,7 +54,7 @@ impl Brkstack {
         Ok(Brkstack {
             args: a.clone(),
             calls: 0,
-            kept: HashMap::new(),
+            kept: Drained::default(),
         })
     }
 }
@@ -97,18 +95,8 @@ impl Tool for Brkstack {
     }
 
     fn report(&mut self, s: &mut Session, out: &mut dyn Printer, clear: bool) -> Result<()> {
-        let mut v = s.read_folded(BRK_STACKS, clear)?;
-        if !self.kept.is_empty() {
-            let mut all = if clear {
-                std::mem::take(&mut self.kept)
-            } else {
-                self.kept.clone()
-            };
-            for (k, val) in v {
-                add(&mut all, k, &val);
-            }
-            v = all.into_iter().collect();
-        }
+        let read = s.read_folded(BRK_STACKS, clear)?;
+        let mut v = self.kept.merged(read, clear);
         let calls: u64 = v.iter().map(|(_, val)| val.count).sum();
         self.calls = if clear { self.calls + calls } else { calls };
         v.sort_by(|a, b| b.1.count.cmp(&a.1.count).then(b.1.bytes.cmp(&a.1.bytes)));
@@ -135,24 +123,10 @@ impl Tool for Brkstack {
     }
 
     fn drain(&mut self, s: &mut Session) -> Result<usize> {
-        let v = s.read_folded(BRK_STACKS, true)?;
-        let n = v.len();
-        for (k, val) in v {
-            add(&mut self.kept, k, &val);
-        }
-        Ok(n)
+        Ok(self.kept.add(s.read_folded(BRK_STACKS, true)?))
     }
 
     fn events(&self) -> u64 {
         self.calls
     }
-}
-
-fn add(to: &mut HashMap<StackKey, StackVal>, k: StackKey, v: &StackVal) {
-    let e = to.entry(k).or_insert(StackVal {
-        comm: v.comm,
-        ..Default::default()
-    });
-    e.count += v.count;
-    e.bytes += v.bytes;
 }
