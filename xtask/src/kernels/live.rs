@@ -136,7 +136,65 @@ pub(super) fn serve(g: &Guest, case: &Case, wpid: i64, why: &mut Vec<String>) {
 
 #[cfg(test)]
 mod tests {
+    use super::super::check::{parse, CASES};
     use super::*;
+
+    fn case(name: &str) -> &'static Case {
+        CASES.iter().find(|c| c.name == name).unwrap()
+    }
+
+    /// top's four refreshes of pid 489 with these FLT/s.
+    fn top_guest(flt: [&str; 4]) -> Guest {
+        let mut s = String::new();
+        for f in flt {
+            s += "MT-OUT top 19:10:43 top: 1 processes, sorted by faults\n";
+            s += "MT-OUT top     PID COMM              FLT/s    BRK/s  BRK_KB/s CGROUP\n";
+            s += &format!("MT-OUT top     489 memtrace-worklo  {f}    100.0     400.0 /\n");
+        }
+        parse(&s)
+    }
+
+    #[test]
+    fn top_rates_after_the_first_refresh_must_be_within_a_fifth() {
+        let mut why = Vec::new();
+        let g = top_guest(["558.7", "999.8", "1000.3", "990.8"]);
+        top(&g, case("top"), 489, &mut why);
+        assert!(why.is_empty(), "{why:?}");
+        let g = top_guest(["999.8", "999.8", "700.0", "999.8"]);
+        top(&g, case("top"), 489, &mut why);
+        assert_eq!(why.len(), 1, "{why:?}");
+    }
+
+    /// serve's scrape: the workload (pid 8) with `mmaps` mmap calls, the
+    /// baseline (pid 7) with its own faults only.
+    fn serve_guest(mmaps: u64) -> Guest {
+        let lines = [
+            "baseline 7".to_string(),
+            format!("memtrace_mmap_calls_total{{pid=\"8\",comm=\"w\"}} {mmaps}"),
+            "memtrace_mmap_bytes_total{pid=\"8\"} 327680".into(),
+            "memtrace_brk_calls_total{pid=\"8\"} 25".into(),
+            "memtrace_brk_bytes_total{pid=\"8\"} 102400".into(),
+            "memtrace_page_faults_total{pid=\"8\",mode=\"user\"} 3002".into(),
+            "memtrace_page_faults_total{pid=\"7\",mode=\"user\"} 3".into(),
+            "memtrace_lost_events_total{reason=\"map_full\"} 0".into(),
+            "# EOF".into(),
+        ];
+        parse(
+            &lines
+                .iter()
+                .map(|l| format!("MT-WORK serve {l}\n"))
+                .collect::<String>(),
+        )
+    }
+
+    #[test]
+    fn serve_counts_must_be_exact() {
+        let mut why = Vec::new();
+        serve(&serve_guest(40), case("serve"), 8, &mut why);
+        assert!(why.is_empty(), "{why:?}");
+        serve(&serve_guest(41), case("serve"), 8, &mut why);
+        assert_eq!(why.len(), 1, "{why:?}");
+    }
 
     #[test]
     fn finds_the_row_of_a_pid_under_each_header() {

@@ -66,3 +66,35 @@ pub(super) fn diff(v: &[Value], why: &mut Vec<String>) {
         ],
     );
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(outer: &str, status: &str, a: u64, b: u64, bytes: u64) -> Value {
+        serde_json::json!({
+            "type": "diff",
+            "user_stack": ["memtrace_workload::grow_heap_with_raw_brk [w]", outer],
+            "status": status,
+            "count_a": a,
+            "count_b": b,
+            "delta": b - a,
+            "delta_bytes": bytes,
+        })
+    }
+
+    #[test]
+    fn diff_rows_must_show_the_growth_and_the_new_stack() {
+        let mut why = Vec::new();
+        let main = "memtrace_workload::main [w]";
+        let deep = "memtrace_workload::raw_brk_deep [w]";
+        let v = [
+            row(main, "grew", 41, 61, 20 * 4096),
+            row(deep, "appeared", 0, 6, 5 * 4096),
+        ];
+        diff(&v, &mut why);
+        assert!(why.is_empty(), "{why:?}");
+        diff(&v[..1], &mut why);
+        assert_eq!(why.len(), 1, "{why:?}");
+    }
+}
