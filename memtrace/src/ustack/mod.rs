@@ -8,7 +8,6 @@ use memtrace_common::{
     stacks::{UserStack, USTACK_FOLDED, USTACK_IN_SAMPLE, USTACK_NOT_SAMPLED},
 };
 
-use crate::error::Result;
 use crate::output::StackReport;
 use crate::session::Session;
 
