@@ -56,8 +56,6 @@ if [ -e /sys/block/zram0 ] && echo 256M >/sys/block/zram0/disksize &&
     mkswap /dev/zram0 >/dev/null; then
     ZRAM=yes
 fi
-# Loopback, for serve's /metrics (no other network: qemu -nic none).
-ip link set lo up
 echo "MT-INFO kernel=$(uname -r) cgroup=$CG cpus=$(nproc) zram=$ZRAM"
 
 FAILED=0

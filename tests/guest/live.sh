@@ -25,6 +25,8 @@ top_case() {
 # baseline. The scrape is the case's MT-WORK, after "baseline PID".
 serve_case() {
     cg=
+    # Loopback (no other network: qemu -nic none).
+    ip link set lo up
     url=http://127.0.0.1:9477/metrics
     held_workload 4 counted 0 0 0
     bpid=$wpid
