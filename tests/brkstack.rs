@@ -20,16 +20,9 @@ fn totals(stdout: &str) -> (u64, u64) {
 }
 
 fn traced(work: &[&str], extra: &[&str]) -> String {
-    let mut w = Workload::start(work);
-    let pid = w.pid.to_string();
-    let mut args = vec!["brkstack", "-p", &pid, "--json"];
+    let mut args = vec!["brkstack"];
     args.extend_from_slice(extra);
-    let t = Tracer::start(&args);
-    w.go();
-    assert!(w.wait().success());
-    let out = t.wait(Duration::from_secs(20));
-    assert_eq!(out.code, 0, "{}", out.stderr);
-    out.stdout
+    trace_workload(work, &[&args]).remove(0)
 }
 
 #[test]

@@ -8,21 +8,11 @@ use common::*;
 
 /// Runs the workload under `faults -p` with `extra` options; returns stdout.
 fn traced(work: &[&str], extra: &[&str]) -> String {
-    let mut w = Workload::start(work);
-    let pid = w.pid.to_string();
-    let mut args = vec!["faults", "-p", &pid, "--json"];
+    let mut args = vec!["faults"];
     args.extend_from_slice(extra);
-    let t = Tracer::start(&args);
-    w.go();
-    assert!(w.wait().success());
-    let out = t.wait(Duration::from_secs(20));
-    assert_eq!(out.code, 0, "{}", out.stderr);
-    assert!(
-        out.stdout.contains("\"lost_total\":0"),
-        "events lost: {}",
-        out.stdout
-    );
-    out.stdout
+    let out = trace_workload(work, &[&args]).remove(0);
+    assert!(out.contains("\"lost_total\":0"), "events lost: {out}");
+    out
 }
 
 fn user_faults(stdout: &str) -> u64 {

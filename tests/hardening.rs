@@ -195,6 +195,21 @@ fn hostile_command_names_are_escaped_in_text_output() {
     );
 }
 
+/// `memtrace faults -d 1` as root without the capabilities `dropped` (a
+/// setpriv `--bounding-set`): its exit status and stderr.
+fn faults_without(dropped: &str) -> (Option<i32>, String) {
+    let o = Command::new("setpriv")
+        .args(["--inh-caps=-all", &format!("--bounding-set={dropped}")])
+        .arg(memtrace_bin())
+        .args(["faults", "-d", "1"])
+        .output()
+        .unwrap();
+    (
+        o.status.code(),
+        String::from_utf8_lossy(&o.stderr).into_owned(),
+    )
+}
+
 #[test]
 fn missing_capabilities_are_named_and_exit_2() {
     // Root, but without the capabilities that load and attach programs.
@@ -203,14 +218,8 @@ fn missing_capabilities_are_named_and_exit_2() {
         return;
     }
     let before = settled_programs();
-    let o = Command::new("setpriv")
-        .args(["--inh-caps=-all", "--bounding-set=-bpf,-perfmon,-sys_admin"])
-        .arg(memtrace_bin())
-        .args(["faults", "-d", "1"])
-        .output()
-        .unwrap();
-    let stderr = String::from_utf8_lossy(&o.stderr);
-    assert_eq!(o.status.code(), Some(2), "{stderr}");
+    let (code, stderr) = faults_without("-bpf,-perfmon,-sys_admin");
+    assert_eq!(code, Some(2), "{stderr}");
     let lines: Vec<&str> = stderr.lines().collect();
     assert_eq!(lines.len(), 1, "{stderr}");
     assert!(lines[0].starts_with("memtrace: error: "), "{stderr}");
@@ -221,14 +230,8 @@ fn missing_capabilities_are_named_and_exit_2() {
     assert_programs_back_to(before);
 
     // Without CAP_PERFMON alone, that is what it names.
-    let o = Command::new("setpriv")
-        .args(["--inh-caps=-all", "--bounding-set=-perfmon,-sys_admin"])
-        .arg(memtrace_bin())
-        .args(["faults", "-d", "1"])
-        .output()
-        .unwrap();
-    let stderr = String::from_utf8_lossy(&o.stderr);
-    assert_eq!(o.status.code(), Some(2), "{stderr}");
+    let (code, stderr) = faults_without("-perfmon,-sys_admin");
+    assert_eq!(code, Some(2), "{stderr}");
     assert!(
         stderr.contains("missing CAP_PERFMON (or CAP_SYS_ADMIN)")
             && !stderr.contains("missing CAP_BPF"),

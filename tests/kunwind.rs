@@ -8,14 +8,6 @@ mod common;
 use common::nofp::*;
 use common::*;
 
-/// The stacks of `ty` whose frames include `f`.
-fn through(stdout: &str, ty: &str, f: &str) -> Vec<serde_json::Value> {
-    json_of(stdout, ty)
-        .into_iter()
-        .filter(|s| at(&user_frames(s), f).is_some())
-        .collect()
-}
-
 /// The stacks of `ty` whose innermost frame is `f`: the faults `f` itself
 /// took, not those of what it called.
 fn in_(stdout: &str, ty: &str, f: &str) -> Vec<serde_json::Value> {
@@ -26,7 +18,7 @@ fn in_(stdout: &str, ty: &str, f: &str) -> Vec<serde_json::Value> {
 }
 
 fn count(stacks: &[serde_json::Value]) -> u64 {
-    stacks.iter().map(|s| s["count"].as_u64().unwrap()).sum()
+    sum(stacks, "count")
 }
 
 /// A stack that ran to its outermost frame: no mark of an early stop.
@@ -36,17 +28,7 @@ fn complete(s: &serde_json::Value) -> bool {
 
 /// faults --stacks --stack-mode dwarf on `cmd`, in the kernel or copied.
 fn faults(cmd: &str, unwinder: &str) -> (String, serde_json::Value) {
-    trace(&[
-        "faults",
-        "--stacks",
-        "--stack-mode",
-        "dwarf",
-        "--unwinder",
-        unwinder,
-        "--json",
-        "-c",
-        cmd,
-    ])
+    dwarf("faults", &["--stacks"], unwinder, cmd)
 }
 
 /// The workload's page loop: N faults, each through the three functions,
@@ -82,13 +64,8 @@ fn same_as_copy_with_exact_counts(cmd: &str, frames: &[&str], n: u64) {
 #[test]
 fn c_fault_stacks_unwound_in_the_kernel_match_the_copy_path_exactly() {
     let cmd = format!("{} touch 3000", c_workload().display());
-    let frames = [
-        "pages_touch_inner",
-        "pages_touch_middle",
-        "pages_touch_outer",
-        "main",
-        "__libc_start_call_main",
-    ];
+    let mut frames = C_TOUCH.to_vec();
+    frames.push("__libc_start_call_main");
     same_as_copy_with_exact_counts(&cmd, &frames, 3000);
 }
 
@@ -110,32 +87,13 @@ fn rust_fault_stacks_unwound_in_the_kernel_match_the_copy_path_exactly() {
 fn brk_stacks_unwound_in_the_kernel_pass_through_glibc() {
     const N: u64 = 40;
     let cmd = format!("{} sbrk {N}", c_workload().display());
-    let (out, summary) = trace(&[
-        "brkstack",
-        "--stack-mode",
-        "dwarf",
-        "--unwinder",
-        "kernel",
-        "--json",
-        "-c",
-        &cmd,
-    ]);
+    let (out, summary) = dwarf("brkstack", &[], "kernel", &cmd);
     assert_eq!(summary["unwinder"], "kernel", "{summary}");
     let loop_stacks = through(&out, "brk_stack", "heap_grow_outer");
     // The loop's N calls and glibc's first brk(0), one stack by function.
     assert_eq!(count(&loop_stacks), N + 1, "{out}");
     assert!(complete(&loop_stacks[0]), "{out}");
-    assert_in_order(
-        &user_frames(&loop_stacks[0]),
-        &[
-            "__brk",
-            "sbrk",
-            "heap_grow_inner",
-            "heap_grow_middle",
-            "heap_grow_outer",
-            "main",
-        ],
-    );
+    assert_in_order(&user_frames(&loop_stacks[0]), &C_SBRK);
 }
 
 /// Deeper than the frames kept (64): the inner frames are kept, the stack

@@ -176,21 +176,11 @@ fn a_block_sampled_then_reallocated_unsampled_is_released_by_uretprobe() {
 fn a_running_process_s_leaks_are_reported_exactly_by_stack() {
     let args = leak_args(300);
     let args: Vec<&str> = args.iter().map(|s| s.as_str()).collect();
-    let mut w = Workload::start(&args);
-    let pid = w.pid.to_string();
-    let t = Tracer::start(&["memleak", "--json", "--top", "50", "-p", &pid]);
-    w.go();
-    assert!(w.wait().success());
-    let out = t.wait(Duration::from_secs(20));
-    assert_eq!(out.code, 0, "{}", out.stderr);
-    assert_exact(&out.stdout);
+    let out = trace_workload(&args, &[&["memleak", "--top", "50"]]).remove(0);
+    assert_exact(&out);
     // Every allocation function was seen: 200 rounds of six, and the leaks.
-    let summary = &json_of(&out.stdout, "summary")[0];
-    assert!(
-        summary["frees"].as_u64().unwrap() >= 200 * 6,
-        "{}",
-        out.stdout
-    );
+    let summary = &json_of(&out, "summary")[0];
+    assert!(summary["frees"].as_u64().unwrap() >= 200 * 6, "{out}");
 }
 
 #[test]

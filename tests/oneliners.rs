@@ -2,34 +2,7 @@
 
 mod common;
 
-use std::time::Duration;
-
 use common::*;
-
-/// Traces workload `work` (started with --wait) with each of `tracers`
-/// (memtrace arguments, `-p PID --json` added) at once; their stdouts.
-fn traced(work: &[&str], tracers: &[&[&str]]) -> Vec<String> {
-    let mut w = Workload::start(work);
-    let pid = w.pid.to_string();
-    let running: Vec<Tracer> = tracers
-        .iter()
-        .map(|a| {
-            let mut args = a.to_vec();
-            args.extend(["-p", &pid, "--json"]);
-            Tracer::start(&args)
-        })
-        .collect();
-    w.go();
-    assert!(w.wait().success());
-    running
-        .into_iter()
-        .map(|t| {
-            let out = t.wait(Duration::from_secs(20));
-            assert_eq!(out.code, 0, "{}", out.stderr);
-            out.stdout
-        })
-        .collect()
-}
 
 fn counts(stdout: &str) -> Vec<serde_json::Value> {
     json_of(stdout, "count")
@@ -38,7 +11,7 @@ fn counts(stdout: &str) -> Vec<serde_json::Value> {
 #[test]
 fn brk_by_user_stack_matches_the_known_calls_and_brkstack() {
     const N: u64 = 70;
-    let outs = traced(
+    let outs = trace_workload(
         &["rawbrk", &N.to_string(), "4096"],
         &[
             &[
@@ -70,7 +43,7 @@ fn brk_by_user_stack_matches_the_known_calls_and_brkstack() {
 
 #[test]
 fn sums_a_field_of_known_sizes() {
-    let outs = traced(
+    let outs = trace_workload(
         &["madvise", "40", "12288"],
         &[&["count", "syscalls:sys_enter_madvise", "--sum", "len_in"]],
     );
@@ -82,7 +55,7 @@ fn sums_a_field_of_known_sizes() {
 
 #[test]
 fn filters_and_keys_by_fields_in_the_kernel() {
-    let outs = traced(
+    let outs = trace_workload(
         &["madvise", "25", "4096", "8192"],
         &[
             &[
@@ -128,7 +101,7 @@ fn filters_and_keys_by_fields_in_the_kernel() {
 
 #[test]
 fn several_tracepoints_are_told_apart() {
-    let outs = traced(
+    let outs = trace_workload(
         &["madvise", "30", "4096"],
         &[&[
             "count",

@@ -18,15 +18,15 @@ fn memcg_here(test: &str) -> bool {
     }
 }
 
-#[test]
-fn drsnoop_reports_memcg_reclaim_stalls_of_the_workload() {
-    if !memcg_here("drsnoop_reports_memcg_reclaim_stalls_of_the_workload") {
-        return;
-    }
-    let path = std::env::temp_dir().join(format!("memtrace-reclaim-{}", std::process::id()));
+/// `memtrace ARGS` while the workload rereads a 96 MiB file twice in a
+/// 32 MiB memory cgroup `name` (page cache reclaimed in the group), then
+/// `linger` for the last reports: memtrace's output, the workload's pid and
+/// the group's path.
+fn reread_in_memcg(name: &str, args: &[&str], linger: Duration) -> (Output, u32, String) {
+    let path = std::env::temp_dir().join(format!("memtrace-{name}-{}", std::process::id()));
     std::fs::write(&path, vec![1u8; 96 << 20]).unwrap();
-    let cg = Memcg::new("reclaim", "32M");
-    let t = Tracer::start(&["drsnoop", "--json"]);
+    let cg = Memcg::new(name, "32M");
+    let t = Tracer::start(args);
     let mut child = cg
         .command(&workload_bin())
         .args(["reread", path.to_str().unwrap(), "2"])
@@ -34,8 +34,18 @@ fn drsnoop_reports_memcg_reclaim_stalls_of_the_workload() {
         .unwrap();
     let pid = child.id();
     assert!(wait_child(&mut child, WAIT).success());
+    std::thread::sleep(linger);
     let out = t.interrupt();
     std::fs::remove_file(&path).unwrap();
+    (out, pid, format!("/{}", cg.name))
+}
+
+#[test]
+fn drsnoop_reports_memcg_reclaim_stalls_of_the_workload() {
+    if !memcg_here("drsnoop_reports_memcg_reclaim_stalls_of_the_workload") {
+        return;
+    }
+    let (out, pid, memcg) = reread_in_memcg("reclaim", &["drsnoop", "--json"], Duration::ZERO);
     let stalls = json_of(&out.stdout, "reclaim_stall");
     let ours: Vec<_> = stalls.iter().filter(|s| s["pid"] == pid).collect();
     assert!(!ours.is_empty(), "no stall for {pid}: {}", out.stdout);
@@ -46,10 +56,7 @@ fn drsnoop_reports_memcg_reclaim_stalls_of_the_workload() {
             .sum::<u64>()
             > 0
     );
-    assert!(
-        ours.iter().any(|s| s["memcg"] == format!("/{}", cg.name)),
-        "{ours:?}"
-    );
+    assert!(ours.iter().any(|s| s["memcg"] == memcg), "{ours:?}");
 }
 
 #[test]
@@ -57,20 +64,8 @@ fn vmscan_rows_show_memcg_reclaim_time() {
     if !memcg_here("vmscan_rows_show_memcg_reclaim_time") {
         return;
     }
-    let path = std::env::temp_dir().join(format!("memtrace-vmscan-{}", std::process::id()));
-    std::fs::write(&path, vec![1u8; 96 << 20]).unwrap();
-    let cg = Memcg::new("vmscan", "32M");
-    let t = Tracer::start(&["vmscan", "--json", "-P", "300ms"]);
-    let mut child = cg
-        .command(&workload_bin())
-        .args(["reread", path.to_str().unwrap(), "2"])
-        .spawn()
-        .unwrap();
-    let pid = child.id();
-    assert!(wait_child(&mut child, WAIT).success());
-    std::thread::sleep(Duration::from_millis(700));
-    let out = t.interrupt();
-    std::fs::remove_file(&path).unwrap();
+    let args = ["vmscan", "--json", "-P", "300ms"];
+    let (out, pid, _) = reread_in_memcg("vmscan", &args, Duration::from_millis(700));
     let rows = json_of(&out.stdout, "vmscan");
     let pages: u64 = rows
         .iter()

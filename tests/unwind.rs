@@ -12,32 +12,16 @@ use common::*;
 /// The stacks through `f`, largest first: the workload's loop (glibc's sbrk
 /// takes another path on its first call, so there may be two).
 fn stacks_through(stdout: &str, ty: &str, f: &str) -> Vec<serde_json::Value> {
-    let v: Vec<_> = json_of(stdout, ty)
-        .into_iter()
-        .filter(|s| at(&user_frames(s), f).is_some())
-        .collect();
+    let v = through(stdout, ty, f);
     assert!(!v.is_empty(), "no {ty} through {f} in {stdout}");
     v
-}
-
-fn sum(stacks: &[serde_json::Value], field: &str) -> u64 {
-    stacks.iter().map(|s| s[field].as_u64().unwrap()).sum()
 }
 
 #[test]
 fn dwarf_brkstack_names_every_c_caller_of_sbrk_in_order() {
     const N: u64 = 40;
     let cmd = format!("{} sbrk {N}", c_workload().display());
-    let (out, summary) = trace(&[
-        "brkstack",
-        "--stack-mode",
-        "dwarf",
-        "--unwinder",
-        "copy",
-        "--json",
-        "-c",
-        &cmd,
-    ]);
+    let (out, summary) = dwarf("brkstack", &[], "copy", &cmd);
     assert_eq!(summary["stack_mode"], "dwarf", "{summary}");
     // glibc's first sbrk also asks for the break with brk(0): another call
     // site in the same functions, merged with the loop's (frames are by
@@ -48,17 +32,7 @@ fn dwarf_brkstack_names_every_c_caller_of_sbrk_in_order() {
     assert_eq!(sum(&loop_stacks, "bytes"), N * 4096, "{out}");
     let f = user_frames(s);
     // Through glibc's sbrk (no frame pointers) to main: nothing lost.
-    assert_in_order(
-        &f,
-        &[
-            "__brk",
-            "sbrk",
-            "heap_grow_inner",
-            "heap_grow_middle",
-            "heap_grow_outer",
-            "main",
-        ],
-    );
+    assert_in_order(&f, &C_SBRK);
     assert!(s["note"].is_null(), "{s}");
     assert!(
         summary["unwind_complete"].as_u64().unwrap() >= N,
@@ -69,15 +43,11 @@ fn dwarf_brkstack_names_every_c_caller_of_sbrk_in_order() {
     let (fp, fp_summary) = trace(&["brkstack", "--stack-mode", "fp", "--json", "-c", &cmd]);
     assert_eq!(fp_summary["stack_mode"], "fp");
     let fp_frames = user_frames(&json_of(&fp, "brk_stack")[0]);
-    let missing: Vec<&str> = [
-        "heap_grow_inner",
-        "heap_grow_middle",
-        "heap_grow_outer",
-        "main",
-    ]
-    .into_iter()
-    .filter(|n| at(&fp_frames, n).is_none())
-    .collect();
+    let missing: Vec<&str> = C_SBRK[2..]
+        .iter()
+        .copied()
+        .filter(|n| at(&fp_frames, n).is_none())
+        .collect();
     eprintln!("fp mode stack: {fp_frames:?}\nfp mode misses: {missing:?}");
 }
 
@@ -85,16 +55,7 @@ fn dwarf_brkstack_names_every_c_caller_of_sbrk_in_order() {
 fn dwarf_brkstack_names_every_rust_caller_without_frame_pointers() {
     const N: u64 = 25;
     let cmd = format!("{} {N}", rust_workload().display());
-    let (out, _) = trace(&[
-        "brkstack",
-        "--stack-mode",
-        "dwarf",
-        "--unwinder",
-        "copy",
-        "--json",
-        "-c",
-        &cmd,
-    ]);
+    let (out, _) = dwarf("brkstack", &[], "copy", &cmd);
     let loop_stacks = stacks_through(&out, "brk_stack", "rust_heap_grow_outer");
     assert_eq!(loop_stacks[0]["count"], N, "{out}");
     assert_eq!(sum(&loop_stacks, "bytes"), N * 4096, "{out}");
@@ -127,22 +88,10 @@ fn auto_mode_unwinds_brk_with_dwarf() {
 /// pages: the fault stacks through its touch loop, the output, the summary.
 fn dwarf_faults(n: u64, extra: &[&str]) -> (Vec<serde_json::Value>, String, serde_json::Value) {
     let cmd = format!("{} touch {n}", c_workload().display());
-    let mut args = vec![
-        "faults",
-        "--stacks",
-        "--stack-mode",
-        "dwarf",
-        "--unwinder",
-        "copy",
-        "--json",
-    ];
+    let mut args = vec!["--stacks"];
     args.extend_from_slice(extra);
-    args.extend(["-c", &cmd]);
-    let (out, summary) = trace(&args);
-    let touch = json_of(&out, "fault_stack")
-        .into_iter()
-        .filter(|s| at(&user_frames(s), "pages_touch_outer").is_some())
-        .collect();
+    let (out, summary) = dwarf("faults", &args, "copy", &cmd);
+    let touch = through(&out, "fault_stack", "pages_touch_outer");
     (touch, out, summary)
 }
 
@@ -151,15 +100,7 @@ fn dwarf_fault_stacks_name_every_caller_and_account_for_every_fault() {
     const N: u64 = 300;
     let (touch, out, summary) = dwarf_faults(N, &["--stack-size", "8192"]);
     assert!(!touch.is_empty(), "{out}");
-    assert_in_order(
-        &user_frames(&touch[0]),
-        &[
-            "pages_touch_inner",
-            "pages_touch_middle",
-            "pages_touch_outer",
-            "main",
-        ],
-    );
+    assert_in_order(&user_frames(&touch[0]), &C_TOUCH);
     // Every fault of the loop was unwound or counted as lost: none vanish.
     let unwound = sum(&touch, "count");
     let lost = summary["lost"]["ringbuf_full"].as_u64().unwrap();
@@ -191,18 +132,7 @@ fn sampled_dwarf_stacks_scale_their_counts_and_say_so() {
 #[test]
 fn a_short_stack_copy_is_counted_as_truncated_and_keeps_the_inner_frames() {
     let cmd = format!("{} 3", rust_workload().display());
-    let (out, summary) = trace(&[
-        "brkstack",
-        "--stack-mode",
-        "dwarf",
-        "--unwinder",
-        "copy",
-        "--stack-size",
-        "512",
-        "--json",
-        "-c",
-        &cmd,
-    ]);
+    let (out, summary) = dwarf("brkstack", &["--stack-size", "512"], "copy", &cmd);
     assert!(
         summary["unwind_truncated"].as_u64().unwrap() > 0,
         "{summary}"
@@ -225,32 +155,14 @@ fn a_short_stack_copy_is_counted_as_truncated_and_keeps_the_inner_frames() {
 fn dwarf_mmapsnoop_names_every_caller_of_each_call() {
     const N: u64 = 3;
     let cmd = format!("{} touch {N}", c_workload().display());
-    let (out, summary) = trace(&[
-        "mmapsnoop",
-        "--stack",
-        "--stack-mode",
-        "dwarf",
-        "--unwinder",
-        "copy",
-        "--json",
-        "-c",
-        &cmd,
-    ]);
+    let (out, summary) = dwarf("mmapsnoop", &["--stack"], "copy", &cmd);
     assert_eq!(summary["stack_mode"], "dwarf", "{summary}");
     let call = json_of(&out, "mmap_call")
         .into_iter()
         .find(|e| e["len"] == N * 4096 && at(&user_frames(e), "libc.so").is_some())
         .unwrap_or_else(|| panic!("no mmap of {N} pages from libc in {out}"));
-    assert_in_order(
-        &user_frames(&call),
-        &[
-            "mmap",
-            "pages_touch_inner",
-            "pages_touch_middle",
-            "pages_touch_outer",
-            "main",
-        ],
-    );
+    let want: Vec<&str> = std::iter::once("mmap").chain(C_TOUCH).collect();
+    assert_in_order(&user_frames(&call), &want);
 }
 
 /// Event tools under `--sample`: events left out say so, and are not
@@ -258,19 +170,7 @@ fn dwarf_mmapsnoop_names_every_caller_of_each_call() {
 #[test]
 fn sampled_event_stacks_say_which_were_left_out() {
     let cmd = format!("{} touch 3", c_workload().display());
-    let (out, _) = trace(&[
-        "mmapsnoop",
-        "--stack",
-        "--stack-mode",
-        "dwarf",
-        "--unwinder",
-        "copy",
-        "--sample",
-        "2",
-        "--json",
-        "-c",
-        &cmd,
-    ]);
+    let (out, _) = dwarf("mmapsnoop", &["--stack", "--sample", "2"], "copy", &cmd);
     let calls = json_of(&out, "mmap_call");
     let left_out = calls
         .iter()

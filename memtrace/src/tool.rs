@@ -2,6 +2,8 @@
 //! aggregates and reports. `run` drives every tool through the same life
 //! cycle; a counting tool only writes `report`.
 
+use std::collections::HashMap;
+use std::hash::Hash;
 use std::time::Duration;
 
 use aya::Pod;
@@ -12,7 +14,7 @@ use crate::cli::{IntervalArgs, StackArgs};
 use crate::error::Result;
 use crate::kernel::{Format, KernelBtf};
 use crate::output::{Printer, Value};
-use crate::session::{Loader, Session};
+use crate::session::{Fold, Loader, Session};
 
 /// One tool: its probes, its aggregation, its report.
 pub trait Tool {
@@ -117,6 +119,54 @@ pub trait Tool {
     }
 }
 
+/// What `Tool::drain` moved out of a kernel count map in runs without `-i`,
+/// added back into each report.
+pub struct Drained<K, V>(HashMap<K, V>);
+
+impl<K, V> Default for Drained<K, V> {
+    fn default() -> Self {
+        Drained(HashMap::new())
+    }
+}
+
+impl<K: Hash + Eq + Copy, V: Fold> Drained<K, V> {
+    /// Adds what was just moved out of the map; returns how many keys.
+    pub fn add(&mut self, moved: Vec<(K, V)>) -> usize {
+        let n = moved.len();
+        for (k, v) in moved {
+            fold_into(&mut self.0, k, v);
+        }
+        n
+    }
+
+    /// `read` (just read from the map) with all that was drained before;
+    /// with `clear` (interval reports) the drained counts go with it.
+    pub fn merged(&mut self, read: Vec<(K, V)>, clear: bool) -> Vec<(K, V)> {
+        if self.0.is_empty() {
+            return read;
+        }
+        let mut all = if clear {
+            std::mem::take(&mut self.0)
+        } else {
+            self.0.clone()
+        };
+        for (k, v) in read {
+            fold_into(&mut all, k, v);
+        }
+        all.into_iter().collect()
+    }
+
+    pub fn values(&self) -> impl Iterator<Item = &V> {
+        self.0.values()
+    }
+}
+
+fn fold_into<K: Hash + Eq, V: Fold>(to: &mut HashMap<K, V>, k: K, v: V) {
+    to.entry(k)
+        .and_modify(|e| *e = V::fold(&[*e, v]))
+        .or_insert(v);
+}
+
 /// What `Tool::prepare` can use: the loader, and kernel facts read on demand.
 pub struct Prep<'a> {
     pub loader: &'a mut Loader,
@@ -145,5 +195,24 @@ impl Prep<'_> {
 
     pub fn global<T: Pod>(&mut self, g: GlobalName<T>, v: &T) {
         self.loader.global(g, v);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn drained_counts_are_in_every_report_until_one_clears() {
+        let mut d: Drained<u32, u64> = Drained::default();
+        assert_eq!(d.add(vec![(1, 5), (2, 1)]), 2);
+        assert_eq!(d.add(vec![(1, 2)]), 1);
+        let mut m = d.merged(vec![(1, 1), (3, 4)], false);
+        m.sort();
+        assert_eq!(m, [(1, 8), (2, 1), (3, 4)]);
+        let mut m = d.merged(Vec::new(), true);
+        m.sort();
+        assert_eq!(m, [(1, 7), (2, 1)]);
+        assert_eq!(d.merged(vec![(5, 1)], true), [(5, 1)]);
     }
 }

@@ -5,31 +5,20 @@
 
 mod host;
 pub mod nofp;
+mod workload;
 #[allow(unused_imports)]
 pub use host::*;
+#[allow(unused_imports)]
+pub use workload::*;
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{BufRead, BufReader, Read};
 use std::path::PathBuf;
-use std::process::{Child, ChildStdin, Command, ExitStatus, Stdio};
+use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 pub fn memtrace_bin() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_memtrace"))
-}
-
-pub fn workload_bin() -> PathBuf {
-    let p = std::env::var_os("MEMTRACE_WORKLOAD")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target/release/memtrace-workload")
-        });
-    assert!(
-        p.exists(),
-        "workload binary {} missing: run `cargo xtask test`",
-        p.display()
-    );
-    p
 }
 
 pub struct Output {
@@ -239,71 +228,6 @@ pub fn run_with(args: &[&str], timeout: Duration) -> Output {
     }
 }
 
-/// A workload started with --wait: it has printed its pid and waits for `go`.
-pub struct Workload {
-    pub child: Child,
-    pub pid: u32,
-    stdin: Option<ChildStdin>,
-    /// The rest of its stdout, kept open so that what it prints after `go` can be read.
-    stdout: BufReader<std::process::ChildStdout>,
-}
-
-impl Workload {
-    pub fn start(args: &[&str]) -> Workload {
-        Self::start_with(args, |_| {})
-    }
-
-    pub fn start_with(args: &[&str], f: impl FnOnce(&mut Command)) -> Workload {
-        Self::start_from(workload_bin().as_os_str(), args, f)
-    }
-
-    /// The workload run from another copy of its binary.
-    pub fn start_from(
-        bin: &std::ffi::OsStr,
-        args: &[&str],
-        f: impl FnOnce(&mut Command),
-    ) -> Workload {
-        let mut c = Command::new(bin);
-        c.arg("--wait")
-            .args(args)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped());
-        f(&mut c);
-        let mut child = c.spawn().expect("spawn workload");
-        let mut line = String::new();
-        let mut stdout = BufReader::new(child.stdout.take().unwrap());
-        stdout.read_line(&mut line).unwrap();
-        let pid = line.trim().parse().expect("workload pid");
-        let stdin = child.stdin.take();
-        Workload {
-            child,
-            pid,
-            stdin,
-            stdout,
-        }
-    }
-
-    pub fn go(&mut self) {
-        let mut s = self.stdin.take().unwrap();
-        s.write_all(b"go\n").unwrap();
-    }
-
-    /// Waits for it to exit (within WAIT).
-    pub fn wait(mut self) -> ExitStatus {
-        wait_child(&mut self.child, WAIT)
-    }
-
-    /// Waits for it to exit (within WAIT); returns what it printed after its pid.
-    pub fn wait_output(self) -> (ExitStatus, String) {
-        let Workload {
-            mut child, stdout, ..
-        } = self;
-        let out = read_all(stdout);
-        let st = wait_child(&mut child, WAIT);
-        (st, out.join().unwrap())
-    }
-}
-
 /// Number of BPF programs loaded in the kernel right now.
 pub fn loaded_programs() -> usize {
     // BPF_PROG_GET_NEXT_ID needs no fd per program, so it counts every one.
@@ -328,7 +252,6 @@ pub fn loaded_programs() -> usize {
     }
 }
 
-/// JSON lines of a given "type".
 /// The user frames of a stack record (`user_stack`), innermost first.
 pub fn user_frames(v: &serde_json::Value) -> Vec<String> {
     v["user_stack"]
@@ -339,6 +262,7 @@ pub fn user_frames(v: &serde_json::Value) -> Vec<String> {
         .collect()
 }
 
+/// JSON lines of a given "type".
 pub fn json_of(stdout: &str, ty: &str) -> Vec<serde_json::Value> {
     stdout
         .lines()

@@ -89,6 +89,54 @@ pub fn trace(args: &[&str]) -> (String, serde_json::Value) {
     (out.stdout, summary)
 }
 
+/// memtrace `tool` with `extra`, stacks unwound with DWARF by `unwinder`
+/// (`kernel` or `copy`), on `cmd`; it must succeed: stdout and summary.
+pub fn dwarf(tool: &str, extra: &[&str], unwinder: &str, cmd: &str) -> (String, serde_json::Value) {
+    let mut args = vec![tool];
+    args.extend_from_slice(extra);
+    args.extend([
+        "--stack-mode",
+        "dwarf",
+        "--unwinder",
+        unwinder,
+        "--json",
+        "-c",
+        cmd,
+    ]);
+    trace(&args)
+}
+
+/// The stacks of `ty` whose frames include `f`.
+pub fn through(stdout: &str, ty: &str, f: &str) -> Vec<serde_json::Value> {
+    json_of(stdout, ty)
+        .into_iter()
+        .filter(|s| at(&super::user_frames(s), f).is_some())
+        .collect()
+}
+
+pub fn sum(stacks: &[serde_json::Value], field: &str) -> u64 {
+    stacks.iter().map(|s| s[field].as_u64().unwrap()).sum()
+}
+
+/// The C workload's sbrk loop, innermost first: through glibc's sbrk
+/// (built without frame pointers) to main.
+pub const C_SBRK: [&str; 6] = [
+    "__brk",
+    "sbrk",
+    "heap_grow_inner",
+    "heap_grow_middle",
+    "heap_grow_outer",
+    "main",
+];
+
+/// The C workload's page loop, innermost first, to main.
+pub const C_TOUCH: [&str; 4] = [
+    "pages_touch_inner",
+    "pages_touch_middle",
+    "pages_touch_outer",
+    "main",
+];
+
 /// Index of the first frame naming `f`.
 pub fn at(frames: &[String], f: &str) -> Option<usize> {
     frames.iter().position(|x| x.contains(f))

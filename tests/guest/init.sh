@@ -2,7 +2,8 @@
 # /init of the kernel-matrix guest (cargo xtask test --kernels). Drives the
 # real memtrace binary against real workloads and prints its output on the
 # serial console, one "MT-" line at a time; xtask/src/kernels/check.rs
-# parses and checks it. Lines:
+# parses and checks it. The cases are in the scripts sourced below
+# (lib.sh, cgroup.sh, live.sh, put in /lib/guest by xtask). Lines:
 #   MT-INFO key=value ...
 #   MT-OUT CASE LINE      memtrace's stdout
 #   MT-ERR CASE LINE      memtrace's stderr
@@ -59,281 +60,9 @@ echo "MT-INFO kernel=$(uname -r) cgroup=$CG cpus=$(nproc) zram=$ZRAM"
 
 FAILED=0
 
-# Milliseconds since boot.
-now_ms() {
-    read -r up _ </proc/uptime
-    # "1" before the hundredths: "08" alone would be a bad octal number.
-    echo $((${up%.*} * 1000 + 10 * 1${up#*.} - 1000))
-}
-
-emit() { # CASE FILE TAG
-    [ -f "$2" ] || return 0
-    while IFS= read -r l; do echo "$3 $1 $l"; done <"$2"
-}
-
-# Runs memtrace to completion with a hard timeout: CASE SECS WANT_RC ARGS...
-run_case() {
-    name=$1
-    secs=$2
-    want=$3
-    shift 3
-    rm -f /tmp/$name.w
-    t0=$(now_ms)
-    timeout -s KILL "$secs" memtrace "$@" >/tmp/$name.out 2>/tmp/$name.err
-    rc=$?
-    t1=$(now_ms)
-    emit "$name" /tmp/$name.out MT-OUT
-    emit "$name" /tmp/$name.err MT-ERR
-    emit "$name" /tmp/$name.w MT-WORK
-    echo "MT-CASE $name rc=$rc wrc=0 wpid=0 ms=$((t1 - t0))"
-    [ "$rc" = "$want" ] || FAILED=1
-}
-
-# A memory cgroup $CGROOT/mt-NAME limited to LIMIT: NAME LIMIT SWAP. With
-# SWAP=no its swap is limited too (memsw in v1, swap.max in v2).
-mk_memcg() {
-    cg=$CGROOT/mt-$1
-    mkdir "$cg"
-    if [ $CG = v1 ]; then
-        echo "$2" >"$cg/memory.limit_in_bytes"
-        if [ "$3" = no ] && [ -f "$cg/memory.memsw.limit_in_bytes" ]; then
-            echo "$2" >"$cg/memory.memsw.limit_in_bytes"
-        fi
-    else
-        echo "$2" >"$cg/memory.max"
-        if [ "$3" = no ] && [ -f "$cg/memory.swap.max" ]; then
-            echo 0 >"$cg/memory.swap.max"
-        fi
-    fi
-}
-
-lift_memcg() {
-    if [ $CG = v1 ]; then
-        echo -1 >"$cg/memory.limit_in_bytes"
-    else
-        echo max >"$cg/memory.max"
-    fi
-}
-
-# `memtrace ARGS` in the background, until it says "Tracing" (program
-# loads are slow under emulation): NAME ARGS...
-start_bg() {
-    name=$1
-    shift
-    rm -f /tmp/$name.w
-    t0=$(now_ms)
-    memtrace "$@" >/tmp/$name.out 2>/tmp/$name.err &
-    tp=$!
-    i=0
-    while ! grep -q '^Tracing' /tmp/$name.err; do
-        if ! kill -0 $tp 2>/dev/null || [ $i -ge 1200 ]; then
-            break
-        fi
-        i=$((i + 1))
-        usleep 100000
-    done
-    t_att=$(now_ms)
-}
-
-# Ctrl-C to the background memtrace (killed after 120 s), then its lines.
-stop_bg() {
-    t_int=$(now_ms)
-    kill -INT $tp 2>/dev/null
-    reap_bg
-    report_bg
-}
-
-# Waits for the background memtrace to exit (killed after 120 s).
-reap_bg() {
-    (sleep 120 && kill -KILL $tp) 2>/dev/null &
-    dog=$!
-    wait $tp
-    rc=$?
-    kill $dog 2>/dev/null
-    t1=$(now_ms)
-}
-
-# Removes the case's group and prints the case's lines.
-report_bg() {
-    rmdir "$cg"
-    emit "$name" /tmp/$name.out MT-OUT
-    emit "$name" /tmp/$name.err MT-ERR
-    emit "$name" /tmp/$name.w MT-WORK
-    echo "MT-CASE $name rc=$rc wrc=$wrc wpid=$wpid ms=$((t1 - t0)) attach_ms=$((t_att - t0)) exit_ms=$((t1 - t_int))"
-}
-
-# A memcg OOM kill traced by `memtrace TOOL --json -v ARGS`: CASE TOOL ARGS...
-oom_case() {
-    mk_memcg "$1" 64M no
-    n=$1
-    tool=$2
-    shift 2
-    start_bg "$n" "$tool" --json -v "$@"
-    wpid=0
-    wrc=0
-    if kill -0 $tp 2>/dev/null; then
-        sh -c "echo \$\$ >$cg/cgroup.procs && exec memtrace-workload alloc 200" &
-        wpid=$!
-        wait $wpid
-        wrc=$?
-        sleep 1
-    fi
-    stop_bg
-    # The workload must have been SIGKILLed (128 + 9).
-    [ "$rc" = 0 ] && [ "$wrc" = 137 ] || FAILED=1
-}
-
-# `memtrace TOOL --json -v ARGS` while `memtrace-workload swap 64` runs in a
-# 32 MiB memcg that may swap. Once the workload has touched its pages, the
-# limit is lifted; it counts those in swap and reads them all back: exactly
-# that many swap-ins. CASE TOOL ARGS...
-swap_case() {
-    mk_memcg "$1" 32M yes
-    n=$1
-    tool=$2
-    shift 2
-    start_bg "$n" "$tool" --json -v "$@"
-    wpid=0
-    wrc=-1
-    if kill -0 $tp 2>/dev/null; then
-        rm -f /tmp/go
-        mkfifo /tmp/go
-        sh -c "echo \$\$ >$cg/cgroup.procs && exec memtrace-workload swap 64" \
-            </tmp/go >/tmp/$name.w &
-        wpid=$!
-        # Opening the fifo lets the workload's stdin open; a line on it
-        # lets the workload read its pages back.
-        exec 3>/tmp/go
-        i=0
-        while ! grep -qs '^touched' /tmp/$name.w && kill -0 $wpid 2>/dev/null &&
-            [ $i -lt 1200 ]; do
-            i=$((i + 1))
-            usleep 100000
-        done
-        lift_memcg
-        echo go >&3
-        exec 3>&-
-        wait $wpid
-        wrc=$?
-        sleep 1
-    fi
-    stop_bg
-    [ "$rc" = 0 ] && [ "$wrc" = 0 ] || FAILED=1
-}
-
-# memcg: the limit set on mt-memcg, the workload in mt-memcg/kid growing
-# 4 MiB per 100 ms to 160 MiB: warned at 75% of 64 MiB, then OOM-killed.
-memcg_case() {
-    mk_memcg memcg 64M no
-    # v2: the kid is a memory cgroup only with the controller enabled for it.
-    [ $CG = v1 ] || echo +memory >"$cg/cgroup.subtree_control"
-    mkdir "$cg/kid"
-    start_bg memcg memcg --json -v --cgroup /mt-memcg/kid --warn 75
-    wpid=0
-    wrc=0
-    if kill -0 $tp 2>/dev/null; then
-        sh -c "echo \$\$ >$cg/kid/cgroup.procs && exec memtrace-workload steps 4 40 100" \
-            >/dev/null &
-        wpid=$!
-        wait $wpid
-        wrc=$?
-        sleep 2
-    fi
-    # The last table reads the kid's files: it goes after memtrace.
-    parent=$cg
-    cg=$cg/kid
-    stop_bg
-    rmdir "$parent"
-    [ "$rc" = 0 ] && [ "$wrc" = 137 ] || FAILED=1
-}
-
-# Can this guest run a PSI case (memory.pressure triggers)? If not, the
-# case is skipped with the reason: CASE
-psi_here() {
-    if [ $CG != v2 ]; then
-        echo "MT-SKIP $1 cgroup v1 guest: memory cgroups have no memory.pressure (PSI triggers need cgroup v2)"
-        return 1
-    fi
-    if [ ! -e /proc/pressure/memory ]; then
-        echo "MT-SKIP $1 no PSI in this kernel (CONFIG_PSI off, or psi=0 on its command line)"
-        return 1
-    fi
-}
-
-# Pressure before the OOM kill: memory.max 128 MiB, memory.high 120 MiB.
-# Over memory.high the kernel throttles the workload (a sleep counted as a
-# memory stall: PSI some and full), then memory.max has it OOM-killed. The
-# workload grows 8 MiB per 100 ms toward 320 MiB.
-psi_case() {
-    psi_here psi || return 0
-    mk_memcg psi 128M no
-    echo 120M >"$cg/memory.high"
-    start_bg psi memcg --json -v --cgroup /mt-psi --warn-pressure some:10
-    wpid=0
-    wrc=0
-    if kill -0 $tp 2>/dev/null; then
-        sh -c "echo \$\$ >$cg/cgroup.procs && exec memtrace-workload steps 8 40 100" \
-            >/dev/null &
-        wpid=$!
-        wait $wpid
-        wrc=$?
-        sleep 2
-    fi
-    stop_bg
-    [ "$rc" = 0 ] && [ "$wrc" = 137 ] || FAILED=1
-}
-
-# --fail on a pressure warning: memory.high 32 MiB throttles a workload that
-# holds 64 MiB, hard (a full stall); memtrace exits 3 by itself, then the
-# workload is killed.
-psi_fail_case() {
-    psi_here psi-fail || return 0
-    mk_memcg psi-fail 128M no
-    echo 32M >"$cg/memory.high"
-    start_bg psi-fail memcg --json -v --cgroup /mt-psi-fail --warn-pressure full:5 --fail
-    wpid=0
-    wrc=0
-    if kill -0 $tp 2>/dev/null; then
-        sh -c "echo \$\$ >$cg/cgroup.procs && exec memtrace-workload hold 64" \
-            >/dev/null &
-        wpid=$!
-        t_int=$(now_ms)
-        reap_bg
-        kill -KILL $wpid
-        wait $wpid
-        wrc=$?
-        report_bg
-    else
-        stop_bg
-    fi
-    [ "$rc" = 3 ] || FAILED=1
-}
-
-# --warn on page cache, which is no RSS change (so no warning at an
-# allocation): 70 MiB written to a ramfs file in a 128 MiB group, --warn 50
-# (64 MiB). v1: the kernel's threshold notifier; v2: a memory.events change
-# (memory.high at 66 MiB) or a sample. --fail exits 3.
-warn_fail_case() {
-    mk_memcg warn-fail 128M no
-    [ $CG = v1 ] || echo 66M >"$cg/memory.high"
-    start_bg warn-fail memcg --json -v --cgroup /mt-warn-fail --warn 50 --fail
-    wpid=0
-    wrc=0
-    if kill -0 $tp 2>/dev/null; then
-        sh -c "echo \$\$ >$cg/cgroup.procs && exec dd if=/dev/zero of=/mnt/ram/warn-fail bs=1M count=70" \
-            2>/dev/null &
-        wpid=$!
-        wait $wpid
-        wrc=$?
-        t_int=$(now_ms)
-        reap_bg
-        rm -f /mnt/ram/warn-fail
-        report_bg
-    else
-        stop_bg
-    fi
-    [ "$rc" = 3 ] && [ "$wrc" = 0 ] || FAILED=1
-}
+. /lib/guest/lib.sh
+. /lib/guest/cgroup.sh
+. /lib/guest/live.sh
 
 run_case doctor 300 0 doctor
 # With --stack: the victim triggered its own kill, so the stack is its own,
@@ -378,6 +107,16 @@ run_case mmapsnoop 300 0 mmapsnoop --json -v \
     -c 'memtrace-workload maps /mnt/ram/mmapsnoop >/tmp/mmapsnoop.w'
 run_case shmsnoop 300 0 shmsnoop --json -v \
     -c 'memtrace-workload shm >/tmp/shmsnoop.w'
+top_case
+serve_case
+# Recorded, then read back (report) and compared (diff): the known brk
+# stack, then it again with 20 more calls and a new one below it.
+run_case record-a 300 0 brkstack -c 'memtrace-workload rawbrk 40 4096' \
+    --json -v --record /tmp/a.rec
+run_case record-b 300 0 brkstack -c 'memtrace-workload rawbrk-deep 60 3 5' \
+    --json -v --record /tmp/b.rec
+run_case report 60 0 report --json /tmp/a.rec
+run_case diff 60 0 diff --json /tmp/a.rec /tmp/b.rec
 if [ $ZRAM = yes ] && swapon /dev/zram0; then
     # One report, at the end: a count added just as an interval report
     # takes its key can be lost (as for faults --slots 0; 1 of about 8400

@@ -12,7 +12,7 @@ use gimli::{
     UnwindSection, X86_64,
 };
 use memtrace_common::kunwind::{row, UnwindRow, MAX_FILE_ROWS};
-use object::{Object, ObjectSection, ObjectSegment};
+use object::{Object, ObjectSection};
 
 /// Rows of one file, sorted, with what the rows could not express.
 #[derive(Debug, Default)]
@@ -91,16 +91,7 @@ fn convert<R: gimli::Reader<Offset = usize>>(
 pub fn file_rows(file: &File) -> Result<FileRows, NoRows> {
     let cache = object::ReadCache::new(file);
     let obj = object::File::parse(&cache).map_err(|_| NoRows::NotElf)?;
-    let segments: Vec<_> = obj
-        .segments()
-        .filter(|s| {
-            matches!(s.flags(), object::SegmentFlags::Elf { p_flags } if p_flags & object::elf::PF_X != 0)
-        })
-        .map(|s| {
-            let (off, size) = s.file_range();
-            (off, size, s.address())
-        })
-        .collect();
+    let segments = crate::unwind::exec_segments(&obj);
     let sec = obj.section_by_name(".eh_frame").ok_or(NoRows::NoEhFrame)?;
     let data = sec.data().map_err(|_| NoRows::Bad)?;
     let mut bases = BaseAddresses::default().set_eh_frame(sec.address());

@@ -18,7 +18,7 @@ use crate::kernel::cgroup;
 use crate::output::{clock, Col, Printer, Row, StackReport, Value};
 use crate::records::comm;
 use crate::session::{first_name, Fold, Session};
-use crate::tool::{Prep, Tool};
+use crate::tool::{Drained, Prep, Tool};
 use crate::tpspec::{expand, tracepoint_probes, parse_filter, FilterSpec, Selected, Spec};
 use crate::ustack::{sampled_reports, stack_report};
 
@@ -77,7 +77,7 @@ pub struct Count {
     total: u64,
     /// Counts moved out of the kernel's map while no interval reports clear
     /// it (`drain`), for the final report.
-    kept: std::collections::HashMap<CountKey, CountVal>,
+    kept: Drained<CountKey, CountVal>,
 }
 
 /// Trailing plain numbers are `INTERVAL [COUNT]`: a tracepoint always has a colon.
@@ -230,14 +230,6 @@ impl Count {
 }
 
 /// Adds `b` into `a` (counts, sums; the first name seen stays).
-fn add(a: &mut CountVal, b: &CountVal) {
-    a.count += b.count;
-    a.sum = a.sum.wrapping_add(b.sum);
-    if a.comm[0] == 0 {
-        a.comm = b.comm;
-    }
-}
-
 impl Fold for CountVal {
     fn fold(vals: &[Self]) -> Self {
         CountVal {
@@ -292,21 +284,11 @@ impl Tool for Count {
     }
 
     fn report(&mut self, s: &mut Session, out: &mut dyn Printer, clear: bool) -> Result<()> {
-        let mut v = s.read_folded(COUNTS, clear)?;
-        let n: u64 = v.iter().map(|(_, val)| val.count).sum();
+        let read = s.read_folded(COUNTS, clear)?;
+        let n: u64 = read.iter().map(|(_, val)| val.count).sum();
         let drained: u64 = self.kept.values().map(|c| c.count).sum();
         self.total = if clear { self.total + n } else { n + drained };
-        if !self.kept.is_empty() {
-            let mut all = if clear {
-                std::mem::take(&mut self.kept)
-            } else {
-                self.kept.clone()
-            };
-            for (k, val) in v {
-                add(all.entry(k).or_default(), &val);
-            }
-            v = all.into_iter().collect();
-        }
+        let mut v = self.kept.merged(read, clear);
         v.sort_by(|a, b| (a.0.index, b.1.count).cmp(&(b.0.index, a.1.count)));
         let stamp = if self.interval().is_some() { format!("{} ", clock()) } else { String::new() };
         if self.mode != 0 {
@@ -333,12 +315,7 @@ impl Tool for Count {
     }
 
     fn drain(&mut self, s: &mut Session) -> Result<usize> {
-        let moved = s.read_folded(COUNTS, true)?;
-        let n = moved.len();
-        for (k, val) in moved {
-            add(self.kept.entry(k).or_default(), &val);
-        }
-        Ok(n)
+        Ok(self.kept.add(s.read_folded(COUNTS, true)?))
     }
 
     fn events(&self) -> u64 {

@@ -35,6 +35,22 @@ struct ObjectInfo {
     segments: Vec<(u64, u64, u64)>,
 }
 
+/// (file offset, file size, virtual address) of each executable segment of
+/// `obj`: where a code address in the file lands in its mapping.
+pub fn exec_segments<'d, R: object::ReadRef<'d>>(
+    obj: &object::File<'d, R>,
+) -> Vec<(u64, u64, u64)> {
+    obj.segments()
+        .filter(|s| {
+            matches!(s.flags(), object::SegmentFlags::Elf { p_flags } if p_flags & object::elf::PF_X != 0)
+        })
+        .map(|s| {
+            let (off, size) = s.file_range();
+            (off, size, s.address())
+        })
+        .collect()
+}
+
 impl ObjectInfo {
     fn read(file: &File) -> Option<ObjectInfo> {
         // Reads only the headers and the sections asked for, not the file.
@@ -52,16 +68,7 @@ impl ObjectInfo {
             eh_frame: section(".eh_frame"),
             eh_frame_hdr: section(".eh_frame_hdr"),
             debug_frame: section(".debug_frame").map(|(_, d)| d),
-            segments: obj
-                .segments()
-                .filter(|s| {
-                    matches!(s.flags(), object::SegmentFlags::Elf { p_flags } if p_flags & object::elf::PF_X != 0)
-                })
-                .map(|s| {
-                    let (off, size) = s.file_range();
-                    (off, size, s.address())
-                })
-                .collect(),
+            segments: exec_segments(&obj),
         };
         Some(info)
     }

@@ -8,8 +8,8 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
-/* Keeps each call out of tail position, so every frame stays on the stack. */
-#define KEEP() __asm__ volatile("" ::: "memory")
+/* KEEP() and TOUCH_PAGES(), shared with lib.c. */
+#include "nofp.h"
 
 __attribute__((noinline)) void heap_grow_inner(int n)
 {
@@ -33,14 +33,7 @@ __attribute__((noinline)) void heap_grow_outer(int n)
 
 __attribute__((noinline)) void pages_touch_inner(int n)
 {
-	long page = sysconf(_SC_PAGESIZE);
-	char *p = mmap(NULL, n * page, PROT_READ | PROT_WRITE,
-		       MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-	if (p == MAP_FAILED)
-		exit(1);
-	madvise(p, n * page, MADV_NOHUGEPAGE);
-	for (int i = 0; i < n; i++)
-		p[i * page] = 1;
+	TOUCH_PAGES(n);
 	KEEP();
 }
 

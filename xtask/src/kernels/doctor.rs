@@ -2,7 +2,7 @@
 //! tool table shows every tool attachable, by the same methods, wherever
 //! that tool's own cases pass (doctor loads each tool as the tool does).
 
-use super::check::{attached, json, Case, Checked, Guest, CASES};
+use super::check::{attached_of, Case, Checked, Guest, Out, CASES};
 
 /// One row of doctor's tool table.
 #[derive(Debug)]
@@ -68,7 +68,13 @@ pub(super) fn check(g: &Guest, case: &'static Case, done: &[Checked]) -> Checked
         }
     }
     let rows = tool_rows(out);
-    let mut tools: Vec<&str> = CASES[1..].iter().map(|c| c.tool).collect();
+    // Report and diff read records: no tool of doctor's.
+    let mut tools: Vec<&str> = CASES[1..]
+        .iter()
+        .filter(|c| c.out != Out::Replay)
+        .map(|c| c.tool)
+        .collect();
+    tools.sort_unstable();
     tools.dedup();
     let mut shown = Vec::new();
     for tool in tools {
@@ -89,8 +95,7 @@ pub(super) fn check(g: &Guest, case: &'static Case, done: &[Checked]) -> Checked
         // Where a case ran with the default attach, doctor must pick the
         // same method for every probe both attached.
         for c in cases.iter().filter(|c| !c.case.forced) {
-            let v = json(g.out.get(c.case.name).map_or(&[][..], |v| v));
-            for (probe, method) in attached(&v) {
+            for (probe, method) in attached_of(g, c.case) {
                 if let Some(r) = mine.iter().find(|r| r.probe == probe && r.method != "-") {
                     if r.method != method {
                         why.push(format!(

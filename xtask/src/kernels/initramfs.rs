@@ -1,6 +1,7 @@
 //! The guest's initramfs: a cpio "newc" archive written here with busybox,
 //! the freshly built memtrace and memtrace-workload with their shared
-//! libraries, and `tests/guest/init.sh` as `/init`.
+//! libraries, and `tests/guest/init.sh` as `/init` with the scripts it
+//! sources.
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -127,11 +128,19 @@ pub(super) fn initramfs(assets: &Assets, out: &Path) -> Result<()> {
         &std::fs::read(qemu_root.join("bin/busybox"))?,
     );
     c.symlink("bin/sh", "busybox");
-    c.file(
-        "init",
-        0o755,
-        &std::fs::read(root().join("tests/guest/init.sh"))?,
-    );
+    // init.sh as /init, the scripts it sources in /lib/guest.
+    let guest = root().join("tests/guest");
+    c.file("init", 0o755, &std::fs::read(guest.join("init.sh"))?);
+    for e in std::fs::read_dir(&guest)?.flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        if name.ends_with(".sh") && name != "init.sh" {
+            c.file(
+                &format!("lib/guest/{name}"),
+                0o644,
+                &std::fs::read(e.path())?,
+            );
+        }
+    }
     let mut shared = BTreeSet::new();
     for b in ["memtrace", "memtrace-workload"] {
         let p = release.join(b);

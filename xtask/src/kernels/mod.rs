@@ -16,8 +16,10 @@ mod check;
 mod doctor;
 mod fetch;
 mod initramfs;
+mod live;
 mod memcg;
 mod modules;
+mod replay;
 mod snoop;
 mod tools;
 

@@ -1,24 +1,18 @@
-//! User and kernel stacks: which way user stacks are taken (`--stack-mode`),
-//! stack ids decoded, stacks looked up and symbolized, and stack-keyed
-//! counts turned into reports.
+//! User and kernel stacks: which way user stacks are taken (`--stack-mode`,
+//! setup.rs), stack ids decoded, stacks looked up and symbolized, and
+//! stack-keyed counts turned into reports.
 
 use memtrace_common::{
-    kunwind::{mark, ROW_CACHE_SLOTS},
+    kunwind::mark,
     names, stack_mode,
-    stacks::{
-        UserStack, UstackConfig, STACK_SAMPLE_HDR, USTACK_FOLDED, USTACK_IN_SAMPLE,
-        USTACK_NOT_SAMPLED,
-    },
-    Filter,
+    stacks::{UserStack, USTACK_FOLDED, USTACK_IN_SAMPLE, USTACK_NOT_SAMPLED},
 };
 
-use crate::cli::Unwinder;
-use crate::error::{Error, Result};
-use crate::kernel::KernelBtf;
 use crate::output::StackReport;
-use crate::session::{Loader, Session};
-use crate::tool::Tool;
-use crate::unwind::DwarfStacks;
+use crate::session::Session;
+
+mod setup;
+pub(crate) use setup::setup;
 
 /// The frames shown for the folded stacks of an exited process.
 pub const FOLDED: &str = "[stacks of this exited process folded: memtrace's bound on kept counts]";
@@ -50,113 +44,6 @@ impl StackRef {
             _ => StackRef::Failed,
         }
     }
-}
-
-/// Resolves `--stack-mode`, says which was chosen, and sets what the kernel
-/// programs need to take user stacks: the register and stack-top offsets,
-/// and for dwarf the copy size and a ring buffer to carry the copies.
-/// `copy_only` rules out unwinding in the kernel (after this kernel refused
-/// it).
-pub(crate) fn setup(
-    tool: &dyn Tool,
-    filter: &mut Filter,
-    loader: &mut Loader,
-    copy_only: bool,
-) -> Result<Option<DwarfStacks>> {
-    if filter.stacks & stack_mode::USER == 0 {
-        return Ok(None);
-    }
-    let dwarf = match tool.user_stacks() {
-        Some((args, rare)) => {
-            let auto = args.stack_mode == crate::cli::StackMode::Auto;
-            let d = args.dwarf(rare);
-            if auto && !d {
-                say!(
-                    "memtrace: user stacks: fp (auto: too many events to copy each stack; \
-                     --stack-mode dwarf --sample N unwinds one in N through code without frame pointers)"
-                );
-            }
-            d.then_some((args, auto))
-        }
-        None => None,
-    };
-    let btf = KernelBtf::shared()?;
-    let offs = (
-        btf.offset("pt_regs", "ip"),
-        btf.offset("pt_regs", "sp"),
-        btf.offset("pt_regs", "bp"),
-        btf.offset("mm_struct", "start_stack"),
-    );
-    let (Some(ip), Some(sp), Some(bp), Some(top)) = offs else {
-        if dwarf.is_some() {
-            return Err(Error::NoBtf(
-                "no x86-64 pt_regs or mm_struct.start_stack in kernel BTF (needed by --stack-mode dwarf)"
-                    .into(),
-            ));
-        }
-        // Elsewhere the kernel's own frame-pointer walker does.
-        return Ok(None);
-    };
-    let mut cfg = UstackConfig {
-        stack_bytes: 0,
-        sample_every: 1,
-        regs_ip: ip,
-        regs_sp: sp,
-        regs_bp: bp,
-        mm_start_stack: top,
-        _pad: [0; 2],
-    };
-    // Both ways find the main thread's stack top through task->mm.
-    loader.global(names::TASK, &btf.task_offsets()?);
-    let Some((args, auto)) = dwarf else {
-        filter.stacks |= stack_mode::WALK;
-        loader.global(names::USTACK, &cfg);
-        loader.max_entries(names::USTACKS, 16384);
-        return Ok(None);
-    };
-    // Sampling is a choice of the copy path: in the kernel every event is
-    // unwound.
-    if args.unwinder == Unwinder::Kernel && args.sample == 1 && !copy_only {
-        filter.stacks |= stack_mode::WALK | stack_mode::KUNWIND;
-        loader.global(names::USTACK, &cfg);
-        loader.max_entries(names::USTACKS, 16384);
-        loader.max_entries(names::UNWIND_ROWS, args.unwind_table_size);
-        loader.max_entries(names::UNWIND_PROCS, 8192);
-        loader.max_entries(names::UNWIND_MISSES, 8192);
-        loader.max_entries(names::UNWIND_CACHE, ROW_CACHE_SLOTS);
-        say!(
-            "memtrace: user stacks: dwarf{}, unwound in the kernel (every event; unwind tables up to {} MiB)",
-            if auto { " (auto)" } else { "" },
-            crate::ktables::table_bytes(args.unwind_table_size) >> 20
-        );
-        return Ok(None);
-    }
-    cfg.stack_bytes = args.stack_size;
-    cfg.sample_every = args.sample;
-    filter.stacks |= stack_mode::DWARF;
-    loader.global(names::USTACK, &cfg);
-    // One slot per CPU where the sample is put together.
-    let cpus = aya::util::nr_cpus().map_err(|(_, e)| Error::Io(e))? as u32;
-    loader.max_entries(names::SAMPLE_SCRATCH, cpus);
-    // Room for 32 full copies, and many more of the usual ones (a record is
-    // as long as the stack copied): the reader drains it far more often, and
-    // the buffer is resident twice over (--buffer-size sets it).
-    let record = STACK_SAMPLE_HDR as u32 + cfg.stack_bytes;
-    loader.max_entries(
-        names::EVENTS,
-        (record * 32).next_power_of_two().max(1 << 20),
-    );
-    let how = if args.sample > 1 {
-        format!("one event in {} sampled", args.sample)
-    } else {
-        "every event".to_string()
-    };
-    say!(
-        "memtrace: user stacks: dwarf{} ({} bytes of stack copied, {how})",
-        if auto { " (auto)" } else { "" },
-        cfg.stack_bytes
-    );
-    Ok(Some(DwarfStacks::new(args.sample)))
 }
 
 impl Session {
@@ -363,56 +250,6 @@ mod tests {
             "do_brk_flags",
         ] {
             assert!(!is_tracing_frame(f), "{f}");
-        }
-    }
-    use crate::attach::Probe;
-    use crate::cli::{StackArgs, StackMode};
-    use crate::tool::Prep;
-
-    struct Stacks(StackArgs);
-    impl Tool for Stacks {
-        fn name(&self) -> &'static str {
-            "test"
-        }
-        fn what(&self) -> String {
-            String::new()
-        }
-        fn probes(&self) -> Vec<Probe> {
-            Vec::new()
-        }
-        fn prepare(&mut self, _: &mut Prep) -> Result<()> {
-            Ok(())
-        }
-        fn events(&self) -> u64 {
-            0
-        }
-        fn user_stacks(&self) -> Option<(&StackArgs, bool)> {
-            Some((&self.0, false))
-        }
-    }
-
-    /// Both ways of taking user stacks read the main thread's stack top
-    /// through task->mm: the task offsets must be set whatever the tool sets.
-    #[test]
-    fn user_stacks_get_the_task_offsets_they_read_through() {
-        for mode in [StackMode::Fp, StackMode::Dwarf] {
-            let tool = Stacks(StackArgs {
-                stack_mode: mode,
-                stack_size: 4096,
-                sample: 1,
-                unwinder: Unwinder::Copy,
-                unwind_table_size: 1 << 16,
-            });
-            let mut filter = Filter {
-                stacks: stack_mode::USER,
-                ..Default::default()
-            };
-            let mut loader = Loader::default();
-            let dwarf = setup(&tool, &mut filter, &mut loader, false).unwrap();
-            assert_eq!(dwarf.is_some(), mode == StackMode::Dwarf);
-            let names: Vec<_> = loader.global_names().collect();
-            assert!(names.contains(&"TASK"), "{mode:?}: {names:?}");
-            assert!(names.contains(&"USTACK"), "{mode:?}: {names:?}");
         }
     }
 }

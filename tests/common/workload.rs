@@ -1,0 +1,114 @@
+//! The workload binary (tests/workload), started with --wait so that only
+//! its counted work comes after memtrace is attached.
+
+use std::io::{BufRead, BufReader, Write};
+use std::path::PathBuf;
+use std::process::{Child, ChildStdin, Command, ExitStatus, Stdio};
+use std::time::Duration;
+
+use super::{read_all, wait_child, Tracer, WAIT};
+
+pub fn workload_bin() -> PathBuf {
+    let p = std::env::var_os("MEMTRACE_WORKLOAD")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target/release/memtrace-workload")
+        });
+    assert!(
+        p.exists(),
+        "workload binary {} missing: run `cargo xtask test`",
+        p.display()
+    );
+    p
+}
+
+/// A workload started with --wait: it has printed its pid and waits for `go`.
+pub struct Workload {
+    pub child: Child,
+    pub pid: u32,
+    stdin: Option<ChildStdin>,
+    /// The rest of its stdout, kept open so that what it prints after `go` can be read.
+    stdout: BufReader<std::process::ChildStdout>,
+}
+
+impl Workload {
+    pub fn start(args: &[&str]) -> Workload {
+        Self::start_with(args, |_| {})
+    }
+
+    pub fn start_with(args: &[&str], f: impl FnOnce(&mut Command)) -> Workload {
+        Self::start_from(workload_bin().as_os_str(), args, f)
+    }
+
+    /// The workload run from another copy of its binary.
+    pub fn start_from(
+        bin: &std::ffi::OsStr,
+        args: &[&str],
+        f: impl FnOnce(&mut Command),
+    ) -> Workload {
+        let mut c = Command::new(bin);
+        c.arg("--wait")
+            .args(args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped());
+        f(&mut c);
+        let mut child = c.spawn().expect("spawn workload");
+        let mut line = String::new();
+        let mut stdout = BufReader::new(child.stdout.take().unwrap());
+        stdout.read_line(&mut line).unwrap();
+        let pid = line.trim().parse().expect("workload pid");
+        let stdin = child.stdin.take();
+        Workload {
+            child,
+            pid,
+            stdin,
+            stdout,
+        }
+    }
+
+    pub fn go(&mut self) {
+        let mut s = self.stdin.take().unwrap();
+        s.write_all(b"go\n").unwrap();
+    }
+
+    /// Waits for it to exit (within WAIT).
+    pub fn wait(mut self) -> ExitStatus {
+        wait_child(&mut self.child, WAIT)
+    }
+
+    /// Waits for it to exit (within WAIT); returns what it printed after its pid.
+    pub fn wait_output(self) -> (ExitStatus, String) {
+        let Workload {
+            mut child, stdout, ..
+        } = self;
+        let out = read_all(stdout);
+        let st = wait_child(&mut child, WAIT);
+        (st, out.join().unwrap())
+    }
+}
+
+/// Traces workload `work` (started with --wait) with each of `tracers`
+/// (memtrace arguments, `-p PID --json` added) at once, each of which must
+/// succeed; their stdouts.
+pub fn trace_workload(work: &[&str], tracers: &[&[&str]]) -> Vec<String> {
+    let mut w = Workload::start(work);
+    let pid = w.pid.to_string();
+    let running: Vec<Tracer> = tracers
+        .iter()
+        .map(|a| {
+            let mut args = a.to_vec();
+            args.extend(["-p", &pid, "--json"]);
+            Tracer::start(&args)
+        })
+        .collect();
+    w.go();
+    assert!(w.wait().success());
+    running
+        .into_iter()
+        .map(|t| {
+            let out = t.wait(Duration::from_secs(20));
+            assert_eq!(out.code, 0, "{}", out.stderr);
+            out.stdout
+        })
+        .collect()
+}
