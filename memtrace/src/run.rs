@@ -251,6 +251,7 @@ pub fn run(tool: &mut dyn Tool, common: &Common) -> Result<i32> {
     ))?;
     // After the last of COUNT interval reports there is nothing more to say
     // (as BCC's `tool 1 3`): only a run cut short reports what is left.
+    session.end_counting();
     if !counted_out {
         tool.finish(&mut session, out.as_mut())?;
     }

@@ -265,6 +265,9 @@ impl Session {
 
     /// The kernel's loss and degradation counters, by reason, summed over CPUs.
     fn loss_counters(&self) -> Vec<(&'static str, u64)> {
+        if let Some((v, _)) = &self.counted_at_end {
+            return v.clone();
+        }
         let mut out: Vec<(&'static str, u64)> = loss::NAMES.iter().map(|n| (*n, 0)).collect();
         if let Ok(slots) = self.read_percpu_array(names::LOSSES) {
             for (slot, vals) in out.iter_mut().zip(slots) {
@@ -272,6 +275,14 @@ impl Session {
             }
         }
         out
+    }
+
+    /// Takes the kernel's counters as the run ends, before the final report:
+    /// what the programs meet while it is put together (seconds, for
+    /// thousands of stacks) comes after the report's reads, and stacks are
+    /// no longer taken out of the kernel meanwhile.
+    pub fn end_counting(&mut self) {
+        self.counted_at_end = Some((self.loss_counters(), self.missed_runs()));
     }
 
     /// Events kept in a lesser form (`losses::DEGRADATIONS`), by reason.
@@ -285,7 +296,11 @@ impl Session {
     pub fn losses(&self) -> Vec<(&'static str, u64)> {
         let mut out = self.loss_counters();
         out.retain(|(r, _)| !crate::losses::is_degradation(r));
-        out.push(("missed_runs", self.missed_runs()));
+        let missed = match &self.counted_at_end {
+            Some((_, m)) => *m,
+            None => self.missed_runs(),
+        };
+        out.push(("missed_runs", missed));
         out.push(("stack_evicted", self.stacks.missed.get()));
         out
     }

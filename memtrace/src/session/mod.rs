@@ -49,6 +49,8 @@ pub struct Session {
     /// Programs memtrace loaded itself (uprobe sessions), for their
     /// skipped runs.
     raw_progs: Vec<std::os::fd::OwnedFd>,
+    /// The kernel's loss counters and missed runs when the run ended.
+    counted_at_end: Option<(Vec<(&'static str, u64)>, u64)>,
 }
 
 /// An error and its causes on one line.
@@ -82,6 +84,7 @@ impl Session {
             stacks: StackStore::new(),
             raw_links: Vec::new(),
             raw_progs: Vec::new(),
+            counted_at_end: None,
         })
     }
 
