@@ -207,8 +207,9 @@ fn long_runs_without_intervals_never_fill_the_map() {
 #[test]
 fn samples_of_exited_processes_fold_past_the_bound_and_none_is_lost() {
     let cmd = format!(
-        // Long enough for several rounds of reclaiming (every 250 ms).
-        "for i in $(seq 300); do {} sbrk 3 8192; done",
+        // The loop may end within one round of reclaiming (every 250 ms):
+        // the sleep makes sure a round meets its processes gone.
+        "for i in $(seq 300); do {} sbrk 3 8192; done; sleep 0.6",
         workload_bin().display()
     );
     let out = run(&[

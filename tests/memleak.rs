@@ -263,8 +263,9 @@ fn processes_that_exit_never_fill_the_tables() {
     assert_eq!(out.code, 0, "{}", out.stderr);
     let s = &json_of(&out.stdout, "summary")[0];
     assert_eq!(lost(&out.stdout, "map_full"), 0, "{s}");
-    // Each workload process and each sleep exited, holding some blocks.
-    assert!(s["exited_processes"].as_u64().unwrap() >= 2 * N - 10, "{s}");
+    // The workload processes and sleeps exited, holding some blocks (those
+    // of the last round end with the run, in the live tables still).
+    assert!(s["exited_processes"].as_u64().unwrap() >= N, "{s}");
     assert!(s["held_at_exit"].as_u64().unwrap() >= N, "{s}");
     assert!(s["exited_blocks_swept"].as_u64().unwrap() > 0, "{s}");
     // Every malloc/free pair of the loops was followed to its free.

@@ -9,7 +9,7 @@ use anyhow::{bail, Context, Result};
 use crate::{root, sh};
 
 /// The targets, as fuzz/Cargo.toml names them.
-pub const TARGETS: [&str; 4] = ["tracefs_format", "btf", "proc_maps", "elf"];
+pub const TARGETS: [&str; 5] = ["tracefs_format", "btf", "proc_maps", "elf", "record"];
 
 pub fn run(only: Option<&str>, seconds: u64) -> Result<()> {
     let targets: Vec<&str> = match only {

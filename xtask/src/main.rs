@@ -54,7 +54,7 @@ enum Cmd {
     },
     /// Fuzz the parsers of untrusted input (cargo-fuzz, installed if missing).
     Fuzz {
-        /// One target (tracefs_format, btf, proc_maps, elf) or `all` (the default).
+        /// One target (tracefs_format, btf, proc_maps, elf, record) or `all` (the default).
         target: Option<String>,
         /// Seconds per target.
         #[arg(default_value_t = 60)]
