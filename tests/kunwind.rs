@@ -3,6 +3,7 @@
 //! frame pointers, the same stacks as the copy path, exact counts, across
 //! forks and execs, and honest about where it stops (a library mapped
 //! later, a stack deeper than kept).
+
 mod common;
 
 use common::nofp::*;
