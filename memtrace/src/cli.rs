@@ -105,8 +105,9 @@ pub enum StackMode {
     /// Walk frame pointers in the kernel: cheap, but stops at code built
     /// without them (glibc on most distributions).
     Fp,
-    /// Copy the top of the user stack and unwind it here with the binaries'
-    /// .eh_frame: complete stacks, at a copy per event.
+    /// Unwind with the binaries' .eh_frame: complete stacks, in the kernel
+    /// program with tables built from it, or here from a copy of the top of
+    /// the user stack (`--unwinder`).
     Dwarf,
     /// dwarf where events are rare enough (or sampled), fp otherwise.
     Auto,

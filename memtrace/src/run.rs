@@ -86,7 +86,7 @@ fn tool_unwinds_in_kernel(tool: &dyn Tool, system_wide: bool) -> bool {
             .is_some_and(|(a, rare)| a.in_kernel(rare, system_wide))
 }
 
-fn attach_with(
+pub(crate) fn attach_with(
     tool: &mut dyn Tool,
     common: &Common,
     target: Option<u32>,
@@ -239,6 +239,7 @@ pub fn run(tool: &mut dyn Tool, common: &Common) -> Result<i32> {
     // exits; before saying "Tracing", which tells callers we are ready.
     if let Some(p) = common.pid {
         session.sym.maps.lock().unwrap().snapshot(p);
+        phases.mark("target's maps read (and unwind tables built)");
     }
     say!("Tracing {}{scope}... Hit Ctrl-C to end.", tool.what());
     let mut exited = None;
