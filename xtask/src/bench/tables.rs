@@ -75,7 +75,7 @@ pub(super) fn startup_tables(m: &str, runs: usize, out: &mut String) -> Result<(
     let pid = target.id().to_string();
     out.push_str(&format!(
         "\n### Start-up with unwind tables (-p of a process mapping libc, ld.so and libLLVM, {size} MiB)\n\n\
-         | memtrace faults --stacks -p PID | programs loaded and attached, ms | + maps read and tables built, ms | of which building tables, ms |\n|---|---:|---:|---:|\n"
+         | memtrace faults --stacks -p PID | programs loaded and attached, ms | then maps read and tables built (total), ms | of which building tables, ms |\n|---|---:|---:|---:|\n"
     ));
     for (name, extra) in [
         ("fp", vec![]),
