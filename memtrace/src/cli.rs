@@ -127,8 +127,9 @@ pub struct StackArgs {
     pub sample: u32,
     /// dwarf: where stacks are unwound: in the kernel program, with tables
     /// built from each file's .eh_frame (every event, nothing copied), or
-    /// here, from a copy of the stack sent per event. auto: in the kernel,
-    /// except with --sample and for rare events traced system-wide (a
+    /// here, from a copy of the stack sent per event. auto: in the kernel
+    /// for faults and brkstack, except with --sample and for brk calls
+    /// traced system-wide (a
     /// process's first events would come before its table); copied
     /// wherever this kernel refuses the unwinder.
     #[arg(long, value_enum, default_value_t = Unwinder::Auto)]
@@ -168,7 +169,10 @@ impl StackArgs {
 
     /// Whether DWARF stacks are unwound in the kernel program (before this
     /// kernel had a say): every event, so never with `--sample`.
-    pub fn in_kernel(&self, rare: bool, system_wide: bool) -> bool {
+    /// `verified`: the tool's programs are known to pass the verifier with
+    /// the unwinder (faults, brkstack); others unwind there only when asked
+    /// (mmapsnoop's was refused on 6.18 after 40 s of verification).
+    pub fn in_kernel(&self, rare: bool, system_wide: bool, verified: bool) -> bool {
         self.dwarf(rare)
             && self.sample == 1
             && match self.unwinder {
@@ -178,7 +182,7 @@ impl StackArgs {
                 // memtrace has read its maps: rare events (a process's few
                 // brk calls, all at start-up) would mostly find no table,
                 // and copying them costs little.
-                Unwinder::Auto => !(rare && system_wide),
+                Unwinder::Auto => verified && !(rare && system_wide),
             }
     }
 }

@@ -81,9 +81,9 @@ pub fn attach(
 /// Whether the tool's stack arguments ask for unwinding in the kernel.
 fn tool_unwinds_in_kernel(tool: &dyn Tool, system_wide: bool) -> bool {
     tool.stack_mode() & stack_mode::USER != 0
-        && tool
-            .user_stacks()
-            .is_some_and(|(a, rare)| a.in_kernel(rare, system_wide))
+        && tool.user_stacks().is_some_and(|(a, rare)| {
+            a.in_kernel(rare, system_wide, tool.unwinds_in_kernel_by_default())
+        })
 }
 
 pub(crate) fn attach_with(
