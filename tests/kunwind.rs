@@ -1,7 +1,8 @@
-//! `--stack-mode dwarf` unwound in the kernel program (`--unwinder kernel`,
-//! opt-in for now): every event's stack complete through code without frame
-//! pointers, the same stacks as the copy path, exact counts, and honest
-//! about where it stops (a library mapped later, a stack deeper than kept).
+//! `--stack-mode dwarf` unwound in the kernel program (the default, and
+//! `--unwinder kernel`): every event's stack complete through code without
+//! frame pointers, the same stacks as the copy path, exact counts, across
+//! forks and execs, and honest about where it stops (a library mapped
+//! later, a stack deeper than kept).
 
 mod common;
 
@@ -161,4 +162,84 @@ fn a_library_loaded_after_tracing_started_unwinds_through() {
         summary["unwind_table_files"].as_u64().unwrap() >= 4,
         "{summary}"
     );
+}
+
+/// In-kernel unwinding is the default for brkstack (auto) with a command.
+fn brk_default(cmd: &str) -> (String, serde_json::Value) {
+    let (out, summary) = trace(&["brkstack", "--per-pid", "--json", "-c", cmd]);
+    assert_eq!(summary["unwinder"], "kernel", "{summary}");
+    (out, summary)
+}
+
+/// A forked child's first brk calls come before memtrace has read the
+/// fork's record: it starts with its parent's table (copied in the kernel
+/// at the fork), so every one of its stacks is complete.
+#[test]
+fn a_forked_childs_first_stacks_unwind_with_its_parents_table() {
+    const N: u64 = 20;
+    let (out, summary) = brk_default(&format!("{} fork-sbrk {N}", workload_bin().display()));
+    let child = through(&out, "brk_stack", "grow_heap_with_sbrk");
+    assert_eq!(count(&child), N, "{out}");
+    assert_eq!(child.len(), 1, "{out}");
+    assert!(complete(&child[0]), "{out}");
+    assert_in_order(
+        &user_frames(&child[0]),
+        &["__brk", "sbrk", "grow_heap_with_sbrk", "main", "_start"],
+    );
+    assert_eq!(summary["kunwind_no_table"], 0, "{summary}");
+}
+
+/// A process that execs mid-trace: the stacks taken before, in the image it
+/// left, and after, in the new one (another program), each unwound with
+/// its own image's table and symbolized against it, with exact counts.
+#[test]
+fn stacks_before_and_after_an_exec_each_unwind_in_their_own_image() {
+    const N: u64 = 30;
+    const M: u64 = 40;
+    let cmd = format!(
+        "{} brk-exec {N} 4096 100 {} sbrk {M}",
+        workload_bin().display(),
+        c_workload().display()
+    );
+    let (out, summary) = brk_default(&cmd);
+    // The loop's N calls and the brk(0) before them.
+    let before = through(&out, "brk_stack", "grow_heap_with_raw_brk");
+    assert_eq!(count(&before), N + 1, "{out}");
+    assert_eq!(before.len(), 1, "{out}");
+    let f = user_frames(&before[0]);
+    assert!(complete(&before[0]), "{f:#?}");
+    assert_in_order(&f, &["grow_heap_with_raw_brk", "main", "_start"]);
+    assert!(f[0].contains("[memtrace-workload]"), "{f:#?}");
+    // The new image's N calls and glibc's first brk(0), one stack.
+    let after = through(&out, "brk_stack", "heap_grow_outer");
+    assert_eq!(count(&after), M + 1, "{out}");
+    assert_eq!(after.len(), 1, "{out}");
+    let f = user_frames(&after[0]);
+    assert!(complete(&after[0]), "{f:#?}");
+    assert_in_order(
+        &f,
+        &[
+            "__brk",
+            "sbrk",
+            "heap_grow_inner",
+            "heap_grow_middle",
+            "heap_grow_outer",
+            "main",
+            "_start",
+        ],
+    );
+    assert!(
+        f.iter()
+            .any(|x| x.starts_with("heap_grow_inner") && x.contains("[nofp-c]")),
+        "{f:#?}"
+    );
+    // Nothing of one image unwound with the other's table.
+    assert!(
+        before.iter().chain(&after).all(|s| {
+            let f = user_frames(s);
+            !(at(&f, "grow_heap_with_raw_brk").is_some() && at(&f, "heap_grow").is_some())
+        }),
+        "{out}"
+    );
+    assert_eq!(summary["kunwind_no_table"], 0, "{summary}");
 }

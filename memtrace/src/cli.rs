@@ -105,8 +105,9 @@ pub enum StackMode {
     /// Walk frame pointers in the kernel: cheap, but stops at code built
     /// without them (glibc on most distributions).
     Fp,
-    /// Copy the top of the user stack and unwind it here with the binaries'
-    /// .eh_frame: complete stacks, at a copy per event.
+    /// Unwind with the binaries' .eh_frame: complete stacks, in the kernel
+    /// program with tables built from it, or here from a copy of the top of
+    /// the user stack (`--unwinder`).
     Dwarf,
     /// dwarf where events are rare enough (or sampled), fp otherwise.
     Auto,
@@ -124,11 +125,14 @@ pub struct StackArgs {
     /// dwarf: copy the stack of one event in N; counts by stack become estimates.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
     pub sample: u32,
-    /// dwarf: where stacks are unwound: here, from a copy of the stack sent
-    /// per event, or in the kernel program, with tables built from each
-    /// file's .eh_frame (every event, nothing copied; not yet the default:
-    /// a forked child's first events can precede its table).
-    #[arg(long, value_enum, default_value_t = Unwinder::Copy)]
+    /// dwarf: where stacks are unwound: in the kernel program, with tables
+    /// built from each file's .eh_frame (every event, nothing copied), or
+    /// here, from a copy of the stack sent per event. auto: in the kernel
+    /// for faults and brkstack, except with --sample and for brk calls
+    /// traced system-wide (a
+    /// process's first events would come before its table); copied
+    /// wherever this kernel refuses the unwinder.
+    #[arg(long, value_enum, default_value_t = Unwinder::Auto)]
     pub unwinder: Unwinder,
     /// dwarf in the kernel: bytes of locked kernel memory for unwind tables
     /// (8 bytes a row; files that do not fit are left out, counted).
@@ -139,6 +143,7 @@ pub struct StackArgs {
 /// Where `--stack-mode dwarf` unwinds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum Unwinder {
+    Auto,
     Kernel,
     Copy,
 }
@@ -160,6 +165,25 @@ impl StackArgs {
             StackMode::Dwarf => true,
             StackMode::Auto => rare || self.sample > 1,
         }
+    }
+
+    /// Whether DWARF stacks are unwound in the kernel program (before this
+    /// kernel had a say): every event, so never with `--sample`.
+    /// `verified`: the tool's programs are known to pass the verifier with
+    /// the unwinder (faults, brkstack); others unwind there only when asked
+    /// (mmapsnoop's was refused on 6.18 after 40 s of verification).
+    pub fn in_kernel(&self, rare: bool, system_wide: bool, verified: bool) -> bool {
+        self.dwarf(rare)
+            && self.sample == 1
+            && match self.unwinder {
+                Unwinder::Kernel => true,
+                Unwinder::Copy => false,
+                // System-wide, every process's first events come before
+                // memtrace has read its maps: rare events (a process's few
+                // brk calls, all at start-up) would mostly find no table,
+                // and copying them costs little.
+                Unwinder::Auto => verified && !(rare && system_wide),
+            }
     }
 }
 

@@ -107,6 +107,9 @@ pub fn doctor() -> Result<i32> {
                     }
                 }
                 drop(s);
+                for tool in ["faults", "brkstack"] {
+                    add(&format!("kernel unwind {tool}"), unwind_row(tool));
+                }
                 for tool in crate::tools::NAMES {
                     tool_rows.extend(tool_attach_rows(tool));
                 }
@@ -179,5 +182,53 @@ fn tool_attach_rows(tool: &str) -> Vec<Row> {
             rows
         }
         Err(e) => vec![row("-", "-", e.to_string())],
+    }
+}
+
+/// Whether `tool`'s program unwinds DWARF stacks in this kernel (the
+/// verifier has its say), and the unwind tables: their budget, and what
+/// memtrace's own process takes (its binary, libc, ld.so), and how long
+/// building that took.
+fn unwind_row(tool: &str) -> Row {
+    let me = std::process::id().to_string();
+    let mut argv = vec!["memtrace", tool, "--stack-mode", "dwarf", "-p", &me];
+    if tool == "faults" {
+        argv.push("--stacks");
+    }
+    let cmd = match crate::cli::Cli::try_parse_from(argv).map(|c| c.cmd) {
+        Ok(crate::cli::Command::Tool(t)) => t,
+        _ => return yes(false, "arguments refused"),
+    };
+    let (mut t, common) = match cmd.build() {
+        Ok(x) => x,
+        Err(e) => return yes(false, e.to_string()),
+    };
+    match crate::run::attach_with(t.as_mut(), common, common.pid, false, false) {
+        Ok(s) => {
+            let mut maps = s.sym.maps.lock().unwrap();
+            maps.snapshot(std::process::id());
+            let Some(st) = maps.ktables.as_ref().map(|k| k.stats) else {
+                return yes(false, "not set up");
+            };
+            let mib = |rows: u64| crate::ktables::table_bytes(rows as u32) as f64 / 1048576.0;
+            yes(
+                true,
+                format!(
+                    "tables: {:.0} MiB budget (--unwind-table-size); memtrace's own {} files \
+                     take {:.1} MiB, built in {:.0} ms; {} files left out",
+                    mib(st.capacity_rows),
+                    st.files,
+                    mib(st.rows),
+                    st.build_ms,
+                    st.files_over_budget + st.files_no_info
+                ),
+            )
+        }
+        // The verifier's log is long: its first line names the program.
+        Err(e) => {
+            let e = e.to_string();
+            let first = e.split(". Verifier output").next().unwrap_or(&e);
+            yes(false, format!("{first}: stacks are copied instead"))
+        }
     }
 }

@@ -33,11 +33,14 @@ impl AsRawFd for Borrowed {
 /// taken out of theirs, when little arrives.
 const RECLAIM_EVERY: Duration = Duration::from_millis(250);
 
-/// A drain or harvest that moved this many keys is followed by another at
-/// the next ring-buffer tick: processes starting by the hundred a second
-/// (a build) fill a map of 16384 keys well within a second, the sooner on
-/// a busy machine where memtrace itself gets little CPU.
-const RECLAIM_SOON_AT: usize = 1024;
+/// A drain or harvest that moved keys at this rate (per second since the
+/// last) is followed by another at the next ring-buffer tick: processes
+/// starting by the hundred a second (a build) fill a map of 16384 keys well
+/// within a second, the sooner on a busy machine where memtrace itself gets
+/// little CPU. A rate, not a count: stacks unwound in the kernel are keys of
+/// their own per process, and 1200 processes in 2 s filled 1024 keys
+/// between rounds that each moved fewer than 1024.
+const RECLAIM_SOON_RATE: f64 = 512.0;
 
 /// Keeps the kernel's count and stack maps from filling in long runs.
 struct Reclaim {
@@ -69,7 +72,8 @@ impl Reclaim {
         if tool.interval().is_none() {
             moved = moved.max(tool.drain(session)?);
         }
-        self.soon = moved >= RECLAIM_SOON_AT;
+        let secs = self.last.elapsed().as_secs_f64().max(1e-3);
+        self.soon = moved as f64 / secs >= RECLAIM_SOON_RATE;
         self.last = Instant::now();
         Ok(())
     }

@@ -64,6 +64,13 @@ pub fn adopt_descendants(s: &mut Session, root: u32) -> Result<usize> {
     for &p in &found {
         s.hash_insert(FOLLOWED, p, 1u8, 0)?;
     }
+    // Unwound in the kernel, their stacks need their tables from the start.
+    let mut maps = s.sym.maps.lock().unwrap();
+    if maps.ktables.is_some() {
+        for &p in &found {
+            maps.snapshot(p);
+        }
+    }
     Ok(found.len())
 }
 

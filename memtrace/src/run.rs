@@ -8,7 +8,7 @@ use std::time::Instant;
 use memtrace_common::{names, stack_mode, Filter};
 use tokio::signal::unix::{signal, SignalKind};
 
-use crate::cli::Common;
+use crate::cli::{Common, StackMode};
 use crate::error::{Error, Result};
 use crate::events::{event_loop, Signals};
 use crate::kernel::Format;
@@ -52,20 +52,25 @@ pub fn attach(
     target: Option<u32>,
     follow: bool,
 ) -> Result<Session> {
+    let system_wide = target.is_none();
     match attach_with(tool, common, target, follow, false) {
-        // In-kernel unwinding refused (verifier, memory): the copy path
-        // still gives complete stacks, at a copy per event.
-        Err(e) if tool_unwinds_in_kernel(tool) => {
-            // The verifier's log is long: its first line says enough (-v
-            // gives it all).
+        // In-kernel unwinding refused (verifier, BTF, memory): the copy
+        // path still gives complete stacks, at a copy per event.
+        Err(e) if tool_unwinds_in_kernel(tool, system_wide) => {
+            // The verifier's log is long: its first line names the program
+            // (-v gives it all).
             let e = e.to_string();
             let why = match common.verbose {
                 true => e.as_str(),
                 false => e.split(". Verifier output").next().unwrap_or(&e),
             };
+            let auto = match tool.user_stacks() {
+                Some((a, _)) if a.stack_mode == StackMode::Auto => " (auto)",
+                _ => "",
+            };
             say!(
-                "memtrace: in-kernel unwinding could not be set up ({why}); \
-                 user stacks are copied and unwound here instead"
+                "memtrace: user stacks: dwarf{auto}, copied and unwound here \
+                 (in-kernel unwinding could not be set up: {why})"
             );
             attach_with(tool, common, target, follow, true)
         }
@@ -74,14 +79,14 @@ pub fn attach(
 }
 
 /// Whether the tool's stack arguments ask for unwinding in the kernel.
-fn tool_unwinds_in_kernel(tool: &dyn Tool) -> bool {
+fn tool_unwinds_in_kernel(tool: &dyn Tool, system_wide: bool) -> bool {
     tool.stack_mode() & stack_mode::USER != 0
         && tool.user_stacks().is_some_and(|(a, rare)| {
-            a.dwarf(rare) && a.unwinder == crate::cli::Unwinder::Kernel && a.sample == 1
+            a.in_kernel(rare, system_wide, tool.unwinds_in_kernel_by_default())
         })
 }
 
-fn attach_with(
+pub(crate) fn attach_with(
     tool: &mut dyn Tool,
     common: &Common,
     target: Option<u32>,
@@ -136,8 +141,11 @@ fn attach_with(
     };
     if follow {
         session.attach(&crate::process::fork_probe())?;
-        // Execs of followed processes, for their maps (the tool may attach
-        // the same program for names: once is enough).
+    }
+    // Execs of followed processes, for their maps, and with in-kernel
+    // unwinding of any traced process, to let go of the old image's table
+    // (the tool may attach the same program for names: once is enough).
+    if follow || filter.stacks & stack_mode::KUNWIND != 0 {
         let probes = tool.probes();
         let has_exec = probes
             .iter()
@@ -231,6 +239,7 @@ pub fn run(tool: &mut dyn Tool, common: &Common) -> Result<i32> {
     // exits; before saying "Tracing", which tells callers we are ready.
     if let Some(p) = common.pid {
         session.sym.maps.lock().unwrap().snapshot(p);
+        phases.mark("target's maps read (and unwind tables built)");
     }
     say!("Tracing {}{scope}... Hit Ctrl-C to end.", tool.what());
     let mut exited = None;

@@ -171,6 +171,9 @@ impl MapsCache {
     /// A process that exec'd: the image it left kept aside, its maps now,
     /// and again a little later.
     pub fn exec(&mut self, pid: u32) {
+        if let Some(kt) = self.ktables.as_mut() {
+            kt.exec(pid);
+        }
         let before = self.procs.get(&pid).map(|s| s.maps.clone());
         if self.snapshot(pid) {
             if let (Some(old), Some(s)) = (before, self.procs.get_mut(&pid)) {

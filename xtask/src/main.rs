@@ -48,7 +48,7 @@ enum Cmd {
         /// Runs per configuration (medians are reported).
         #[arg(long, default_value_t = 5)]
         runs: usize,
-        /// Only this section (`memleak`, `stacks`), replaced in bench/RESULTS.md.
+        /// Only this section (`memleak`, `stacks`, `tables`), replaced in bench/RESULTS.md.
         #[arg(long)]
         only: Option<String>,
     },

@@ -50,6 +50,25 @@ static UNWIND_CACHE: PerCpuArray<RowCache> = PerCpuArray::with_max_entries(1, 0)
 #[map]
 static UNWIND_STATS: PerCpuArray<u64> = PerCpuArray::with_max_entries(stat::NR, 0);
 
+/// A forked child runs its parent's code at its parent's addresses: it
+/// starts with its parent's table, in place before its first event
+/// (userspace reads its maps only when the fork's record arrives).
+#[inline(always)]
+pub(super) fn inherit_table(parent: u32, child: u32) {
+    if let Some(p) = unsafe { UNWIND_PROCS.get(&parent) } {
+        // Full: the child's stacks end "no table" and it is read as missed.
+        let _ = UNWIND_PROCS.insert(&child, p, 0);
+    }
+}
+
+/// A process that exec'd runs a new image: the old table would unwind its
+/// code wrongly. None until userspace has read the new maps (the first
+/// stack without one asks for it).
+#[inline(always)]
+pub(super) fn drop_table(tgid: u32) {
+    let _ = UNWIND_PROCS.remove(&tgid);
+}
+
 #[inline(always)]
 fn count(what: u32) {
     if let Some(p) = UNWIND_STATS.get_ptr_mut(what) {

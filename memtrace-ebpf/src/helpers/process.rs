@@ -7,11 +7,12 @@ use aya_ebpf::{
     maps::LruHashMap,
     programs::TracePointContext,
 };
-use memtrace_common::{kind, loss, ProcEvent, TASK_COMM_LEN};
+use memtrace_common::{kind, loss, stack_mode, ProcEvent, TASK_COMM_LEN};
 
 use super::{
     emit::{count_loss, emit},
     filter::{current_tgid, wanted, FILTER, FOLLOWED},
+    kunwind::{drop_table, inherit_table},
 };
 
 /// `sched:sched_process_fork`: follow the children of traced processes.
@@ -26,6 +27,9 @@ pub fn follow_fork(ctx: TracePointContext) -> u32 {
         Ok(child) => {
             if FOLLOWED.insert(child, 1u8, 0).is_err() {
                 count_loss(loss::MAP_FULL);
+            }
+            if f.stacks & stack_mode::KUNWIND != 0 {
+                inherit_table(parent, child);
             }
             // Userspace keeps the parent's maps for the child (rare event).
             emit(&ProcEvent {
@@ -48,11 +52,15 @@ pub fn follow_fork(ctx: TracePointContext) -> u32 {
 #[map]
 pub static EXEC_NAMES: LruHashMap<u32, [u8; TASK_COMM_LEN]> = LruHashMap::with_max_entries(1, 0);
 
-/// `sched:sched_process_exec` (rare): remember the new name.
+/// `sched:sched_process_exec` (rare): remember the new name, and let go of
+/// the old image's unwind table.
 #[tracepoint]
 pub fn name_exec(_ctx: TracePointContext) -> u32 {
     let tgid = current_tgid();
     if wanted(tgid) {
+        if FILTER.load().stacks & stack_mode::KUNWIND != 0 {
+            drop_table(tgid);
+        }
         if let Ok(comm) = bpf_get_current_comm() {
             let _ = EXEC_NAMES.insert(&tgid, &comm, 0);
         }

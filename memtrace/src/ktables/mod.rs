@@ -262,6 +262,12 @@ impl KTables {
         self.pushed.insert(pid, entries);
     }
 
+    /// `pid` exec'd: the kernel program dropped its table, so the next
+    /// update publishes one even if the new maps look like the old.
+    pub fn exec(&mut self, pid: u32) {
+        self.pushed.remove(&pid);
+    }
+
     /// Forgets a process memtrace no longer keeps.
     pub fn forget(&mut self, pid: u32) {
         if self.pushed.remove(&pid).is_some() {

@@ -30,17 +30,23 @@ pub(crate) fn setup(
     if filter.stacks & stack_mode::USER == 0 {
         return Ok(None);
     }
+    let system_wide = filter.tgid == 0;
     let dwarf = match tool.user_stacks() {
         Some((args, rare)) => {
             let auto = args.stack_mode == crate::cli::StackMode::Auto;
             let d = args.dwarf(rare);
-            if auto && !d {
+            // After a refusal the caller has said what it fell back to.
+            if auto && !d && !copy_only {
                 say!(
                     "memtrace: user stacks: fp (auto: too many events to copy each stack; \
                      --stack-mode dwarf --sample N unwinds one in N through code without frame pointers)"
                 );
             }
-            d.then_some((args, auto))
+            d.then_some((
+                args,
+                auto,
+                args.in_kernel(rare, system_wide, tool.unwinds_in_kernel_by_default()),
+            ))
         }
         None => None,
     };
@@ -72,7 +78,7 @@ pub(crate) fn setup(
     };
     // Both ways find the main thread's stack top through task->mm.
     loader.global(names::TASK, &btf.task_offsets()?);
-    let Some((args, auto)) = dwarf else {
+    let Some((args, auto, in_kernel)) = dwarf else {
         filter.stacks |= stack_mode::WALK;
         loader.global(names::USTACK, &cfg);
         loader.max_entries(names::USTACKS, 16384);
@@ -80,7 +86,7 @@ pub(crate) fn setup(
     };
     // Sampling is a choice of the copy path: in the kernel every event is
     // unwound.
-    if args.unwinder == Unwinder::Kernel && args.sample == 1 && !copy_only {
+    if in_kernel && !copy_only {
         filter.stacks |= stack_mode::WALK | stack_mode::KUNWIND;
         loader.global(names::USTACK, &cfg);
         loader.max_entries(names::USTACKS, 16384);
@@ -115,11 +121,20 @@ pub(crate) fn setup(
     } else {
         "every event".to_string()
     };
-    say!(
-        "memtrace: user stacks: dwarf{} ({} bytes of stack copied, {how})",
-        if auto { " (auto)" } else { "" },
-        cfg.stack_bytes
-    );
+    // Copied by choice (the caller said why after a refusal).
+    let why = match args.unwinder {
+        Unwinder::Auto if args.sample == 1 && system_wide => {
+            "; system-wide, a process's first events would come before its unwind table"
+        }
+        _ => "",
+    };
+    if !copy_only {
+        say!(
+            "memtrace: user stacks: dwarf{} ({} bytes of stack copied, {how}{why})",
+            if auto { " (auto)" } else { "" },
+            cfg.stack_bytes
+        );
+    }
     Ok(Some(DwarfStacks::new(args.sample)))
 }
 

@@ -10,6 +10,7 @@ use crate::root;
 
 mod measure;
 mod memleak;
+mod tables;
 mod tracer;
 
 use measure::{per_event, startup_rss, streaming};
@@ -31,7 +32,8 @@ pub fn run_only(section: &str, runs: usize) -> Result<()> {
             let bt = |prog: &str| bpftrace.then(|| s(&["bpftrace", "-e", prog]));
             stack_costs(&memtrace(), &bt, runs, &mut out)?
         }
-        _ => anyhow::bail!("no bench section {section} (sections: memleak, stacks)"),
+        "tables" => tables::startup_tables(&memtrace(), runs, &mut out)?,
+        _ => anyhow::bail!("no bench section {section} (sections: memleak, stacks, tables)"),
     }
     print!("{out}");
     let path = root().join("bench").join("RESULTS.md");
@@ -71,10 +73,10 @@ fn stack_costs(
         PAGES,
         &[
             none("untraced"),
-            cfg("memtrace faults --stacks", Some(s(&[m, "faults", "--stacks"])), "Tracing"),
+            cfg("memtrace faults --stacks (fp: auto)", Some(s(&[m, "faults", "--stacks"])), "Tracing"),
             cfg(
                 "memtrace faults --stacks --stack-mode dwarf (in the kernel)",
-                Some(s(&[m, "faults", "--stacks", "--stack-mode", "dwarf", "--unwinder", "kernel"])),
+                Some(s(&[m, "faults", "--stacks", "--stack-mode", "dwarf"])),
                 "Tracing",
             ),
             cfg(
@@ -109,16 +111,17 @@ fn stack_costs(
                 Some(s(&[m, "brkstack", "--stack-mode", "fp"])),
                 "Tracing",
             ),
-            // Every call's stack unwound in the kernel.
+            // Every call's stack unwound in the kernel (the default with -p
+            // or -c; system-wide, brk calls are copied).
             cfg(
                 "memtrace brkstack --unwinder kernel (dwarf)",
                 Some(s(&[m, "brkstack", "--unwinder", "kernel"])),
                 "Tracing",
             ),
-            // The default: every call's stack copied (16 KiB) and unwound here.
+            // Every call's stack copied (16 KiB) and unwound here.
             cfg(
-                "memtrace brkstack (dwarf, copied)",
-                Some(s(&[m, "brkstack"])),
+                "memtrace brkstack --unwinder copy (dwarf, copied)",
+                Some(s(&[m, "brkstack", "--unwinder", "copy"])),
                 "Tracing",
             ),
             cfg(
@@ -190,6 +193,7 @@ pub fn run(runs: usize) -> Result<()> {
         &mut out,
     )?;
     stack_costs(&m, &bt, runs, &mut out)?;
+    tables::startup_tables(&m, runs, &mut out)?;
     per_event(
         &format!("mmap + munmap streamed one record per call ({MMAPS} pairs, one thread)"),
         &["mmap-loop", "1", &MMAPS.to_string()],

@@ -111,6 +111,17 @@ pub(super) fn check(g: &Guest, case: &Case, v: &[Value], why: &mut Vec<String>) 
                     "no brk stack of grow_heap_with_raw_brk with count {count} and {bytes} bytes"
                 ));
             }
+            // In the kernel by default; where the verifier refuses the
+            // unwinder (6.1), copied instead, and said so.
+            let kernel = of_type(v, "summary")
+                .first()
+                .is_some_and(|s| s["unwinder"] == "kernel");
+            let said = g.err.get(case.name).into_iter().flatten().any(|l| {
+                l.contains("copied and unwound here (in-kernel unwinding could not be set up")
+            });
+            if !kernel && !said {
+                why.push("neither unwound in the kernel nor said why not".into());
+            }
         }
         "top" => super::live::top(g, case, wpid, why),
         "serve" => super::live::serve(g, case, wpid, why),
