@@ -41,6 +41,9 @@ impl Phases {
     }
 }
 
+/// Lines of a refused program's verifier log that `-v` shows.
+const VERIFIER_LOG_TAIL: usize = 12;
+
 /// The EVENTS ring buffer's size in the kernel object, unless a tool sets one.
 const DEFAULT_RING_BYTES: u32 = 256 * 1024;
 
@@ -58,11 +61,17 @@ pub fn attach(
         // path still gives complete stacks, at a copy per event.
         Err(e) if tool_unwinds_in_kernel(tool, system_wide) => {
             // The verifier's log is long: its first line names the program
-            // (-v gives it all).
+            // (-v adds the log's end, where it says why: the whole log of a
+            // million instructions is megabytes).
             let e = e.to_string();
+            let first = e.split(". Verifier output").next().unwrap_or(&e);
             let why = match common.verbose {
-                true => e.as_str(),
-                false => e.split(". Verifier output").next().unwrap_or(&e),
+                true => {
+                    let lines: Vec<&str> = e[first.len()..].lines().collect();
+                    let tail = lines[lines.len().saturating_sub(VERIFIER_LOG_TAIL)..].join("\n");
+                    format!("{first}; the verifier's log ends:\n{tail}")
+                }
+                false => first.to_string(),
             };
             let auto = match tool.user_stacks() {
                 Some((a, _)) if a.stack_mode == StackMode::Auto => " (auto)",

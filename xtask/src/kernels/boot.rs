@@ -12,7 +12,7 @@ use super::check::{parse, Guest};
 use super::{Assets, Kernel};
 
 /// A guest that has not powered off by then is killed and fails.
-const BOOT_TIMEOUT: Duration = Duration::from_secs(420);
+const BOOT_TIMEOUT: Duration = Duration::from_secs(600);
 
 pub(super) fn boot(assets: &Assets, k: &Kernel, initrd: &Path) -> Result<Guest> {
     let q = &assets.qemu_root;
