@@ -57,3 +57,40 @@ impl Error {
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Lines of a refused program's verifier log that `-v` shows.
+const VERIFIER_LOG_TAIL: usize = 12;
+
+/// A program load error with the verifier's log cut: to the first line, or
+/// with `verbose` to the first line and the log's end, where it says why
+/// (the whole log of a large program is megabytes).
+pub fn verifier_brief(e: &str, verbose: bool) -> String {
+    let first = e.split(". Verifier output").next().unwrap_or(e);
+    if !verbose || first.len() == e.len() {
+        return first.to_string();
+    }
+    let lines: Vec<&str> = e[first.len()..].lines().collect();
+    let tail = lines[lines.len().saturating_sub(VERIFIER_LOG_TAIL)..].join("\n");
+    format!("{first}; the verifier's log ends:\n{tail}")
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn a_verifier_log_is_cut_to_its_first_line_or_its_end() {
+        let log: String = (0..1000).map(|i| format!("\n{i}: insn")).collect();
+        let e = format!("load failed: Argument list too long. Verifier output: start{log}");
+        assert_eq!(
+            super::verifier_brief(&e, false),
+            "load failed: Argument list too long"
+        );
+        let v = super::verifier_brief(&e, true);
+        assert!(v.starts_with("load failed: Argument list too long; the verifier's log ends:"));
+        assert!(
+            v.ends_with("999: insn") && !v.contains("\n987: insn"),
+            "{v}"
+        );
+        assert_eq!(v.lines().count(), 13, "{v}");
+        assert_eq!(super::verifier_brief("no log", true), "no log");
+    }
+}

@@ -41,9 +41,6 @@ impl Phases {
     }
 }
 
-/// Lines of a refused program's verifier log that `-v` shows.
-const VERIFIER_LOG_TAIL: usize = 12;
-
 /// The EVENTS ring buffer's size in the kernel object, unless a tool sets one.
 const DEFAULT_RING_BYTES: u32 = 256 * 1024;
 
@@ -63,16 +60,7 @@ pub fn attach(
             // The verifier's log is long: its first line names the program
             // (-v adds the log's end, where it says why: the whole log of a
             // million instructions is megabytes).
-            let e = e.to_string();
-            let first = e.split(". Verifier output").next().unwrap_or(&e);
-            let why = match common.verbose {
-                true => {
-                    let lines: Vec<&str> = e[first.len()..].lines().collect();
-                    let tail = lines[lines.len().saturating_sub(VERIFIER_LOG_TAIL)..].join("\n");
-                    format!("{first}; the verifier's log ends:\n{tail}")
-                }
-                false => first.to_string(),
-            };
+            let why = crate::error::verifier_brief(&e.to_string(), common.verbose);
             let auto = match tool.user_stacks() {
                 Some((a, _)) if a.stack_mode == StackMode::Auto => " (auto)",
                 _ => "",

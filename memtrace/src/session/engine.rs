@@ -61,12 +61,14 @@ impl Session {
                 Err(why) => {
                     if self.verbose {
                         say!(
-                            "memtrace: {}: {} {} failed: {why}",
+                            "memtrace: {}: {} {} failed: {}",
                             probe.what,
                             way.method,
-                            way.target
+                            way.target,
+                            crate::error::verifier_brief(&why, true)
                         );
                     }
+                    let why = crate::error::verifier_brief(&why, self.verbose);
                     reasons.push(format!("{} {}: {why}", way.method, way.target));
                 }
             }
