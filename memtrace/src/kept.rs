@@ -34,6 +34,23 @@ pub struct Kept<K, V> {
     pub max: usize,
 }
 
+impl<K, V> Kept<K, V> {
+    /// `stacks_folded` for the summary, when any were.
+    pub fn summary(&self) -> Vec<(&'static str, crate::output::Value)> {
+        match self.folded {
+            0 => Vec::new(),
+            n => vec![("stacks_folded", n.into())],
+        }
+    }
+
+    /// The unwound samples of dwarf mode are kept under the same bound.
+    pub fn bound_samples(&self, s: &mut crate::session::Session) {
+        if let Some(d) = s.dwarf.as_mut() {
+            d.samples.max = self.max;
+        }
+    }
+}
+
 impl<K: StackKeyed, V: Tally + Clone> Kept<K, V> {
     pub fn new(max: usize) -> Self {
         Kept {

@@ -161,17 +161,11 @@ impl Tool for Brkstack {
     }
 
     fn on_start(&mut self, s: &mut Session) -> Result<()> {
-        // The unwound samples of dwarf mode are kept under the same bound.
-        if let Some(d) = s.dwarf.as_mut() {
-            d.samples.max = self.args.max_kept;
-        }
+        self.kept.bound_samples(s);
         Ok(())
     }
 
     fn summary_extra(&self) -> Vec<(&'static str, crate::output::Value)> {
-        match self.kept.folded {
-            0 => Vec::new(),
-            n => vec![("stacks_folded", n.into())],
-        }
+        self.kept.summary()
     }
 }
