@@ -245,3 +245,24 @@ fn samples_of_exited_processes_fold_past_the_bound_and_none_is_lost() {
         stacks(&out.stdout).len()
     );
 }
+
+/// `--progress` counts calls as they are taken out of the kernel, not only
+/// once a report has been made (it said "0 events" for whole runs).
+#[test]
+fn progress_counts_calls_before_the_report() {
+    let w = workload_bin();
+    let cmd = format!("{} sbrk 100 4096 && sleep 2.5", w.display());
+    let out = run(&["brkstack", "--json", "--progress", "1", "-c", &cmd]);
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    let counts: Vec<u64> = out
+        .stderr
+        .lines()
+        .filter_map(|l| l.strip_prefix("memtrace: progress: "))
+        .filter_map(|l| l.split(", ").nth(1)?.strip_suffix(" events")?.parse().ok())
+        .collect();
+    let summary = &json_of(&out.stdout, "summary")[0];
+    let events = summary["events"].as_u64().unwrap();
+    assert!(events >= 100, "{summary}");
+    // The last line comes after everything ran (the sleep does not brk).
+    assert_eq!(counts.last(), Some(&events), "{}", out.stderr);
+}

@@ -271,6 +271,7 @@ pub fn run(tool: &mut dyn Tool, common: &Common) -> Result<i32> {
     let mut extra = tool.summary_extra();
     if let Some(d) = &session.dwarf {
         let u = d.unwinder.stats;
+        let (files, bytes) = d.unwinder.held();
         extra.extend([
             ("stack_mode", Value::from("dwarf")),
             ("stack_sample_every", Value::from(d.every as u64)),
@@ -280,6 +281,8 @@ pub fn run(tool: &mut dyn Tool, common: &Common) -> Result<i32> {
             ("unwind_no_info", Value::from(u.no_unwind_info)),
             ("unwind_no_maps", Value::from(u.no_maps)),
             ("unwind_failed", Value::from(u.failed)),
+            ("unwind_info_files", Value::from(files as u64)),
+            ("unwind_info_bytes", Value::from(bytes as u64)),
         ]);
         add_folded(&mut extra, d.samples.folded);
     } else if let Some(t) = session

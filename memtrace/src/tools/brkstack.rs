@@ -50,6 +50,9 @@ pub fn probes() -> Vec<Probe> {
 pub struct Brkstack {
     args: Args,
     calls: u64,
+    /// Calls moved out of the kernel since the start: the progress line's
+    /// count until a report has counted them all.
+    drained: u64,
     /// What `drain` moved out of the kernel's map since the last report.
     kept: Kept<StackKey, StackVal>,
 }
@@ -59,6 +62,7 @@ impl Brkstack {
         Ok(Brkstack {
             args: a.clone(),
             calls: 0,
+            drained: 0,
             kept: Kept::new(a.max_kept),
         })
     }
@@ -150,6 +154,7 @@ impl Tool for Brkstack {
         let v = s.read_folded(BRK_STACKS, true)?;
         let n = v.len();
         for (k, val) in v {
+            self.drained += val.count;
             self.kept.add(k, &val);
         }
         self.kept.bound(crate::proc::alive);
@@ -157,7 +162,7 @@ impl Tool for Brkstack {
     }
 
     fn events(&self) -> u64 {
-        self.calls
+        self.calls.max(self.drained)
     }
 
     fn on_start(&mut self, s: &mut Session) -> Result<()> {

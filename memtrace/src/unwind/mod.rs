@@ -17,6 +17,8 @@ use object::{Object, ObjectSection, ObjectSegment};
 use crate::symbolize::{Mapping, MapsCache};
 
 mod samples;
+#[cfg(test)]
+mod tests;
 pub use samples::{DwarfStacks, SampleKey, SampleVal};
 
 /// Most frames kept per stack, as the kernel's own walker.
@@ -71,6 +73,14 @@ impl ObjectInfo {
             segments: exec_segments(&obj),
         };
         Some(info)
+    }
+
+    /// Bytes held for this file's unwind sections.
+    fn bytes(&self) -> usize {
+        let len = |d: &Option<(Range<u64>, Data)>| d.as_ref().map_or(0, |(_, d)| d.len());
+        len(&self.eh_frame)
+            + len(&self.eh_frame_hdr)
+            + self.debug_frame.as_ref().map_or(0, |d| d.len())
     }
 
     fn has_unwind_info(&self) -> bool {
@@ -158,15 +168,27 @@ struct Proc {
     files: Vec<FileId>,
 }
 
-/// Binaries whose unwind info is kept even when no live process maps them
-/// (a churn of short processes runs the same few again and again); past
-/// it, only those of live processes are (a busy host runs ever new ones).
-const MAX_OBJECTS: usize = 64;
+/// Unwind info kept for binaries no live process maps, the most recently
+/// used first: a churn of short processes runs the same few again and
+/// again, while a busy host (a build: every build script is a new binary,
+/// rustc's library has megabytes of .eh_frame) runs ever new ones. Bounded
+/// by bytes as well as by count, or the spare set alone grew past 100 MiB.
+const SPARE_OBJECTS: usize = 64;
+const SPARE_OBJECT_BYTES: usize = 32 << 20;
+
+/// A file's unwind info (None if it could not be read), and when it was
+/// last used to build a process's unwinder.
+struct Held {
+    info: Option<Arc<ObjectInfo>>,
+    used: u64,
+}
 
 #[derive(Default)]
 pub struct DwarfUnwinder {
-    /// By (device, inode); None for files that could not be read.
-    objects: HashMap<FileId, Option<Arc<ObjectInfo>>>,
+    /// By (device, inode).
+    objects: HashMap<FileId, Held>,
+    /// Ticks once per unwinder built: the recency of `objects`.
+    clock: u64,
     procs: HashMap<u32, Proc>,
     cache: CacheX86_64,
     pub stats: UnwindStats,
@@ -178,6 +200,7 @@ impl DwarfUnwinder {
         let mut covered = Vec::new();
         let mut exec = Vec::new();
         let mut files = Vec::new();
+        self.clock += 1;
         for m in maps.maps(pid)? {
             if !m.perms.contains('x') {
                 continue;
@@ -186,15 +209,18 @@ impl DwarfUnwinder {
             if !m.path.starts_with('/') {
                 continue;
             }
-            let info = self
+            let o = self
                 .objects
                 .entry((m.dev, m.inode))
-                .or_insert_with(|| {
-                    maps.file(m)
+                .or_insert_with(|| Held {
+                    info: maps
+                        .file(m)
                         .and_then(|f| ObjectInfo::read(&f))
-                        .map(Arc::new)
-                })
-                .clone();
+                        .map(Arc::new),
+                    used: 0,
+                });
+            o.used = self.clock;
+            let info = o.info.clone();
             let Some(info) = info else { continue };
             files.push((m.dev, m.inode));
             let Some(bias) = info.bias(m) else { continue };
@@ -223,18 +249,41 @@ impl DwarfUnwinder {
         })
     }
 
-    /// Lets go of the modules of processes that exited, and past
-    /// MAX_OBJECTS of the unwind info only they used.
+    /// Lets go of the modules of processes that exited, and of the unwind
+    /// info only they used, past the spare bounds (least recently used
+    /// first).
     pub fn forget_exited(&mut self, alive: impl Fn(u32) -> bool) {
         self.procs.retain(|p, _| alive(*p));
-        if self.objects.len() > MAX_OBJECTS {
-            let used: std::collections::HashSet<FileId> = self
-                .procs
-                .values()
-                .flat_map(|p| p.files.iter().copied())
-                .collect();
-            self.objects.retain(|k, _| used.contains(k));
+        let live: std::collections::HashSet<FileId> = self
+            .procs
+            .values()
+            .flat_map(|p| p.files.iter().copied())
+            .collect();
+        let mut spare: Vec<(u64, FileId, usize)> = self
+            .objects
+            .iter()
+            .filter(|(k, _)| !live.contains(k))
+            .map(|(k, o)| (o.used, *k, o.info.as_ref().map_or(0, |i| i.bytes())))
+            .collect();
+        spare.sort_unstable_by(|a, b| b.0.cmp(&a.0));
+        let mut bytes = 0;
+        for (n, (_, k, size)) in spare.into_iter().enumerate() {
+            bytes += size;
+            if n >= SPARE_OBJECTS || bytes > SPARE_OBJECT_BYTES {
+                self.objects.remove(&k);
+            }
         }
+    }
+
+    /// Files whose unwind info is held, and its bytes.
+    pub fn held(&self) -> (usize, usize) {
+        let bytes = self
+            .objects
+            .values()
+            .filter_map(|o| o.info.as_ref())
+            .map(|i| i.bytes())
+            .sum();
+        (self.objects.len(), bytes)
     }
 
     /// Unwinds one `kind::STACK_SAMPLE` record of `pid`: addresses for
