@@ -363,6 +363,9 @@ impl DwarfUnwinder {
                 }
             }
         }
+        // Kept as a key for the rest of the run, up to 65,536 of them:
+        // without the doubling's spare room, half the bytes.
+        frames.shrink_to_fit();
         (frames, end)
     }
 }
