@@ -11,7 +11,6 @@ use common::*;
 #[test]
 fn a_signal_during_set_up_ends_the_run_cleanly_every_time() {
     let before = settled_programs();
-    let mut load_errors = 0;
     // Spread over set-up (tracefs, loading, attaching 12 probes) and the
     // first moments of tracing.
     for i in 0..100u64 {
@@ -46,21 +45,11 @@ fn a_signal_during_set_up_ends_the_run_cleanly_every_time() {
         let err = err.join().unwrap();
         // Never killed part way, never hung (wait_child's timeout).
         assert!(st.code().is_some(), "run {i}: {st:?} {err}");
-        if st.code() != Some(0) {
-            // About 1 run in 100 here a signal during loading made aya's
-            // relocation fail ("section N not found"): an error line and
-            // exit 1, nothing attached. Tolerated, and bounded, until that
-            // is understood (issue 16's notes).
-            assert!(
-                err.contains("failed to load eBPF object"),
-                "run {i}: {st:?} {err}"
-            );
-            load_errors += 1;
-        } else {
-            assert!(!err.contains("error"), "run {i}: {err}");
-        }
+        // A load cut short by the signal (the verifier gives up on a
+        // pending one) ends the run as the signal asked, not as an error.
+        assert_eq!(st.code(), Some(0), "run {i}: {err}");
+        assert!(!err.contains("error"), "run {i}: {err}");
     }
-    assert!(load_errors <= 3, "{load_errors} of 100 runs failed to load");
     assert_programs_back_to(before);
 }
 

@@ -90,6 +90,19 @@ pub(crate) struct Signals {
     pub usr1: tokio::signal::unix::Signal,
 }
 
+impl Signals {
+    /// Whether a stop signal (INT, TERM, HUP) has come, without waiting. A
+    /// set-up step that fails after one was cut short by it (the verifier
+    /// gives up on a pending signal, and aya's load then fails on
+    /// something else), not broken: the run ends as the signal asked.
+    pub fn stop_pending(&mut self) -> bool {
+        let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+        [&mut self.int, &mut self.term, &mut self.hup]
+            .into_iter()
+            .any(|s| s.poll_recv(&mut cx).is_ready())
+    }
+}
+
 #[allow(clippy::too_many_arguments)]
 pub(crate) async fn event_loop(
     tool: &mut dyn Tool,

@@ -167,7 +167,7 @@ pub fn run(tool: &mut dyn Tool, common: &Common) -> Result<i32> {
         .enable_all()
         .build()
         .map_err(Error::Io)?;
-    let signals = {
+    let mut signals = {
         let _guard = rt.enter();
         Signals {
             int: signal(SignalKind::interrupt())?,
@@ -193,7 +193,17 @@ pub fn run(tool: &mut dyn Tool, common: &Common) -> Result<i32> {
     let follow = common.children || traced.is_some();
 
     phases.mark("set up");
-    let mut session = attach(tool, common, target, follow)?;
+    let mut session = match attach(tool, common, target, follow) {
+        Ok(s) => s,
+        Err(e) => {
+            let _guard = rt.enter();
+            if signals.stop_pending() {
+                say!("memtrace: stopped by a signal during set-up; nothing was attached");
+                return Ok(0);
+            }
+            return Err(e);
+        }
+    };
     let adopted = match (common.pid, common.children) {
         (Some(p), true) => Some(crate::process::adopt_descendants(&mut session, p)?),
         _ => None,
