@@ -319,3 +319,25 @@ fn kernel_mode_sees_what_open_pipes_hold() {
         "{closed} pipe allocations outstanding after close"
     );
 }
+
+/// `--progress` counts calls as the run goes (it said "0 events" until the
+/// final report).
+#[test]
+fn progress_counts_calls_before_the_report() {
+    let cmd = format!("{} malloc-loop 1000 && sleep 2.5", workload_bin().display());
+    let out = run(&["memleak", "--json", "--progress", "1", "-c", &cmd]);
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    let counts: Vec<u64> = out
+        .stderr
+        .lines()
+        .filter_map(|l| l.strip_prefix("memtrace: progress: "))
+        .filter_map(|l| l.split(", ").nth(1)?.strip_suffix(" events")?.parse().ok())
+        .collect();
+    let summary = &json_of(&out.stdout, "summary")[0];
+    let events = summary["events"].as_u64().unwrap();
+    assert!(events >= 2000, "{summary}");
+    // The last line comes after the loop's 1000 pairs (the shell and
+    // sleep still allocate a little as they exit).
+    let last = counts.last().copied().unwrap_or(0);
+    assert!((2000..=events).contains(&last), "{last} {}", out.stderr);
+}

@@ -288,6 +288,8 @@ impl Tool for Memleak {
     }
 
     fn forget_exited(&mut self, s: &mut Session) -> Result<usize> {
+        // For --progress: the counts so far, not only at reports.
+        self.read_counts(s)?;
         // Kernel objects outlive the process that allocated them.
         if !self.user {
             return Ok(0);
