@@ -172,6 +172,9 @@ impl Rss {
         for mm in owned {
             s.hash_remove(names::RSS_OWNER, &mm)?;
         }
+        // Pids are reused (pid_max is 32768 here): a new process under an
+        // old pid is a new row to count.
+        self.seen.remove(&pid);
         self.exited += 1;
         Ok(())
     }
@@ -359,7 +362,7 @@ impl Tool for Rss {
 
     /// Processes reported: the counter changes themselves are not sent up.
     fn events(&self) -> u64 {
-        self.seen.len() as u64
+        self.seen.len() as u64 + self.exited
     }
 
     fn summary_extra(&self) -> Vec<(&'static str, Value)> {
