@@ -92,11 +92,19 @@ impl Drop for Blob {
     }
 }
 
-/// FNV-1a: names are only compared after their hashes match.
-fn name_hash(s: &str) -> u64 {
-    s.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| {
-        (h ^ b as u64).wrapping_mul(0x0000_0100_0000_01b3)
-    })
+/// Bytes of a name that are hashed: names are compared in full after their
+/// hashes match, and a bounded prefix keeps indexing linear when hostile BTF
+/// has no NUL in its strings (each name would run to the section's end).
+const HASHED: usize = 64;
+
+/// FNV-1a of the first `HASHED` bytes of a name, up to its NUL.
+fn name_hash(s: &[u8]) -> u64 {
+    s.iter()
+        .take(HASHED)
+        .take_while(|&&b| b != 0)
+        .fold(0xcbf2_9ce4_8422_2325, |h, &b| {
+            (h ^ b as u64).wrapping_mul(0x0000_0100_0000_01b3)
+        })
 }
 
 fn u32_at(d: &[u8], off: usize) -> Option<u32> {
@@ -173,7 +181,7 @@ impl KernelBtf {
         };
         btf.names = named
             .into_iter()
-            .map(|(off, id)| (name_hash(btf.str_at(off)), id))
+            .map(|(off, id)| (name_hash(btf.str_bytes(off)), id))
             .collect();
         btf.names.sort_unstable();
         Ok(btf)
@@ -189,12 +197,10 @@ impl KernelBtf {
             && self.data[end] == 0
     }
 
-    fn str_at(&self, off: u32) -> &str {
-        let start = self.strs + off as usize;
+    /// The string section from `off` on (empty past its end).
+    fn str_bytes(&self, off: u32) -> &[u8] {
         let end = self.strs + self.str_len;
-        let s = &self.data[start.min(end)..end];
-        let n = s.iter().position(|&b| b == 0).unwrap_or(s.len());
-        std::str::from_utf8(&s[..n]).unwrap_or("")
+        &self.data[(self.strs + off as usize).min(end)..end]
     }
 
     /// (kind, vlen, size_or_type) of type `id`.
@@ -222,7 +228,7 @@ impl KernelBtf {
 
     /// Ids of the structs, unions and enums called `name`.
     fn ids<'a>(&'a self, name: &'a str) -> impl Iterator<Item = u32> + 'a {
-        let h = name_hash(name);
+        let h = name_hash(name.as_bytes());
         let from = self.names.partition_point(|&(k, _)| k < h);
         self.names[from..]
             .iter()
@@ -254,33 +260,43 @@ impl KernelBtf {
     /// structs and unions.
     pub fn offset(&self, name: &str, member: &str) -> Option<u32> {
         let id = self.named_struct(name)?;
-        self.find_member(id, member, 0).map(|bits| bits / 8)
+        self.find_member(id, member).map(|bits| bits / 8)
     }
 
-    fn find_member(&self, id: u32, member: &str, depth: usize) -> Option<u32> {
-        self.find(id, member, depth).map(|(bits, _)| bits)
+    fn find_member(&self, id: u32, member: &str) -> Option<u32> {
+        self.find(id, member).map(|(bits, _)| bits)
     }
 
     /// Bit offset and type id of `member`, looking through anonymous members.
-    fn find(&self, id: u32, member: &str, depth: usize) -> Option<(u32, u32)> {
+    fn find(&self, id: u32, member: &str) -> Option<(u32, u32)> {
+        self.find_in(id, member, 0, &mut Walk::default())
+    }
+
+    /// `find`, each struct or union searched at most once: hostile BTF whose
+    /// anonymous members point back at their struct made the search
+    /// exponential (vlen^depth; 13 s for a 41 KB fuzz input). Valid C cannot
+    /// hold the same anonymous type twice where one search reaches it (its
+    /// members would clash), so a type already searched has nothing to add.
+    fn find_in(&self, id: u32, member: &str, depth: usize, w: &mut Walk) -> Option<(u32, u32)> {
         let (kind, vlen, _) = self.head(id)?;
-        if !matches!(kind, STRUCT | UNION) || depth > 8 {
+        if !matches!(kind, STRUCT | UNION) || depth > 8 || !w.seen.insert(id) {
             return None;
         }
         let kind_flag = u32_at(&self.data, self.types[id as usize] as usize + 4)? >> 31;
         let base = self.types[id as usize] as usize + 12;
         for i in 0..vlen {
+            w.members += 1;
             let m = base + 12 * i;
             let name_off = u32_at(&self.data, m)?;
             let ty = u32_at(&self.data, m + 4)?;
             let raw = u32_at(&self.data, m + 8)?;
             let bits = if kind_flag == 1 { raw & 0xffffff } else { raw };
             if name_off != 0 {
-                if self.str_at(name_off) == member {
+                if self.name_is(name_off, member) {
                     return Some((bits, ty));
                 }
             } else if let Some(inner) = self.resolve(ty) {
-                if let Some((off, t)) = self.find(inner, member, depth + 1) {
+                if let Some((off, t)) = self.find_in(inner, member, depth + 1, w) {
                     return Some((bits + off, t));
                 }
             }
@@ -293,14 +309,14 @@ impl KernelBtf {
     /// `struct mm_rss_stat` holding `atomic_long_t count[]`.
     pub(super) fn rss_layout(&self) -> Option<(u32, u32)> {
         let mm = self.named_struct("mm_struct")?;
-        let (_, ty) = self.find(mm, "rss_stat", 0)?;
+        let (_, ty) = self.find(mm, "rss_stat")?;
         let ty = self.resolve(ty)?;
         match self.head(ty)? {
             (ARRAY, _, _) => Some((
                 self.size("percpu_counter")?,
                 self.offset("percpu_counter", "count")?,
             )),
-            (STRUCT, _, _) => Some((8, self.find_member(ty, "count", 0)? / 8)),
+            (STRUCT, _, _) => Some((8, self.find_member(ty, "count")? / 8)),
             _ => None,
         }
     }
@@ -328,7 +344,7 @@ impl KernelBtf {
             let base = self.types[id as usize] as usize + 12;
             for i in 0..vlen {
                 let m = base + 8 * i;
-                if self.str_at(u32_at(&self.data, m)?) == name {
+                if self.name_is(u32_at(&self.data, m)?, name) {
                     return u32_at(&self.data, m + 4);
                 }
             }
@@ -350,6 +366,14 @@ impl KernelBtf {
     pub fn has_btf_tracepoint(&self, name: &str) -> bool {
         self.scan(&format!("btf_trace_{name}"), TYPEDEF).is_some()
     }
+}
+
+/// One member search: the structs already searched, and how many members
+/// were read (what the tests bound).
+#[derive(Default)]
+struct Walk {
+    seen: std::collections::HashSet<u32>,
+    members: usize,
 }
 
 pub fn page_size() -> u64 {
