@@ -254,12 +254,7 @@ fn progress_counts_calls_before_the_report() {
     let cmd = format!("{} sbrk 100 4096 && sleep 2.5", w.display());
     let out = run(&["brkstack", "--json", "--progress", "1", "-c", &cmd]);
     assert_eq!(out.code, 0, "{}", out.stderr);
-    let counts: Vec<u64> = out
-        .stderr
-        .lines()
-        .filter_map(|l| l.strip_prefix("memtrace: progress: "))
-        .filter_map(|l| l.split(", ").nth(1)?.strip_suffix(" events")?.parse().ok())
-        .collect();
+    let counts = progress_counts(&out.stderr);
     let summary = &json_of(&out.stdout, "summary")[0];
     let events = summary["events"].as_u64().unwrap();
     assert!(events >= 100, "{summary}");

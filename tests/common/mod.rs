@@ -301,3 +301,12 @@ pub fn assert_programs_back_to(before: usize) {
         loaded_programs()
     );
 }
+
+/// The event counts of a run's `--progress` lines, in order.
+pub fn progress_counts(stderr: &str) -> Vec<u64> {
+    stderr
+        .lines()
+        .filter_map(|l| l.strip_prefix("memtrace: progress: "))
+        .filter_map(|l| l.split(", ").nth(1)?.strip_suffix(" events")?.parse().ok())
+        .collect()
+}
