@@ -265,7 +265,7 @@ impl DwarfUnwinder {
             .filter(|(k, _)| !live.contains(k))
             .map(|(k, o)| (o.used, *k, o.info.as_ref().map_or(0, |i| i.bytes())))
             .collect();
-        spare.sort_unstable_by(|a, b| b.0.cmp(&a.0));
+        spare.sort_unstable_by_key(|s| std::cmp::Reverse(s.0));
         let mut bytes = 0;
         for (n, (_, k, size)) in spare.into_iter().enumerate() {
             bytes += size;
