@@ -74,6 +74,15 @@ pub fn user(
     let follow = a.common.children
         || a.common.command.as_deref().is_some_and(|c| !crate::command::is_simple(c));
     let pid = if follow { None } else { target };
+    if follow {
+        // The cost falls on processes nobody asked to trace: say so.
+        say!(
+            "memtrace: memleak: following child processes puts the probes in every process that maps {} \
+             (uprobes are filtered in the kernel for one process only): their allocator calls take the trap too \
+             while memleak runs (about 1 us each); -p PID or a simple -c command keeps it to one process",
+            lib.shown
+        );
+    }
     let path = lib.path.to_string_lossy().into_owned();
     let mut probes = Vec::new();
     let mut said = Vec::new();
