@@ -49,7 +49,12 @@ fn traced(tool: &[&str], follow: bool, child: &[&str]) -> Vec<serde_json::Value>
 /// `fill_with_memset`, called from `fault_in_libc`: the stack names the
 /// library's function (in libc) and the workload's (in its binary).
 fn memset_faults(follow: bool) {
-    let stacks = traced(&["faults", "--stacks"], follow, &["memset-pages", "50"]);
+    // Every stack: a busy host's own can outnumber the children's.
+    let stacks = traced(
+        &["faults", "--stacks", "--top", "100000"],
+        follow,
+        &["memset-pages", "50"],
+    );
     let ours: Vec<_> = stacks
         .iter()
         .filter(|s| {
@@ -82,7 +87,11 @@ fn short_lived_exec_d_children_symbolize_with_children() {
 /// code, and the process gone before the report.
 #[test]
 fn short_lived_brk_stacks_symbolize_system_wide() {
-    let stacks = traced(&["brkstack"], false, &["rawbrk", "20", "4096"]);
+    let stacks = traced(
+        &["brkstack", "--top", "100000"],
+        false,
+        &["rawbrk", "20", "4096"],
+    );
     let ours: Vec<_> = stacks
         .iter()
         .filter(|s| {
