@@ -3,6 +3,7 @@
 //! Everything is `#[repr(C)]` and plain old data.
 #![no_std]
 
+pub mod exemaps;
 pub mod faults;
 pub mod ffaults;
 pub mod generic;
@@ -83,6 +84,10 @@ pub mod kind {
     pub const MEMCG_CROSS: u32 = 11;
     /// A process ran code no unwind table covers (`kunwind::UnwindMiss`).
     pub const UNWIND_MISS: u32 = 12;
+    /// A traced process mapped a file executable (`exemaps::ExeMap`).
+    pub const PROC_MAP: u32 = 13;
+    /// A traced process's image at exec (`exemaps::ExeMap`).
+    pub const PROC_IMAGE: u32 = 14;
 }
 
 /// A process the kernel programs follow started or changed image: memtrace
@@ -211,6 +216,9 @@ mod pod {
     unsafe impl aya::Pod for super::snoop::MmapSnoopConfig {}
     unsafe impl aya::Pod for super::snoop::ShmSnoopConfig {}
     unsafe impl aya::Pod for super::snoop::FdFileOffsets {}
+    unsafe impl aya::Pod for super::exemaps::ExeMapsConfig {}
+    unsafe impl aya::Pod for super::exemaps::ExeMapPending {}
+    unsafe impl aya::Pod for super::exemaps::ExeMap {}
     // Ring-buffer records.
     unsafe impl aya::Pod for super::oom::OomEvent {}
     unsafe impl aya::Pod for super::ffaults::FileSeen {}

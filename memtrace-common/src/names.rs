@@ -11,6 +11,7 @@
 use core::marker::PhantomData;
 
 use crate::{
+    exemaps::{ExeMapPending, ExeMapsConfig},
     faults::{FaultConfig, FaultKey, FaultSlot, FaultVal},
     ffaults::{FfaultsConfig, FileKey},
     generic::{CountKey, CountVal, TpConfig},
@@ -126,6 +127,7 @@ maps! {
     UNWIND_CACHE: () => (), OnDemand;
     FOLLOWED: u32 => u8, OnDemand;
     EXEC_NAMES: u32 => [u8; TASK_COMM_LEN], OnDemand;
+    EXEMAP_PENDING: u32 => ExeMapPending, OnDemand;
     SNOOP_PENDING: u32 => PendingCall, OnDemand;
     // One tool each.
     BRK_STACKS: StackKey => StackVal, OnDemand;
@@ -179,12 +181,16 @@ globals! {
     SHM_SNOOP: ShmSnoopConfig;
     MEMLEAK_CFG: MemleakConfig;
     TOP_CFG: TopConfig;
+    EXEMAPS_CFG: ExeMapsConfig;
 }
 
 progs! {
     // Shared.
     FOLLOW_FORK = follow_fork,
     NAME_EXEC = name_exec,
+    EXEMAP_ENTER = exemap_enter,
+    EXEMAP_EXIT = exemap_exit,
+    EXEMAP_EXEC = exemap_exec,
     FLOOR_TP = floor_tp,
     FLOOR_RAW = floor_raw,
     // brkstack.

@@ -255,7 +255,7 @@ fn dispatch(
     session: &mut Session,
     out: &mut dyn Printer,
 ) -> Result<()> {
-    if crate::process::on_record(item, session) {
+    if crate::process::on_record(item, session) || crate::exemaps::on_record(item, session) {
         return Ok(());
     }
     if item.get(..4) == Some(&kind::UNWIND_MISS.to_ne_bytes()) {

@@ -17,6 +17,7 @@ pub mod doctor;
 pub mod entrystop;
 pub mod error;
 mod events;
+pub mod exemaps;
 pub mod kept;
 pub mod kernel;
 pub mod ktables;

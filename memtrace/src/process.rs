@@ -32,7 +32,8 @@ pub fn on_record(data: &[u8], s: &mut Session) -> bool {
     let mut maps = s.sym.maps.lock().unwrap();
     if k == kind::PROC_FORK {
         maps.inherit(ev.parent, ev.pid);
-    } else {
+    } else if !maps.learns {
+        // Else the exec is handled from its `PROC_IMAGE` record.
         maps.exec(ev.pid);
     }
     true

@@ -111,6 +111,10 @@ pub(crate) fn attach_with(
         loader.max_entries(names::STACKS, 16384);
     }
     loader.global(names::FILTER, &filter);
+    // Stacks of processes gone before their maps could be read: their
+    // executable mappings as the kernel made them.
+    let learn = filter.stacks & stack_mode::USER != 0
+        && crate::exemaps::configure(&mut loader, common.verbose);
     tool.prepare(&mut Prep {
         loader: &mut loader,
         target,
@@ -138,6 +142,11 @@ pub(crate) fn attach_with(
     };
     if follow {
         session.attach(&crate::process::fork_probe())?;
+    }
+    if learn && crate::exemaps::attach(&mut session, common.verbose)? {
+        let mut maps = session.sym.maps.lock().unwrap();
+        maps.learns = true;
+        maps.hold_own_files();
     }
     // Execs of followed processes, for their maps, and with in-kernel
     // unwinding of any traced process, to let go of the old image's table

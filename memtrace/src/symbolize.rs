@@ -49,6 +49,9 @@ pub struct MapsCache {
     /// In-kernel unwinding: each process's mappings are published to the
     /// programs as they are read.
     pub ktables: Option<crate::ktables::KTables>,
+    /// The kernel programs report execs and executable mmaps
+    /// (`crate::exemaps`): an exec is handled from that record.
+    pub learns: bool,
 }
 
 impl MapsCache {
@@ -65,21 +68,7 @@ impl MapsCache {
         if exiting(pid) {
             return false;
         }
-        for m in &maps {
-            if !m.perms.contains('x') || !m.path.starts_with('/') {
-                continue;
-            }
-            let key = (m.dev, m.inode);
-            if self.files.contains_key(&key) {
-                continue;
-            }
-            // Through the process's root: right inside containers too.
-            if let Ok(f) = File::open(m.file_in(pid)).or_else(|_| File::open(&m.file)) {
-                let f = Arc::new(f);
-                crate::record::buildid::saw(&m.path, &f);
-                self.files.insert(key, f);
-            }
-        }
+        self.open_files(pid, &maps);
         let earlier = self
             .procs
             .remove(&pid)
@@ -97,6 +86,25 @@ impl MapsCache {
             },
         );
         true
+    }
+
+    /// Opens the executable files of `maps` (of process `pid`) not held yet.
+    fn open_files(&mut self, pid: u32, maps: &[Mapping]) {
+        for m in maps {
+            if !m.perms.contains('x') || !m.path.starts_with('/') {
+                continue;
+            }
+            let key = (m.dev, m.inode);
+            if self.files.contains_key(&key) {
+                continue;
+            }
+            // Through the process's root: right inside containers too.
+            if let Ok(f) = File::open(m.file_in(pid)).or_else(|_| File::open(&m.file)) {
+                let f = Arc::new(f);
+                crate::record::buildid::saw(&m.path, &f);
+                self.files.insert(key, f);
+            }
+        }
     }
 
     /// Reads again the maps of processes that ran code the in-kernel
@@ -367,6 +375,9 @@ impl Symbolizer {
         addrs.iter().map(|a| self.kcache[a].clone()).collect()
     }
 }
+
+#[path = "symbolize_learned.rs"]
+mod learned;
 
 #[cfg(test)]
 #[path = "symbolize_tests.rs"]

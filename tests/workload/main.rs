@@ -10,6 +10,7 @@ use std::io::{BufRead, Write};
 mod leak;
 mod paced;
 mod pages;
+mod short;
 mod snoop;
 mod swap;
 
@@ -379,6 +380,10 @@ fn main() {
             arg(&args, 3, 0),
             pre.unwrap(),
         ),
+        // exec-short N ARGS...: N short-lived children running ARGS.
+        "exec-short" => short::exec_short(arg(&args, 1, 1), &args[2..]),
+        // memset-pages N: N fresh pages first touched inside glibc's memset.
+        "memset-pages" => short::fault_in_libc(arg(&args, 1, 10)),
         "exit" => std::process::exit(arg(&args, 1, 0)),
         "sleep" => std::thread::sleep(std::time::Duration::from_millis(arg(&args, 1, 1000))),
         _ => {

@@ -4,6 +4,7 @@
 
 mod dwarf;
 mod emit;
+mod exemaps;
 mod filter;
 mod floor;
 mod kunwind;

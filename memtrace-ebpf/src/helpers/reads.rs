@@ -162,30 +162,44 @@ pub unsafe fn css_cgroup_id(css: *const u8) -> u64 {
 /// Device and inode of the current task's file `fd`, or (0, 0).
 #[inline(always)]
 pub fn fd_file(o: &FdFileOffsets, fd: u64) -> (u32, u64) {
-    let fd = fd as i32;
-    if o.valid == 0 || fd < 0 {
+    if o.valid == 0 || (fd as i32) < 0 {
         return (0, 0);
     }
-    let r = unsafe {
-        read::<*const u8>(current_task(), o.task_files).and_then(|files| {
-            let fdt = read::<*const u8>(files, o.files_fdt)?;
-            let max = read::<u32>(fdt, o.fdt_max_fds)?;
-            if fd as u32 >= max {
-                return Err(0);
-            }
-            let fds = read::<*const u8>(fdt, o.fdt_fd)?;
-            let file = read::<*const u8>(fds, fd as u32 * 8)?;
-            let inode = read::<*const u8>(file, o.file_inode)?;
-            let ino = read::<u64>(inode, o.inode_ino)?;
-            let sb = read::<*const u8>(inode, o.inode_sb)?;
-            Ok((read::<u32>(sb, o.sb_dev)?, ino))
-        })
-    };
-    match r {
+    match fd_file_ptr(o, fd).and_then(|file| unsafe { file_id(o, file) }) {
         Ok(v) => v,
         Err(_) => {
             count_loss(loss::READ);
             (0, 0)
         }
+    }
+}
+
+/// The current task's `struct file *` for `fd`.
+#[inline(always)]
+pub fn fd_file_ptr(o: &FdFileOffsets, fd: u64) -> Result<*const u8, i32> {
+    let fd = fd as i32;
+    if o.valid == 0 || fd < 0 {
+        return Err(0);
+    }
+    unsafe {
+        let files = read::<*const u8>(current_task(), o.task_files)?;
+        let fdt = read::<*const u8>(files, o.files_fdt)?;
+        let max = read::<u32>(fdt, o.fdt_max_fds)?;
+        if fd as u32 >= max {
+            return Err(0);
+        }
+        let fds = read::<*const u8>(fdt, o.fdt_fd)?;
+        read::<*const u8>(fds, fd as u32 * 8)
+    }
+}
+
+/// Device (kernel dev_t of its superblock) and inode of `file`.
+#[inline(always)]
+pub unsafe fn file_id(o: &FdFileOffsets, file: *const u8) -> Result<(u32, u64), i32> {
+    unsafe {
+        let inode = read::<*const u8>(file, o.file_inode)?;
+        let ino = read::<u64>(inode, o.inode_ino)?;
+        let sb = read::<*const u8>(inode, o.inode_sb)?;
+        Ok((read::<u32>(sb, o.sb_dev)?, ino))
     }
 }

@@ -1,7 +1,7 @@
 //! Offsets resolved as a set: a member or enumerator this kernel's BTF
 //! lacks is remembered and named, never turned into a read at offset 0.
 
-use memtrace_common::TaskOffsets;
+use memtrace_common::{snoop::FdFileOffsets, TaskOffsets};
 
 use super::btf::{page_size, KernelBtf};
 use crate::error::Error;
@@ -50,6 +50,23 @@ impl KernelBtf {
             valid: 1,
         };
         r.done("the task and mm offsets", t)
+    }
+
+    /// The offsets from a task's fd to its file's device and inode.
+    pub fn fd_file_offsets(&self) -> Result<FdFileOffsets, Error> {
+        let mut r = self.resolver();
+        let o = FdFileOffsets {
+            task_files: r.member("task_struct", "files"),
+            files_fdt: r.member("files_struct", "fdt"),
+            fdt_max_fds: r.member("fdtable", "max_fds"),
+            fdt_fd: r.member("fdtable", "fd"),
+            file_inode: r.member("file", "f_inode"),
+            inode_ino: r.member("inode", "i_ino"),
+            inode_sb: r.member("inode", "i_sb"),
+            sb_dev: r.member("super_block", "s_dev"),
+            valid: 1,
+        };
+        r.done("the fd-to-file offsets", o)
     }
 }
 

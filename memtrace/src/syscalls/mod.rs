@@ -11,11 +11,16 @@ use crate::tool::Prep;
 /// The kernel programs take each as an 8-byte word of the record's first 64
 /// bytes (read at once), so each must be one.
 pub fn arg_offsets<const N: usize>(
-    k: &Prep,
+    _k: &Prep,
     tracepoint: &str,
     fields: [&str; N],
 ) -> Result<[u32; N]> {
-    let f = k.format("syscalls", tracepoint)?;
+    word_offsets(tracepoint, fields)
+}
+
+/// `arg_offsets` outside a tool's `prepare` (shared mechanisms).
+pub fn word_offsets<const N: usize>(tracepoint: &str, fields: [&str; N]) -> Result<[u32; N]> {
+    let f = crate::kernel::tracefs::Format::load("syscalls", tracepoint)?;
     let mut out = [0u32; N];
     for (o, name) in out.iter_mut().zip(fields) {
         let field = f.field(name).ok_or_else(|| Error::NoField {

@@ -104,25 +104,12 @@ fn mapped_file(pid: u32, fd: i32, mapped: Option<(u64, u64)>, file: (u32, u64)) 
 /// The kernel offsets from a task's fd to its file's inode. Optional: where
 /// BTF lacks them, files are named from /proc alone, and memtrace says so.
 fn fd_file_offsets(k: &mut Prep) -> FdFileOffsets {
-    let resolved = k.btf().and_then(|b| {
-        let mut r = b.resolver();
-        let o = FdFileOffsets {
-            task_files: r.member("task_struct", "files"),
-            files_fdt: r.member("files_struct", "fdt"),
-            fdt_max_fds: r.member("fdtable", "max_fds"),
-            fdt_fd: r.member("fdtable", "fd"),
-            file_inode: r.member("file", "f_inode"),
-            inode_ino: r.member("inode", "i_ino"),
-            inode_sb: r.member("inode", "i_sb"),
-            sb_dev: r.member("super_block", "s_dev"),
-            valid: 1,
-        };
-        r.done("the fd-to-file offsets", o)
-    });
-    resolved.unwrap_or_else(|e| {
-        say!("memtrace: warning: mapped files named from /proc only: {e}");
-        FdFileOffsets::default()
-    })
+    k.btf()
+        .and_then(|b| Ok(b.fd_file_offsets()?))
+        .unwrap_or_else(|e| {
+            say!("memtrace: warning: mapped files named from /proc only: {e}");
+            FdFileOffsets::default()
+        })
 }
 
 pub struct Mmapsnoop {

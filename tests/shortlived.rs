@@ -1,0 +1,107 @@
+//! Processes that exec and exit within milliseconds, traced without `-c`
+//! (system-wide, or `-p PID --children`): their maps are gone before
+//! memtrace could read /proc, so what they mapped is learned in the kernel,
+//! at exec and at each executable mmap.
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+
+/// Children of the traced workload, one after the other, each running
+/// `child` and exiting.
+const CHILDREN: usize = 3;
+
+/// Runs `tool ARGS` while a workload runs `exec-short CHILDREN child...`;
+/// system-wide (`extra` empty: stopped with SIGINT once the workload is
+/// done) or on the workload's pid (`extra` = `-p`), with `--children`.
+fn traced(tool: &[&str], follow: bool, child: &[&str]) -> Vec<serde_json::Value> {
+    let n = CHILDREN.to_string();
+    let mut wargs = vec!["exec-short", &n];
+    wargs.extend_from_slice(child);
+    let mut w = Workload::start(&wargs);
+    let pid = w.pid.to_string();
+    let mut args = tool.to_vec();
+    args.extend_from_slice(&["--stack-mode", "fp", "--json"]);
+    if follow {
+        args.extend_from_slice(&["-p", &pid, "--children"]);
+    }
+    let t = Tracer::start(&args);
+    w.go();
+    assert!(w.wait().success());
+    if !follow {
+        // Records still in flight reach memtrace before it ends.
+        std::thread::sleep(Duration::from_millis(300));
+        t.signal(libc::SIGINT);
+    }
+    let out = t.wait(Duration::from_secs(30));
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    let ty = if tool[0] == "faults" {
+        "fault_stack"
+    } else {
+        "brk_stack"
+    };
+    json_of(&out.stdout, ty)
+}
+
+/// Each child faults 50 pages in glibc's memset, called from the workload's
+/// `fill_with_memset`, called from `fault_in_libc`: the stack names the
+/// library's function (in libc) and the workload's (in its binary).
+fn memset_faults(follow: bool) {
+    // Every stack: a busy host's own can outnumber the children's.
+    let stacks = traced(
+        &["faults", "--stacks", "--top", "100000"],
+        follow,
+        &["memset-pages", "50"],
+    );
+    let ours: Vec<_> = stacks
+        .iter()
+        .filter(|s| {
+            user_frames(s)
+                .first()
+                .is_some_and(|f| f.contains("memset") && f.contains("libc"))
+        })
+        .filter(|s| {
+            user_frames(s)
+                .iter()
+                .any(|f| f.contains("fault_in_libc") && f.contains("memtrace-workload"))
+        })
+        .collect();
+    assert_eq!(ours.len(), 1, "{stacks:#?}");
+    assert_eq!(ours[0]["count"], 50 * CHILDREN as u64, "{:#?}", ours[0]);
+    assert_eq!(ours[0]["processes"], CHILDREN as u64, "{:#?}", ours[0]);
+}
+
+#[test]
+fn short_lived_exec_d_processes_symbolize_system_wide() {
+    memset_faults(false);
+}
+
+#[test]
+fn short_lived_exec_d_children_symbolize_with_children() {
+    memset_faults(true);
+}
+
+/// brk system-wide: each child's 20 brk calls in the workload binary's own
+/// code, and the process gone before the report.
+#[test]
+fn short_lived_brk_stacks_symbolize_system_wide() {
+    let stacks = traced(
+        &["brkstack", "--top", "100000"],
+        false,
+        &["rawbrk", "20", "4096"],
+    );
+    let ours: Vec<_> = stacks
+        .iter()
+        .filter(|s| {
+            user_frames(s)
+                .first()
+                .is_some_and(|f| f.contains("grow_heap_with_raw_brk"))
+        })
+        .collect();
+    assert_eq!(ours.len(), 1, "{stacks:#?}");
+    // Each: 20 calls in its loop and the brk(0) before it.
+    assert_eq!(ours[0]["count"], 21 * CHILDREN as u64, "{:#?}", ours[0]);
+    assert_eq!(ours[0]["processes"], CHILDREN as u64, "{:#?}", ours[0]);
+}
