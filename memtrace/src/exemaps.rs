@@ -52,7 +52,9 @@ pub fn configure(loader: &mut Loader, verbose: bool) -> bool {
         }
         Err(e) => {
             if verbose {
-                say!("memtrace: maps from /proc only (no executable mappings from the kernel): {e}");
+                say!(
+                    "memtrace: maps from /proc only (no executable mappings from the kernel): {e}"
+                );
             }
             false
         }
@@ -79,7 +81,10 @@ pub fn attach(s: &mut Session, verbose: bool) -> Result<bool> {
     for p in probes() {
         if let Err(why) = s.first_way(&p) {
             if verbose {
-                say!("memtrace: maps from /proc only: {} not traced: {why}", p.what);
+                say!(
+                    "memtrace: maps from /proc only: {} not traced: {why}",
+                    p.what
+                );
             }
             return Ok(false);
         }
@@ -99,7 +104,11 @@ pub fn on_record(data: &[u8], s: &mut Session) -> bool {
     let Some(ev) = crate::records::record::<ExeMap>(data, k) else {
         return true;
     };
-    let n = ev.name.iter().position(|&b| b == 0).unwrap_or(ev.name.len());
+    let n = ev
+        .name
+        .iter()
+        .position(|&b| b == 0)
+        .unwrap_or(ev.name.len());
     let name = &ev.name[..n];
     let mut maps = s.sym.maps.lock().unwrap();
     if k == kind::PROC_IMAGE {
@@ -109,4 +118,3 @@ pub fn on_record(data: &[u8], s: &mut Session) -> bool {
     }
     true
 }
-

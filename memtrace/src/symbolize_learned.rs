@@ -16,7 +16,7 @@ use std::sync::Arc;
 
 use memtrace_common::exemaps::ExeMap;
 
-use super::{MapsCache, Mapping, Snapshot, GENERATIONS};
+use super::{Mapping, MapsCache, Snapshot, GENERATIONS};
 use crate::proc::{read_maps, split_dev};
 
 /// The path an open file is known by now.
@@ -84,7 +84,9 @@ impl MapsCache {
         let given = PathBuf::from(OsStr::from_bytes(name));
         let path = match (image, given.is_absolute(), name.is_empty()) {
             (true, true, _) => Some(given.clone()),
-            (true, false, false) => Some(PathBuf::from(format!("/proc/{}/cwd", ev.pid)).join(&given)),
+            (true, false, false) => {
+                Some(PathBuf::from(format!("/proc/{}/cwd", ev.pid)).join(&given))
+            }
             _ => None,
         };
         let found = self.learned_file(ev, path);

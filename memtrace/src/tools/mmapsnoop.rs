@@ -105,7 +105,7 @@ fn mapped_file(pid: u32, fd: i32, mapped: Option<(u64, u64)>, file: (u32, u64)) 
 /// BTF lacks them, files are named from /proc alone, and memtrace says so.
 fn fd_file_offsets(k: &mut Prep) -> FdFileOffsets {
     k.btf()
-        .and_then(|b| Ok(b.fd_file_offsets()?))
+        .and_then(|b| b.fd_file_offsets())
         .unwrap_or_else(|e| {
             say!("memtrace: warning: mapped files named from /proc only: {e}");
             FdFileOffsets::default()
