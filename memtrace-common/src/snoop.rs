@@ -66,6 +66,21 @@ pub struct FdFileOffsets {
     pub valid: u32,
 }
 
+impl FdFileOffsets {
+    /// Not resolved (yet): the kernel programs' initial value.
+    pub const NONE: FdFileOffsets = FdFileOffsets {
+        task_files: 0,
+        files_fdt: 0,
+        fdt_max_fds: 0,
+        fdt_fd: 0,
+        file_inode: 0,
+        inode_ino: 0,
+        inode_sb: 0,
+        sb_dev: 0,
+        valid: 0,
+    };
+}
+
 /// `MMAP_SNOOP` global: tracepoint field offsets from the tracefs format
 /// files, in argument order.
 #[repr(C)]

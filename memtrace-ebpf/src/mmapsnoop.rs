@@ -21,17 +21,7 @@ static MMAP_SNOOP: Global<MmapSnoopConfig> = Global::new(MmapSnoopConfig {
     brk_ret: 0,
     failed_only: 0,
     self_tgid: 0,
-    file: FdFileOffsets {
-        task_files: 0,
-        files_fdt: 0,
-        fdt_max_fds: 0,
-        fdt_fd: 0,
-        file_inode: 0,
-        inode_ino: 0,
-        inode_sb: 0,
-        sb_dev: 0,
-        valid: 0,
-    },
+    file: FdFileOffsets::NONE,
 });
 
 snoop_programs!(MMAP_SNOOP as c, kind::MMAP_CALL, {

@@ -34,17 +34,7 @@ static EXEMAPS_CFG: Global<ExeMapsConfig> = Global::new(ExeMapsConfig {
     mm_end_code: 0,
     file_dentry: 0,
     dentry_name: 0,
-    file: FdFileOffsets {
-        task_files: 0,
-        files_fdt: 0,
-        fdt_max_fds: 0,
-        fdt_fd: 0,
-        file_inode: 0,
-        inode_ino: 0,
-        inode_sb: 0,
-        sb_dev: 0,
-        valid: 0,
-    },
+    file: FdFileOffsets::NONE,
     valid: 0,
 });
 
