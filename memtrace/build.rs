@@ -12,8 +12,10 @@ fn main() -> anyhow::Result<()> {
         // nested cargo run under the fuzzer's sanitizer flags.
         let out = std::path::PathBuf::from(std::env::var("OUT_DIR")?);
         std::fs::write(out.join("memtrace.obj"), b"")?;
+        std::fs::write(out.join("memtrace_preload.so"), b"")?;
         return Ok(());
     }
+    preload()?;
     build()?;
     let out = std::path::PathBuf::from(std::env::var("OUT_DIR")?);
     let obj = std::fs::read(out.join("memtrace")).context("reading the eBPF object")?;
@@ -75,6 +77,41 @@ fn drop_line_info(obj: &mut [u8]) -> anyhow::Result<()> {
         anyhow::bail!(".BTF.ext is not little-endian BTF");
     }
     obj[at..at + 4].copy_from_slice(&0u32.to_le_bytes());
+    Ok(())
+}
+
+/// Compiles memleak's allocator shim (preload/memtrace_preload.c) into a
+/// shared object that memtrace embeds and writes out for `memleak -c`.
+/// The system C compiler (`$CC`, else `cc`): one file with no dependency
+/// but glibc, so no build system is needed around it.
+fn preload() -> anyhow::Result<()> {
+    let src = "preload/memtrace_preload.c";
+    println!("cargo:rerun-if-changed={src}");
+    println!("cargo:rerun-if-env-changed=CC");
+    let out = std::path::PathBuf::from(std::env::var("OUT_DIR")?).join("memtrace_preload.so");
+    let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
+    let status = std::process::Command::new(&cc)
+        .args([
+            "-shared",
+            "-fPIC",
+            "-O2",
+            // The sites' callers keep frame pointers: memleak's stacks walk them.
+            "-fno-omit-frame-pointer",
+            "-fvisibility=hidden",
+            // Calls to the sites stay inside the object (no PLT).
+            "-Wl,-Bsymbolic",
+            "-Wl,-z,now",
+            "-Wall",
+            "-Werror",
+            "-o",
+        ])
+        .arg(&out)
+        .arg(src)
+        .status()
+        .with_context(|| format!("running the C compiler `{cc}` for {src} (set CC to another)"))?;
+    if !status.success() {
+        anyhow::bail!("`{cc}` failed to compile {src}");
+    }
     Ok(())
 }
 

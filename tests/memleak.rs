@@ -71,7 +71,22 @@ fn exact_by_command(extra: &[&str]) -> Output {
 
 #[test]
 fn a_command_s_leaks_are_reported_exactly_by_stack() {
+    // A -c command gets the preloaded shim by default.
     let out = exact_by_command(&[]);
+    assert!(
+        out.stderr
+            .lines()
+            .any(|l| l.contains("allocations (preloaded shim): attached uprobe ")),
+        "{}",
+        out.stderr
+    );
+    let summary = &json_of(&out.stdout, "summary")[0];
+    assert_eq!(summary["preloaded_processes"], 1, "{}", out.stdout);
+}
+
+#[test]
+fn uprobes_on_the_allocator_are_exact_too() {
+    let out = exact_by_command(&["--no-preload"]);
     // -v names the way chosen: the session where the kernel has them.
     let way = if has_sessions() {
         "attached uprobe_session "
@@ -85,11 +100,12 @@ fn a_command_s_leaks_are_reported_exactly_by_stack() {
         "{}",
         out.stderr
     );
+    assert!(!out.stderr.contains("preloaded shim"), "{}", out.stderr);
 }
 
 #[test]
 fn the_uprobe_and_uretprobe_fallback_is_exact_too() {
-    let out = exact_by_command(&["--no-uprobe-session"]);
+    let out = exact_by_command(&["--no-preload", "--no-uprobe-session"]);
     assert!(
         out.stderr
             .contains("allocator calls and returns: attached uprobe "),
@@ -127,13 +143,18 @@ fn sampled(extra: &[&str]) {
 }
 
 #[test]
-fn sampling_by_session_keeps_big_blocks_exact_and_sees_every_free() {
+fn sampling_in_the_shim_keeps_big_blocks_exact_and_sees_every_free() {
     sampled(&[]);
 }
 
 #[test]
+fn sampling_by_session_keeps_big_blocks_exact_and_sees_every_free() {
+    sampled(&["--no-preload"]);
+}
+
+#[test]
 fn sampling_by_uprobe_and_uretprobe_keeps_big_blocks_exact_and_sees_every_free() {
-    sampled(&["--no-uprobe-session"]);
+    sampled(&["--no-preload", "--no-uprobe-session"]);
 }
 
 /// Blocks grown by realloc under byte sampling: 2 KiB and 4 KiB calls are
@@ -163,13 +184,18 @@ fn realloc_under_sampling(extra: &[&str]) {
 }
 
 #[test]
-fn a_block_sampled_then_reallocated_unsampled_is_released_by_session() {
+fn a_block_sampled_then_reallocated_unsampled_is_released_in_the_shim() {
     realloc_under_sampling(&[]);
 }
 
 #[test]
+fn a_block_sampled_then_reallocated_unsampled_is_released_by_session() {
+    realloc_under_sampling(&["--no-preload"]);
+}
+
+#[test]
 fn a_block_sampled_then_reallocated_unsampled_is_released_by_uretprobe() {
-    realloc_under_sampling(&["--no-uprobe-session"]);
+    realloc_under_sampling(&["--no-preload", "--no-uprobe-session"]);
 }
 
 #[test]

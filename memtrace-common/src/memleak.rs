@@ -51,7 +51,9 @@ pub mod counter {
     /// thread's call in flight (the slots are indexed by thread id): that
     /// call's return is lost, and counted here.
     pub const PENDING_COLLISION: u32 = 5;
-    pub const NR: u32 = 6;
+    /// Processes that loaded memleak's preloaded allocator shim.
+    pub const PRELOADED: u32 = 6;
+    pub const NR: u32 = 7;
 }
 
 #[repr(C)]

@@ -48,16 +48,23 @@ pub fn is_simple(cmd: &str) -> bool {
 
 /// A path, or a name found as an executable file in PATH.
 fn is_program(word: &str) -> bool {
+    word.contains('/') || program_path(word).is_some()
+}
+
+/// The file a command word runs: itself when it is a path, else the first
+/// executable of that name in PATH.
+pub fn program_path(word: &str) -> Option<std::path::PathBuf> {
     use std::os::unix::fs::PermissionsExt;
     let exec = |p: &std::path::Path| {
         std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
     };
     if word.contains('/') {
-        return true;
+        return Some(word.into());
     }
-    std::env::var_os("PATH")
-        .map(|p| std::env::split_paths(&p).any(|d| exec(&d.join(word))))
-        .unwrap_or(false)
+    let path = std::env::var_os("PATH")?;
+    std::env::split_paths(&path)
+        .map(|d| d.join(word))
+        .find(|p| exec(p))
 }
 
 /// Every process the command starts is followed the same way (fork, vfork;
@@ -136,7 +143,9 @@ fn follow_tree(
     }
 }
 
-pub fn spawn_traced(cmd: &str) -> Result<Traced> {
+/// Starts `cmd` (with `env` added to memtrace's environment) stopped
+/// before its first instruction.
+pub fn spawn_traced(cmd: &str, env: Vec<(String, String)>) -> Result<Traced> {
     let (pid_tx, pid_rx) = mpsc::channel::<std::result::Result<u32, String>>();
     let (go_tx, go_rx) = mpsc::channel::<SharedMaps>();
     let (exit_tx, exit_rx) = tokio::sync::oneshot::channel::<i32>();
@@ -151,6 +160,7 @@ pub fn spawn_traced(cmd: &str) -> Result<Traced> {
         } else {
             c.arg("-c").arg(&cmd);
         }
+        c.envs(env);
         // SAFETY: ptrace(TRACEME) is async-signal-safe.
         unsafe {
             c.pre_exec(|| {

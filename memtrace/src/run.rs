@@ -195,7 +195,7 @@ pub fn run(tool: &mut dyn Tool, common: &Common) -> Result<i32> {
     };
     let dest = output::destination(common.output.as_deref())?;
     let mut traced = match &common.command {
-        Some(cmd) => Some(crate::command::spawn_traced(cmd)?),
+        Some(cmd) => Some(crate::command::spawn_traced(cmd, tool.command_env())?),
         None => None,
     };
     let target = common.pid.or(traced.as_ref().map(|t| t.pid));

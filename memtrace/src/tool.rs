@@ -43,6 +43,10 @@ pub trait Tool {
     }
     /// Sets the globals and map sizes the tool's programs need.
     fn prepare(&mut self, k: &mut Prep) -> Result<()>;
+    /// Variables added to a `-c` command's environment.
+    fn command_env(&self) -> Vec<(String, String)> {
+        Vec::new()
+    }
     /// `-i`/`--count` (or `INTERVAL [COUNT]`) of tools that report per interval.
     fn intervals(&self) -> Option<&IntervalArgs> {
         None

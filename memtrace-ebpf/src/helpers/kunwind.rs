@@ -76,14 +76,6 @@ fn count(what: u32) {
     }
 }
 
-#[inline(always)]
-fn read_user(addr: u64) -> Option<u64> {
-    let mut v: u64 = 0;
-    let r =
-        unsafe { bpf_probe_read_user(&mut v as *mut u64 as *mut c_void, 8, addr as *const c_void) };
-    (r == 0).then_some(v)
-}
-
 /// 1 when `a <= b`, 0 otherwise, without a branch: a branch per search step
 /// would double the verifier's paths at each one.
 #[inline(always)]

@@ -23,6 +23,7 @@ use memtrace_common::{
 use crate::helpers::{bump_by_stack, capture_stacks, count_loss, Stacks, NO_PREALLOC};
 
 mod kernel;
+mod preload;
 mod user;
 
 #[unsafe(no_mangle)]
@@ -79,9 +80,46 @@ fn set_pending(id: u64, call: PendingAlloc) {
 
 #[inline(always)]
 fn bump(i: u32) {
-    if let Some(p) = ML_COUNTS.get_ptr_mut(i) {
-        unsafe { *p += 1 };
+    add(i, 1);
+}
+
+#[inline(always)]
+fn add(i: u32, n: u64) {
+    if n == 0 {
+        return;
     }
+    if let Some(p) = ML_COUNTS.get_ptr_mut(i) {
+        unsafe { *p += n };
+    }
+}
+
+/// Whether an allocation of `size` is within `-z`/`-Z` (counted when not).
+#[inline(always)]
+fn in_bounds(c: &MemleakConfig, size: u64) -> bool {
+    if size < c.min_size || (c.max_size != 0 && size > c.max_size) {
+        bump(counter::OUT_OF_BOUNDS);
+        return false;
+    }
+    true
+}
+
+/// What a sampled allocation of `size` stands for (allocations, bytes):
+/// one per N bytes allocated, so a block of N or more stands for itself.
+#[inline(always)]
+fn weight(c: &MemleakConfig, size: u64) -> (u64, u64) {
+    if c.sample_bytes == 0 || size >= c.sample_bytes {
+        (1, size)
+    } else {
+        (c.sample_bytes.div_ceil(size.max(1)), c.sample_bytes)
+    }
+}
+
+/// An allocation already sampled (by the preloaded shim): its weight, if
+/// in bounds.
+#[inline(always)]
+fn weigh(size: u64) -> Option<(u64, u64)> {
+    let c = MEMLEAK_CFG.load();
+    in_bounds(&c, size).then(|| weight(&c, size))
 }
 
 /// Whether an allocation of `size` is recorded, and what it stands for
@@ -90,8 +128,7 @@ fn bump(i: u32) {
 #[inline(always)]
 fn admit(size: u64) -> Option<(u64, u64)> {
     let c = MEMLEAK_CFG.load();
-    if size < c.min_size || (c.max_size != 0 && size > c.max_size) {
-        bump(counter::OUT_OF_BOUNDS);
+    if !in_bounds(&c, size) {
         return None;
     }
     if c.sample_bytes == 0 {
@@ -110,11 +147,7 @@ fn admit(size: u64) -> Option<(u64, u64)> {
         // Never 0, so no division-by-zero panic path for the verifier to refuse.
         *left = r % (c.sample_bytes << 1).max(1);
     }
-    if size >= c.sample_bytes {
-        Some((1, size))
-    } else {
-        Some((c.sample_bytes.div_ceil(size.max(1)), c.sample_bytes))
-    }
+    Some(weight(&c, size))
 }
 
 /// Where live allocations and per-stack totals are kept.

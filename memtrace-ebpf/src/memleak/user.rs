@@ -23,7 +23,7 @@ use crate::helpers::{count_loss, current_tgid, tp_field, wanted};
 const MAP_ANONYMOUS: u64 = 0x20;
 
 #[inline(always)]
-fn free_user(tgid: u32, addr: u64) {
+pub(super) fn free_user(tgid: u32, addr: u64) {
     if addr != 0 && !release(USER, tgid, addr, origin::USER) && MEMLEAK_CFG.load().sample_bytes == 0
     {
         bump(counter::FREE_UNKNOWN);

@@ -60,11 +60,12 @@ impl Exited {
 
     /// Moves the totals of processes that exited out of the kernel's map,
     /// and sweeps their blocks when due; how many keys moved.
-    pub fn reclaim(&mut self, s: &mut Session, t: Tables) -> Result<usize> {
+    pub fn reclaim(&mut self, s: &mut Session, t: Tables, target: Option<u32>) -> Result<usize> {
         let mut alive: HashMap<u32, bool> = HashMap::new();
         let gone: Vec<StackKey> = s
             .percpu_keys(t.stacks)?
             .into_iter()
+            .filter(|k| Some(k.tgid) != target)
             .filter(|k| !*alive.entry(k.tgid).or_insert_with(|| crate::proc::alive(k.tgid)))
             .collect();
         self.processes += alive.values().filter(|a| !**a).count() as u64;

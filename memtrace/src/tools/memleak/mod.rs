@@ -4,6 +4,7 @@
 //! allocators by the kmem tracepoints and kernel stacks.
 
 mod exited;
+mod preload;
 mod probes;
 mod report;
 
@@ -75,6 +76,10 @@ pub struct Args {
     /// (to measure what the placement saves).
     #[arg(long, hide = true)]
     pub probe_at_entry: bool,
+    /// With -c, probe glibc's allocator with uprobes instead of preloading
+    /// memtrace's shim into the command (the shim is cheaper: see the README).
+    #[arg(long)]
+    pub no_preload: bool,
     /// Never attach by a uprobe session (to measure and test the uprobe +
     /// uretprobe fallback on kernels that have sessions).
     #[arg(long, hide = true)]
@@ -109,6 +114,11 @@ pub struct Memleak {
     probes: Vec<Probe>,
     /// How each allocator function was probed, for `-v` and the summary.
     placements: Vec<String>,
+    /// The shim preloaded into the `-c` command, when it is.
+    preload: Option<PathBuf>,
+    /// The process traced (`-p`, `-c`): its exit ends the run, and the
+    /// final report reads its blocks, so they are never swept before.
+    target: Option<u32>,
     counts: [u64; counter::NR as usize],
     phase: report::Phase,
     exited: exited::Exited,
@@ -125,11 +135,23 @@ impl Memleak {
                 "-O and --symbol-prefix need a process (-p PID or -c CMD)".into(),
             ));
         }
+        let preload = match preload::unusable(a) {
+            None if a.common.command.is_some() => Some(preload::install()?),
+            None => None,
+            Some(why) => {
+                if a.common.command.is_some() && a.common.verbose && !a.no_preload {
+                    say!("memtrace: memleak: allocator shim not preloaded: {why}; uprobes instead");
+                }
+                None
+            }
+        };
         Ok(Memleak {
             args: a.clone(),
             user,
             probes: Vec::new(),
             placements: Vec::new(),
+            preload,
+            target: None,
             counts: [0; counter::NR as usize],
             phase: report::Phase::default(),
             exited: exited::Exited::new(a.max_kept),
@@ -172,6 +194,12 @@ impl Tool for Memleak {
     fn probes(&self) -> Vec<Probe> {
         self.probes.clone()
     }
+    fn command_env(&self) -> Vec<(String, String)> {
+        match &self.preload {
+            Some(shim) => preload::env(shim, &self.args),
+            None => Vec::new(),
+        }
+    }
     fn stack_mode(&self) -> u32 {
         if !self.user {
             return stack_mode::KERNEL;
@@ -211,7 +239,12 @@ impl Tool for Memleak {
             page_size: crate::kernel::btf::page_size() as u32,
             ..Default::default()
         };
-        let (probes, placements) = if self.user {
+        self.target = k.target;
+        let (probes, placements) = if let Some(shim) = &self.preload {
+            let follow = self.args.common.children
+                || self.args.common.command.as_deref().is_some_and(|c| !crate::command::is_simple(c));
+            preload::probes(shim, if follow { None } else { k.target })?
+        } else if self.user {
             probes::user(&self.args, k.target, &mut cfg)?
         } else {
             (probes::kernel(&mut cfg)?, Vec::new())
@@ -271,7 +304,15 @@ impl Tool for Memleak {
     }
 
     fn finish(&mut self, s: &mut Session, out: &mut dyn Printer) -> Result<()> {
-        self.report(s, out, false)
+        self.report(s, out, false)?;
+        if self.preload.is_some() && self.counts[counter::PRELOADED as usize] == 0 {
+            say!(
+                "memtrace: memleak: warning: no process of the command loaded the allocator shim \
+                 (a static or set-id program, or another libc): its allocations were not seen; \
+                 run with --no-preload"
+            );
+        }
+        Ok(())
     }
 
     /// SIGUSR1: what is outstanding now, then a new phase: later reports
@@ -294,7 +335,7 @@ impl Tool for Memleak {
         if !self.user {
             return Ok(0);
         }
-        self.exited.reclaim(s, self.tables())
+        self.exited.reclaim(s, self.tables(), self.target)
     }
 
     fn summary_extra(&self) -> Vec<(&'static str, Value)> {
@@ -304,7 +345,9 @@ impl Tool for Memleak {
             ("frees", c(counter::FREES)),
             ("frees_untracked", c(counter::FREE_UNKNOWN)),
         ];
-        if self.user {
+        if self.preload.is_some() {
+            v.push(("preloaded_processes", c(counter::PRELOADED)));
+        } else if self.user {
             v.push(("pending_collisions", c(counter::PENDING_COLLISION)));
         }
         if self.args.sample_bytes.is_some() {

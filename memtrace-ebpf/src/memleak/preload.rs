@@ -1,0 +1,78 @@
+//! User mode through memleak's preloaded shim (memtrace/preload/): one
+//! probe site per reported call, at a nop the kernel emulates. The shim has already sampled, so an allocation
+//! reported here is recorded at its weight without drawing again.
+
+use aya_ebpf::{macros::uprobe, programs::ProbeContext};
+use memtrace_common::{loss, memleak::counter, memleak::origin};
+
+use super::{add, bump, record, release, weigh, USER};
+use crate::helpers::{count_loss, current_tgid, wanted};
+
+/// `memtrace_alloc_site(p, size, old, skipped, origin)`: a new block (or
+/// none: p is 0 when only the old one is reported), the block it replaces
+/// (realloc), and the allocations the thread's sampling passed over since.
+#[uprobe]
+pub fn ml_preload_alloc(ctx: ProbeContext) -> u32 {
+    let tgid = current_tgid();
+    if !wanted(tgid) {
+        return 0;
+    }
+    let arg = |i| ctx.arg::<u64>(i).unwrap_or(0);
+    let (p, size, old, skipped, from) = (arg(0), arg(1), arg(2), arg(3), arg(4));
+    add(counter::UNSAMPLED, skipped);
+    if old != 0 {
+        release(USER, tgid, old, origin::USER);
+    }
+    if p == 0 {
+        return 0;
+    }
+    // Anonymous mmaps come unsampled: drawn here, as without the shim. One
+    // call of `record` (each inlines a stack walk).
+    let mmap = from == origin::MMAP as u64;
+    let w = if mmap {
+        super::admit(size)
+    } else {
+        weigh(size)
+    };
+    let from = if mmap { origin::MMAP } else { origin::USER };
+    if let Some(w) = w {
+        record(&ctx, USER, tgid, p, size, from, w);
+    }
+    0
+}
+
+/// `memtrace_free_site(p, origin)`: a block about to go back (free,
+/// munmap). Under sampling only sampled blocks are reported.
+#[uprobe]
+pub fn ml_preload_free(ctx: ProbeContext) -> u32 {
+    let tgid = current_tgid();
+    if !wanted(tgid) {
+        return 0;
+    }
+    let p = ctx.arg::<u64>(0).unwrap_or(0);
+    if ctx.arg::<u64>(1).unwrap_or(0) == origin::MMAP as u64 {
+        release(USER, tgid, p, origin::MMAP);
+    } else {
+        super::user::free_user(tgid, p);
+    }
+    0
+}
+
+/// `memtrace_table_full_site(p)`: the shim's table of sampled addresses
+/// had no room, so a sampled block was left out.
+#[uprobe]
+pub fn ml_preload_full(_ctx: ProbeContext) -> u32 {
+    if wanted(current_tgid()) {
+        count_loss(loss::MAP_FULL);
+    }
+    0
+}
+
+/// `memtrace_hello_site(sample)`: a process loaded the shim.
+#[uprobe]
+pub fn ml_preload_hello(_ctx: ProbeContext) -> u32 {
+    if wanted(current_tgid()) {
+        bump(counter::PRELOADED);
+    }
+    0
+}

@@ -1,0 +1,166 @@
+//! The allocator shim (memtrace/preload/memtrace_preload.c, compiled by
+//! build.rs) that `memleak -c` preloads into the command: glibc's
+//! allocator calls go through it, and it reports the ones memleak follows
+//! at probe sites that start with a nop (emulated by the kernel: no
+//! single-step), one site per call, after sampling in the process itself.
+
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+
+use memtrace_common::names::{ML_PRELOAD_ALLOC, ML_PRELOAD_FREE, ML_PRELOAD_FULL, ML_PRELOAD_HELLO};
+
+use super::Args;
+use crate::attach::Probe;
+use crate::error::{Error, Result};
+use crate::uprobe::Symbols;
+
+static SHIM: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/memtrace_preload.so"));
+
+/// The function every reported allocation's stack starts in: memleak drops
+/// that frame, so a stack starts at the allocator's caller, as with uprobes.
+pub const SITE_FRAME: &str = "memtrace_alloc_site";
+
+/// Why the shim cannot serve `a`'s command, or None when it can.
+pub fn unusable(a: &Args) -> Option<String> {
+    let cmd = a.common.command.as_deref()?;
+    if a.no_preload {
+        return Some("--no-preload".into());
+    }
+    if a.object.is_some() || !a.symbol_prefix.is_empty() {
+        return Some("-O/--symbol-prefix name another allocator".into());
+    }
+    if SHIM.is_empty() {
+        return Some("built without it".into());
+    }
+    // A simple command is exec'd as it is: an executable glibc's loader
+    // does not run (static, another libc) or runs securely (set-id)
+    // would not load the shim. A shell line runs /bin/sh first.
+    if !crate::command::is_simple(cmd) {
+        return None;
+    }
+    let word = cmd.split_whitespace().next()?;
+    let path = crate::command::program_path(word)?;
+    let meta = std::fs::metadata(&path).ok()?;
+    if meta.permissions().mode() & 0o6000 != 0 {
+        return Some(format!("{} is set-id (its loader ignores preloads)", path.display()));
+    }
+    match interpreter(&path) {
+        Interp::Static => Some(format!("{} is statically linked", path.display())),
+        Interp::Other(i) if !i.contains("ld-linux") => {
+            Some(format!("{} is loaded by {i}, not glibc's loader", path.display()))
+        }
+        _ => None,
+    }
+}
+
+enum Interp {
+    Static,
+    Other(String),
+    NotElf,
+}
+
+fn interpreter(path: &Path) -> Interp {
+    use object::read::elf::{ElfFile64, ProgramHeader as _};
+    let Ok(data) = std::fs::read(path) else {
+        return Interp::NotElf;
+    };
+    let Ok(elf) = ElfFile64::<object::Endianness>::parse(&*data) else {
+        return Interp::NotElf;
+    };
+    let e = elf.endian();
+    for ph in elf.elf_program_headers() {
+        if ph.p_type(e) == object::elf::PT_INTERP {
+            let name = ph.data(e, &*data).unwrap_or_default();
+            let name = name.split(|&b| b == 0).next().unwrap_or_default();
+            return Interp::Other(String::from_utf8_lossy(name).into_owned());
+        }
+    }
+    Interp::Static
+}
+
+/// Writes the shim where the command can map it executable (content-named,
+/// so runs share it and a newer memtrace never loads an older one).
+pub fn install() -> Result<PathBuf> {
+    let hash = SHIM
+        .iter()
+        .fold(0xcbf2_9ce4_8422_2325u64, |h, &b| (h ^ b as u64).wrapping_mul(0x100_0000_01b3));
+    let name = format!("memtrace-preload-{hash:016x}.so");
+    let mut tried = Vec::new();
+    for dir in ["/run/memtrace", "/var/tmp/memtrace", "/tmp/memtrace"] {
+        let dir = Path::new(dir);
+        match place(dir, &name) {
+            Ok(p) => return Ok(p),
+            Err(e) => tried.push(format!("{}: {e}", dir.display())),
+        }
+    }
+    Err(Error::Usage(format!(
+        "cannot write memleak's preload library ({}): use --no-preload",
+        tried.join("; ")
+    )))
+}
+
+fn place(dir: &Path, name: &str) -> std::io::Result<PathBuf> {
+    std::fs::create_dir_all(dir)?;
+    let path = dir.join(name);
+    if std::fs::read(&path).is_ok_and(|d| d == SHIM) {
+        return Ok(path);
+    }
+    if noexec(dir) {
+        return Err(std::io::Error::other("mounted noexec"));
+    }
+    let tmp = dir.join(format!("{name}.{}", std::process::id()));
+    std::fs::write(&tmp, SHIM)?;
+    std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o755))?;
+    std::fs::rename(&tmp, &path)?;
+    Ok(path)
+}
+
+fn noexec(dir: &Path) -> bool {
+    let Ok(c) = std::ffi::CString::new(dir.as_os_str().as_encoded_bytes()) else {
+        return true;
+    };
+    // SAFETY: a valid path and a statvfs to fill.
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    unsafe { libc::statvfs(c.as_ptr(), &mut st) == 0 && st.f_flag & libc::ST_NOEXEC != 0 }
+}
+
+/// The command's environment: the shim first in LD_PRELOAD, and the
+/// sampling rate it applies.
+pub fn env(shim: &Path, a: &Args) -> Vec<(String, String)> {
+    let mut preload = shim.display().to_string();
+    if let Some(v) = std::env::var_os("LD_PRELOAD").filter(|v| !v.is_empty()) {
+        preload = format!("{preload}:{}", v.to_string_lossy());
+    }
+    vec![
+        ("LD_PRELOAD".into(), preload),
+        (
+            "MEMTRACE_PRELOAD_SAMPLE".into(),
+            a.sample_bytes.unwrap_or(0).to_string(),
+        ),
+    ]
+}
+
+/// The probes on the shim's sites. Only processes that loaded the shim
+/// map it: following children puts no probe in anyone else.
+pub fn probes(shim: &Path, pid: Option<u32>) -> Result<(Vec<Probe>, Vec<String>)> {
+    let syms = Symbols::open(shim)?;
+    let path = shim.to_string_lossy().into_owned();
+    let mut probes = Vec::new();
+    for (site, prog, what) in [
+        (SITE_FRAME, ML_PRELOAD_ALLOC, "allocations (preloaded shim)"),
+        ("memtrace_free_site", ML_PRELOAD_FREE, "frees (preloaded shim)"),
+        ("memtrace_table_full_site", ML_PRELOAD_FULL, "samples the shim could not keep"),
+        ("memtrace_hello_site", ML_PRELOAD_HELLO, "processes loading the shim"),
+    ] {
+        let f = syms
+            .function(site)
+            .ok_or_else(|| Error::Usage(format!("{}: no function {site}", shim.display())))?;
+        probes.push(Probe::new(what).uprobe(prog, path.clone(), f.file_offset, pid));
+    }
+    let said = vec![format!(
+        "allocator: glibc's, through the shim preloaded from {} (one probe per call, \
+         at an emulated nop; sampling done in the process)",
+        shim.display()
+    )];
+    Ok((probes, said))
+}
