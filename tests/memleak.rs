@@ -362,3 +362,46 @@ fn progress_counts_calls_before_the_report() {
     let last = counts.last().copied().unwrap_or(0);
     assert!((2000..=events).contains(&last), "{last} {}", out.stderr);
 }
+
+/// Through the shim, `--stack-mode dwarf` unwinds in the kernel program:
+/// blocks leaked three frames deep in C built without frame pointers have
+/// their whole stack, where the frame-pointer walk skips the frameless
+/// callers.
+#[test]
+fn dwarf_stacks_through_code_without_frame_pointers() {
+    let bin = common::nofp::c_workload();
+    let cmd = format!("{} leak 50", bin.display());
+    let stack_of = |mode: &str| {
+        let out = run(&["memleak", "-v", "--json", "--stack-mode", mode, "-c", &cmd]);
+        assert_eq!(out.code, 0, "{}", out.stderr);
+        let rows = json_of(&out.stdout, "memleak");
+        let row = rows
+            .iter()
+            .find(|r| {
+                r["user_stack"][0]
+                    .as_str()
+                    .is_some_and(|f| f.starts_with("leak_inner"))
+            })
+            .unwrap_or_else(|| panic!("no leak_inner stack: {}", out.stdout))
+            .clone();
+        assert_eq!(
+            (row["count"].as_u64(), row["bytes"].as_u64()),
+            (Some(50), Some(5000))
+        );
+        let frames: Vec<String> = row["user_stack"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|f| f.as_str().unwrap().to_string())
+            .collect();
+        (frames, out.stderr)
+    };
+    let (dwarf, stderr) = stack_of("dwarf");
+    assert!(stderr.contains("unwound in the kernel"), "{stderr}");
+    let named = |frames: &[String], f: &str| frames.iter().any(|x| x.starts_with(f));
+    for f in ["leak_inner", "leak_middle", "leak_outer", "main"] {
+        assert!(named(&dwarf, f), "{f} missing: {dwarf:?}");
+    }
+    let (fp, _) = stack_of("fp");
+    assert!(!named(&fp, "leak_middle"), "{fp:?}");
+}

@@ -119,6 +119,7 @@ pub(crate) fn attach_with(
         loader: &mut loader,
         target,
         forced: common.attach,
+        stacks: filter.stacks,
     })?;
     if let Some(bytes) = common.buffer_size {
         loader.max_entries(names::EVENTS, bytes);

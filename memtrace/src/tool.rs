@@ -183,6 +183,8 @@ pub struct Prep<'a> {
     pub target: Option<u32>,
     /// The attach method forced by `--attach`, if any.
     pub forced: Option<Method>,
+    /// How stacks are taken (`memtrace_common::stack_mode` bits).
+    pub stacks: u32,
 }
 
 impl Prep<'_> {

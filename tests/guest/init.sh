@@ -97,7 +97,10 @@ run_case trace 300 0 trace syscalls:sys_enter_madvise --filter 'len_in == 8192' 
     --json -v -c 'memtrace-workload madvise 20 4096 8192'
 # Uprobes on the guest's own libc, placed where its kernel emulates them:
 # 7 x 1000 B and 3 x 1 MiB held, 200 rounds of every allocator freed.
-run_case memleak 300 0 memleak --json -v \
+run_case memleak 300 0 memleak --json -v --no-preload \
+    -c 'memtrace-workload leak 7 1000 3 1048576 200 0'
+# The same through the allocator shim memleak preloads into a -c command.
+run_case memleak-shim 300 0 memleak --json -v \
     -c 'memtrace-workload leak 7 1000 3 1048576 200 0'
 dd if=/dev/zero of=/mnt/ram/ffaults bs=4096 count=310 2>/dev/null
 run_case ffaults 300 0 ffaults --json -v \

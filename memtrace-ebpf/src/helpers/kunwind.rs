@@ -193,11 +193,21 @@ impl Copy {
     }
 }
 
+/// `unwind_user_stack` as a global BPF function: the verifier checks it
+/// once, on its own, not once per path of every program that calls it.
+/// Returns the stack id in the high half, the hash bits in the low.
+#[unsafe(no_mangle)]
+#[inline(never)]
+pub extern "C" fn memtrace_unwind_user_stack() -> u64 {
+    let (id, check) = unwind_user_stack();
+    ((id as u32 as u64) << 32) | check as u64
+}
+
 /// Unwinds the current task's user stack into the walk's scratch, ending
 /// with a `mark` frame when it stops early. Returns its id and more bits of
 /// its hash, as `walk_user_stack`.
 #[inline(always)]
-pub(super) fn unwind_user_stack() -> (i32, u32) {
+fn unwind_user_stack() -> (i32, u32) {
     let cfg = USTACK.load();
     let Some(s) = WALK_SCRATCH.get_ptr_mut(0) else {
         return (-1, 0);

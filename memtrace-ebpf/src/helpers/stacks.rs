@@ -15,7 +15,7 @@ use super::{
     dwarf::sample_user_stack,
     emit::count_loss,
     filter::FILTER,
-    kunwind::unwind_user_stack,
+    kunwind::memtrace_unwind_user_stack,
     walk::{store_user_stack, walk_user_stack},
 };
 
@@ -61,6 +61,13 @@ pub struct Stacks {
 }
 
 impl Stacks {
+    /// No capture (for a path that records nothing).
+    pub const NONE: Stacks = Stacks {
+        user: -1,
+        kern: -1,
+        user_check: 0,
+    };
+
     /// For counting tools, on a key their map does not have yet: stores the
     /// walked user stack, or drops it from the key when it cannot be
     /// stored (counted). Keys already in the map skip this, which saves a
@@ -133,7 +140,8 @@ pub fn capture_stacks<C: StackIdContext>(ctx: &C, value: u64, aux: u32) -> Stack
             // A constant to the verifier (frozen .rodata): the other way is
             // never checked.
             (st.user, st.user_check) = if mode & stack_mode::KUNWIND != 0 {
-                unwind_user_stack()
+                let r = memtrace_unwind_user_stack();
+                ((r >> 32) as u32 as i32, r as u32)
             } else {
                 walk_user_stack()
             };

@@ -177,8 +177,23 @@ fn record<C: aya_ebpf::programs::tracing::StackIdContext>(
     origin: u32,
     weight: (u64, u64),
 ) {
+    let st = capture_stacks(ctx, size, 0);
+    record_stacks(t, tgid, addr, size, origin, weight, st);
+}
+
+/// `record` with the stacks already taken: a program that takes them
+/// before its other branches has the verifier walk the unwinder once.
+#[inline(always)]
+fn record_stacks(
+    t: Tables,
+    tgid: u32,
+    addr: u64,
+    size: u64,
+    origin: u32,
+    weight: (u64, u64),
+    mut st: Stacks,
+) {
     bump(counter::ALLOCS);
-    let mut st = capture_stacks(ctx, size, 0);
     let mut key = StackKey {
         tgid,
         ustack: st.user,

@@ -5,8 +5,8 @@
 use aya_ebpf::{macros::uprobe, programs::ProbeContext};
 use memtrace_common::{loss, memleak::counter, memleak::origin};
 
-use super::{add, bump, record, release, weigh, USER};
-use crate::helpers::{count_loss, current_tgid, wanted};
+use super::{add, bump, record_stacks, release, weigh, USER};
+use crate::helpers::{capture_stacks, count_loss, current_tgid, wanted, Stacks};
 
 /// `memtrace_alloc_site(p, size, old, skipped, origin)`: a new block (or
 /// none: p is 0 when only the old one is reported), the block it replaces
@@ -18,16 +18,21 @@ pub fn ml_preload_alloc(ctx: ProbeContext) -> u32 {
         return 0;
     }
     let arg = |i| ctx.arg::<u64>(i).unwrap_or(0);
-    let (p, size, old, skipped, from) = (arg(0), arg(1), arg(2), arg(3), arg(4));
-    add(counter::UNSAMPLED, skipped);
+    let (p, size, old, from) = (arg(0), arg(1), arg(2), arg(4));
+    // The stacks first, before any other branch: with the in-kernel
+    // unwinder, each path into it is one more walk of it for the verifier.
+    let st = if p != 0 {
+        capture_stacks(&ctx, size, 0)
+    } else {
+        Stacks::NONE
+    };
     if old != 0 {
         release(USER, tgid, old, origin::USER);
     }
     if p == 0 {
         return 0;
     }
-    // Anonymous mmaps come unsampled: drawn here, as without the shim. One
-    // call of `record` (each inlines a stack walk).
+    // Anonymous mmaps come unsampled: drawn here, as without the shim.
     let mmap = from == origin::MMAP as u64;
     let w = if mmap {
         super::admit(size)
@@ -36,7 +41,7 @@ pub fn ml_preload_alloc(ctx: ProbeContext) -> u32 {
     };
     let from = if mmap { origin::MMAP } else { origin::USER };
     if let Some(w) = w {
-        record(&ctx, USER, tgid, p, size, from, w);
+        record_stacks(USER, tgid, p, size, from, w, st);
     }
     0
 }
@@ -50,6 +55,9 @@ pub fn ml_preload_free(ctx: ProbeContext) -> u32 {
         return 0;
     }
     let p = ctx.arg::<u64>(0).unwrap_or(0);
+    // The allocations the thread's sampling passed over come with its frees
+    // (kept out of the allocation program, which the unwinder fills).
+    add(counter::UNSAMPLED, ctx.arg::<u64>(2).unwrap_or(0));
     if ctx.arg::<u64>(1).unwrap_or(0) == origin::MMAP as u64 {
         release(USER, tgid, p, origin::MMAP);
     } else {

@@ -49,6 +49,29 @@ __attribute__((noinline)) void pages_touch_outer(int n)
 	KEEP();
 }
 
+/* Blocks malloc'd and never freed (memleak), kept reachable (global, so
+ * the compiler cannot drop the malloc calls). */
+void *kept[4096];
+
+__attribute__((noinline)) void leak_inner(int n)
+{
+	for (int i = 0; i < n && i < 4096; i++)
+		kept[i] = malloc(100);
+	KEEP();
+}
+
+__attribute__((noinline)) void leak_middle(int n)
+{
+	leak_inner(n);
+	KEEP();
+}
+
+__attribute__((noinline)) void leak_outer(int n)
+{
+	leak_middle(n);
+	KEEP();
+}
+
 /* Recurses `depth` frames, then touches `n` pages: a stack deeper than an
  * unwinder keeps. */
 __attribute__((noinline)) void deep_recurse(int depth, int n)
@@ -82,7 +105,7 @@ static int touch_in_library(const char *lib, int n)
 int main(int argc, char **argv)
 {
 	if (argc < 3) {
-		fprintf(stderr, "usage: nofp sbrk|touch N | deep D N | dlopen N LIB\n");
+		fprintf(stderr, "usage: nofp sbrk|touch|leak N | deep D N | dlopen N LIB\n");
 		return 2;
 	}
 	int n = atoi(argv[2]);
@@ -90,6 +113,8 @@ int main(int argc, char **argv)
 		heap_grow_outer(n);
 	else if (!strcmp(argv[1], "touch"))
 		pages_touch_outer(n);
+	else if (!strcmp(argv[1], "leak"))
+		leak_outer(n);
 	else if (!strcmp(argv[1], "deep") && argc > 3)
 		deep_recurse(n, atoi(argv[3]));
 	else if (!strcmp(argv[1], "dlopen") && argc > 3)

@@ -89,26 +89,46 @@ fn loop_cost(runs: usize, [lp, f, what, unit]: [&str; 4], out: &mut String) -> R
     let mut configs: Vec<(&str, Option<Vec<String>>)> = vec![
         ("untraced", Some(Vec::new())),
         (
-            "memtrace memleak (uprobe session)",
+            "memtrace memleak (preloaded shim)",
             Some(owned(&[&m, "memleak"])),
         ),
         (
-            "memtrace memleak, uprobe + uretprobe",
-            Some(owned(&[&m, "memleak", "--no-uprobe-session"])),
-        ),
-        (
-            "memtrace memleak, every probe at the function's entry",
-            Some(owned(&[&m, "memleak", "--probe-at-entry"])),
-        ),
-        (
-            "memtrace memleak --sample-bytes 512K (uprobe session)",
+            "memtrace memleak --sample-bytes 512K (preloaded shim)",
             Some(owned(&[&m, "memleak", "--sample-bytes", "512K"])),
         ),
         (
-            "memtrace memleak --sample-bytes 512K, uprobe + uretprobe",
+            "memtrace memleak --no-preload (uprobe session)",
+            Some(owned(&[&m, "memleak", "--no-preload"])),
+        ),
+        (
+            "memtrace memleak --no-preload, uprobe + uretprobe",
             Some(owned(&[
                 &m,
                 "memleak",
+                "--no-preload",
+                "--no-uprobe-session",
+            ])),
+        ),
+        (
+            "memtrace memleak --no-preload, every probe at the function's entry",
+            Some(owned(&[&m, "memleak", "--no-preload", "--probe-at-entry"])),
+        ),
+        (
+            "memtrace memleak --no-preload --sample-bytes 512K (uprobe session)",
+            Some(owned(&[
+                &m,
+                "memleak",
+                "--no-preload",
+                "--sample-bytes",
+                "512K",
+            ])),
+        ),
+        (
+            "memtrace memleak --no-preload --sample-bytes 512K, uprobe + uretprobe",
+            Some(owned(&[
+                &m,
+                "memleak",
+                "--no-preload",
                 "--sample-bytes",
                 "512K",
                 "--no-uprobe-session",

@@ -135,7 +135,7 @@ const fn forced(name: &'static str, tool: &'static str, method: &'static str) ->
 }
 
 /// Every case, in the order the guest runs them; doctor is checked last.
-pub(super) const CASES: [Case; 31] = [
+pub(super) const CASES: [Case; 32] = [
     case("doctor", "doctor"),
     best("oom-best", "oomkill", "kprobe"),
     forced("oom-fentry", "oomkill", "fentry"),
@@ -162,6 +162,7 @@ pub(super) const CASES: [Case; 31] = [
     case("count", "count"),
     case("trace", "trace"),
     best("memleak", "memleak", "uprobe"),
+    best("memleak-shim", "memleak", "uprobe"),
     case("ffaults", "ffaults"),
     // --fail: the threshold was crossed.
     Case {
@@ -184,7 +185,10 @@ pub(super) const CASES: [Case; 31] = [
 ];
 
 /// The probe whose method a tool's row shows.
-fn main_probe(tool: &str) -> &'static str {
+fn main_probe(case: &str, tool: &str) -> &'static str {
+    if case == "memleak-shim" {
+        return "allocations (preloaded shim)";
+    }
     match tool {
         "oomkill" => "oom kill",
         "faults" => "user page faults",
@@ -299,7 +303,7 @@ fn check(g: &Guest, case: &'static Case) -> Checked {
         why.push(format!("memtrace exited with {rc}, expected {}", case.rc));
     }
     let v = json(g.out.get(case.name).map_or(&[][..], |v| v));
-    let probe = main_probe(case.tool);
+    let probe = main_probe(case.name, case.tool);
     let method = attached_of(g, case)
         .into_iter()
         .find(|(p, _)| p == probe)

@@ -214,6 +214,11 @@ impl Tool for Memleak {
     fn user_stacks(&self) -> Option<(&StackArgs, bool)> {
         self.user.then_some((&self.args.stacks, false))
     }
+    /// Its programs pass the verifier with the unwinder (a global function,
+    /// checked once). Asked for only: `auto` takes fp for memleak.
+    fn unwinds_in_kernel_by_default(&self) -> bool {
+        self.user
+    }
     fn top(&self) -> Option<usize> {
         Some(self.args.top)
     }
@@ -225,10 +230,14 @@ impl Tool for Memleak {
     }
 
     fn prepare(&mut self, k: &mut Prep) -> Result<()> {
-        if self.args.stacks.stack_mode == crate::cli::StackMode::Dwarf {
+        // A copied stack is unwound here, after the fact: memleak keeps a
+        // stack id per live block, so its dwarf stacks are unwound in the
+        // kernel program or not at all.
+        if k.stacks & stack_mode::DWARF != 0 {
             return Err(Error::Usage(
-                "memleak keeps a stack id per live allocation: --stack-mode dwarf is not available; \
-                 use fp (the default)"
+                "memleak keeps a stack id per live allocation: its dwarf stacks are unwound in the \
+                 kernel only (not with --unwinder copy or --sample, nor where this kernel refused \
+                 the in-kernel unwinder: see -v); use --stack-mode fp"
                     .into(),
             ));
         }

@@ -16,9 +16,9 @@ use crate::uprobe::Symbols;
 
 static SHIM: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/memtrace_preload.so"));
 
-/// The function every reported allocation's stack starts in: memleak drops
-/// that frame, so a stack starts at the allocator's caller, as with uprobes.
-pub const SITE_FRAME: &str = "memtrace_alloc_site";
+/// The shim's file name starts so: memleak drops a stack's first frames in
+/// it, so a stack starts at the allocator's caller, as with uprobes.
+pub const FILE_PREFIX: &str = "memtrace-preload-";
 
 /// Why the shim cannot serve `a`'s command, or None when it can.
 pub fn unusable(a: &Args) -> Option<String> {
@@ -84,7 +84,7 @@ pub fn install() -> Result<PathBuf> {
     let hash = SHIM
         .iter()
         .fold(0xcbf2_9ce4_8422_2325u64, |h, &b| (h ^ b as u64).wrapping_mul(0x100_0000_01b3));
-    let name = format!("memtrace-preload-{hash:016x}.so");
+    let name = format!("{FILE_PREFIX}{hash:016x}.so");
     let mut tried = Vec::new();
     for dir in ["/run/memtrace", "/var/tmp/memtrace", "/tmp/memtrace"] {
         let dir = Path::new(dir);
@@ -147,7 +147,7 @@ pub fn probes(shim: &Path, pid: Option<u32>) -> Result<(Vec<Probe>, Vec<String>)
     let path = shim.to_string_lossy().into_owned();
     let mut probes = Vec::new();
     for (site, prog, what) in [
-        (SITE_FRAME, ML_PRELOAD_ALLOC, "allocations (preloaded shim)"),
+        ("memtrace_alloc_site", ML_PRELOAD_ALLOC, "allocations (preloaded shim)"),
         ("memtrace_free_site", ML_PRELOAD_FREE, "frees (preloaded shim)"),
         ("memtrace_table_full_site", ML_PRELOAD_FULL, "samples the shim could not keep"),
         ("memtrace_hello_site", ML_PRELOAD_HELLO, "processes loading the shim"),

@@ -123,10 +123,11 @@ pub fn outstanding(
             let comm = crate::records::comm(&v.comm);
             let ids = (k.ustack, k.kstack);
             let mut r = stack_report(s, k.tgid, comm, ids, mode, n, Some(bytes));
-            // The shim's probe site is not the program's code.
-            if r.user.first().is_some_and(|f| f.starts_with(super::preload::SITE_FRAME)) {
-                r.user.remove(0);
-            }
+            // The shim's frames (its probe site, and its malloc under dwarf
+            // unwinding) are not the program's code.
+            let shim = r.user.iter().take_while(|f| f.contains(super::preload::FILE_PREFIX));
+            let n = shim.count();
+            r.user.drain(..n);
             if exited.contains_key(&k) && r.note.is_none() {
                 r.note = Some("held when the process exited".into());
             }
