@@ -405,3 +405,27 @@ fn dwarf_stacks_through_code_without_frame_pointers() {
     let (fp, _) = stack_of("fp");
     assert!(!named(&fp, "leak_middle"), "{fp:?}");
 }
+
+/// A wrapper that allocates and then execs the program (a launcher script,
+/// pyenv's shims): the wrapper's blocks went with its image, so only the
+/// program's leaks are held, exactly.
+#[test]
+fn blocks_of_an_image_that_exec_d_away_are_not_held() {
+    // bash allocates (its variables, the loop), then execs the workload.
+    let cmd = format!(
+        "bash -c 'for i in $(seq 200); do v$i=$i; done; exec {} {}'",
+        workload_bin().display(),
+        leak_args(0).join(" ")
+    );
+    let out = run(&["memleak", "--json", "--top", "50", "-c", &cmd]);
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    assert_exact(&out.stdout);
+    let rows = json_of(&out.stdout, "memleak");
+    let bash: Vec<_> = rows
+        .iter()
+        .filter(|r| r["user_stack"].to_string().contains("[bash]"))
+        .collect();
+    assert!(bash.is_empty(), "{bash:?}");
+    let s = &json_of(&out.stdout, "summary")[0];
+    assert!(s["blocks_gone_with_exec"].as_u64().unwrap() > 200, "{s}");
+}

@@ -48,6 +48,10 @@ static ML_KALLOCS: HashMap<AllocKey, AllocInfo> = HashMap::with_max_entries(1, 0
 static ML_KSTACKS: PerCpuHashMap<StackKey, AllocStats> = PerCpuHashMap::with_max_entries(1, 0);
 #[map]
 static ML_COUNTS: PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0);
+/// Followed processes that exec'd, with when: the blocks of the image they
+/// left are gone (userspace takes them out).
+#[map]
+static ML_EXECS: HashMap<u32, u64> = HashMap::with_max_entries(1, 0);
 /// Per CPU: bytes left before the next sampled allocation.
 #[map]
 static ML_SAMPLE: PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0);

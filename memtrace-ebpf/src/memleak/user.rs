@@ -5,7 +5,7 @@ use aya_ebpf::{
     bindings::pt_regs,
     cty::c_void,
     helpers::{
-        bpf_get_current_pid_tgid, bpf_probe_read_user,
+        bpf_get_current_pid_tgid, bpf_ktime_get_ns, bpf_probe_read_user,
         generated::{bpf_get_attach_cookie, bpf_get_func_ip},
     },
     macros::{tracepoint, uprobe, uretprobe},
@@ -17,7 +17,9 @@ use memtrace_common::{
     memleak::{counter, origin, shape, PendingAlloc},
 };
 
-use super::{admit, bump, pending, record, release, set_pending, tracked, MEMLEAK_CFG, USER};
+use super::{
+    admit, bump, pending, record, release, set_pending, tracked, MEMLEAK_CFG, ML_EXECS, USER,
+};
 use crate::helpers::{count_loss, current_tgid, tp_field, wanted};
 
 const MAP_ANONYMOUS: u64 = 0x20;
@@ -183,11 +185,20 @@ pub fn ml_free(ctx: ProbeContext) -> u32 {
 }
 
 /// An exec ends every call in flight in the old image: their returns never
-/// come (a `-c` command's own exec starts inside one).
+/// come (a `-c` command's own exec starts inside one). The old image's
+/// blocks are gone too: noted, for userspace to take them out.
 #[tracepoint]
 pub fn ml_exec(_ctx: TracePointContext) -> u32 {
     if let Some(s) = pending(bpf_get_current_pid_tgid()) {
         s.id = 0;
+    }
+    let tgid = current_tgid();
+    if wanted(tgid)
+        && ML_EXECS
+            .insert(&tgid, &unsafe { bpf_ktime_get_ns() }, 0)
+            .is_err()
+    {
+        count_loss(loss::MAP_FULL);
     }
     0
 }

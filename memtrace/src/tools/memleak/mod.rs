@@ -3,6 +3,7 @@
 //! probed instruction) and its anonymous mmaps; without, the kernel's
 //! allocators by the kmem tracepoints and kernel stacks.
 
+mod execs;
 mod exited;
 mod preload;
 mod probes;
@@ -13,7 +14,7 @@ use std::time::Duration;
 
 use memtrace_common::{
     memleak::{counter, MemleakConfig, PENDING_SLOTS},
-    names::{ML_COUNTS, ML_PENDING, ML_SAMPLE, MEMLEAK_CFG},
+    names::{ML_COUNTS, ML_EXECS, ML_PENDING, ML_SAMPLE, MEMLEAK_CFG},
     stack_mode,
 };
 
@@ -122,6 +123,7 @@ pub struct Memleak {
     counts: [u64; counter::NR as usize],
     phase: report::Phase,
     exited: exited::Exited,
+    execs: execs::Execs,
 }
 
 impl Memleak {
@@ -155,6 +157,7 @@ impl Memleak {
             counts: [0; counter::NR as usize],
             phase: report::Phase::default(),
             exited: exited::Exited::new(a.max_kept),
+            execs: execs::Execs::default(),
         })
     }
 
@@ -269,6 +272,7 @@ impl Tool for Memleak {
         let t = self.tables();
         if self.user {
             k.loader.max_entries(ML_PENDING, PENDING_SLOTS);
+            k.loader.max_entries(ML_EXECS, 4096);
         }
         // Kernel mode preallocates: a smaller default table.
         let allocs = match (self.user, self.args.max_allocs) {
@@ -286,11 +290,14 @@ impl Tool for Memleak {
         // Outstanding allocations are a state, not a count per interval:
         // every report shows all that is held (as BCC does).
         self.read_counts(s)?;
+        if self.user {
+            self.execs.sweep(s, self.tables())?;
+        }
         let reports = report::outstanding(
             s,
             self.tables(),
             &self.args,
-            (&self.phase, &self.exited.kept.counts),
+            (&self.phase, &self.exited.kept.counts, &self.execs.gone),
             self.stack_mode(),
         )?;
         // As BCC: the number asked for (merging may leave fewer).
@@ -344,6 +351,7 @@ impl Tool for Memleak {
         if !self.user {
             return Ok(0);
         }
+        self.execs.sweep(s, self.tables())?;
         self.exited.reclaim(s, self.tables(), self.target)
     }
 
@@ -364,6 +372,9 @@ impl Tool for Memleak {
         }
         if self.args.min_size.is_some() || self.args.max_size.is_some() {
             v.push(("out_of_bounds", c(counter::OUT_OF_BOUNDS)));
+        }
+        if self.user {
+            v.push(("blocks_gone_with_exec", Value::from(self.execs.blocks())));
         }
         v.extend(self.exited.summary());
         v

@@ -157,6 +157,7 @@ pub fn probes(shim: &Path, pid: Option<u32>) -> Result<(Vec<Probe>, Vec<String>)
             .ok_or_else(|| Error::Usage(format!("{}: no function {site}", shim.display())))?;
         probes.push(Probe::new(what).uprobe(prog, path.clone(), f.file_offset, pid));
     }
+    probes.push(super::probes::execs());
     let said = vec![format!(
         "allocator: glibc's, through the shim preloaded from {} (one probe per call, \
          at an emulated nop; sampling done in the process)",

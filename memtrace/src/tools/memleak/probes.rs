@@ -146,8 +146,13 @@ pub fn user(
     ));
     probes.push(Probe::new("mmap returns").tracepoint(ML_MMAP_EXIT, "syscalls", "sys_exit_mmap"));
     probes.push(Probe::new("munmap calls").tracepoint(ML_MUNMAP, "syscalls", "sys_enter_munmap"));
-    probes.push(Probe::new("execs").tracepoint(ML_EXEC, "sched", "sched_process_exec"));
+    probes.push(execs());
     Ok((probes, said))
+}
+
+/// Execs of followed processes: the blocks of the image left behind are gone.
+pub fn execs() -> Probe {
+    Probe::new("execs").tracepoint(ML_EXEC, "sched", "sched_process_exec")
 }
 
 fn place(a: &Args, code: &[u8], args: &[Register], keeps_sp: bool) -> Placement {

@@ -78,7 +78,11 @@ pub fn outstanding(
     s: &mut Session,
     t: Tables,
     args: &Args,
-    (phase, exited): (&Phase, &HashMap<StackKey, AllocStats>),
+    (phase, exited, execd): (
+        &Phase,
+        &HashMap<StackKey, AllocStats>,
+        &HashMap<StackKey, (u64, u64)>,
+    ),
     mode: u32,
 ) -> Result<Vec<StackReport>> {
     let mut stats: HashMap<StackKey, AllocStats> =
@@ -101,8 +105,10 @@ pub fn outstanding(
         }
     } else {
         for (k, v) in &stats {
-            let n = v.allocs.saturating_sub(v.frees);
-            let b = v.bytes.saturating_sub(v.freed_bytes);
+            // Less what went with an exec of the image that made it.
+            let (gn, gb) = execd.get(k).copied().unwrap_or_default();
+            let n = v.allocs.saturating_sub(v.frees).saturating_sub(gn);
+            let b = v.bytes.saturating_sub(v.freed_bytes).saturating_sub(gb);
             if n > 0 {
                 held.insert(*k, (n, b));
             }

@@ -1,0 +1,49 @@
+//! Blocks of a process image that exec'd away: its memory is gone with it,
+//! so they are taken out of the live table, and out of their stacks'
+//! outstanding figures here (a wrapper script's shell, say, that execs the
+//! program: its allocations are not the program's, nor held).
+
+use std::collections::HashMap;
+
+use memtrace_common::{names::ML_EXECS, stacks::StackKey};
+
+use super::report::Tables;
+use crate::error::Result;
+use crate::session::Session;
+
+#[derive(Default)]
+pub struct Execs {
+    /// Per stack: (allocations, bytes) that went with an exec.
+    pub gone: HashMap<StackKey, (u64, u64)>,
+    blocks: u64,
+}
+
+impl Execs {
+    /// Takes out the blocks made before each exec the kernel noted.
+    pub fn sweep(&mut self, s: &mut Session, t: Tables) -> Result<()> {
+        let execs = s.hash_entries(ML_EXECS);
+        if execs.is_empty() {
+            return Ok(());
+        }
+        for (tgid, _) in &execs {
+            s.hash_remove(ML_EXECS, tgid)?;
+        }
+        let when: HashMap<u32, u64> = execs.into_iter().collect();
+        for (k, a) in s.hash_entries(t.allocs) {
+            // The old image cannot allocate after its exec: anything older
+            // than it from that process was the old image's.
+            if when.get(&k.tgid).is_some_and(|&at| a.ts_ns < at) {
+                s.hash_remove(t.allocs, &k)?;
+                let g = self.gone.entry(a.stack).or_default();
+                g.0 += a.weight;
+                g.1 += a.weight_bytes;
+                self.blocks += 1;
+            }
+        }
+        Ok(())
+    }
+
+    pub fn blocks(&self) -> u64 {
+        self.blocks
+    }
+}
