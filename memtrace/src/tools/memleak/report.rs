@@ -72,17 +72,21 @@ fn monotonic_ns() -> u64 {
     t.tv_sec as u64 * 1_000_000_000 + t.tv_nsec as u64
 }
 
+/// What a report takes from beyond the kernel's tables: the phase, the
+/// totals of exited processes, and what went with execs.
+pub type Adjust<'a> = (
+    &'a Phase,
+    &'a HashMap<StackKey, AllocStats>,
+    &'a HashMap<StackKey, (u64, u64)>,
+);
+
 /// The stacks holding most, symbolized, best first (enough of them for
 /// `args.top` after merging).
 pub fn outstanding(
     s: &mut Session,
     t: Tables,
     args: &Args,
-    (phase, exited, execd): (
-        &Phase,
-        &HashMap<StackKey, AllocStats>,
-        &HashMap<StackKey, (u64, u64)>,
-    ),
+    (phase, exited, execd): Adjust,
     mode: u32,
 ) -> Result<Vec<StackReport>> {
     let mut stats: HashMap<StackKey, AllocStats> =
