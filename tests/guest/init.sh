@@ -84,11 +84,8 @@ run_case faults 300 0 faults -c 'memtrace-workload touch 2000' --json -v
 run_case brkstack 300 0 brkstack -c 'memtrace-workload rawbrk 50 4096' --json -v
 # Every fault's stack unwound with DWARF in the program (the verifier of
 # each kernel must accept the unwinder's loops).
-case "$(uname -r)" in
-6.1.*) echo "MT-SKIP faults-dwarf Linux 6.1's verifier refuses faults' in-kernel unwinder (over a million instructions) after minutes of checking under emulation" ;;
-*) run_case faults-dwarf 300 0 faults --stacks --stack-mode dwarf --unwinder kernel \
-    -c 'memtrace-workload touch 2000' --json -v ;;
-esac
+run_case faults-dwarf 300 0 faults --stacks --stack-mode dwarf --unwinder kernel \
+    -c 'memtrace-workload touch 2000' --json -v
 # Two tracepoints told apart by attach cookie (Linux 5.15 and later).
 run_case count 300 0 count syscalls:sys_enter_madvise syscalls:sys_enter_munmap \
     --json -v -c 'memtrace-workload madvise 30 8192'
