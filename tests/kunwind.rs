@@ -53,7 +53,7 @@ fn same_as_copy_with_exact_counts(cmd: &str, frames: &[&str], n: u64) {
     );
 
     let (copy_out, copy_summary) = faults(cmd, "copy");
-    assert!(copy_summary["unwinder"].is_null(), "{copy_summary}");
+    assert_eq!(copy_summary["unwinder"], "copy", "{copy_summary}");
     let copied = in_(&copy_out, "fault_stack", frames[0]);
     let copied = copied
         .iter()
@@ -242,4 +242,103 @@ fn stacks_before_and_after_an_exec_each_unwind_in_their_own_image() {
         "{out}"
     );
     assert_eq!(summary["kunwind_no_table"], 0, "{summary}");
+}
+
+/// The stack of the one `ty` row `pick` chooses, unwound by `unwinder`, and
+/// the run's summary.
+fn one_stack(
+    tool: &str,
+    extra: &[&str],
+    unwinder: &str,
+    cmd: &str,
+    ty: &str,
+    pick: impl Fn(&serde_json::Value) -> bool,
+) -> (Vec<String>, serde_json::Value) {
+    let (out, summary) = dwarf(tool, extra, unwinder, cmd);
+    let rows: Vec<_> = json_of(&out, ty).into_iter().filter(|r| pick(r)).collect();
+    assert_eq!(rows.len(), 1, "{out}");
+    (user_frames(&rows[0]), summary)
+}
+
+/// Tools whose events are rare (a stack per record) unwind in the kernel by
+/// default with `-c`, with the same whole stack through code without frame
+/// pointers as the copy path.
+fn in_kernel_as_copied(
+    tool: &str,
+    extra: &[&str],
+    cmd: &str,
+    ty: &str,
+    pick: fn(&serde_json::Value) -> bool,
+) {
+    let (kernel, summary) = one_stack(tool, extra, "auto", cmd, ty, pick);
+    assert_eq!(summary["unwinder"], "kernel", "{summary}");
+    assert_in_order(
+        &kernel,
+        &[
+            "pages_touch_inner",
+            "pages_touch_middle",
+            "pages_touch_outer",
+            "main",
+        ],
+    );
+    assert!(kernel.last().unwrap().starts_with("_start"), "{kernel:#?}");
+    let (copied, _) = one_stack(tool, extra, "copy", cmd, ty, pick);
+    assert_eq!(copied, kernel, "copy path vs kernel");
+}
+
+#[test]
+fn mmapsnoop_unwinds_in_the_kernel() {
+    // The workload's one mapping of three pages, made in pages_touch_inner
+    // through libc (ld.so maps three pages for TLS too). The leaf frame is
+    // the sampled instruction pointer, not the unwinder's work.
+    let cmd = format!("{} touch 3", c_workload().display());
+    in_kernel_as_copied("mmapsnoop", &["--stack"], &cmd, "mmap_call", |r| {
+        r["op"] == "mmap"
+            && r["len"] == 12288
+            && r["user_stack"][0]
+                .as_str()
+                .is_some_and(|f| f.ends_with("[libc.so.6]"))
+    });
+}
+
+#[test]
+fn rss_threshold_stacks_unwind_in_the_kernel() {
+    // 2000 pages touched: RSS crosses 2 MiB inside the page loop.
+    let cmd = format!("{} touch 2000", c_workload().display());
+    in_kernel_as_copied(
+        "rss",
+        &["--threshold", "2MiB"],
+        &cmd,
+        "rss_threshold_stack",
+        |_| true,
+    );
+}
+
+#[test]
+fn a_signal_handlers_stacks_unwind_through_the_signal_frame() {
+    // 50 pages touched in a SIGUSR1 handler the workload raised itself:
+    // every fault's stack goes through the kernel's signal frame (glibc's
+    // __restore_rt, described by CFI expressions) to the code it
+    // interrupted, inside raise, and on to _start.
+    const N: u64 = 50;
+    let cmd = format!("{} signal {N}", c_workload().display());
+    let (out, summary) = faults(&cmd, "auto");
+    assert_eq!(summary["unwinder"], "kernel", "{summary}");
+    let stacks = in_(&out, "fault_stack", "signal_touch");
+    assert_eq!(count(&stacks), N, "{out}");
+    assert_eq!(stacks.len(), 1, "{out}");
+    let frames = user_frames(&stacks[0]);
+    assert!(complete(&stacks[0]), "{frames:#?}");
+    assert_in_order(
+        &frames,
+        &[
+            "signal_touch",
+            "signal_handler",
+            "__restore_rt",
+            "raise [libc.so.6]",
+            "signal_raise",
+            "main",
+        ],
+    );
+    assert!(frames.last().unwrap().starts_with("_start"), "{frames:#?}");
 }

@@ -171,7 +171,8 @@ fn stack_option_symbolizes_the_trigger_of_another_process_kill() {
 
 /// A victim that triggered its own kill, allocating in
 /// `allocate_and_touch_mib`: its own user stack, by the given stack mode.
-fn victims_own_stack(mode: &[&str]) {
+/// Returns the summary.
+fn victims_own_stack(mode: &[&str]) -> serde_json::Value {
     let mut args = vec!["--stack"];
     args.extend_from_slice(mode);
     let (summary, kills, victim, _, out) = oom_in_memcg(&args);
@@ -204,6 +205,7 @@ fn victims_own_stack(mode: &[&str]) {
         "{stack}"
     );
     assert!(summary["victim_stacks"].as_u64() >= Some(1), "{summary}");
+    summary
 }
 
 #[test]
@@ -212,9 +214,15 @@ fn stack_of_a_victim_that_triggered_its_kill_is_its_own() {
         return;
     }
     // oomkill's default: a copied stack, unwound by DWARF (kills are rare).
-    victims_own_stack(&[]);
+    let summary = victims_own_stack(&[]);
+    assert_eq!(summary["unwinder"], "copy", "{summary}");
     // The kernel's frame-pointer walk.
     victims_own_stack(&["--stack-mode", "fp"]);
+    // Unwound in the kernel program, with the victim's table read at its
+    // exec (it starts after memtrace).
+    let summary = victims_own_stack(&["--stack-mode", "dwarf", "--unwinder", "kernel"]);
+    assert_eq!(summary["unwinder"], "kernel", "{summary}");
+    assert_eq!(summary["kunwind_no_table"], 0, "{summary}");
 }
 
 #[test]

@@ -11,7 +11,7 @@
 pub struct UnwindRow {
     pub pc: u32,
     /// `row::RSP`, `row::RBP`: CFA = register + `cfa_off`. `row::PLT`: the
-    /// threshold of the PLT's CFA expression.
+    /// threshold of the PLT's CFA expression. `row::SIGNAL`: see there.
     pub cfa_off: i16,
     /// The caller's rbp is saved at CFA + 8 * `rbp_off`; 0: rbp unchanged.
     pub rbp_off: i8,
@@ -29,6 +29,10 @@ pub mod row {
     pub const END: u8 = 4;
     /// A rule the rows cannot express (counted when the table is built).
     pub const UNSUPPORTED: u8 = 5;
+    /// A signal frame (`__restore_rt`): the interrupted registers are saved
+    /// at rsp: its sp at rsp + `cfa_off` (the CFA), its ip just above, its
+    /// rbp at rsp + 8 * `rbp_off`. The ip is not a return address.
+    pub const SIGNAL: u8 = 6;
 }
 
 /// An executable mapping of a process: `[start, end)`, file-relative pc =

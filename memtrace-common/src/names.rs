@@ -117,6 +117,8 @@ maps! {
     BUSY: u32 => u32, Compiled;
     SAMPLE_TICK: u32 => u32, Compiled;
     WALK_SCRATCH: () => (), Compiled;
+    FP_STEP: () => (), Compiled;
+    UNWIND_STEP: () => (), Compiled;
     SAMPLE_SCRATCH: () => (), OnDemand;
     STACKS: u32 => (), OnDemand;
     USTACKS: u32 => UserStack, OnDemand;

@@ -127,11 +127,10 @@ pub struct StackArgs {
     pub sample: u32,
     /// dwarf: where stacks are unwound: in the kernel program, with tables
     /// built from each file's .eh_frame (every event, nothing copied), or
-    /// here, from a copy of the stack sent per event. auto: in the kernel
-    /// for faults and brkstack, except with --sample and for brk calls
-    /// traced system-wide (a
-    /// process's first events would come before its table); copied
-    /// wherever this kernel refuses the unwinder.
+    /// here, from a copy of the stack sent per event. auto: in the kernel,
+    /// except with --sample and for rare events traced system-wide (brk,
+    /// mmap, OOM kills: a process's first events would come before its
+    /// table); copied wherever this kernel refuses the unwinder.
     #[arg(long, value_enum, default_value_t = Unwinder::Auto)]
     pub unwinder: Unwinder,
     /// dwarf in the kernel: bytes of locked kernel memory for unwind tables
@@ -169,10 +168,7 @@ impl StackArgs {
 
     /// Whether DWARF stacks are unwound in the kernel program (before this
     /// kernel had a say): every event, so never with `--sample`.
-    /// `verified`: the tool's programs are known to pass the verifier with
-    /// the unwinder (faults, brkstack); others unwind there only when asked
-    /// (mmapsnoop's was refused on 6.18 after 40 s of verification).
-    pub fn in_kernel(&self, rare: bool, system_wide: bool, verified: bool) -> bool {
+    pub fn in_kernel(&self, rare: bool, system_wide: bool) -> bool {
         self.dwarf(rare)
             && self.sample == 1
             && match self.unwinder {
@@ -182,7 +178,7 @@ impl StackArgs {
                 // memtrace has read its maps: rare events (a process's few
                 // brk calls, all at start-up) would mostly find no table,
                 // and copying them costs little.
-                Unwinder::Auto => verified && !(rare && system_wide),
+                Unwinder::Auto => !(rare && system_wide),
             }
     }
 }

@@ -78,9 +78,9 @@ pub fn attach(
 /// Whether the tool's stack arguments ask for unwinding in the kernel.
 fn tool_unwinds_in_kernel(tool: &dyn Tool, system_wide: bool) -> bool {
     tool.stack_mode() & stack_mode::USER != 0
-        && tool.user_stacks().is_some_and(|(a, rare)| {
-            a.in_kernel(rare, system_wide, tool.unwinds_in_kernel_by_default())
-        })
+        && tool
+            .user_stacks()
+            .is_some_and(|(a, rare)| a.in_kernel(rare, system_wide))
 }
 
 pub(crate) fn attach_with(
@@ -294,6 +294,7 @@ pub fn run(tool: &mut dyn Tool, common: &Common) -> Result<i32> {
         let (files, bytes) = d.unwinder.held();
         extra.extend([
             ("stack_mode", Value::from("dwarf")),
+            ("unwinder", Value::from("copy")),
             ("stack_sample_every", Value::from(d.every as u64)),
             ("stacks_unwound", Value::from(u.samples)),
             ("unwind_complete", Value::from(u.complete)),

@@ -36,11 +36,6 @@ pub trait Tool {
     fn top(&self) -> Option<usize> {
         None
     }
-    /// Whether `--unwinder auto` unwinds in the kernel: only for tools whose
-    /// programs are known to pass the verifier with the unwinder.
-    fn unwinds_in_kernel_by_default(&self) -> bool {
-        false
-    }
     /// Sets the globals and map sizes the tool's programs need.
     fn prepare(&mut self, k: &mut Prep) -> Result<()>;
     /// Variables added to a `-c` command's environment.

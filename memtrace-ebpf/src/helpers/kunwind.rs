@@ -4,17 +4,14 @@
 //! scratch, ids and map), so nothing per event crosses the ring buffer.
 
 use aya_ebpf::{
-    bindings::{BPF_F_MMAPABLE, BPF_NOEXIST},
+    bindings::BPF_NOEXIST,
     cty::c_void,
-    helpers::generated::bpf_probe_read_user,
+    helpers::generated::{bpf_loop, bpf_probe_read_user},
     macros::map,
-    maps::{Array, HashMap, PerCpuArray},
+    maps::{HashMap, PerCpuArray},
 };
 use memtrace_common::{
-    kunwind::{
-        mark, row, stat, RowCache, UnwindMapping, UnwindProc, UnwindRow, MAPPING_STEPS,
-        MAX_UNWIND_MAPPINGS, ROW_CACHE_SLOTS, ROW_STEPS,
-    },
+    kunwind::{mark, row, stat, UnwindProc},
     loss, stack_mode,
     stacks::MAX_UFRAMES,
 };
@@ -24,14 +21,10 @@ use super::{
     filter::{current_tgid, FILTER},
     reads::{stack_top, user_regs},
     stacks::USTACK,
-    walk::{WALK_SCRATCH, WINDOW},
+    unwind_rows::{le, row_for},
+    walk::{WalkScratch, WALK_SCRATCH, WINDOW},
     NO_PREALLOC,
 };
-
-/// Every file's rows, each file a slice; userspace sizes it
-/// (`--unwind-table-size`) and writes it through a memory mapping.
-#[map]
-static UNWIND_ROWS: Array<UnwindRow> = Array::with_max_entries(1, BPF_F_MMAPABLE);
 
 /// Per process, its executable mappings and their slices of the rows.
 #[map]
@@ -41,10 +34,6 @@ static UNWIND_PROCS: HashMap<u32, UnwindProc> = HashMap::with_max_entries(1, NO_
 /// again, and the entry removed once done (one record until then).
 #[map]
 static UNWIND_MISSES: HashMap<u32, u8> = HashMap::with_max_entries(1, NO_PREALLOC);
-
-/// Rows found lately on this CPU (`RowCache`); userspace sizes it.
-#[map]
-static UNWIND_CACHE: PerCpuArray<RowCache> = PerCpuArray::with_max_entries(1, 0);
 
 /// How each unwind ended (`kunwind::stat`).
 #[map]
@@ -74,87 +63,6 @@ fn count(what: u32) {
     if let Some(p) = UNWIND_STATS.get_ptr_mut(what) {
         unsafe { *p += 1 };
     }
-}
-
-/// 1 when `a <= b`, 0 otherwise, without a branch: a branch per search step
-/// would double the verifier's paths at each one.
-#[inline(always)]
-fn le(a: u64, b: u64) -> u64 {
-    (((b as i64).wrapping_sub(a as i64) >> 63) + 1) as u64
-}
-
-/// The mapping holding `pc`: the last one starting at or before it.
-#[inline(always)]
-fn find_mapping(p: &UnwindProc, pc: u64) -> Option<&UnwindMapping> {
-    let nr = p.nr as u64;
-    if nr == 0 || nr > MAX_UNWIND_MAPPINGS as u64 {
-        return None;
-    }
-    let (mut lo, mut n) = (0u64, nr);
-    for _ in 0..MAPPING_STEPS {
-        let half = n >> 1;
-        let mid = (lo + half) as usize & (MAX_UNWIND_MAPPINGS - 1);
-        lo += half * le(p.maps[mid].start, pc);
-        n -= half;
-    }
-    let m = &p.maps[lo as usize & (MAX_UNWIND_MAPPINGS - 1)];
-    (m.start <= pc && pc < m.end).then_some(m)
-}
-
-/// The row for file-relative `rel` in `[first, first + n)`: the last one
-/// starting at or before it.
-#[inline(always)]
-fn find_row(first: u32, n: u32, rel: u64) -> Option<UnwindRow> {
-    let (mut lo, mut n) = (first as u64, n as u64);
-    let r0 = UNWIND_ROWS.get(lo as u32)?;
-    if r0.pc as u64 > rel {
-        return None;
-    }
-    // Fixed steps (a half of 0 changes nothing): an early exit would give
-    // the verifier one more path per step.
-    for _ in 0..ROW_STEPS {
-        let half = n >> 1;
-        let pc = match UNWIND_ROWS.get((lo + half) as u32) {
-            Some(r) => r.pc as u64,
-            None => u64::MAX,
-        };
-        lo += half * le(pc, rel);
-        n -= half;
-    }
-    UNWIND_ROWS.get(lo as u32).copied()
-}
-
-/// Whether rows found earlier are used again. Off: with the check,
-/// brkstack's program was too complex for the verifier (faults' passed).
-const CACHE: bool = false;
-
-/// The row for `pc` in process `p` (`tgid`): searched and left in this
-/// CPU's slot, then loaded from it. Returned straight from the search, the
-/// row made the verifier's states differ at every frame, and it gave up.
-/// Err: the mark to end the stack with.
-#[inline(always)]
-fn row_for(p: &UnwindProc, tgid: u32, pc: u64) -> Result<UnwindRow, u64> {
-    let slot = ((pc ^ (pc >> 13)).wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 52) as u32
-        & (ROW_CACHE_SLOTS - 1);
-    let c = UNWIND_CACHE.get_ptr_mut(slot).ok_or(mark::NO_INFO)?;
-    let hit = CACHE && unsafe { (*c).pc == pc && (*c).tgid == tgid && (*c).gen == p.gen };
-    if !hit {
-        let m = find_mapping(p, pc).ok_or(mark::NO_TABLE)?;
-        let rel = pc.wrapping_sub(m.bias);
-        if m.nrows == 0 || rel > u32::MAX as u64 {
-            return Err(mark::NO_INFO);
-        }
-        let row = find_row(m.rows, m.nrows, rel).ok_or(mark::NO_INFO)?;
-        unsafe {
-            *c = RowCache {
-                pc,
-                tgid,
-                gen: p.gen,
-                row,
-            }
-        };
-    }
-    Ok(unsafe { (*c).row })
 }
 
 /// The top of the user stack copied once (most frames' words are read from
@@ -209,16 +117,137 @@ pub extern "C" fn memtrace_unwind_user_stack() -> u64 {
     ((id as u32 as u64) << 32) | check as u64
 }
 
+/// What the frame loop reads: fixed for the whole unwind, on the caller's
+/// stack.
+#[repr(C)]
+struct Walk {
+    s: *mut WalkScratch,
+    step: *mut Step,
+    proc_: *const UnwindProc,
+    copy: Copy,
+    tgid: u64,
+}
+
+/// What the frame loop changes, kept in map memory: the verifier does not
+/// track its values, so it checks one frame's step once rather than once
+/// per frame and per value (which took it about a second per program).
+#[repr(C)]
+pub struct Step {
+    ip: u64,
+    sp: u64,
+    bp: u64,
+    nr: u64,
+    end: u64,
+    /// `ip` is where the thread was (the first frame, or one a signal
+    /// interrupted), not a return address.
+    exact: u64,
+}
+
+#[map]
+static UNWIND_STEP: PerCpuArray<Step> = PerCpuArray::with_max_entries(1, 0);
+
+/// One frame: from `ip`/`sp`/`bp` to its caller's. Returns 1 to stop, with
+/// `end` set (0 when the stack is complete).
+#[inline(never)]
+extern "C" fn unwind_frame(index: u32, ctx: *mut c_void) -> i64 {
+    let w = unsafe { &*(ctx as *const Walk) };
+    let (st, f) = unsafe { (&mut *w.step, &mut (*w.s).frames) };
+    let stop = |st: &mut Step, end: u64| {
+        st.end = end;
+        1
+    };
+    let Some(p) = (unsafe { w.proc_.as_ref() }) else {
+        return stop(st, mark::NO_TABLE);
+    };
+    let i = (index as usize + 1) & (MAX_UFRAMES - 1);
+    let (ip, sp, mut bp) = (st.ip, st.sp, st.bp);
+    // A return address is just past its call: look up the call itself (a
+    // call can be a function's last instruction).
+    let pc = if st.exact != 0 { ip } else { ip - 1 };
+    let r = match row_for(p, w.tgid as u32, pc) {
+        Ok(r) => r,
+        Err(e) => return stop(st, e),
+    };
+    let cfa = match r.kind {
+        row::RSP => sp.wrapping_add(r.cfa_off as i64 as u64),
+        row::RBP => bp.wrapping_add(r.cfa_off as i64 as u64),
+        row::PLT => sp + 8 + (le(r.cfa_off as u64, ip & 15) << 3),
+        row::END => return stop(st, 0),
+        row::SIGNAL => {
+            return signal_frame(
+                w,
+                st,
+                i,
+                sp.wrapping_add(r.cfa_off as i64 as u64),
+                r.rbp_off,
+            )
+        }
+        _ => return stop(st, mark::NO_INFO),
+    };
+    let Some(ra) = w.copy.word(cfa.wrapping_sub(8)) else {
+        return stop(st, mark::READ_FAIL);
+    };
+    if r.rbp_off != 0 {
+        match w.copy.word(cfa.wrapping_add((r.rbp_off as i64 * 8) as u64)) {
+            Some(v) => bp = v,
+            None => return stop(st, mark::READ_FAIL),
+        }
+    }
+    // The end of the stack, or a frame that does not go up it.
+    if ra == 0 || cfa <= sp {
+        return stop(st, 0);
+    }
+    f.ips[i] = ra;
+    *st = Step {
+        ip: ra,
+        sp: cfa,
+        bp,
+        nr: i as u64 + 1,
+        end: mark::TRUNCATED,
+        exact: 0,
+    };
+    0
+}
+
+/// Out of a signal handler: the interrupted registers, from the signal
+/// frame at `sp` (`row::SIGNAL`): `at` holds the old sp, then the old ip.
+/// The old sp need not be above this one (a handler on its own stack).
+#[inline(always)]
+fn signal_frame(w: &Walk, st: &mut Step, i: usize, at: u64, rbp_off: i8) -> i64 {
+    let (Some(sp), Some(ip), Some(bp)) = (
+        w.copy.word(at),
+        w.copy.word(at.wrapping_add(8)),
+        w.copy.word(st.sp.wrapping_add((rbp_off as i64 * 8) as u64)),
+    ) else {
+        st.end = mark::READ_FAIL;
+        return 1;
+    };
+    if ip == 0 {
+        st.end = 0;
+        return 1;
+    }
+    unsafe { (*w.s).frames.ips[i] = ip };
+    *st = Step {
+        ip,
+        sp,
+        bp,
+        nr: i as u64 + 1,
+        end: mark::TRUNCATED,
+        exact: 1,
+    };
+    0
+}
+
 /// Unwinds the current task's user stack into the walk's scratch, ending
 /// with a `mark` frame when it stops early. Returns its id and more bits of
 /// its hash, as `walk_user_stack`.
 #[inline(always)]
 fn unwind_user_stack() -> (i32, u32) {
     let cfg = USTACK.load();
-    let Some(s) = WALK_SCRATCH.get_ptr_mut(0) else {
+    let (Some(s), Some(step)) = (WALK_SCRATCH.get_ptr_mut(0), UNWIND_STEP.get_ptr_mut(0)) else {
         return (-1, 0);
     };
-    let (mut ip, mut sp, mut bp) = user_regs(&cfg);
+    let (ip, sp, bp) = user_regs(&cfg);
     // One read of the stack in use, up to the main thread's stack top (a
     // thread's top is unknown: the rest of sp's page), far cheaper than a
     // read per word.
@@ -242,63 +271,37 @@ fn unwind_user_stack() -> (i32, u32) {
     {
         copy.len = want;
     }
-    let f = unsafe { &mut (*s).frames };
     let tgid = current_tgid();
-    f.ips[0] = ip;
-    let mut nr = 1usize;
-    let mut end = mark::TRUNCATED;
-    let proc_ = unsafe { UNWIND_PROCS.get(&tgid) };
-    for i in 1..MAX_UFRAMES {
-        let Some(p) = proc_ else {
-            end = mark::NO_TABLE;
-            break;
+    unsafe {
+        (*s).frames.ips[0] = ip;
+        *step = Step {
+            ip,
+            sp,
+            bp,
+            nr: 1,
+            end: mark::TRUNCATED,
+            exact: 1,
         };
-        // A return address is just past its call: look up the call itself
-        // (a call can be a function's last instruction).
-        let pc = if i == 1 { ip } else { ip - 1 };
-        let r = match row_for(p, tgid, pc) {
-            Ok(r) => r,
-            Err(e) => {
-                end = e;
-                break;
-            }
-        };
-        let cfa = match r.kind {
-            row::RSP => sp.wrapping_add(r.cfa_off as i64 as u64),
-            row::RBP => bp.wrapping_add(r.cfa_off as i64 as u64),
-            row::PLT => sp + 8 + (le(r.cfa_off as u64, ip & 15) << 3),
-            row::END => {
-                end = 0;
-                break;
-            }
-            _ => {
-                end = mark::NO_INFO;
-                break;
-            }
-        };
-        let Some(ra) = copy.word(cfa.wrapping_sub(8)) else {
-            end = mark::READ_FAIL;
-            break;
-        };
-        if r.rbp_off != 0 {
-            match copy.word(cfa.wrapping_add((r.rbp_off as i64 * 8) as u64)) {
-                Some(v) => bp = v,
-                None => {
-                    end = mark::READ_FAIL;
-                    break;
-                }
-            }
-        }
-        // The end of the stack, or a frame that does not go up it.
-        if ra == 0 || cfa <= sp {
-            end = 0;
-            break;
-        }
-        f.ips[i] = ra;
-        nr = i + 1;
-        ip = ra;
-        sp = cfa;
     }
+    let mut w = Walk {
+        s,
+        step,
+        proc_: unsafe { UNWIND_PROCS.get(&tgid) }.map_or(core::ptr::null(), |p| p as *const _),
+        copy,
+        tgid: tgid as u64,
+    };
+    // bpf_loop: the verifier checks the step as one function, not once per
+    // frame. Frames 1.. are the loop's.
+    unsafe {
+        bpf_loop(
+            MAX_UFRAMES as u32 - 1,
+            unwind_frame as *mut c_void,
+            &mut w as *mut Walk as *mut c_void,
+            0,
+        )
+    };
+    let f = unsafe { &mut (*s).frames };
+    let (mut nr, end) = unsafe { ((*step).nr as usize, (*step).end) };
     let (what, end) = match end {
         0 => (stat::COMPLETE, 0),
         mark::TRUNCATED => (stat::TRUNCATED, mark::TRUNCATED),

@@ -15,6 +15,7 @@ mod rssstat;
 #[macro_use]
 mod snoop;
 mod stacks;
+mod unwind_rows;
 mod walk;
 
 pub use emit::{count_loss, emit};

@@ -5,7 +5,7 @@
 use aya_ebpf::{
     bindings::BPF_NOEXIST,
     cty::c_void,
-    helpers::generated::bpf_probe_read_user,
+    helpers::generated::{bpf_loop, bpf_probe_read_user},
     macros::map,
     maps::{HashMap, PerCpuArray},
 };
@@ -39,6 +39,95 @@ pub(super) static WALK_SCRATCH: PerCpuArray<WalkScratch> = PerCpuArray::with_max
 /// User stacks of the walk, by id; sized by userspace when stacks are on.
 #[map]
 pub static USTACKS: HashMap<u32, UserStack> = HashMap::with_max_entries(8192, 0);
+
+/// What the frame loop reads, fixed for the walk: on the caller's stack.
+#[repr(C)]
+struct FpWalk {
+    s: *mut WalkScratch,
+    step: *mut FpStep,
+    sp: u64,
+    top: u64,
+    base: u64,
+    in0: u64,
+}
+
+/// What the frame loop changes, in map memory, whose values the verifier
+/// does not track (see `kunwind::Step`).
+#[repr(C)]
+pub struct FpStep {
+    fp: u64,
+    nr: u64,
+    h: u64,
+    /// Pages of the copy read so far, a bit each.
+    valid: u64,
+    /// The walk stopped at one of its bounds (frames kept, pages copied)
+    /// with the chain still going: the stack lacks its outer frames.
+    cut: u64,
+}
+
+#[map]
+static FP_STEP: PerCpuArray<FpStep> = PerCpuArray::with_max_entries(1, 0);
+
+/// One frame record: from `fp` to its caller's. Returns 1 to stop.
+#[inline(never)]
+extern "C" fn fp_frame(index: u32, ctx: *mut c_void) -> i64 {
+    let w = unsafe { &*(ctx as *const FpWalk) };
+    let (st, s) = unsafe { (&mut *w.step, &mut *w.s) };
+    let i = (index as usize + 1) & (MAX_UFRAMES - 1);
+    let fp = st.fp;
+    // A frame record is [saved fp, return address] at fp, above sp.
+    if fp & 7 != 0 || fp < w.sp || (w.top > w.sp && fp + 16 > w.top) {
+        return 1;
+    }
+    let off = fp - w.base;
+    let page = off >> 12;
+    let last = (off + 15) >> 12;
+    if last >= PAGES as u64 {
+        st.cut = 1;
+        return 1;
+    }
+    let need = (1u64 << page) | (1u64 << last);
+    if st.valid & need != need {
+        for p in [page, last] {
+            if st.valid & (1 << p) == 0 {
+                // Page 0 from sp: what is below it is not the stack.
+                let p = p & (PAGES as u64 - 1);
+                let at = if p == 0 { w.in0 } else { p * 4096 };
+                let r = unsafe {
+                    bpf_probe_read_user(
+                        s.stack.as_mut_ptr().add(at as usize) as *mut c_void,
+                        (4096 - (at & 4095)) as u32,
+                        (w.base + at) as *const c_void,
+                    )
+                };
+                if r != 0 {
+                    return 1;
+                }
+                st.valid |= 1 << p;
+            }
+        }
+    }
+    let off = off as usize & (WINDOW - 1);
+    // fp is 8-aligned and so is the buffer: whole-word loads (an unaligned
+    // read is eight byte loads in BPF).
+    let (next, ret) = unsafe {
+        let p = s.stack.as_ptr().add(off) as *const u64;
+        (p.read(), p.add(1).read())
+    };
+    if ret == 0 {
+        return 1;
+    }
+    s.frames.ips[i] = ret;
+    st.nr = i as u64 + 1;
+    st.h = (st.h ^ ret).wrapping_mul(0x0000_0100_0000_01b3);
+    // Frames only go up the stack: anything else is not a chain.
+    if next <= fp {
+        return 1;
+    }
+    st.fp = next;
+    st.cut = (i == MAX_UFRAMES - 1) as u64;
+    0
+}
 
 /// Walks the user frame-pointer chain over one copy of the top of the stack,
 /// bounded so that no read faults (the kernel's own walker reads past the
@@ -84,78 +173,45 @@ pub(super) fn walk_user_stack() -> (i32, u32) {
     {
         valid = (1u32 << ((in0 + first + 4095) >> 12)) - 1;
     }
-    let f = &mut s.frames;
-    f.ips[0] = ip;
-    let mut nr = 1u32;
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325 ^ ip;
-    let mut fp = bp;
-    // Set when the walk stops at one of its bounds (frames kept, pages
-    // copied) with the chain still going: the stack lacks its outer frames.
-    let mut cut = false;
-    for i in 1..MAX_UFRAMES {
-        // A frame record is [saved fp, return address] at fp, above sp.
-        if fp & 7 != 0 || fp < sp || (top > sp && fp + 16 > top) {
-            break;
+    s.frames.ips[0] = ip;
+    let Some(step) = FP_STEP.get_ptr_mut(0) else {
+        return (-1, 0);
+    };
+    unsafe {
+        *step = FpStep {
+            fp: bp,
+            nr: 1,
+            h: 0xcbf2_9ce4_8422_2325 ^ ip,
+            valid: valid as u64,
+            cut: 0,
         }
-        let off = fp - base;
-        let page = off >> 12;
-        let last = (off + 15) >> 12;
-        if last >= PAGES as u64 {
-            cut = true;
-            break;
-        }
-        let need = (1u32 << page) | (1u32 << last);
-        if valid & need != need {
-            let mut ok = true;
-            for p in [page, last] {
-                if valid & (1 << p) == 0 {
-                    // Page 0 from sp: what is below it is not the stack.
-                    let p = p & (PAGES as u64 - 1);
-                    let at = if p == 0 { in0 } else { p * 4096 };
-                    let r = unsafe {
-                        bpf_probe_read_user(
-                            buf.add(at as usize) as *mut c_void,
-                            (4096 - (at & 4095)) as u32,
-                            (base + at) as *const c_void,
-                        )
-                    };
-                    if r != 0 {
-                        ok = false;
-                        break;
-                    }
-                    valid |= 1 << p;
-                }
-            }
-            if !ok {
-                break;
-            }
-        }
-        let off = off as usize & (WINDOW - 1);
-        // fp is 8-aligned and so is the buffer: whole-word loads (an
-        // unaligned read is eight byte loads in BPF).
-        let (next, ret) = unsafe {
-            let p = s.stack.as_ptr().add(off) as *const u64;
-            (p.read(), p.add(1).read())
-        };
-        if ret == 0 {
-            break;
-        }
-        f.ips[i] = ret;
-        nr = i as u32 + 1;
-        h = (h ^ ret).wrapping_mul(0x0000_0100_0000_01b3);
-        // Frames only go up the stack: anything else is not a chain.
-        if next <= fp {
-            break;
-        }
-        fp = next;
-        cut = i == MAX_UFRAMES - 1;
-    }
-    if cut {
+    };
+    let mut w = FpWalk {
+        s: &mut *s,
+        step,
+        sp,
+        top,
+        base,
+        in0,
+    };
+    // bpf_loop: the verifier checks one frame's step once, not once per
+    // frame (750 ms of every start with stacks).
+    unsafe {
+        bpf_loop(
+            MAX_UFRAMES as u32 - 1,
+            fp_frame as *mut c_void,
+            &mut w as *mut FpWalk as *mut c_void,
+            0,
+        )
+    };
+    let st = unsafe { &*step };
+    let (nr, mut h) = (st.nr as u32, st.h);
+    if st.cut != 0 {
         count_loss(loss::STACK_TRUNCATED);
     }
     h = (h ^ nr as u64).wrapping_mul(0x0000_0100_0000_01b3);
-    f.hash = h;
-    f.nr = nr;
+    s.frames.hash = h;
+    s.frames.nr = nr;
     (
         ((h ^ (h >> 32)) as u32 & 0x7fff_ffff) as i32,
         (h >> 32) as u32,

@@ -7,6 +7,18 @@ use std::os::fd::{FromRawFd, OwnedFd};
 
 pub const BPF_PROG_LOAD: libc::c_long = 5;
 pub const BPF_LINK_CREATE: libc::c_long = 28;
+pub const BPF_BTF_LOAD: libc::c_long = 18;
+
+/// `BPF_BTF_LOAD`'s attribute prefix.
+#[repr(C)]
+#[derive(Default)]
+pub struct BtfLoad {
+    pub btf: u64,
+    pub btf_log_buf: u64,
+    pub btf_size: u32,
+    pub btf_log_size: u32,
+    pub btf_log_level: u32,
+}
 
 /// `BPF_PROG_LOAD`'s attribute prefix, up to `attach_prog_fd`
 /// (include/uapi/linux/bpf.h); the kernel zero-extends the rest.

@@ -1,7 +1,8 @@
 //! One file's `.eh_frame` compiled into the rows the kernel programs unwind
 //! with (`memtrace_common::kunwind`): gimli evaluates each FDE's CFI into a
 //! table; each row becomes a CFA rule (rsp or rbp + offset, or the PLT's
-//! expression) and where the caller's rbp was saved. Rules the rows cannot
+//! expression, or a signal frame's) and where the caller's rbp was saved.
+//! Rules the rows cannot
 //! express are kept as `UNSUPPORTED` rows (an unwind stops there) and
 //! counted.
 
@@ -18,8 +19,8 @@ use object::{Object, ObjectSection};
 #[derive(Debug, Default)]
 pub struct FileRows {
     pub rows: Vec<UnwindRow>,
-    /// Rows whose rule is not expressible (signal frames, other expressions,
-    /// offsets out of range).
+    /// Rows whose rule is not expressible (expressions other than the PLT's
+    /// and signal frames', offsets out of range).
     pub unsupported: u64,
     /// (file offset, file size, address) of each executable segment.
     pub segments: Vec<(u64, u64, u64)>,
@@ -47,6 +48,68 @@ fn plt_threshold(expr: &[u8]) -> Option<i16> {
         }
         _ => None,
     }
+}
+
+/// `[DW_OP_breg7 N]` (rsp + N), then whether a `DW_OP_deref` follows.
+fn rsp_plus(expr: &[u8]) -> Option<(i64, bool)> {
+    let enc = gimli::Encoding {
+        format: gimli::Format::Dwarf64,
+        version: 4,
+        address_size: 8,
+    };
+    let mut r = gimli::EndianSlice::new(expr, LittleEndian);
+    let Ok(gimli::Operation::RegisterOffset {
+        register: X86_64::RSP,
+        offset,
+        ..
+    }) = gimli::Operation::parse(&mut r, enc)
+    else {
+        return None;
+    };
+    match r.len() {
+        0 => Some((offset, false)),
+        _ => match gimli::Operation::parse(&mut r, enc) {
+            Ok(gimli::Operation::Deref { .. }) if r.is_empty() => Some((offset, true)),
+            _ => None,
+        },
+    }
+}
+
+/// A signal trampoline's row (what glibc writes for
+/// `__restore_rt`): CFA = *(rsp + N), rip at rsp + N + 8, rbp at rsp + M.
+fn signal_row<R: gimli::Reader<Offset = usize>>(
+    r: &gimli::UnwindTableRow<usize>,
+    ra_reg: Register,
+    eh: &EhFrame<R>,
+) -> Option<(u8, i16, i8)> {
+    let bytes =
+        |e: &gimli::UnwindExpression<usize>| Some(e.get(eh).ok()?.0.to_slice().ok()?.into_owned());
+    let CfaRule::Expression(cfa) = r.cfa() else {
+        return None;
+    };
+    let (n, true) = rsp_plus(&bytes(cfa)?)? else {
+        return None;
+    };
+    let Some(RegisterRule::Expression(ip)) = r.register(ra_reg) else {
+        return None;
+    };
+    if rsp_plus(&bytes(&ip)?)? != (n + 8, false) {
+        return None;
+    }
+    let Some(RegisterRule::Expression(bp)) = r.register(X86_64::RBP) else {
+        return None;
+    };
+    let (m, false) = rsp_plus(&bytes(&bp)?)? else {
+        return None;
+    };
+    if m % 8 != 0 {
+        return None;
+    }
+    Some((
+        row::SIGNAL,
+        i16::try_from(n).ok()?,
+        i8::try_from(m / 8).ok()?,
+    ))
 }
 
 /// The row for one CFI row: Err(()) when it cannot be expressed.
@@ -127,7 +190,7 @@ pub fn file_rows(file: &File) -> Result<FileRows, NoRows> {
                 return Err(NoRows::TooBig);
             }
             let conv = if fde.is_signal_trampoline() {
-                Err(())
+                signal_row(r, ra_reg, &eh).ok_or(())
             } else {
                 convert(r.cfa(), r.register(ra_reg), r.register(X86_64::RBP), &eh)
             };
@@ -220,12 +283,26 @@ mod tests {
         eprintln!("libc: {} rows, {} unsupported", t.rows.len(), t.unsupported);
         assert!(t.rows.len() > 1000);
         assert!(t.rows.windows(2).all(|w| w[0].pc < w[1].pc));
-        // Signal frames and a few hand-written expressions, no more.
+        // A few hand-written expressions, no more.
         assert!(
             t.unsupported < t.rows.len() as u64 / 100,
             "{}",
             t.unsupported
         );
         assert!(!t.segments.is_empty());
+        // __restore_rt: the kernel's signal frame, its registers at rsp.
+        let sig: Vec<_> = t.rows.iter().filter(|r| r.kind == row::SIGNAL).collect();
+        assert_eq!(sig.len(), 1, "{sig:?}");
+        assert_eq!((sig[0].cfa_off, sig[0].rbp_off), (160, 15));
+    }
+
+    #[test]
+    fn rsp_relative_expressions_are_read_and_others_are_not() {
+        // DW_OP_breg7 160; DW_OP_deref, as glibc writes for __restore_rt.
+        assert_eq!(rsp_plus(&[0x77, 0xa0, 0x01, 0x06]), Some((160, true)));
+        assert_eq!(rsp_plus(&[0x77, 0xa8, 0x01]), Some((168, false)));
+        // Two derefs, or rbp (breg6) as the base: not a signal frame's.
+        assert_eq!(rsp_plus(&[0x77, 0xa0, 0x01, 0x06, 0x06]), None);
+        assert_eq!(rsp_plus(&[0x76, 0xa0, 0x01, 0x06]), None);
     }
 }

@@ -12,7 +12,9 @@ use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use aya::maps::{Map, MapData};
 use aya::Ebpf;
 
-use crate::kernel::bpfsys::{call_fd, ProgLoad, BPF_LINK_CREATE, BPF_PROG_LOAD};
+use crate::kernel::bpfsys::{
+    call_fd, BtfLoad, ProgLoad, BPF_BTF_LOAD, BPF_LINK_CREATE, BPF_PROG_LOAD,
+};
 
 const BPF_PROG_TYPE_KPROBE: u32 = 2;
 /// `enum bpf_attach_type` in Linux 6.13 and later.
@@ -75,6 +77,22 @@ fn map_data(m: &Map) -> &MapData {
 /// program, sharing `bpf`'s maps.
 pub fn load_session_prog(bpf: &Ebpf, name: &str) -> Result<OwnedFd, String> {
     let mut obj = aya_obj::Object::parse(super::loader::OBJECT).map_err(|e| e.to_string())?;
+    // The object's BTF, for the functions' info: without it the kernel
+    // refuses a callback (bpf_loop's frame step). Kernels with sessions
+    // (6.13) have every BTF feature.
+    let features = aya_obj::btf::BtfFeatures::new(true, true, true, true, true, true, true, true);
+    let btf = match obj.fixup_and_sanitize_btf(&features) {
+        Ok(Some(btf)) => {
+            let bytes = btf.to_bytes();
+            let attr = BtfLoad {
+                btf: bytes.as_ptr() as u64,
+                btf_size: bytes.len() as u32,
+                ..Default::default()
+            };
+            Some(call_fd(BPF_BTF_LOAD, &attr).map_err(|e| format!("BPF_BTF_LOAD: {e}"))?)
+        }
+        _ => None,
+    };
     let maps: Vec<(String, aya_obj::Map)> = obj.maps.drain().collect();
     let fds: Vec<(&str, i32, &aya_obj::Map)> = maps
         .iter()
@@ -91,7 +109,8 @@ pub fn load_session_prog(bpf: &Ebpf, name: &str) -> Result<OwnedFd, String> {
         .programs
         .get(name)
         .ok_or_else(|| format!("program {name} missing from the object"))?;
-    let insns = &obj.functions[&prog.function_key()].instructions;
+    let f = &obj.functions[&prog.function_key()];
+    let insns = &f.instructions;
     let license = c"GPL";
     let mut attr = ProgLoad {
         prog_type: BPF_PROG_TYPE_KPROBE,
@@ -101,6 +120,12 @@ pub fn load_session_prog(bpf: &Ebpf, name: &str) -> Result<OwnedFd, String> {
         expected_attach_type: BPF_TRACE_UPROBE_SESSION,
         ..Default::default()
     };
+    if let Some(btf) = &btf {
+        attr.prog_btf_fd = btf.as_raw_fd() as u32;
+        attr.func_info_rec_size = f.func_info_rec_size as u32;
+        attr.func_info = f.func_info.func_info.as_ptr() as u64;
+        attr.func_info_cnt = f.func_info.func_info.len() as u32;
+    }
     let n = name.len().min(15);
     attr.prog_name[..n].copy_from_slice(&name.as_bytes()[..n]);
     call_fd(BPF_PROG_LOAD, &attr).or_else(|e| {

@@ -92,9 +92,6 @@ impl Tool for Brkstack {
     fn folded(&self) -> bool {
         self.args.folded
     }
-    fn unwinds_in_kernel_by_default(&self) -> bool {
-        true
-    }
     fn user_stacks(&self) -> Option<(&StackArgs, bool)> {
         // brk is called at most thousands of times a second: copy every stack.
         Some((&self.args.stacks, true))

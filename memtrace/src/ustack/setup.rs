@@ -42,11 +42,7 @@ pub(crate) fn setup(
                      --stack-mode dwarf --sample N unwinds one in N through code without frame pointers)"
                 );
             }
-            d.then_some((
-                args,
-                auto,
-                args.in_kernel(rare, system_wide, tool.unwinds_in_kernel_by_default()),
-            ))
+            d.then_some((args, auto, args.in_kernel(rare, system_wide)))
         }
         None => None,
     };

@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <dlfcn.h>
+#include <signal.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -102,10 +103,39 @@ static int touch_in_library(const char *lib, int n)
 	return 0;
 }
 
+/* Pages touched inside a signal handler: the stack goes through the
+ * kernel's signal frame (glibc's __restore_rt) back to signal_raise. */
+static int signal_pages;
+
+__attribute__((noinline)) void signal_touch(int n)
+{
+	TOUCH_PAGES(n);
+	KEEP();
+}
+
+__attribute__((noinline)) void signal_handler(int sig)
+{
+	(void)sig;
+	signal_touch(signal_pages);
+	KEEP();
+}
+
+__attribute__((noinline)) void signal_raise(int n)
+{
+	struct sigaction sa;
+	memset(&sa, 0, sizeof(sa));
+	sa.sa_handler = signal_handler;
+	if (sigaction(SIGUSR1, &sa, NULL))
+		exit(1);
+	signal_pages = n;
+	raise(SIGUSR1);
+	KEEP();
+}
+
 int main(int argc, char **argv)
 {
 	if (argc < 3) {
-		fprintf(stderr, "usage: nofp sbrk|touch|leak N | deep D N | dlopen N LIB\n");
+		fprintf(stderr, "usage: nofp sbrk|touch|leak|signal N | deep D N | dlopen N LIB\n");
 		return 2;
 	}
 	int n = atoi(argv[2]);
@@ -113,6 +143,8 @@ int main(int argc, char **argv)
 		heap_grow_outer(n);
 	else if (!strcmp(argv[1], "touch"))
 		pages_touch_outer(n);
+	else if (!strcmp(argv[1], "signal"))
+		signal_raise(n);
 	else if (!strcmp(argv[1], "leak"))
 		leak_outer(n);
 	else if (!strcmp(argv[1], "deep") && argc > 3)

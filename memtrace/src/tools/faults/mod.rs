@@ -340,9 +340,6 @@ impl Tool for Faults {
     fn folded(&self) -> bool {
         self.args.folded
     }
-    fn unwinds_in_kernel_by_default(&self) -> bool {
-        true
-    }
     fn user_stacks(&self) -> Option<(&crate::cli::StackArgs, bool)> {
         // Faults come by the hundred thousand a second: not rare.
         self.args.stacks.then_some((&self.args.stack_args, false))

@@ -219,9 +219,6 @@ impl Tool for Memleak {
     }
     /// Its programs pass the verifier with the unwinder (a global function,
     /// checked once). Asked for only: `auto` takes fp for memleak.
-    fn unwinds_in_kernel_by_default(&self) -> bool {
-        self.user
-    }
     fn top(&self) -> Option<usize> {
         Some(self.args.top)
     }
