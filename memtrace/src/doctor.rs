@@ -163,11 +163,12 @@ fn tool_attach_rows(tool: &str) -> Vec<Row> {
         },
     )
     .collect();
-    let Some((mut t, common)) = cmds.iter().find_map(|c| c.build().ok()) else {
+    let Some((mut t, common)) = crate::output::muted(|| cmds.iter().find_map(|c| c.build().ok()))
+    else {
         return vec![row("-", "-", "needs arguments doctor cannot give".into())];
     };
     let target = common.pid;
-    match crate::run::attach(t.as_mut(), common, target, false) {
+    match crate::output::muted(|| crate::run::attach(t.as_mut(), common, target, false)) {
         Ok(s) => {
             let mut rows: Vec<Row> = s
                 .attached
@@ -203,7 +204,10 @@ fn unwind_row(tool: &str) -> Row {
         Ok(x) => x,
         Err(e) => return yes(false, e.to_string()),
     };
-    match crate::run::attach_with(t.as_mut(), common, common.pid, false, false) {
+    let attached = crate::output::muted(|| {
+        crate::run::attach_with(t.as_mut(), common, common.pid, false, false)
+    });
+    match attached {
         Ok(s) => {
             let mut maps = s.sym.maps.lock().unwrap();
             maps.snapshot(std::process::id());

@@ -12,7 +12,7 @@ use std::io::Write;
 pub use folded::{fold, FoldedPrinter};
 pub use json::JsonPrinter;
 pub use merge::{merge_stacks, pre_merge_cut, MergedStacks};
-pub use sink::to_stderr;
+pub use sink::{muted, to_stderr};
 pub use text::TextPrinter;
 
 #[derive(Debug, Clone, PartialEq)]

@@ -58,10 +58,25 @@ macro_rules! putln {
 }
 pub(crate) use putln;
 
+static MUTED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// `f` with diagnostics held back: `doctor` attaches tools to see how they
+/// attach, and what they would say to a user is in its table instead.
+pub fn muted<T>(f: impl FnOnce() -> T) -> T {
+    use std::sync::atomic::Ordering::Relaxed;
+    let was = MUTED.swap(true, Relaxed);
+    let r = f();
+    MUTED.store(was, Relaxed);
+    r
+}
+
 /// One line of diagnostics on stderr. Unlike `eprintln!` this does not panic
 /// when stderr is a closed pipe (`memtrace ... 2>&1 | head -1`) or fails:
 /// there is nowhere left to report that, and the run's output is stdout's.
 pub fn to_stderr(args: fmt::Arguments) {
+    if MUTED.load(std::sync::atomic::Ordering::Relaxed) {
+        return;
+    }
     let mut e = io::stderr().lock();
     if e.write_fmt(args).is_ok() {
         // A failure here has nowhere to go either.

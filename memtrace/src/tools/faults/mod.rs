@@ -173,6 +173,12 @@ impl Faults {
             let e = all.entry(k).or_insert((0, name));
             e.0 += c;
         }
+        // Drained before its exec, a process kept its earlier name.
+        for (k, (_, name)) in all.iter_mut() {
+            if let Some(n) = renamed.get(&k.tgid) {
+                name.clone_from(n);
+            }
+        }
         Ok(all.into_iter().map(|(k, (c, n))| (k, c, n)).collect())
     }
 
