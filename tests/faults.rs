@@ -250,6 +250,8 @@ fn stack_storage_is_reclaimed_in_long_runs() {
     // Faults of memtrace's own stack reads (new processes' stacks are not
     // all resident) are skipped, not lost workload faults.
     assert_eq!(lost["missed_runs"].as_u64(), Some(0), "{}", out.stderr);
+    // memtrace's own map reads are counted too, and none failed.
+    assert_eq!(lost["map_read_fail"].as_u64(), Some(0), "{}", out.stderr);
     let stacks = json_of(&out.stdout, "fault_stack");
     assert!(stacks.len() > 100, "few stacks: {}", stacks.len());
     let in_touch: u64 = stacks

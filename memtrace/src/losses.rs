@@ -28,6 +28,7 @@ pub fn advice(reason: &str) -> &'static str {
             "the kernel skipped memtrace's programs while another BPF program ran on that CPU"
         }
         "stack_evicted" => "stacks asked for by a report had been let go under memtrace's bound on kept stacks (shown without their stack)",
+        "map_read_fail" => "memtrace could not read entries of its own maps (they are missing from the report)",
         _ => "see the summary",
     }
 }

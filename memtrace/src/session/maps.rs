@@ -92,14 +92,14 @@ impl Session {
         if !clear {
             return Ok(m
                 .iter()
-                .filter_map(|item| item.ok())
+                .filter_map(|item| self.counted(item))
                 .map(|(k, vals)| (k, vals.iter().copied().collect()))
                 .collect());
         }
         // Each key read and deleted in one call: reading them all, then
         // deleting, lost every add made in between (a millisecond with
         // a thousand keys).
-        let keys: Vec<K> = m.keys().filter_map(|k| k.ok()).collect();
+        let keys: Vec<K> = m.keys().filter_map(|k| self.counted(k)).collect();
         self.take_percpu(map, &keys)
     }
 
@@ -107,7 +107,7 @@ impl Session {
     pub fn percpu_keys<K: Pod, V: Pod>(&self, map: MapName<K, V>) -> Result<Vec<K>> {
         let m: PerCpuHashMap<_, K, V> = PerCpuHashMap::try_from(self.map_data(map.name)?)
             .map_err(|e| Error::Runtime(chain(&e)))?;
-        Ok(m.keys().filter_map(|k| k.ok()).collect())
+        Ok(m.keys().filter_map(|k| self.counted(k)).collect())
     }
 
     /// Reads and deletes `keys` of a per-CPU hash map, with their per-CPU
@@ -177,7 +177,7 @@ impl Session {
         let Ok(h) = AyaHashMap::<_, K, V>::try_from(m) else {
             return Vec::new();
         };
-        h.iter().filter_map(|e| e.ok()).collect()
+        h.iter().filter_map(|e| self.counted(e)).collect()
     }
 
     /// Every key of a (non-per-CPU) hash map; empty when it is missing.
@@ -188,7 +188,7 @@ impl Session {
         let Ok(h) = AyaHashMap::<_, K, V>::try_from(m) else {
             return Vec::new();
         };
-        h.keys().filter_map(|k| k.ok()).collect()
+        h.keys().filter_map(|k| self.counted(k)).collect()
     }
 
     /// One entry of a hash map.
@@ -302,6 +302,7 @@ impl Session {
         };
         out.push(("missed_runs", missed));
         out.push(("stack_evicted", self.stacks.missed.get()));
+        out.push(("map_read_fail", self.read_fails.get()));
         out
     }
 }

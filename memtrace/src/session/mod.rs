@@ -51,6 +51,9 @@ pub struct Session {
     raw_progs: Vec<std::os::fd::OwnedFd>,
     /// The kernel's loss counters and missed runs when the run ended.
     counted_at_end: Option<(Vec<(&'static str, u64)>, u64)>,
+    /// Map reads the kernel refused (not a key deleted meanwhile): each
+    /// one left entries out of a report, so it is a loss.
+    pub(crate) read_fails: std::cell::Cell<u64>,
 }
 
 /// An error and its causes on one line.
@@ -69,6 +72,12 @@ pub(crate) fn chain(e: &dyn std::error::Error) -> String {
 }
 
 impl Session {
+    /// `r`'s value, or None with the failure counted (`read_fails`).
+    pub(crate) fn counted<T, E>(&self, r: std::result::Result<T, E>) -> Option<T> {
+        r.map_err(|_| self.read_fails.set(self.read_fails.get() + 1))
+            .ok()
+    }
+
     pub fn load(spec: &Loader, forced: Option<Method>, verbose: bool) -> Result<Session> {
         Ok(Session {
             bpf: spec.load()?,
@@ -85,6 +94,7 @@ impl Session {
             raw_links: Vec::new(),
             raw_progs: Vec::new(),
             counted_at_end: None,
+            read_fails: std::cell::Cell::new(0),
         })
     }
 

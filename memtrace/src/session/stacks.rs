@@ -118,7 +118,7 @@ impl Session {
         };
         let h =
             AyaHashMap::<_, u32, UserStack>::try_from(m).map_err(|e| Error::Runtime(chain(&e)))?;
-        let keys: Vec<u32> = h.keys().filter_map(|k| k.ok()).collect();
+        let keys: Vec<u32> = h.keys().filter_map(|k| self.counted(k)).collect();
         let fd = match m {
             aya::maps::Map::HashMap(d) => d.fd().as_fd().as_raw_fd(),
             _ => return Ok(0),
