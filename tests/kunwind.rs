@@ -136,6 +136,47 @@ fn a_stack_deeper_than_the_limit_is_reported_truncated_not_wrong() {
     assert_in_order(&f, &["pages_touch_inner", "deep_recurse", "main", "_start"]);
 }
 
+/// A table bound (`--unwind-table-size`, 64K: 8,192 rows) too small for
+/// glibc (about 28k rows): glibc is left out and counted, and each stack
+/// goes as far as the files that fit, then says why it stopped. Every
+/// frame of the program is still there and every fault counted.
+#[test]
+fn a_file_over_the_table_bound_is_left_out_and_counted() {
+    const N: u64 = 1000;
+    let cmd = format!("{} touch {N}", c_workload().display());
+    let (out, summary) = dwarf(
+        "faults",
+        &["--stacks", "--unwind-table-size", "64K"],
+        "kernel",
+        &cmd,
+    );
+    assert_eq!(summary["unwinder"], "kernel", "{summary}");
+    assert_eq!(summary["unwind_table_bytes"], 65536, "{summary}");
+    assert!(
+        summary["unwind_files_over_budget"].as_u64().unwrap() >= 1,
+        "{summary}"
+    );
+    let stacks = in_(&out, "fault_stack", C_TOUCH[0]);
+    assert_eq!(count(&stacks), N, "{out}");
+    for s in &stacks {
+        let f = user_frames(s);
+        let mut want = C_TOUCH.to_vec();
+        // The return into glibc is known; the step out of it is not.
+        want.push("__libc_start_call_main");
+        assert_in_order(&f, &want);
+        assert_eq!(
+            f.last().unwrap(),
+            "[code without usable unwind information]",
+            "{f:#?}"
+        );
+        assert!(!f.iter().any(|x| x.starts_with("_start")), "{f:#?}");
+    }
+    assert!(
+        summary["kunwind_no_info"].as_u64().unwrap() >= N,
+        "{summary}"
+    );
+}
+
 /// A library dlopen'd after tracing started: its first call meets no table
 /// (said, counted) and has its process's maps read again; its second call,
 /// of N pages, unwinds through it completely.

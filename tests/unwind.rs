@@ -183,3 +183,48 @@ fn sampled_event_stacks_say_which_were_left_out() {
     assert!(left_out > 0 && copied > 0, "{out}");
     assert!(!out.contains("capture failed"), "{out}");
 }
+
+/// A stripped binary's frames have no names: each is written as its offset
+/// in the file (as perf report writes it), the same in every run under
+/// ASLR, and so is the stack's id, which counts those offsets.
+#[test]
+fn a_stripped_binarys_frames_are_file_offsets_with_one_id_across_runs() {
+    const N: u64 = 300;
+    let stripped = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("nofp-c-stripped");
+    std::fs::copy(c_workload(), &stripped).unwrap();
+    let st = std::process::Command::new("strip").arg(&stripped).status();
+    assert!(st.unwrap().success(), "strip failed");
+    let size = std::fs::metadata(&stripped).unwrap().len();
+    let cmd = format!("{} touch {N}", stripped.display());
+    let loop_stack = || {
+        let (out, _) = dwarf("faults", &["--stacks"], "kernel", &cmd);
+        let s = json_of(&out, "fault_stack")
+            .into_iter()
+            .find(|s| {
+                user_frames(s)
+                    .first()
+                    .is_some_and(|f| f.ends_with(" [nofp-c-stripped]"))
+            })
+            .unwrap_or_else(|| panic!("no stack in the stripped binary: {out}"));
+        assert_eq!(s["count"], N, "{s}");
+        (user_frames(&s), s["stack_id"].as_str().unwrap().to_string())
+    };
+    let (frames, id) = loop_stack();
+    let own: Vec<&String> = frames
+        .iter()
+        .filter(|f| f.ends_with(" [nofp-c-stripped]"))
+        .collect();
+    // The three page-touching functions, main and _start at least.
+    assert!(own.len() >= 5, "{frames:#?}");
+    for f in &own {
+        let hex = f.strip_prefix("0x").and_then(|f| f.split(' ').next());
+        let off = hex.and_then(|h| u64::from_str_radix(h, 16).ok());
+        assert!(off.is_some_and(|o| o < size), "not a file offset: {f}");
+    }
+    assert!(frames
+        .iter()
+        .any(|f| f.starts_with("__libc_start_call_main")));
+    let (again, id_again) = loop_stack();
+    assert_eq!(again, frames, "the same frames in a second run");
+    assert_eq!(id_again, id);
+}

@@ -330,7 +330,11 @@ impl Symbolizer {
                 let src = Source::Elf(Elf::new(path));
                 match self.blaze.symbolize_single(&src, Input::FileOffset(off)) {
                     Ok(Symbolized::Sym(sym)) => describe(&sym, &module, self.style),
-                    _ => format!("{addr:#x} [{module}]"),
+                    // No symbol: the offset in the file, as perf report
+                    // shows it (the same in every run, for addr2line and
+                    // for the stack's id); none when the code is no file's.
+                    _ if module.is_empty() => format!("{addr:#x} [anonymous]"),
+                    _ => format!("{off:#x} [{module}]"),
                 }
             }
         };

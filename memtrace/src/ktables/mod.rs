@@ -155,6 +155,11 @@ impl KTables {
         let s = match build::file_rows(file) {
             Ok(t) if t.rows.len() > self.rows.len - self.used as usize => {
                 self.stats.files_over_budget += 1;
+                // Not only with -v: every stack through this file stops.
+                say!(
+                    "memtrace: warning: {path} ({} rows) does not fit what is left of the unwind table: stacks stop in its code (raise --unwind-table-size)",
+                    t.rows.len()
+                );
                 Slice::None("the unwind table is full (--unwind-table-size)")
             }
             Ok(t) if t.rows.is_empty() => {

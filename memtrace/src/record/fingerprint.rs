@@ -67,10 +67,18 @@ impl Frame {
         s
     }
 
-    /// What identifies the frame: an unsymbolized address says only "some
-    /// code in this module".
+    /// What identifies the frame: its function; without one, its offset in
+    /// its file (the same in every run), or, for code that is no file's
+    /// (an address memtrace could not place), only "some code there".
     fn identity(&self) -> &str {
-        if self.func.starts_with("0x") {
+        let in_file = self.module.as_deref().is_some_and(|m| {
+            !m.is_empty()
+                && !m.starts_with('[')
+                && m != "unknown"
+                && m != "anonymous"
+                && !m.starts_with("process exited")
+        });
+        if self.func.starts_with("0x") && !in_file {
             "?"
         } else {
             &self.func
@@ -163,11 +171,27 @@ mod tests {
         assert_eq!(plain.len(), 12);
         assert_eq!(plain, ids(&["grow+0x1f [w]", "main+0x20 [w]"]));
         assert_eq!(plain, ids(&["grow (a.rs:3) [w]", "main (a.rs:9) [w]"]));
-        // Unsymbolized frames: the address does not count, the module does.
-        assert_eq!(
-            ids(&["0x5555deadbeef [w]", "main [w]"]),
-            ids(&["0x7fffcafe0000 [w]", "main [w]"])
+        // Unsymbolized frames of a file: its offset there counts (two call
+        // sites in a stripped function are two stacks, as printed).
+        assert_ne!(
+            ids(&["0x2d39c [w]", "main [w]"]),
+            ids(&["0x2d2e2 [w]", "main [w]"])
         );
+        assert_eq!(
+            ids(&["0x2d39c [w]", "main [w]"]),
+            ids(&["0x2d39c [w]", "main+0x10 [w]"])
+        );
+        // Addresses no file holds vary from run to run: they do not count.
+        for m in [
+            "unknown",
+            "anonymous",
+            "process exited before its maps were read",
+        ] {
+            assert_eq!(
+                ids(&[&format!("0x5555deadbeef [{m}]"), "main [w]"]),
+                ids(&[&format!("0x7fffcafe0000 [{m}]"), "main [w]"])
+            );
+        }
         assert_ne!(plain, ids(&["grow [w]", "main [other]"]));
         assert_ne!(plain, ids(&["main [w]", "grow [w]"]));
         assert_ne!(plain, ids(&["grow [w]"]));

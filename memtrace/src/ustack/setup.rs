@@ -90,10 +90,15 @@ pub(crate) fn setup(
         loader.max_entries(names::UNWIND_PROCS, 8192);
         loader.max_entries(names::UNWIND_MISSES, 8192);
         loader.max_entries(names::UNWIND_CACHE, ROW_CACHE_SLOTS);
+        let bytes = crate::ktables::table_bytes(args.unwind_table_size);
         say!(
-            "memtrace: user stacks: dwarf{}, unwound in the kernel (every event; unwind tables up to {} MiB)",
+            "memtrace: user stacks: dwarf{}, unwound in the kernel (every event; unwind tables up to {})",
             if auto { " (auto)" } else { "" },
-            crate::ktables::table_bytes(args.unwind_table_size) >> 20
+            if bytes >= 1 << 20 {
+                format!("{} MiB", bytes >> 20)
+            } else {
+                format!("{} KiB", bytes >> 10)
+            }
         );
         return Ok(None);
     }
