@@ -1,6 +1,8 @@
 /* memtrace's allocator shim for `memleak -c`, preloaded into the command.
  *
- * It forwards every allocator call to glibc (its __libc_* entry points) and
+ * It forwards every allocator call to the allocator the program would use
+ * without it (glibc's, through its __libc_* entry points, unless another
+ * is loaded: below) and
  * reports the calls memleak follows by calling a probe site: a function
  * that starts with a nop, where memtrace places a uprobe. The kernel
  * emulates a nop (no single-step), and one site call carries what an entry
@@ -13,8 +15,16 @@
  *
  * Built with frame pointers: at a site, the frame-pointer chain starts at
  * the wrapper's caller (the site itself is the one frame memleak drops).
+ *
+ * A program that brings its own allocator (jemalloc, tcmalloc, mimalloc
+ * loaded before glibc) keeps it: the shim forwards to the definitions that
+ * come after it (dlsym RTLD_NEXT), which are glibc's only where nothing
+ * else defines them. Forwarding to glibc regardless handed the program
+ * glibc's blocks and its allocator's other functions (malloc_usable_size,
+ * mallctl) jemalloc's: redis-server crashed at start.
  */
 #define _GNU_SOURCE
+#include <dlfcn.h>
 #include <errno.h>
 #include <stdatomic.h>
 #include <stddef.h>
@@ -31,6 +41,11 @@ extern void *__libc_realloc(void *, size_t);
 extern void *__libc_memalign(size_t, size_t);
 extern void *__libc_valloc(size_t);
 extern void *__libc_pvalloc(size_t);
+
+/* Weak, and glibc's oldest version: before 2.34 dlsym is libdl's, which the
+ * program may not load; then the shim forwards to glibc as it always did. */
+#pragma weak dlsym
+__asm__(".symver dlsym,dlsym@GLIBC_2.2.5");
 
 #define EXPORT __attribute__((visibility("default")))
 #define SITE __attribute__((noinline, used)) EXPORT
@@ -122,6 +137,67 @@ static int forget(uintptr_t p) {
   return 0;
 }
 
+/* The allocator calls go to, glibc's until another is found. */
+static void *libc_aligned_alloc(size_t align, size_t n) { return __libc_memalign(align, n); }
+static int libc_posix_memalign(void **out, size_t align, size_t n) {
+  if (align % sizeof(void *) != 0 || (align & (align - 1)) != 0 || align == 0)
+    return EINVAL;
+  void *p = __libc_memalign(align, n);
+  if (!p)
+    return ENOMEM;
+  *out = p;
+  return 0;
+}
+static struct {
+  void *(*malloc)(size_t);
+  void (*free)(void *);
+  void *(*calloc)(size_t, size_t);
+  void *(*realloc)(void *, size_t);
+  void *(*memalign)(size_t, size_t);
+  void *(*aligned_alloc)(size_t, size_t);
+  int (*posix_memalign)(void **, size_t, size_t);
+  void *(*valloc)(size_t);
+  void *(*pvalloc)(size_t);
+} next = {__libc_malloc,      __libc_free,         __libc_calloc,
+          __libc_realloc,     __libc_memalign,     libc_aligned_alloc,
+          libc_posix_memalign, __libc_valloc,       __libc_pvalloc};
+static _Atomic int resolved;
+/* Inside the allocator, on this thread: its own mmaps are its blocks'. */
+static __thread int in_alloc __attribute__((tls_model("initial-exec")));
+
+static __attribute__((noinline)) void resolve_slow(void) {
+  static __thread int busy __attribute__((tls_model("initial-exec")));
+  if (busy)
+    return; /* dlsym's own calls (none when it succeeds) go to glibc */
+  busy = 1;
+  void *m = dlsym ? dlsym(RTLD_NEXT, "malloc") : NULL;
+  if (m && m != (void *)__libc_malloc) {
+#define NEXT(f)                                                                                    \
+  do {                                                                                             \
+    void *s = dlsym(RTLD_NEXT, #f);                                                                \
+    if (s)                                                                                         \
+      __builtin_memcpy(&next.f, &s, sizeof s);                                                     \
+  } while (0)
+    NEXT(malloc);
+    NEXT(free);
+    NEXT(calloc);
+    NEXT(realloc);
+    NEXT(memalign);
+    NEXT(aligned_alloc);
+    NEXT(posix_memalign);
+    NEXT(valloc);
+    NEXT(pvalloc);
+#undef NEXT
+  }
+  atomic_store_explicit(&resolved, 1, memory_order_release);
+  busy = 0;
+}
+
+INLINE void resolve(void) {
+  if (__builtin_expect(!atomic_load_explicit(&resolved, memory_order_acquire), 0))
+    resolve_slow();
+}
+
 /* Whether an allocation of `size` is reported: always when exact. */
 INLINE int take(size_t size) {
   unsigned long n = sample_bytes();
@@ -157,7 +233,10 @@ INLINE void *releasing(void *p) {
 }
 
 EXPORT void *malloc(size_t n) {
-  void *p = __libc_malloc(n);
+  resolve();
+  in_alloc++;
+  void *p = next.malloc(n);
+  in_alloc--;
   allocated(p, n, NULL);
   return p;
 }
@@ -165,11 +244,17 @@ EXPORT void *malloc(size_t n) {
 EXPORT void free(void *p) {
   if (releasing(p))
     memtrace_free_site(p, ORIGIN_USER);
-  __libc_free(p);
+  resolve();
+  in_alloc++;
+  next.free(p);
+  in_alloc--;
 }
 
 EXPORT void *calloc(size_t n, size_t size) {
-  void *p = __libc_calloc(n, size);
+  resolve();
+  in_alloc++;
+  void *p = next.calloc(n, size);
+  in_alloc--;
   size_t bytes;
   if (__builtin_mul_overflow(n, size, &bytes))
     bytes = SIZE_MAX;
@@ -179,7 +264,10 @@ EXPORT void *calloc(size_t n, size_t size) {
 
 INLINE void *resize(void *old, size_t n) {
   void *followed = releasing(old);
-  void *p = __libc_realloc(old, n);
+  resolve();
+  in_alloc++;
+  void *p = next.realloc(old, n);
+  in_alloc--;
   if (!p && n != 0 && old) {
     /* Failed: the old block is still there. */
     if (followed && sample_bytes() != 0)
@@ -201,35 +289,44 @@ EXPORT void *reallocarray(void *old, size_t n, size_t size) {
   return resize(old, bytes);
 }
 
-INLINE void *aligned(size_t align, size_t n) {
-  void *p = __libc_memalign(align, n);
+/* A call to the allocator, on this thread's count of calls inside it. */
+#define FORWARD(call)                                                                              \
+  ({                                                                                               \
+    resolve();                                                                                     \
+    in_alloc++;                                                                                    \
+    __typeof__(call) r_ = call;                                                                    \
+    in_alloc--;                                                                                    \
+    r_;                                                                                            \
+  })
+
+EXPORT void *memalign(size_t align, size_t n) {
+  void *p = FORWARD(next.memalign(align, n));
   allocated(p, n, NULL);
   return p;
 }
 
-EXPORT void *memalign(size_t align, size_t n) { return aligned(align, n); }
-EXPORT void *aligned_alloc(size_t align, size_t n) { return aligned(align, n); }
+EXPORT void *aligned_alloc(size_t align, size_t n) {
+  void *p = FORWARD(next.aligned_alloc(align, n));
+  allocated(p, n, NULL);
+  return p;
+}
 
 EXPORT int posix_memalign(void **out, size_t align, size_t n) {
-  if (align % sizeof(void *) != 0 || (align & (align - 1)) != 0 || align == 0)
-    return EINVAL;
-  void *p = __libc_memalign(align, n);
-  if (!p)
-    return ENOMEM;
-  allocated(p, n, NULL);
-  *out = p;
-  return 0;
+  int e = FORWARD(next.posix_memalign(out, align, n));
+  if (e == 0)
+    allocated(*out, n, NULL);
+  return e;
 }
 
 EXPORT void *valloc(size_t n) {
-  void *p = __libc_valloc(n);
+  void *p = FORWARD(next.valloc(n));
   allocated(p, n, NULL);
   return p;
 }
 
 EXPORT void *pvalloc(size_t n) {
   size_t page = (size_t)sysconf(_SC_PAGESIZE);
-  void *p = __libc_pvalloc(n);
+  void *p = FORWARD(next.pvalloc(n));
   allocated(p, (n + page - 1) / page * page, NULL);
   return p;
 }
@@ -239,7 +336,7 @@ EXPORT void *pvalloc(size_t n) {
  * reported, and the kernel side samples them as it does without the shim. */
 INLINE void *mapped(void *addr, size_t len, int prot, int flags, int fd, off_t off) {
   void *p = (void *)syscall(SYS_mmap, addr, len, prot, flags, fd, off);
-  if (p != MAP_FAILED && (flags & MAP_ANONYMOUS))
+  if (p != MAP_FAILED && (flags & MAP_ANONYMOUS) && !in_alloc)
     memtrace_alloc_site(p, len, NULL, 0, ORIGIN_MMAP);
   return p;
 }
@@ -252,6 +349,7 @@ EXPORT void *mmap64(void *addr, size_t len, int prot, int flags, int fd, off_t o
 }
 
 EXPORT int munmap(void *addr, size_t len) {
-  memtrace_free_site(addr, ORIGIN_MMAP);
+  if (!in_alloc)
+    memtrace_free_site(addr, ORIGIN_MMAP);
   return (int)syscall(SYS_munmap, addr, len);
 }

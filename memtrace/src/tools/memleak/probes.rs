@@ -52,12 +52,32 @@ fn object(a: &Args, target: Option<u32>) -> Result<Library> {
         });
     }
     let pid = if a.common.pid.is_some() { target } else { None };
+    // A program linked with another allocator calls its malloc, not libc's
+    // (redis-server and jemalloc): probing libc would see next to nothing.
+    if let Some(lib) = pid.and_then(|p| mapped_library(Some(p), is_other_allocator)) {
+        let name = format!("{}malloc", a.symbol_prefix);
+        if Symbols::open(&lib.path).is_ok_and(|s| s.function(&name).is_some()) {
+            say!(
+                "memtrace: memleak: process {} maps {}, whose malloc it calls: probing that (-O chooses another object)",
+                pid.unwrap_or(0),
+                lib.shown
+            );
+            return Ok(lib);
+        }
+    }
     mapped_library(pid, is_libc).ok_or_else(|| {
         Error::Usage(format!(
             "no C library mapped by process {}: name the allocator's object with -O PATH",
             target.unwrap_or(0)
         ))
     })
+}
+
+/// Libraries that may be an allocator a program links instead of its C
+/// library's malloc (jemalloc, tcmalloc, mimalloc, snmalloc, Hoard...):
+/// the ones that define `malloc` are.
+fn is_other_allocator(name: &str) -> bool {
+    !is_libc(name) && (name.contains("alloc") || name.starts_with("libhoard"))
 }
 
 /// Probes for a process's allocator; the placements chosen, in words.
