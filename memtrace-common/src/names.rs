@@ -201,8 +201,7 @@ progs! {
     // faults.
     FAULTS_USER_BTF = faults_user_btf,
     FAULTS_KERNEL_BTF = faults_kernel_btf,
-    FAULTS_USER_RAW = faults_user_raw,
-    FAULTS_KERNEL_RAW = faults_kernel_raw,
+    FAULTS_RAW = faults_raw,
     FAULTS_USER_TP = faults_user_tp,
     FAULTS_KERNEL_TP = faults_kernel_tp,
     FAULTS_PERF_PROG = faults_perf,

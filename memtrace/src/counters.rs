@@ -6,8 +6,8 @@ use memtrace_common::{
     faults::FaultConfig,
     ffaults::FfaultsConfig,
     names::{
-        BRK_CFG, BRK_ENTER, FAULTS, FAULTS_KERNEL_BTF, FAULTS_KERNEL_RAW, FAULTS_KERNEL_TP,
-        FAULTS_PERF, FAULTS_PERF_PROG, FAULTS_USER_BTF, FAULTS_USER_RAW, FAULTS_USER_TP, FAULT_CFG,
+        BRK_CFG, BRK_ENTER, FAULTS, FAULTS_KERNEL_BTF, FAULTS_KERNEL_TP,
+        FAULTS_PERF, FAULTS_PERF_PROG, FAULTS_RAW, FAULTS_USER_BTF, FAULTS_USER_TP, FAULT_CFG,
         FFAULTS_FENTRY, FFAULTS_KPROBE, FFAULTS_TP, FFAULT_CFG, FILE_FAULTS,
     },
     stacks::BrkConfig,
@@ -21,15 +21,16 @@ use crate::tool::Prep;
 pub fn fault_probes() -> Vec<Probe> {
     vec![
         Probe::new("user page faults")
-            // raw_tp first: as cheap per fault as tp_btf, and it attaches
-            // without parsing kernel BTF (tens of ms at start-up).
-            .raw_tp(FAULTS_USER_RAW, "exceptions", "page_fault_user")
+            // raw_tp first: as cheap per fault as tp_btf, it attaches
+            // without parsing kernel BTF (tens of ms at start-up), and one
+            // program serves both modes, so it is verified once.
+            .raw_tp(FAULTS_RAW, "exceptions", "page_fault_user")
             .tp_btf(FAULTS_USER_BTF, "exceptions", "page_fault_user")
             .tracepoint(FAULTS_USER_TP, "exceptions", "page_fault_user")
             .perf_page_faults(FAULTS_PERF_PROG),
         // The perf event above sees both modes; where it is used this one adds nothing.
         Probe::new("kernel page faults")
-            .raw_tp(FAULTS_KERNEL_RAW, "exceptions", "page_fault_kernel")
+            .raw_tp(FAULTS_RAW, "exceptions", "page_fault_kernel")
             .tp_btf(FAULTS_KERNEL_BTF, "exceptions", "page_fault_kernel")
             .tracepoint(FAULTS_KERNEL_TP, "exceptions", "page_fault_kernel")
             .optional(),

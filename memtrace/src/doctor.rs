@@ -94,7 +94,7 @@ pub fn doctor() -> Result<i32> {
                     (
                         "raw_tp",
                         Probe::new("raw_tp").raw_tp(
-                            names::FAULTS_USER_RAW,
+                            names::FAULTS_RAW,
                             "exceptions",
                             "page_fault_user",
                         ),

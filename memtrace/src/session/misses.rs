@@ -48,9 +48,10 @@ fn recursion_misses(fd: BorrowedFd<'_>) -> Option<u64> {
 /// a fault taken while it runs on that CPU: its own stack walk reading user
 /// memory that is not resident (or an interrupt inside it). Those faults
 /// map nothing and are memtrace's, not the traced program's: skipped, not
-/// lost.
+/// lost. The raw_tp program also runs on user-mode faults, which cannot
+/// come while it runs: its skipped runs are all of that kind too.
 const ON_KERNEL_FAULTS: [&str; 3] = [
-    names::FAULTS_KERNEL_RAW.0,
+    names::FAULTS_RAW.0,
     names::FAULTS_KERNEL_BTF.0,
     names::FAULTS_KERNEL_TP.0,
 ];
