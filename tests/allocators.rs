@@ -70,6 +70,12 @@ fn held(stdout: &str, f: &str) -> (u64, u64) {
         })
 }
 
+/// K blocks of SIZE held from leak_here, nothing from churn.
+fn assert_exact(stdout: &str) {
+    assert_eq!(held(stdout, "leak_here"), (K, K * SIZE), "{stdout}");
+    assert_eq!(held(stdout, "churn"), (0, 0), "{stdout}");
+}
+
 #[test]
 fn a_running_program_s_own_allocator_is_the_one_probed() {
     let prog = own_allocator_program();
@@ -86,13 +92,7 @@ fn a_running_program_s_own_allocator_is_the_one_probed() {
         "{}",
         out.stderr
     );
-    assert_eq!(
-        held(&out.stdout, "leak_here"),
-        (K, K * SIZE),
-        "{}",
-        out.stdout
-    );
-    assert_eq!(held(&out.stdout, "churn"), (0, 0), "{}", out.stdout);
+    assert_exact(&out.stdout);
 }
 
 #[test]
@@ -118,13 +118,7 @@ fn a_program_with_its_own_allocator_keeps_it_under_the_shim() {
     let served: u64 = line.split(' ').nth(1).unwrap().parse().unwrap();
     assert!(served >= K + 2 * N, "{line}");
     assert!(line.ends_with(&format!("usable {}", K * SIZE)), "{line}");
-    assert_eq!(
-        held(&out.stdout, "leak_here"),
-        (K, K * SIZE),
-        "{}",
-        out.stdout
-    );
-    assert_eq!(held(&out.stdout, "churn"), (0, 0), "{}", out.stdout);
+    assert_exact(&out.stdout);
     let summary = &json_of(&out.stdout, "summary")[0];
     assert_eq!(summary["lost"]["map_full"], 0, "{summary}");
 }
