@@ -198,6 +198,16 @@ INLINE void resolve(void) {
     resolve_slow();
 }
 
+/* A call to the allocator, on this thread's count of calls inside it. */
+#define FORWARD(call)                                                                              \
+  ({                                                                                               \
+    resolve();                                                                                     \
+    in_alloc++;                                                                                    \
+    __typeof__(call) r_ = call;                                                                    \
+    in_alloc--;                                                                                    \
+    r_;                                                                                            \
+  })
+
 /* Whether an allocation of `size` is reported: always when exact. */
 INLINE int take(size_t size) {
   unsigned long n = sample_bytes();
@@ -233,10 +243,7 @@ INLINE void *releasing(void *p) {
 }
 
 EXPORT void *malloc(size_t n) {
-  resolve();
-  in_alloc++;
-  void *p = next.malloc(n);
-  in_alloc--;
+  void *p = FORWARD(next.malloc(n));
   allocated(p, n, NULL);
   return p;
 }
@@ -244,17 +251,11 @@ EXPORT void *malloc(size_t n) {
 EXPORT void free(void *p) {
   if (releasing(p))
     memtrace_free_site(p, ORIGIN_USER);
-  resolve();
-  in_alloc++;
-  next.free(p);
-  in_alloc--;
+  FORWARD((next.free(p), 0));
 }
 
 EXPORT void *calloc(size_t n, size_t size) {
-  resolve();
-  in_alloc++;
-  void *p = next.calloc(n, size);
-  in_alloc--;
+  void *p = FORWARD(next.calloc(n, size));
   size_t bytes;
   if (__builtin_mul_overflow(n, size, &bytes))
     bytes = SIZE_MAX;
@@ -264,10 +265,7 @@ EXPORT void *calloc(size_t n, size_t size) {
 
 INLINE void *resize(void *old, size_t n) {
   void *followed = releasing(old);
-  resolve();
-  in_alloc++;
-  void *p = next.realloc(old, n);
-  in_alloc--;
+  void *p = FORWARD(next.realloc(old, n));
   if (!p && n != 0 && old) {
     /* Failed: the old block is still there. */
     if (followed && sample_bytes() != 0)
@@ -288,16 +286,6 @@ EXPORT void *reallocarray(void *old, size_t n, size_t size) {
   }
   return resize(old, bytes);
 }
-
-/* A call to the allocator, on this thread's count of calls inside it. */
-#define FORWARD(call)                                                                              \
-  ({                                                                                               \
-    resolve();                                                                                     \
-    in_alloc++;                                                                                    \
-    __typeof__(call) r_ = call;                                                                    \
-    in_alloc--;                                                                                    \
-    r_;                                                                                            \
-  })
 
 EXPORT void *memalign(size_t align, size_t n) {
   void *p = FORWARD(next.memalign(align, n));

@@ -267,6 +267,14 @@ impl Default for Symbolizer {
     }
 }
 
+/// What stands for the module of an address no file holds: the process's
+/// maps did not place it, the code is anonymous, or the process was gone.
+pub const NOT_A_FILE: [&str; 3] = [
+    "unknown",
+    "anonymous",
+    "process exited before its maps were read",
+];
+
 fn module_name(path: &str) -> &str {
     path.rsplit('/').next().unwrap_or(path)
 }
@@ -317,10 +325,8 @@ impl Symbolizer {
         }
         let maps = self.maps.lock().unwrap();
         let s = match maps.locate(pid, addr) {
-            None if !maps.has(pid) => {
-                format!("{addr:#x} [process exited before its maps were read]")
-            }
-            None => format!("{addr:#x} [unknown]"),
+            None if !maps.has(pid) => format!("{addr:#x} [{}]", NOT_A_FILE[2]),
+            None => format!("{addr:#x} [{}]", NOT_A_FILE[0]),
             Some((m, off, file)) => {
                 let module = module_name(&m.path).to_string();
                 let path = match &file {
@@ -333,7 +339,7 @@ impl Symbolizer {
                     // No symbol: the offset in the file, as perf report
                     // shows it (the same in every run, for addr2line and
                     // for the stack's id); none when the code is no file's.
-                    _ if module.is_empty() => format!("{addr:#x} [anonymous]"),
+                    _ if module.is_empty() => format!("{addr:#x} [{}]", NOT_A_FILE[1]),
                     _ => format!("{off:#x} [{module}]"),
                 }
             }

@@ -13,7 +13,7 @@ pub use folded::{fold, FoldedPrinter};
 pub use json::JsonPrinter;
 pub use merge::{merge_stacks, pre_merge_cut, MergedStacks};
 pub use sink::{muted, to_stderr};
-pub use text::TextPrinter;
+pub use text::{human, TextPrinter};
 
 #[derive(Debug, Clone, PartialEq)]
 pub enum Value {

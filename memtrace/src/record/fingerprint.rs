@@ -72,11 +72,7 @@ impl Frame {
     /// (an address memtrace could not place), only "some code there".
     fn identity(&self) -> &str {
         let in_file = self.module.as_deref().is_some_and(|m| {
-            !m.is_empty()
-                && !m.starts_with('[')
-                && m != "unknown"
-                && m != "anonymous"
-                && !m.starts_with("process exited")
+            !m.is_empty() && !m.starts_with('[') && !crate::symbolize::NOT_A_FILE.contains(&m)
         });
         if self.func.starts_with("0x") && !in_file {
             "?"

@@ -90,15 +90,10 @@ pub(crate) fn setup(
         loader.max_entries(names::UNWIND_PROCS, 8192);
         loader.max_entries(names::UNWIND_MISSES, 8192);
         loader.max_entries(names::UNWIND_CACHE, ROW_CACHE_SLOTS);
-        let bytes = crate::ktables::table_bytes(args.unwind_table_size);
         say!(
-            "memtrace: user stacks: dwarf{}, unwound in the kernel (every event; unwind tables up to {})",
+            "memtrace: user stacks: dwarf{}, unwound in the kernel (every event; unwind tables up to {}, --unwind-table-size)",
             if auto { " (auto)" } else { "" },
-            if bytes >= 1 << 20 {
-                format!("{} MiB", bytes >> 20)
-            } else {
-                format!("{} KiB", bytes >> 10)
-            }
+            crate::output::human(crate::ktables::table_bytes(args.unwind_table_size))
         );
         return Ok(None);
     }

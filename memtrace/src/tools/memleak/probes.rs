@@ -42,35 +42,43 @@ fn args_read(sh: u64) -> &'static [Register] {
     }
 }
 
-/// The allocator's object: `-O`, or the libc the process maps (for a `-c`
-/// command not started yet, the one memtrace maps: the same file).
-fn object(a: &Args, target: Option<u32>) -> Result<Library> {
+/// The allocator's object and its symbols: `-O`, or the libc the process
+/// maps (for a `-c` command not started yet, the one memtrace maps: the
+/// same file).
+fn object(a: &Args, target: Option<u32>) -> Result<(Library, Symbols)> {
     if let Some(p) = &a.object {
-        return Ok(Library {
+        let lib = Library {
             path: p.clone(),
             shown: p.display().to_string(),
-        });
+        };
+        let syms = Symbols::open(&lib.path)?;
+        return Ok((lib, syms));
     }
     let pid = if a.common.pid.is_some() { target } else { None };
     // A program linked with another allocator calls its malloc, not libc's
     // (redis-server and jemalloc): probing libc would see next to nothing.
     if let Some(lib) = pid.and_then(|p| mapped_library(Some(p), is_other_allocator)) {
         let name = format!("{}malloc", a.symbol_prefix);
-        if Symbols::open(&lib.path).is_ok_and(|s| s.function(&name).is_some()) {
+        if let Some(syms) = Symbols::open(&lib.path)
+            .ok()
+            .filter(|s| s.function(&name).is_some())
+        {
             say!(
                 "memtrace: memleak: process {} maps {}, whose malloc it calls: probing that (-O chooses another object)",
                 pid.unwrap_or(0),
                 lib.shown
             );
-            return Ok(lib);
+            return Ok((lib, syms));
         }
     }
-    mapped_library(pid, is_libc).ok_or_else(|| {
+    let lib = mapped_library(pid, is_libc).ok_or_else(|| {
         Error::Usage(format!(
             "no C library mapped by process {}: name the allocator's object with -O PATH",
             target.unwrap_or(0)
         ))
-    })
+    })?;
+    let syms = Symbols::open(&lib.path)?;
+    Ok((lib, syms))
 }
 
 /// Libraries that may be an allocator a program links instead of its C
@@ -86,8 +94,7 @@ pub fn user(
     target: Option<u32>,
     cfg: &mut MemleakConfig,
 ) -> Result<(Vec<Probe>, Vec<String>)> {
-    let lib = object(a, target)?;
-    let syms = Symbols::open(&lib.path)?;
+    let (lib, syms) = object(a, target)?;
     // One process unless its children are followed: then the breakpoints go
     // into every process mapping the object (the kernel filters by mm), and
     // the programs keep the followed ones.
