@@ -2,7 +2,7 @@
 //! where a probe is placed.
 #![no_main]
 use libfuzzer_sys::fuzz_target;
-use memtrace::uprobe::{placement, Symbols};
+use memtrace::session::uprobe::{placement, Symbols};
 
 fuzz_target!(|data: &[u8]| {
     // The bytes as code, as a function's first instructions are.

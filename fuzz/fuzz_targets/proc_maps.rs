@@ -3,8 +3,8 @@
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
-    let _ = memtrace::proc::parse_maps_bytes(data);
+    let _ = memtrace::process::proc::parse_maps_bytes(data);
     let text = String::from_utf8_lossy(data);
-    let _ = memtrace::proc::parse_smaps(&text);
-    let _ = memtrace::proc::parse_mounts(&text);
+    let _ = memtrace::process::proc::parse_smaps(&text);
+    let _ = memtrace::process::proc::parse_mounts(&text);
 });

@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
 
-use crate::attach::Method;
+use crate::session::attach::Method;
 
 #[derive(Debug, Parser)]
 #[command(

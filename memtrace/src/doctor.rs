@@ -2,9 +2,9 @@
 
 use std::path::Path;
 
-use crate::attach::Probe;
 use crate::error::Result;
 use crate::output::{Col, Printer, Row, TextPrinter, Value};
+use crate::session::attach::Probe;
 use clap::Parser;
 
 use crate::kernel::KernelBtf;
@@ -33,7 +33,7 @@ pub fn doctor() -> Result<i32> {
     };
     let uname = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
     add("kernel", yes(true, uname.trim()));
-    let caps = crate::caps::check();
+    let caps = crate::kernel::caps::check();
     let privileged = caps.is_ok();
     add(
         "privileges",
@@ -214,7 +214,8 @@ fn unwind_row(tool: &str) -> Row {
             let Some(st) = maps.ktables.as_ref().map(|k| k.stats) else {
                 return yes(false, "not set up");
             };
-            let mib = |rows: u64| crate::ktables::table_bytes(rows as u32) as f64 / 1048576.0;
+            let mib =
+                |rows: u64| crate::stacks::ktables::table_bytes(rows as u32) as f64 / 1048576.0;
             yes(
                 true,
                 format!(

@@ -2,7 +2,8 @@
 
 pub mod bpfsys;
 pub mod btf;
-pub mod cgroup;
+pub mod caps;
+pub mod cgroupid;
 pub mod feature;
 pub mod resolve;
 pub mod tracefs;

@@ -5,7 +5,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::symbolize::FrameStyle;
+use crate::stacks::symbolize::FrameStyle;
 
 /// One symbolized frame.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -72,7 +72,9 @@ impl Frame {
     /// (an address memtrace could not place), only "some code there".
     fn identity(&self) -> &str {
         let in_file = self.module.as_deref().is_some_and(|m| {
-            !m.is_empty() && !m.starts_with('[') && !crate::symbolize::NOT_A_FILE.contains(&m)
+            !m.is_empty()
+                && !m.starts_with('[')
+                && !crate::stacks::symbolize::NOT_A_FILE.contains(&m)
         });
         if self.func.starts_with("0x") && !in_file {
             "?"

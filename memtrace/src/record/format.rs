@@ -12,7 +12,7 @@ use serde::{Deserialize, Serialize};
 use super::fingerprint::{fingerprint, Frame};
 use crate::error::{Error, Result};
 use crate::output::{AllocFigures, StackReport};
-use crate::symbolize::FrameStyle;
+use crate::stacks::symbolize::FrameStyle;
 
 /// What the header's `magic` says.
 pub const MAGIC: &str = "memtrace-record";

@@ -43,7 +43,7 @@ pub fn annotate(cmd: &AnnotateCmd) -> Result<i32> {
                             .iter()
                             .chain(&s.user)
                             .take(3)
-                            .map(|f| f.render(crate::symbolize::FrameStyle::Function))
+                            .map(|f| f.render(crate::stacks::symbolize::FrameStyle::Function))
                             .collect();
                         found.insert((id, top.join(" <- ")));
                     }

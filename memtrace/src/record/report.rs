@@ -11,7 +11,7 @@ use super::fingerprint::fingerprint_text;
 use super::format::{Recording, Stack};
 use crate::error::{Error, Result};
 use crate::output::{self, fold, merge_stacks, Format, StackReport};
-use crate::symbolize::FrameStyle;
+use crate::stacks::symbolize::FrameStyle;
 
 /// One report of a recording: its kind, title and stacks.
 pub struct Group<'a> {

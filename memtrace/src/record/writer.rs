@@ -12,7 +12,7 @@ use super::fingerprint::Frame;
 use super::format::{self, Header, Item, Report, Stack, Trailer};
 use crate::error::{Error, Result};
 use crate::output::{Col, Hist, Printer, Row, StackReport, Summary, Value};
-use crate::symbolize::FrameStyle;
+use crate::stacks::symbolize::FrameStyle;
 
 /// Per-event stacks are summed and written this often (and at the end).
 const EVENT_STACKS_EVERY: std::time::Duration = std::time::Duration::from_secs(1);

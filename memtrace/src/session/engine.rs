@@ -12,8 +12,8 @@ use aya::programs::{
 use aya::util::online_cpus;
 
 use super::{chain, Session};
-use crate::attach::{Method, Probe, Target, Way};
 use crate::error::{Error, Result};
+use crate::session::attach::{Method, Probe, Target, Way};
 
 impl Session {
     /// Attaches `probe` by the first of its ways that works here. Returns the

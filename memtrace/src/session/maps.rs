@@ -288,14 +288,14 @@ impl Session {
     /// Events kept in a lesser form (`losses::DEGRADATIONS`), by reason.
     pub fn degraded(&self) -> Vec<(&'static str, u64)> {
         let mut out = self.loss_counters();
-        out.retain(|(r, _)| crate::losses::is_degradation(r));
+        out.retain(|(r, _)| crate::run::losses::is_degradation(r));
         out
     }
 
     /// Events lost in the kernel so far, by reason, summed over CPUs.
     pub fn losses(&self) -> Vec<(&'static str, u64)> {
         let mut out = self.loss_counters();
-        out.retain(|(r, _)| !crate::losses::is_degradation(r));
+        out.retain(|(r, _)| !crate::run::losses::is_degradation(r));
         let missed = match &self.counted_at_end {
             Some((_, m)) => *m,
             None => self.missed_runs(),

@@ -2,6 +2,7 @@
 //! through their fallback chains (`engine`), and its maps read (`maps`).
 //! Dropping it detaches and unloads everything.
 
+pub mod attach;
 mod cookie;
 mod engine;
 mod loader;
@@ -9,6 +10,7 @@ mod maps;
 mod misses;
 mod multi;
 mod stacks;
+pub mod uprobe;
 
 use std::collections::HashSet;
 
@@ -18,10 +20,10 @@ pub use loader::Loader;
 pub use maps::{first_name, Fold};
 pub use stacks::StackStore;
 
-use crate::attach::Method;
 use crate::error::Result;
-use crate::symbolize::Symbolizer;
-use crate::unwind::DwarfStacks;
+use crate::session::attach::Method;
+use crate::stacks::symbolize::Symbolizer;
+use crate::stacks::unwind::DwarfStacks;
 
 pub struct Session {
     pub(crate) bpf: Ebpf,

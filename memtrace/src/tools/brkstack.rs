@@ -7,14 +7,14 @@ use memtrace_common::{
     stacks::{StackKey, StackVal},
 };
 
-use crate::attach::Probe;
+use crate::session::attach::Probe;
 use crate::cli::{IntervalArgs, StackArgs};
 use crate::error::Result;
-use crate::kept::Kept;
+use crate::stacks::kept::Kept;
 use crate::output::{clock, Printer, StackReport};
 use crate::session::Session;
-use crate::tool::{Prep, Tool};
-use crate::ustack::{sampled_reports, sampled_title, stack_report};
+use crate::run::tool::{Prep, Tool};
+use crate::stacks::ustack::{sampled_reports, sampled_title, stack_report};
 
 #[derive(Debug, Clone, clap::Args)]
 pub struct Args {
@@ -39,12 +39,12 @@ pub struct Args {
     pub keys: u32,
     /// Counts by stack kept in runs without -i before those of exited
     /// processes are folded. Tests shrink it.
-    #[arg(long, hide = true, default_value_t = crate::kept::MAX_KEPT)]
+    #[arg(long, hide = true, default_value_t = crate::stacks::kept::MAX_KEPT)]
     pub max_kept: usize,
 }
 
 pub fn probes() -> Vec<Probe> {
-    vec![crate::counters::brk_probe()]
+    vec![crate::probes::counters::brk_probe()]
 }
 
 pub struct Brkstack {
@@ -101,7 +101,7 @@ impl Tool for Brkstack {
     }
 
     fn prepare(&mut self, k: &mut Prep) -> Result<()> {
-        crate::counters::prepare_brk(k)?;
+        crate::probes::counters::prepare_brk(k)?;
         k.loader.max_entries(BRK_STACKS, self.args.keys);
         Ok(())
     }
@@ -132,7 +132,7 @@ impl Tool for Brkstack {
             None => v
                 .into_iter()
                 .map(|(k, val)| {
-                    let comm = crate::records::comm(&val.comm);
+                    let comm = crate::probes::records::comm(&val.comm);
                     let ids = (k.ustack, k.kstack);
                     stack_report(s, k.tgid, comm, ids, mode, val.count, Some(val.bytes))
                 })
@@ -154,7 +154,7 @@ impl Tool for Brkstack {
             self.drained += val.count;
             self.kept.add(k, &val);
         }
-        self.kept.bound(crate::proc::alive);
+        self.kept.bound(crate::process::proc::alive);
         Ok(n)
     }
 

@@ -11,16 +11,16 @@ use memtrace_common::{
     stack_mode,
 };
 
-use crate::attach::Probe;
+use crate::session::attach::Probe;
 use crate::cli::{parse_duration, IntervalArgs, StackArgs};
 use crate::error::{Error, Result};
-use crate::kernel::cgroup;
+use crate::kernel::cgroupid;
 use crate::output::{clock, Col, Printer, Row, StackReport, Value};
-use crate::records::comm;
+use crate::probes::records::comm;
 use crate::session::{first_name, Fold, Session};
-use crate::tool::{Drained, Prep, Tool};
-use crate::tpspec::{expand, tracepoint_probes, parse_filter, FilterSpec, Selected, Spec};
-use crate::ustack::{sampled_reports, stack_report};
+use crate::run::tool::{Drained, Prep, Tool};
+use crate::probes::tpspec::{expand, tracepoint_probes, parse_filter, FilterSpec, Selected, Spec};
+use crate::stacks::ustack::{sampled_reports, stack_report};
 
 #[derive(Debug, Clone, clap::Args)]
 pub struct Args {
@@ -196,7 +196,7 @@ impl Count {
                 KeyCol::Pid => k.tgid.into(),
                 KeyCol::Tid => k.tid.into(),
                 KeyCol::Comm => comm(&k.comm).into(),
-                KeyCol::Cgroup => match cgroup::path_of(k.cgroup) {
+                KeyCol::Cgroup => match cgroupid::path_of(k.cgroup) {
                     Some((_, path)) => path.into(),
                     None => k.cgroup.to_string().into(),
                 },
@@ -245,7 +245,7 @@ impl Tool for Count {
         "count"
     }
     fn what(&self) -> String {
-        crate::tpspec::what(&self.selected)
+        crate::probes::tpspec::what(&self.selected)
     }
     fn probes(&self) -> Vec<Probe> {
         tracepoint_probes(&self.selected, COUNT_TP, COUNT_ONE)

@@ -6,14 +6,14 @@ use memtrace_common::{
     reclaim::{ReclaimConfig, ReclaimEvent, KIND_DIRECT},
 };
 
-use crate::attach::Probe;
+use crate::session::attach::Probe;
 use crate::error::Result;
-use crate::kernel::cgroup;
+use crate::kernel::cgroupid;
 use crate::output::{clock, Col, Hist, Printer, Row, Value};
-use crate::reclaim::{prepare_reclaim, reclaim_probes};
-use crate::records::{comm, record};
+use crate::probes::reclaim::{prepare_reclaim, reclaim_probes};
+use crate::probes::records::{comm, record};
 use crate::session::Session;
-use crate::tool::{Prep, Tool};
+use crate::run::tool::{Prep, Tool};
 
 #[derive(Debug, Clone, clap::Args)]
 pub struct Args {
@@ -84,7 +84,7 @@ impl Tool for Drsnoop {
         };
         self.stalls += 1;
         self.hist.add(ev.lat_ns / 1000);
-        let memcg = cgroup::path_of(ev.memcg_id)
+        let memcg = cgroupid::path_of(ev.memcg_id)
             .map(|(_, p)| Value::S(p))
             .unwrap_or(Value::Null);
         let row = Row(vec![

@@ -10,14 +10,14 @@ use memtrace_common::{
     names::{FILES_SEEN, FILE_FAULTS},
 };
 
-use crate::attach::Probe;
+use crate::session::attach::Probe;
 use crate::error::Result;
 use crate::output::{clock, Col, Printer, Row};
-use crate::tool::{Prep, Tool};
+use crate::run::tool::{Prep, Tool};
 use crate::session::Session;
-use crate::proc::{read_maps, split_dev};
+use crate::process::proc::{read_maps, split_dev};
 use crate::cli::IntervalArgs;
-use crate::records::{comm, record};
+use crate::probes::records::{comm, record};
 
 #[derive(Debug, Clone, clap::Args)]
 pub struct Args {
@@ -34,7 +34,7 @@ pub struct Args {
 }
 
 pub fn probes() -> Vec<Probe> {
-    vec![crate::counters::ffault_probe()]
+    vec![crate::probes::counters::ffault_probe()]
 }
 
 pub struct Ffaults {
@@ -122,7 +122,7 @@ impl Tool for Ffaults {
     }
 
     fn prepare(&mut self, k: &mut Prep) -> Result<()> {
-        crate::counters::prepare_ffaults(k, 16384)?;
+        crate::probes::counters::prepare_ffaults(k, 16384)?;
         k.loader.max_entries(FILES_SEEN, 16384);
         Ok(())
     }

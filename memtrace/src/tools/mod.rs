@@ -4,7 +4,7 @@
 
 use crate::cli::Common;
 use crate::error::Result;
-use crate::tool::Tool;
+use crate::run::tool::Tool;
 
 macro_rules! tools {
     ($($(#[$doc:meta])* $variant:ident => $module:ident::$ty:ident,)*) => {

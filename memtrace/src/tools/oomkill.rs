@@ -10,13 +10,13 @@ use memtrace_common::{
 
 use memtrace_common::names;
 
-use crate::attach::Probe;
+use crate::session::attach::Probe;
 use crate::error::Result;
-use crate::kernel::{btf::page_size, cgroup};
+use crate::kernel::{btf::page_size, cgroupid};
 use crate::output::{clock, Col, Printer, Row, StackReport, Value};
-use crate::tool::{Prep, Tool};
+use crate::run::tool::{Prep, Tool};
 use crate::session::Session;
-use crate::records::{comm, record};
+use crate::probes::records::{comm, record};
 
 #[derive(Debug, Clone, clap::Args)]
 pub struct Args {
@@ -32,7 +32,7 @@ pub struct Args {
 }
 
 pub fn probes() -> Vec<Probe> {
-    crate::oom::probes()
+    crate::probes::oom::probes()
 }
 
 /// With `--stack`: reclaim comes before an OOM kill (a memcg at its limit,
@@ -41,7 +41,7 @@ pub fn probes() -> Vec<Probe> {
 /// the time the kill is reported the victim may be gone, and its frames
 /// with it. Optional: kills are reported without them.
 fn prefetch_probes() -> Vec<Probe> {
-    crate::reclaim::reclaim_probes()
+    crate::probes::reclaim::reclaim_probes()
         .into_iter()
         .map(Probe::optional)
         .collect()
@@ -116,9 +116,9 @@ fn method_name(m: u32) -> &'static str {
 fn limiting_level(
     ev: &OomEvent,
     memcg: Option<&(std::path::PathBuf, String)>,
-) -> Option<(u64, crate::cgroup::Group)> {
+) -> Option<(u64, crate::process::cgroup::Group)> {
     let (root, path) = memcg.filter(|(_, p)| p != "/")?;
-    let g = crate::cgroup::Group::at(root.clone(), path.clone());
+    let g = crate::process::cgroup::Group::at(root.clone(), path.clone());
     if ev.memcg_source == 1 {
         return g.limit().map(|l| (l, g));
     }
@@ -156,7 +156,7 @@ impl Oomkill {
 }
 
 fn mem_total_pages() -> u64 {
-    crate::proc::mem_total_kb().map_or(0, |kb| kb * 1024 / page_size())
+    crate::process::proc::mem_total_kb().map_or(0, |kb| kb * 1024 / page_size())
 }
 
 impl Tool for Oomkill {
@@ -195,9 +195,9 @@ impl Tool for Oomkill {
                 emit_events: 1,
                 ..Default::default()
             };
-            crate::reclaim::prepare_reclaim(k, cfg)?;
+            crate::probes::reclaim::prepare_reclaim(k, cfg)?;
         }
-        crate::oom::prepare(k)
+        crate::probes::oom::prepare(k)
     }
 
     fn on_record(&mut self, data: &[u8], s: &mut Session, out: &mut dyn Printer) -> Result<()> {
@@ -225,13 +225,13 @@ impl Tool for Oomkill {
         };
         let mut victim_comm = comm(&ev.victim_comm);
         if victim_comm.is_empty() {
-            victim_comm = crate::proc::comm(ev.victim_pid).unwrap_or_default();
+            victim_comm = crate::process::proc::comm(ev.victim_pid).unwrap_or_default();
         }
-        let memcg = cgroup::path_of(ev.memcg_id);
+        let memcg = cgroupid::path_of(ev.memcg_id);
         let limit = memcg
             .as_ref()
             .filter(|(_, p)| p != "/")
-            .and_then(|(root, p)| cgroup::memory_limit(&root.join(p.trim_start_matches('/'))));
+            .and_then(|(root, p)| cgroupid::memory_limit(&root.join(p.trim_start_matches('/'))));
         let (pages, source) = if ev.totalpages > 0 {
             (ev.totalpages, "oom_control")
         } else if let Some(l) = limit {
@@ -243,7 +243,7 @@ impl Tool for Oomkill {
             Some((l, g)) => (Value::S(g.path), Value::U(l / 1024)),
             None => (Value::Null, Value::Null),
         };
-        let loadavg = crate::proc::loadavg();
+        let loadavg = crate::process::proc::loadavg();
         let loadavg: Vec<&str> = loadavg.split_whitespace().take(4).collect();
         let row = Row(vec![
             clock().into(),

@@ -7,13 +7,13 @@ use std::time::Duration;
 
 use memtrace_common::names::{SWAPINS, SWAPIN_FENTRY, SWAPIN_KPROBE};
 
-use crate::attach::Probe;
+use crate::session::attach::Probe;
 use crate::cli::IntervalArgs;
 use crate::error::Result;
 use crate::output::{clock, Col, Printer, Row};
-use crate::records::comm;
+use crate::probes::records::comm;
 use crate::session::Session;
-use crate::tool::{Prep, Tool};
+use crate::run::tool::{Prep, Tool};
 
 #[derive(Debug, Clone, clap::Args)]
 pub struct Args {

@@ -9,15 +9,15 @@ use memtrace_common::{
     stack_mode,
 };
 
-use crate::attach::Probe;
+use crate::session::attach::Probe;
 use crate::cli::StackArgs;
 use crate::error::Result;
 use crate::kernel::tracefs::Field;
 use crate::output::{clock, Col, Printer, Row, Value};
-use crate::records::{comm, record};
+use crate::probes::records::{comm, record};
 use crate::session::Session;
-use crate::tool::{Prep, Tool};
-use crate::tpspec::{expand, own_fields, parse_filter, tracepoint_probes, FilterSpec, Selected, Spec};
+use crate::run::tool::{Prep, Tool};
+use crate::probes::tpspec::{expand, own_fields, parse_filter, tracepoint_probes, FilterSpec, Selected, Spec};
 
 #[derive(Debug, Clone, clap::Args)]
 pub struct Args {
@@ -171,7 +171,7 @@ impl Tool for Trace {
         "trace"
     }
     fn what(&self) -> String {
-        crate::tpspec::what(&self.selected)
+        crate::probes::tpspec::what(&self.selected)
     }
     fn probes(&self) -> Vec<Probe> {
         tracepoint_probes(&self.selected, TRACE_TP, TRACE_ONE)

@@ -1,11 +1,11 @@
 //! How faults' counts by (process, stack) fold under the shared bound on
-//! kept counts (`crate::kept`): by mode, the page and kernel stack dropped.
+//! kept counts (`crate::stacks::kept`): by mode, the page and kernel stack dropped.
 
 use memtrace_common::{faults::FaultKey, stacks::USTACK_FOLDED};
 
-use crate::kept::StackKeyed;
+use crate::stacks::kept::StackKeyed;
 
-pub type Kept = crate::kept::Kept<FaultKey, (u64, String)>;
+pub type Kept = crate::stacks::kept::Kept<FaultKey, (u64, String)>;
 
 impl StackKeyed for FaultKey {
     fn tgid(&self) -> u32 {

@@ -9,16 +9,16 @@ use memtrace_common::{
     stack_mode,
 };
 
-use crate::attach::Probe;
+use crate::session::attach::Probe;
 use crate::error::{Error, Result};
 use crate::output::{clock, Col, Printer, Row, StackReport, Value};
-use crate::tool::{Prep, Tool};
+use crate::run::tool::{Prep, Tool};
 use crate::session::Session;
-use crate::symbolize::Mapping;
+use crate::stacks::symbolize::Mapping;
 use crate::cli::IntervalArgs;
-use crate::process::{exec_names, exec_probe};
-use crate::records::comm;
-use crate::ustack::{sampled_reports, sampled_title, stack_report};
+use crate::process::follow::{exec_names, exec_probe};
+use crate::probes::records::comm;
+use crate::stacks::ustack::{sampled_reports, sampled_title, stack_report};
 
 mod kept;
 mod slots;
@@ -55,7 +55,7 @@ pub struct Args {
     pub slots: u32,
     /// Counts by stack kept in runs without -i before those of exited
     /// processes are folded. Tests shrink it.
-    #[arg(long, hide = true, default_value_t = crate::kept::MAX_KEPT)]
+    #[arg(long, hide = true, default_value_t = crate::stacks::kept::MAX_KEPT)]
     pub max_kept: usize,
     /// Keys of the kernel's count map (default 16384, 65536 by stack,
     /// 262144 by mapping; allocated as used).
@@ -65,7 +65,7 @@ pub struct Args {
 }
 
 pub fn probes() -> Vec<Probe> {
-    let mut p = crate::counters::fault_probes();
+    let mut p = crate::probes::counters::fault_probes();
     p.push(exec_probe());
     p
 }
@@ -375,7 +375,7 @@ impl Tool for Faults {
             k.loader.max_entries(FAULT_SLOT_FREE, self.args.slots);
         }
         k.loader.max_entries(EXEC_NAMES, 4096);
-        crate::counters::prepare_faults(k, cfg, size)?;
+        crate::probes::counters::prepare_faults(k, cfg, size)?;
         Ok(())
     }
 
@@ -392,7 +392,7 @@ impl Tool for Faults {
         for (k, c, name) in moved {
             self.kept.add(k, &(c, name));
         }
-        self.kept.bound(crate::proc::alive);
+        self.kept.bound(crate::process::proc::alive);
         Ok(n)
     }
 

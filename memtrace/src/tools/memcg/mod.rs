@@ -16,15 +16,15 @@ use memtrace_common::{
     stack_mode,
 };
 
-use crate::attach::Probe;
-use crate::cgroup::{notify::Poller, Events, Group, Psi, Version};
+use crate::session::attach::Probe;
+use crate::process::cgroup::{notify::Poller, Events, Group, Psi, Version};
 use crate::cli::IntervalArgs;
 use crate::error::{Error, Result};
 use crate::output::{Printer, Value};
-use crate::reclaim::{prepare_reclaim, reclaim_probes};
-use crate::records::record;
+use crate::probes::reclaim::{prepare_reclaim, reclaim_probes};
+use crate::probes::records::record;
 use crate::session::Session;
-use crate::tool::{Prep, Tool};
+use crate::run::tool::{Prep, Tool};
 
 mod oom;
 mod table;
@@ -129,11 +129,11 @@ impl Memcg {
             return Err(Error::Usage("--fail needs --warn or --warn-pressure".into()));
         }
         let groups = if a.cgroups.is_empty() {
-            crate::cgroup::limited_groups()
+            crate::process::cgroup::limited_groups()
         } else {
             let mut v = Vec::new();
             for c in &a.cgroups {
-                let g = crate::cgroup::resolve(c).map_err(Error::Usage)?;
+                let g = crate::process::cgroup::resolve(c).map_err(Error::Usage)?;
                 let to = g.clone().charged_to();
                 if to != g {
                     say!(
@@ -206,7 +206,7 @@ impl Tool for Memcg {
             );
         }
         // Optional: the table and warnings work without it.
-        p.extend(crate::oom::probes().into_iter().map(Probe::optional));
+        p.extend(crate::probes::oom::probes().into_iter().map(Probe::optional));
         p
     }
     fn intervals(&self) -> Option<&IntervalArgs> {
@@ -235,9 +235,9 @@ impl Tool for Memcg {
             },
         )?;
         k.loader.max_entries(names::MEMCG_RECLAIM, 1024);
-        crate::oom::prepare(k)?;
+        crate::probes::oom::prepare(k)?;
         if self.warning() {
-            let cfg = crate::rssstat::config(k, 0)?;
+            let cfg = crate::probes::rssstat::config(k, 0)?;
             k.loader.global(names::MEMCG_CFG, &cfg);
             k.loader.max_entries(names::MEMCG_WATCH, 1024);
             k.loader.max_entries(names::MEMCG_PROCS, 4096);

@@ -8,7 +8,7 @@ use memtrace_common::{kind, names, oom::OomEvent};
 use super::Memcg;
 use crate::error::Result;
 use crate::output::{clock, Col, Printer, Row, Value};
-use crate::records::{comm, record};
+use crate::probes::records::{comm, record};
 use crate::session::Session;
 
 impl Memcg {
@@ -27,7 +27,7 @@ impl Memcg {
         let seen = |w: &super::Watched| {
             s.hash_get(names::MEMCG_PROCS, &ev.victim_pid)
                 .is_some_and(|p| w.ids.contains(&p.memcg_id))
-                || crate::cgroup::resolve(&ev.victim_pid.to_string())
+                || crate::process::cgroup::resolve(&ev.victim_pid.to_string())
                     .is_ok_and(|g| w.ids.contains(&g.charged_to().id()))
         };
         let Some(w) = self.groups.iter().find(|w| {
@@ -39,9 +39,9 @@ impl Memcg {
         self.kills += 1;
         let mut victim = comm(&ev.victim_comm);
         if victim.is_empty() {
-            victim = crate::proc::comm(ev.victim_pid).unwrap_or_default();
+            victim = crate::process::proc::comm(ev.victim_pid).unwrap_or_default();
         }
-        let where_ = crate::kernel::cgroup::path_of(ev.memcg_id).map(|(_, p)| p);
+        let where_ = crate::kernel::cgroupid::path_of(ev.memcg_id).map(|(_, p)| p);
         let limit = w.limit.as_ref().map(|(l, _)| *l);
         let cols = [
             Col::text("time", "TIME", 8),

@@ -3,7 +3,7 @@
 use memtrace_common::names;
 
 use super::Memcg;
-use crate::cgroup::Version;
+use crate::process::cgroup::Version;
 use crate::error::Result;
 use crate::output::{clock, Col, Printer, Row, Value};
 use crate::session::Session;

@@ -8,9 +8,9 @@ use memtrace_common::{memcg::MemcgCross, names};
 use super::{rss, Memcg};
 use crate::error::Result;
 use crate::output::{clock, Col, Printer, Row, Value};
-use crate::records::comm;
+use crate::probes::records::comm;
 use crate::session::Session;
-use crate::tool::Tool;
+use crate::run::tool::Tool;
 
 /// Processes listed (and stacks printed) per warning.
 const TOP: usize = 5;
@@ -146,7 +146,7 @@ impl Memcg {
             .iter()
             .filter(|p| p.2 > 0)
             .map(|(pid, _, grew, v)| {
-                crate::ustack::stack_report(
+                crate::stacks::ustack::stack_report(
                     s,
                     *pid,
                     comm(&v.comm),

@@ -7,10 +7,10 @@ use std::time::Instant;
 use memtrace_common::{memcg::NO_LINE, names};
 
 use super::{rss, table, Memcg, Sample, GROWTH_WINDOW, SAMPLE_EVERY, TAGS, TAG_EVENTS, TAG_PRESSURE, TAG_TIMER, TAG_USAGE, TIMELINE};
-use crate::cgroup::{Group, Version};
+use crate::process::cgroup::{Group, Version};
 use crate::error::Result;
 use crate::session::Session;
-use crate::cgroup::notify::Poller;
+use crate::process::cgroup::notify::Poller;
 
 impl Memcg {
     /// Arms the kernel's notifiers for each group, and the sampling timer.
@@ -72,7 +72,7 @@ impl Memcg {
                 s.hash_insert(names::MEMCG_WATCH, *id, *up, 0)?;
             }
             for (pid, v) in s.hash_entries(names::MEMCG_PROCS) {
-                if !crate::proc::alive(pid) {
+                if !crate::process::proc::alive(pid) {
                     s.hash_remove(names::MEMCG_PROCS, &pid)?;
                     self.rss_history.remove(&pid);
                     continue;

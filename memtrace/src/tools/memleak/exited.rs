@@ -13,7 +13,7 @@ use memtrace_common::{memleak::AllocStats, stacks::StackKey};
 
 use super::report::Tables;
 use crate::error::Result;
-use crate::kept::{Kept, Tally};
+use crate::stacks::kept::{Kept, Tally};
 use crate::output::Value;
 use crate::session::Session;
 
@@ -66,7 +66,7 @@ impl Exited {
             .percpu_keys(t.stacks)?
             .into_iter()
             .filter(|k| Some(k.tgid) != target)
-            .filter(|k| !*alive.entry(k.tgid).or_insert_with(|| crate::proc::alive(k.tgid)))
+            .filter(|k| !*alive.entry(k.tgid).or_insert_with(|| crate::process::proc::alive(k.tgid)))
             .collect();
         self.processes += alive.values().filter(|a| !**a).count() as u64;
         let moved = s.take_folded(t.stacks, &gone)?;
@@ -79,7 +79,7 @@ impl Exited {
             }
             self.kept.add(*k, v);
         }
-        self.kept.bound(crate::proc::alive);
+        self.kept.bound(crate::process::proc::alive);
         if !self.sweep.is_empty() && Instant::now() >= self.next_sweep {
             let began = Instant::now();
             let dead: Vec<_> = s

@@ -18,12 +18,12 @@ use memtrace_common::{
     stack_mode,
 };
 
-use crate::attach::Probe;
+use crate::session::attach::Probe;
 use crate::cli::{parse_size, IntervalArgs, StackArgs};
 use crate::error::{Error, Result};
 use crate::output::{Printer, Value};
 use crate::session::Session;
-use crate::tool::{Prep, Tool};
+use crate::run::tool::{Prep, Tool};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum Sort {
@@ -93,7 +93,7 @@ pub struct Args {
     pub max_stacks: u32,
     /// Totals by stack of exited processes kept before they fold into one
     /// per process. Tests shrink it.
-    #[arg(long, hide = true, default_value_t = crate::kept::MAX_KEPT)]
+    #[arg(long, hide = true, default_value_t = crate::stacks::kept::MAX_KEPT)]
     pub max_kept: usize,
     #[command(flatten)]
     pub stacks: StackArgs,
@@ -251,7 +251,7 @@ impl Tool for Memleak {
         self.target = k.target;
         let (probes, placements) = if let Some(shim) = &self.preload {
             let follow = self.args.common.children
-                || self.args.common.command.as_deref().is_some_and(|c| !crate::command::is_simple(c));
+                || self.args.common.command.as_deref().is_some_and(|c| !crate::process::command::is_simple(c));
             preload::probes(shim, if follow { None } else { k.target })?
         } else if self.user {
             probes::user(&self.args, k.target, &mut cfg)?

@@ -10,9 +10,9 @@ use std::path::{Path, PathBuf};
 use memtrace_common::names::{ML_PRELOAD_ALLOC, ML_PRELOAD_FREE, ML_PRELOAD_FULL, ML_PRELOAD_HELLO};
 
 use super::Args;
-use crate::attach::Probe;
+use crate::session::attach::Probe;
 use crate::error::{Error, Result};
-use crate::uprobe::Symbols;
+use crate::session::uprobe::Symbols;
 
 static SHIM: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/memtrace_preload.so"));
 
@@ -35,11 +35,11 @@ pub fn unusable(a: &Args) -> Option<String> {
     // A simple command is exec'd as it is: an executable glibc's loader
     // does not run (static, another libc) or runs securely (set-id)
     // would not load the shim. A shell line runs /bin/sh first.
-    if !crate::command::is_simple(cmd) {
+    if !crate::process::command::is_simple(cmd) {
         return None;
     }
     let word = cmd.split_whitespace().next()?;
-    let path = crate::command::program_path(word)?;
+    let path = crate::process::command::program_path(word)?;
     let meta = std::fs::metadata(&path).ok()?;
     if meta.permissions().mode() & 0o6000 != 0 {
         return Some(format!("{} is set-id (its loader ignores preloads)", path.display()));

@@ -13,10 +13,10 @@ use memtrace_common::{
 };
 
 use super::Args;
-use crate::attach::Probe;
+use crate::session::attach::Probe;
 use crate::error::{Error, Result};
 use crate::kernel::Format;
-use crate::uprobe::{is_libc, mapped_library, placement, Library, Placement, Symbols};
+use crate::session::uprobe::{is_libc, mapped_library, placement, Library, Placement, Symbols};
 
 /// Allocation functions with how they take their arguments, and the
 /// argument registers the entry program reads for that shape.
@@ -99,7 +99,7 @@ pub fn user(
     // into every process mapping the object (the kernel filters by mm), and
     // the programs keep the followed ones.
     let follow = a.common.children
-        || a.common.command.as_deref().is_some_and(|c| !crate::command::is_simple(c));
+        || a.common.command.as_deref().is_some_and(|c| !crate::process::command::is_simple(c));
     let pid = if follow { None } else { target };
     if follow {
         // The cost falls on processes nobody asked to trace: say so.

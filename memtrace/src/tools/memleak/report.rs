@@ -27,10 +27,10 @@ pub const KERNEL: Tables = Tables {
 
 use super::{Args, Sort};
 use crate::error::Result;
-use crate::kept::Tally;
+use crate::stacks::kept::Tally;
 use crate::output::{AllocFigures, StackReport};
 use crate::session::{first_name, Fold, Session};
-use crate::ustack::stack_report;
+use crate::stacks::ustack::stack_report;
 
 impl Fold for AllocStats {
     fn fold(vals: &[Self]) -> Self {
@@ -130,7 +130,7 @@ pub fn outstanding(
         .map(|(k, (n, bytes))| {
             let v = stats.get(&k).copied().unwrap_or_default();
             let base = phase.base.get(&k).copied().unwrap_or_default();
-            let comm = crate::records::comm(&v.comm);
+            let comm = crate::probes::records::comm(&v.comm);
             let ids = (k.ustack, k.kstack);
             let mut r = stack_report(s, k.tgid, comm, ids, mode, n, Some(bytes));
             // The shim's frames (its probe site, and its malloc under dwarf

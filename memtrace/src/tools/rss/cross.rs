@@ -6,9 +6,9 @@ use memtrace_common::rss::{RssCross, ANON, FILE, SHMEM};
 use super::Rss;
 use crate::error::Result;
 use crate::output::{clock, Col, Printer, Row, Value};
-use crate::records::comm;
+use crate::probes::records::comm;
 use crate::session::Session;
-use crate::tool::Tool;
+use crate::run::tool::Tool;
 
 impl Rss {
     /// One threshold crossing: the counters, the allocating stack and the
@@ -50,7 +50,7 @@ impl Rss {
             comm(&ev.task_comm).into(),
         ]);
         out.event("rss_threshold", &cols, &row);
-        let mut stack = crate::ustack::stack_report(
+        let mut stack = crate::stacks::ustack::stack_report(
             s,
             ev.task_pid,
             comm(&ev.task_comm),
@@ -64,7 +64,7 @@ impl Rss {
         }
         out.stacks("rss_threshold_stack", "", &[stack]);
         // pmap-like: the largest mappings by RSS, at the moment it was seen.
-        crate::pmap::largest_mappings(out, "rss_mapping", ev.pid, 10);
+        crate::process::pmap::largest_mappings(out, "rss_mapping", ev.pid, 10);
         Ok(())
     }
 

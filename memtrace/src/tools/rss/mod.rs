@@ -15,12 +15,12 @@ use memtrace_common::{
 use memtrace_common::names;
 
 use crate::cli::{parse_size, IntervalArgs};
-use crate::attach::Probe;
+use crate::session::attach::Probe;
 use crate::error::{Error, Result};
 use crate::output::{clock, Col, Printer, Row, Value};
-use crate::tool::{Prep, Tool};
+use crate::run::tool::{Prep, Tool};
 use crate::session::Session;
-use crate::records::{comm, record};
+use crate::probes::records::{comm, record};
 
 #[derive(Debug, Clone, clap::Args)]
 pub struct Args {
@@ -62,7 +62,7 @@ impl Exclude {
     }
 }
 
-fn excluded_bytes(maps: &[crate::proc::SmapsEntry], ex: &[Exclude]) -> u64 {
+fn excluded_bytes(maps: &[crate::process::proc::SmapsEntry], ex: &[Exclude]) -> u64 {
     maps.iter()
         .filter(|m| {
             ex.iter().any(|e| match e {
@@ -91,7 +91,7 @@ fn seed(pid: u32) -> Option<RssVal> {
     v.bytes[SHMEM] = kb("RssShmem:");
     v.bytes[SWAP] = kb("VmSwap:");
     v.peak = (v.bytes[FILE] + v.bytes[ANON] + v.bytes[SHMEM]).max(0) as u64;
-    let name = crate::proc::comm(pid).unwrap_or_default();
+    let name = crate::process::proc::comm(pid).unwrap_or_default();
     for (d, s) in v.comm.iter_mut().zip(name.bytes().take(15)) {
         *d = s;
     }
@@ -151,7 +151,7 @@ impl Rss {
             return Ok(out);
         }
         for &pid in pids {
-            let ex = excluded_bytes(&crate::proc::smaps(pid), &self.excludes);
+            let ex = excluded_bytes(&crate::process::proc::smaps(pid), &self.excludes);
             s.hash_insert(names::RSS_EXCLUDED, pid, ex, 0)?;
             out.insert(pid, ex);
         }
@@ -190,7 +190,7 @@ impl Rss {
         // leaves the table.
         let mut gone = Vec::new();
         for (pid, _) in &rows {
-            if *pid != self.target && crate::proc::exiting(*pid) {
+            if *pid != self.target && crate::process::proc::exiting(*pid) {
                 self.forget(s, *pid)?;
                 gone.push(*pid);
             }
@@ -222,7 +222,7 @@ impl Rss {
                 continue;
             }
             // The name it has now: it may have exec'd since its first change.
-            let name = match crate::proc::comm(*pid) {
+            let name = match crate::process::proc::comm(*pid) {
                 _ if exited => format!("{} (exited)", comm(&v.comm)),
                 Some(n) => n,
                 None => comm(&v.comm),
@@ -308,7 +308,7 @@ impl Tool for Rss {
 
     fn prepare(&mut self, k: &mut Prep) -> Result<()> {
         self.target = k.target.unwrap_or(0);
-        let cfg = crate::rssstat::config(k, self.args.threshold.unwrap_or(0))?;
+        let cfg = crate::probes::rssstat::config(k, self.args.threshold.unwrap_or(0))?;
         k.loader.global(names::RSS_CFG, &cfg);
         k.loader.max_entries(names::RSS, 4096);
         k.loader.max_entries(names::RSS_OWNER, 4096);

@@ -24,7 +24,7 @@ fn smaps_rss_and_pss() {
              55d1c0a00000-55d1c0a21000 r-xp 00001000 fe:01 1234567 /usr/bin/prog\n\
              Rss:                  12 kB\n\
              Pss:                  12 kB\n";
-    let m = crate::proc::parse_smaps(t);
+    let m = crate::process::proc::parse_smaps(t);
     assert_eq!(m.len(), 2);
     assert_eq!((m[0].rss, m[0].pss), (1024 * 1024, 512 * 1024));
     assert_eq!(m[1].name, "/usr/bin/prog");

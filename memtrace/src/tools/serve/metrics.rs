@@ -11,7 +11,7 @@ use prometheus_client::registry::Registry;
 
 use super::Serve;
 use crate::session::Session;
-use crate::snapshot::{Figures, OomKill};
+use crate::probes::snapshot::{Figures, OomKill};
 
 type Labels = Vec<(String, String)>;
 type Counters = Family<Labels, Counter>;

@@ -10,12 +10,12 @@ use std::net::{SocketAddr, TcpListener, ToSocketAddrs};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use crate::attach::Probe;
+use crate::session::attach::Probe;
 use crate::error::{Error, Result};
 use crate::output::Printer;
 use crate::session::Session;
-use crate::snapshot::{Counters, Snapshot};
-use crate::tool::{Prep, Tool};
+use crate::probes::snapshot::{Counters, Snapshot};
+use crate::run::tool::{Prep, Tool};
 
 use series::Series;
 

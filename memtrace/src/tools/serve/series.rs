@@ -6,7 +6,7 @@
 use std::collections::HashMap;
 use std::hash::Hash;
 
-use crate::snapshot::Figures;
+use crate::probes::snapshot::Figures;
 
 /// A key's series: its counts since it got the series.
 #[derive(Clone, Debug, Default)]

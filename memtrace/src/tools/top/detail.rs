@@ -11,12 +11,12 @@ use memtrace_common::{
     stack_mode,
 };
 
-use crate::attach::Probe;
+use crate::session::attach::Probe;
 use crate::cli::{Common, StackArgs, StackMode};
 use crate::error::Result;
 use crate::session::Session;
-use crate::tool::{Prep, Tool};
-use crate::ustack::stack_report;
+use crate::run::tool::{Prep, Tool};
+use crate::stacks::ustack::stack_report;
 
 /// Stacks shown of each kind.
 const TOP: usize = 3;
@@ -36,8 +36,8 @@ impl Tool for Stacks {
         "fault and brk stacks".into()
     }
     fn probes(&self) -> Vec<Probe> {
-        let mut p = crate::counters::fault_probes();
-        p.push(crate::counters::brk_probe());
+        let mut p = crate::probes::counters::fault_probes();
+        p.push(crate::probes::counters::brk_probe());
         p
     }
     fn stack_mode(&self) -> u32 {
@@ -49,8 +49,8 @@ impl Tool for Stacks {
         Some((&self.stack_args, false))
     }
     fn prepare(&mut self, k: &mut Prep) -> Result<()> {
-        crate::counters::prepare_faults(k, FaultConfig::default(), 4096)?;
-        crate::counters::prepare_brk(k)?;
+        crate::probes::counters::prepare_faults(k, FaultConfig::default(), 4096)?;
+        crate::probes::counters::prepare_brk(k)?;
         k.loader.max_entries(BRK_STACKS, 4096);
         Ok(())
     }

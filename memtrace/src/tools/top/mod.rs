@@ -9,13 +9,13 @@ mod ui;
 use std::io::IsTerminal;
 use std::time::Duration;
 
-use crate::attach::Probe;
+use crate::session::attach::Probe;
 use crate::cli::IntervalArgs;
 use crate::error::Result;
 use crate::output::{clock, Col, Printer, Row, Value};
 use crate::session::Session;
-use crate::snapshot::{Counters, Snapshot};
-use crate::tool::{Prep, Tool};
+use crate::probes::snapshot::{Counters, Snapshot};
+use crate::run::tool::{Prep, Tool};
 
 pub use table::SortKey;
 use table::Filter;
@@ -170,7 +170,7 @@ impl Tool for Top {
             Some(t) => {
                 self.snap.seed(t);
                 if self.args.common.children {
-                    for c in crate::process::descendants(t) {
+                    for c in crate::process::follow::descendants(t) {
                         self.snap.seed(c);
                     }
                 }

@@ -2,7 +2,7 @@
 //! rows, taken from the snapshot.
 
 use crate::output::{Col, Row, Value};
-use crate::snapshot::{Proc, Snapshot};
+use crate::probes::snapshot::{Proc, Snapshot};
 
 /// What rows are sorted by; the key that selects each is shown on screen.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -163,7 +163,7 @@ pub fn keys_line(current: SortKey) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::snapshot::Figures;
+    use crate::probes::snapshot::Figures;
 
     fn snap() -> Snapshot {
         let mut s = Snapshot::new(2);

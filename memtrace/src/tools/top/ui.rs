@@ -17,7 +17,7 @@ use ratatui::Terminal;
 use super::table::{self, Filter, SortKey};
 use crate::error::{Error, Result};
 use crate::output::Value;
-use crate::snapshot::Snapshot;
+use crate::probes::snapshot::Snapshot;
 
 #[derive(Default)]
 pub struct Screen {

@@ -1,0 +1,35 @@
+//! kmem:rss_stat as the kernel programs read it: the field offsets and the
+//! kernel's mm counter indexes, shared by the tools that follow RSS changes.
+
+use memtrace_common::rss::{RssConfig, ANON, FILE, NR, SHMEM, SWAP};
+
+use crate::error::Result;
+use crate::run::tool::Prep;
+
+/// The tracepoint's offsets and counter slots, with `threshold` (0: none).
+pub fn config(k: &Prep, threshold: u64) -> Result<RssConfig> {
+    let f = k.format("kmem", "rss_stat")?;
+    // The kernel's mm counter indexes, by name: their order is not ABI.
+    let mut r = k.btf()?.resolver();
+    let mut slots = [NR as u8; 8];
+    for (name, slot) in [
+        ("MM_FILEPAGES", FILE),
+        ("MM_ANONPAGES", ANON),
+        ("MM_SWAPENTS", SWAP),
+        ("MM_SHMEMPAGES", SHMEM),
+    ] {
+        let i = r.enumerator("", name) as usize;
+        if let Some(s) = slots.get_mut(i) {
+            *s = slot as u8;
+        }
+    }
+    let slots = r.done("the mm counters of kmem:rss_stat", slots)?;
+    Ok(RssConfig {
+        tp_mm_id: f.offset("mm_id")?,
+        tp_curr: f.offset("curr")?,
+        tp_member: f.offset("member")?,
+        tp_size: f.offset("size")?,
+        threshold,
+        slots,
+    })
+}

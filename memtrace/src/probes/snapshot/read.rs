@@ -1,0 +1,173 @@
+//! The kernel side of the snapshot: which programs run, how they are set
+//! up, and how their maps are emptied into `Snapshot` every interval.
+
+use memtrace_common::{
+    faults::FaultConfig,
+    kind,
+    names::{
+        BRK_STACKS, FAULTS, FAULTS_PERF, FILE_FAULTS, MMAP_COUNTS, PROC_RECLAIM, RSS, RSS_CFG,
+        RSS_OWNER, RSS_STAT, TOP_CFG, TOP_MMAP,
+    },
+    oom::OomEvent,
+    reclaim::ReclaimConfig,
+    top::{MmapCount, TopConfig},
+};
+
+use super::{OomKill, Snapshot};
+use crate::error::Result;
+use crate::probes::records::{comm, record};
+use crate::run::tool::Prep;
+use crate::session::attach::Probe;
+use crate::session::{first_name, Fold, Session};
+
+impl Fold for MmapCount {
+    fn fold(vals: &[Self]) -> Self {
+        MmapCount {
+            calls: vals.iter().map(|v| v.calls).sum(),
+            bytes: vals.iter().map(|v| v.bytes).sum(),
+            comm: first_name(vals.iter().map(|v| v.comm)),
+        }
+    }
+}
+
+/// Keys of each per-process count map: the processes active in one
+/// interval (emptied every interval), with room for bursts of churn.
+const KEYS: u32 = 16384;
+
+/// The programs behind the snapshot.
+#[derive(Default)]
+pub struct Counters;
+
+impl Counters {
+    pub fn probes(&self) -> Vec<Probe> {
+        let mut p = crate::probes::counters::fault_probes();
+        p.push(crate::probes::counters::brk_probe());
+        p.push(crate::probes::counters::ffault_probe().optional());
+        p.push(Probe::new("mmap calls").tracepoint(TOP_MMAP, "syscalls", "sys_enter_mmap"));
+        p.extend(crate::probes::reclaim::reclaim_probes());
+        p.push(Probe::new("rss changes").tracepoint(RSS_STAT, "kmem", "rss_stat"));
+        p.extend(crate::probes::oom::probes());
+        p
+    }
+
+    pub fn prepare(&self, k: &mut Prep) -> Result<()> {
+        // No count-by-process slots: every interval empties the hash map
+        // key by key (lookup-and-delete), which keeps each count exact.
+        crate::probes::counters::prepare_faults(k, FaultConfig::default(), KEYS)?;
+        crate::probes::counters::prepare_brk(k)?;
+        k.loader.max_entries(BRK_STACKS, KEYS);
+        // FILES_SEEN stays at one entry: no file names are needed here.
+        crate::probes::counters::prepare_ffaults(k, KEYS)?;
+        let len = crate::probes::syscalls::arg_offsets(k, "sys_enter_mmap", ["len"])?[0];
+        k.loader.global(
+            TOP_CFG,
+            &TopConfig {
+                tp_mmap_len: len,
+                _pad: 0,
+            },
+        );
+        k.loader.max_entries(MMAP_COUNTS, KEYS);
+        crate::probes::reclaim::prepare_reclaim(
+            k,
+            ReclaimConfig {
+                per_process: 1,
+                ..Default::default()
+            },
+        )?;
+        k.loader
+            .global(RSS_CFG, &crate::probes::rssstat::config(k, 0)?);
+        k.loader.max_entries(RSS, KEYS);
+        k.loader.max_entries(RSS_OWNER, KEYS);
+        crate::probes::oom::prepare(k)
+    }
+
+    /// An OOM kill record; false for any other.
+    pub fn on_record(&self, data: &[u8], snap: &mut Snapshot) -> bool {
+        let Some(ev) = record::<OomEvent>(data, kind::OOM) else {
+            return false;
+        };
+        let mut victim_comm = comm(&ev.victim_comm);
+        if victim_comm.is_empty() {
+            victim_comm = crate::process::proc::comm(ev.victim_pid).unwrap_or_default();
+        }
+        let cgroup = crate::kernel::cgroupid::path_of(ev.memcg_id)
+            .map(|(_, p)| p)
+            .unwrap_or_else(|| "/".into());
+        // The victim is often gone before its cgroup can be read from /proc:
+        // the kill names it.
+        let p = snap.proc_mut(ev.victim_pid, &victim_comm);
+        if p.cgroup.is_empty() {
+            p.cgroup.clone_from(&cgroup);
+        }
+        snap.oom(OomKill {
+            at: std::time::SystemTime::now(),
+            victim_pid: ev.victim_pid,
+            victim_comm,
+            trigger_pid: ev.trigger_pid,
+            cgroup,
+            anon_rss_kb: ev.anon_rss_kb,
+        });
+        true
+    }
+
+    /// Empties the count maps into `snap`: one interval. Returns the
+    /// events it counted (every view's event total).
+    pub fn read(&self, s: &mut Session, snap: &mut Snapshot) -> Result<u64> {
+        snap.begin();
+        let mut faults = s.read_folded(FAULTS, true)?;
+        faults.extend(s.read_folded(FAULTS_PERF, true)?);
+        for (k, v) in faults {
+            let p = snap.proc_mut(k.tgid, &comm(&v.comm));
+            if k.kernel_mode == 0 {
+                p.last.faults_user += v.count;
+            } else {
+                p.last.faults_kernel += v.count;
+            }
+        }
+        for (k, v) in s.read_folded(BRK_STACKS, true)? {
+            let p = snap.proc_mut(k.tgid, &comm(&v.comm));
+            p.last.brk_calls += v.count;
+            p.last.brk_bytes += v.bytes;
+        }
+        for (k, n) in s.read_folded(FILE_FAULTS, true)? {
+            snap.proc_mut(k.tgid, "").last.file_faults += n;
+        }
+        for (tgid, v) in s.read_folded(MMAP_COUNTS, true)? {
+            let p = snap.proc_mut(tgid, &comm(&v.comm));
+            p.last.mmap_calls += v.calls;
+            p.last.mmap_bytes += v.bytes;
+        }
+        for (k, v) in s.read_folded(PROC_RECLAIM, true)? {
+            snap.proc_mut(k.tgid, &comm(&v.comm)).last.reclaim_ns += v.ns;
+        }
+        let mut gone = Vec::new();
+        for (tgid, v) in s.hash_entries(RSS) {
+            if !crate::process::proc::alive(tgid) {
+                gone.push(tgid);
+            }
+            snap.proc_mut(tgid, &comm(&v.comm)).rss = v.bytes;
+        }
+        // The kernel keeps an entry per process ever seen: the gone ones
+        // are dropped here, or the maps would fill under churn.
+        for tgid in &gone {
+            s.hash_remove(RSS, tgid)?;
+        }
+        let owners: Vec<u32> = s
+            .hash_entries(RSS_OWNER)
+            .into_iter()
+            .filter(|(_, tgid)| !crate::process::proc::alive(*tgid))
+            .map(|(mm, _)| mm)
+            .collect();
+        for mm in owners {
+            s.hash_remove(RSS_OWNER, &mm)?;
+        }
+        let mut events = 0;
+        for p in snap.procs.values_mut() {
+            let last = p.last;
+            p.total.add(&last);
+            events += last.activity();
+        }
+        snap.end();
+        Ok(events)
+    }
+}

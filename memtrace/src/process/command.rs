@@ -1,0 +1,278 @@
+//! Running `-c CMD`: the command is started under ptrace, stopped before
+//! its first instruction until the probes are attached, and its maps are
+//! read again as it exits (still mapped then) so its stacks symbolize.
+//!
+//! A simple command (words only) is exec'd by the shell, so tracing starts
+//! at the command itself, without the shell's own start-up. Anything else
+//! (lists, pipelines, redirections, expansions) runs as the shell would run
+//! it, and the shell is traced from its first instruction with every
+//! process it starts; its exit status is the command's.
+
+use std::sync::mpsc;
+
+use crate::error::{Error, Result};
+use crate::process::entrystop::EntryStops;
+use crate::stacks::symbolize::SharedMaps;
+
+/// ptrace's answer, checked: a request that fails leaves the tracee
+/// stopped or untraced, which must not pass silently.
+fn ptrace(req: libc::c_uint, pid: libc::pid_t, data: usize) -> std::io::Result<()> {
+    // SAFETY: requests on our own stopped child; no pointers are passed.
+    if unsafe { libc::ptrace(req, pid, 0, data) } < 0 {
+        Err(std::io::Error::last_os_error())
+    } else {
+        Ok(())
+    }
+}
+
+/// A command run with `-c`, under ptrace so that it is stopped before its
+/// first instruction and its maps can be read when it exits.
+pub struct Traced {
+    pub pid: u32,
+    pub go: mpsc::Sender<SharedMaps>,
+    pub exited: tokio::sync::oneshot::Receiver<i32>,
+}
+
+/// Whether `cmd` is plain words naming a program the shell can exec as
+/// they are: no shell syntax, no variable assignment in front and no
+/// builtin such as `cd` (which `exec` cannot run).
+pub fn is_simple(cmd: &str) -> bool {
+    let plain = cmd
+        .chars()
+        .all(|c| c.is_ascii_alphanumeric() || " \t_-./,:=+@%".contains(c));
+    let Some(first) = cmd.split_whitespace().next() else {
+        return false;
+    };
+    plain && !first.contains('=') && is_program(first)
+}
+
+/// A path, or a name found as an executable file in PATH.
+fn is_program(word: &str) -> bool {
+    word.contains('/') || program_path(word).is_some()
+}
+
+/// The file a command word runs: itself when it is a path, else the first
+/// executable of that name in PATH.
+pub fn program_path(word: &str) -> Option<std::path::PathBuf> {
+    use std::os::unix::fs::PermissionsExt;
+    let exec = |p: &std::path::Path| {
+        std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+    };
+    if word.contains('/') {
+        return Some(word.into());
+    }
+    let path = std::env::var_os("PATH")?;
+    std::env::split_paths(&path)
+        .map(|d| d.join(word))
+        .find(|p| exec(p))
+}
+
+/// Every process the command starts is followed the same way (fork, vfork;
+/// threads share their process's maps and are left alone), so its maps
+/// are read as it execs and as it exits, however short it lives.
+const CHILD_OPTS: libc::c_int = libc::PTRACE_O_TRACEFORK | libc::PTRACE_O_TRACEVFORK;
+
+/// Runs the command's process tree to the end of its first process: each
+/// process stops at its execs and its exit, where its maps are read; the
+/// first process's exit status goes to `exit_tx`. Processes left when it
+/// ends keep running (only the command itself dies with memtrace).
+fn follow_tree(
+    pid: libc::pid_t,
+    maps: &SharedMaps,
+    exit_tx: tokio::sync::oneshot::Sender<i32>,
+    mut stops: EntryStops,
+) {
+    let mut exit_tx = Some(exit_tx);
+    let mut seen = std::collections::HashSet::from([pid]);
+    let kunwind = maps.lock().unwrap().ktables.is_some();
+    let mut status = 0;
+    loop {
+        // SAFETY: waiting for our own tracees.
+        let w = unsafe { libc::waitpid(-1, &mut status, libc::__WALL) };
+        if w < 0 {
+            // ECHILD: nothing left to wait for.
+            if let Some(tx) = exit_tx.take() {
+                let _ = tx.send(-1);
+            }
+            return;
+        }
+        let code = if libc::WIFEXITED(status) {
+            Some(libc::WEXITSTATUS(status))
+        } else if libc::WIFSIGNALED(status) {
+            Some(128 + libc::WTERMSIG(status))
+        } else {
+            None
+        };
+        if let Some(code) = code {
+            if w == pid {
+                if let Some(tx) = exit_tx.take() {
+                    let _ = tx.send(code);
+                }
+            }
+            continue;
+        }
+        if !libc::WIFSTOPPED(status) {
+            continue;
+        }
+        let sig = libc::WSTOPSIG(status);
+        let event = status >> 16;
+        let mut deliver = 0;
+        if event == libc::PTRACE_EVENT_EXEC {
+            // The new image, with the one it replaced kept aside.
+            maps.lock().unwrap().exec(w as u32);
+            stops.forget(w);
+            if kunwind {
+                stops.arm(w);
+            }
+        } else if event == 0 && sig == libc::SIGTRAP && stops.hit(w) {
+            // At its entry: the libraries it links are mapped now.
+            maps.lock().unwrap().snapshot(w as u32);
+        } else if event == libc::PTRACE_EVENT_EXIT {
+            // Still mapped: keep what symbolization needs after exit.
+            maps.lock().unwrap().snapshot(w as u32);
+        } else if event == 0 && sig == libc::SIGSTOP && seen.insert(w) {
+            // A new process's first stop: follow it as its parent is
+            // followed, but let it outlive memtrace.
+            let opts = libc::PTRACE_O_TRACEEXIT | libc::PTRACE_O_TRACEEXEC | CHILD_OPTS;
+            let _ = ptrace(libc::PTRACE_SETOPTIONS, w, opts as usize);
+        } else if event == 0 && sig != libc::SIGTRAP {
+            deliver = sig;
+        }
+        // ESRCH: killed meanwhile; waitpid reports how.
+        let _ = ptrace(libc::PTRACE_CONT, w, deliver as usize);
+    }
+}
+
+/// Starts `cmd` (with `env` added to memtrace's environment) stopped
+/// before its first instruction.
+pub fn spawn_traced(cmd: &str, env: Vec<(String, String)>) -> Result<Traced> {
+    let (pid_tx, pid_rx) = mpsc::channel::<std::result::Result<u32, String>>();
+    let (go_tx, go_rx) = mpsc::channel::<SharedMaps>();
+    let (exit_tx, exit_rx) = tokio::sync::oneshot::channel::<i32>();
+    let cmd = cmd.to_string();
+    // ptrace requests must come from the thread that forked the tracee.
+    std::thread::spawn(move || {
+        use std::os::unix::process::CommandExt;
+        let mut c = std::process::Command::new("/bin/sh");
+        let simple = is_simple(&cmd);
+        if simple {
+            c.arg("-c").arg(format!("exec {cmd}"));
+        } else {
+            c.arg("-c").arg(&cmd);
+        }
+        c.envs(env);
+        // SAFETY: ptrace(TRACEME) is async-signal-safe.
+        unsafe {
+            c.pre_exec(|| {
+                if libc::ptrace(libc::PTRACE_TRACEME, 0, 0, 0) < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+        let child = match c.spawn() {
+            Ok(c) => c,
+            Err(e) => {
+                let _ = pid_tx.send(Err(format!("cannot run '{cmd}': {e}")));
+                return;
+            }
+        };
+        let pid = child.id() as libc::pid_t;
+        let mut status = 0;
+        // The first stop is the SIGTRAP of the exec of /bin/sh; for a simple
+        // command sh then execs it, which stops again: that is before its
+        // first instruction.
+        let mut execs = 0;
+        let start_at = if simple { 2 } else { 1 };
+        loop {
+            // SAFETY: waiting for our own child.
+            if unsafe { libc::waitpid(pid, &mut status, 0) } < 0 {
+                let _ = pid_tx.send(Err("waitpid failed".into()));
+                return;
+            }
+            if !libc::WIFSTOPPED(status) {
+                let how = if libc::WIFEXITED(status) {
+                    format!("with status {}", libc::WEXITSTATUS(status))
+                } else {
+                    format!("by signal {}", libc::WTERMSIG(status))
+                };
+                let _ = pid_tx.send(Err(format!(
+                    "'{cmd}' could not be run: it exited {how} before it started"
+                )));
+                return;
+            }
+            execs += 1;
+            let opts = libc::PTRACE_O_TRACEEXIT
+                | libc::PTRACE_O_TRACEEXEC
+                | libc::PTRACE_O_EXITKILL
+                | CHILD_OPTS;
+            if let Err(e) = ptrace(libc::PTRACE_SETOPTIONS, pid, opts as usize) {
+                let _ = pid_tx.send(Err(format!("cannot trace '{cmd}': ptrace: {e}")));
+                return;
+            }
+            if execs >= start_at {
+                break;
+            }
+            if let Err(e) = ptrace(libc::PTRACE_CONT, pid, 0) {
+                let _ = pid_tx.send(Err(format!("cannot run '{cmd}': ptrace: {e}")));
+                return;
+            }
+        }
+        let _ = pid_tx.send(Ok(pid as u32));
+        let Ok(maps) = go_rx.recv() else {
+            return;
+        };
+        let mut stops = EntryStops::default();
+        {
+            let mut m = maps.lock().unwrap();
+            m.snapshot(pid as u32);
+            if m.ktables.is_some() {
+                stops.arm(pid);
+            }
+        }
+        if let Err(e) = ptrace(libc::PTRACE_CONT, pid, 0) {
+            say!("memtrace: error: cannot start '{cmd}': ptrace: {e}");
+            let _ = exit_tx.send(-1);
+            return;
+        }
+        follow_tree(pid, &maps, exit_tx, stops);
+    });
+    match pid_rx.recv() {
+        Ok(Ok(pid)) => Ok(Traced {
+            pid,
+            go: go_tx,
+            exited: exit_rx,
+        }),
+        Ok(Err(e)) => Err(Error::Usage(e)),
+        Err(_) => Err(Error::Runtime("command runner died".into())),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::is_simple;
+
+    #[test]
+    fn only_plain_words_are_exec_d() {
+        for c in [
+            "python3 x.py",
+            "/usr/bin/env A=1 prog --flag=2 a,b",
+            "make -j4",
+        ] {
+            assert!(is_simple(c), "{c}");
+        }
+        for c in [
+            "a; b",
+            "a | b",
+            "a && b",
+            "a > f",
+            "echo $HOME",
+            "x 'q'",
+            "(a)",
+            "a &",
+            "",
+        ] {
+            assert!(!is_simple(c), "{c}");
+        }
+    }
+}

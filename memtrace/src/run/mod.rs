@@ -1,0 +1,376 @@
+//! Life cycle shared by every tool: select the process, load and attach,
+//! drain events and intervals, end on Ctrl-C/SIGTERM/SIGHUP, duration or the
+//! target's exit, then print the report and summary.
+
+mod events;
+pub mod losses;
+pub mod tool;
+
+use std::os::fd::{FromRawFd, OwnedFd, RawFd};
+use std::time::Instant;
+
+use memtrace_common::{names, stack_mode, Filter};
+use tokio::signal::unix::{signal, SignalKind};
+
+use crate::cli::{Common, StackMode};
+use crate::error::{Error, Result};
+use crate::kernel::Format;
+use crate::output::{self, Format as OutFormat, Summary, Value};
+use crate::run::events::{event_loop, Signals};
+use crate::run::tool::{Prep, Tool};
+use crate::session::{Loader, Session};
+use crate::stacks::symbolize::FrameStyle;
+
+fn pidfd_open(pid: u32) -> Option<OwnedFd> {
+    // SAFETY: plain syscall; a valid fd is owned by the caller.
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid as libc::c_int, 0) };
+    if fd < 0 {
+        None
+    } else {
+        Some(unsafe { OwnedFd::from_raw_fd(fd as RawFd) })
+    }
+}
+
+/// With MEMTRACE_TIMING set, prints how long each start-up phase took.
+struct Phases(Option<Instant>);
+
+impl Phases {
+    fn mark(&mut self, what: &str) {
+        if let Some(t) = self.0 {
+            say!(
+                "memtrace: timing: {what}: {:.1} ms",
+                t.elapsed().as_secs_f64() * 1e3
+            );
+        }
+    }
+}
+
+/// The EVENTS ring buffer's size in the kernel object, unless a tool sets one.
+const DEFAULT_RING_BYTES: u32 = 256 * 1024;
+
+/// Loads the tool's programs with the globals and map sizes it asks for, and
+/// attaches its probes: the same for a run and for `doctor`.
+pub fn attach(
+    tool: &mut dyn Tool,
+    common: &Common,
+    target: Option<u32>,
+    follow: bool,
+) -> Result<Session> {
+    let system_wide = target.is_none();
+    match attach_with(tool, common, target, follow, false) {
+        // In-kernel unwinding refused (verifier, BTF, memory): the copy
+        // path still gives complete stacks, at a copy per event.
+        Err(e) if tool_unwinds_in_kernel(tool, system_wide) => {
+            // The verifier's log is long: its first line names the program
+            // (-v adds the log's end, where it says why: the whole log of a
+            // million instructions is megabytes).
+            let why = crate::error::verifier_brief(&e.to_string(), common.verbose);
+            let auto = match tool.user_stacks() {
+                Some((a, _)) if a.stack_mode == StackMode::Auto => " (auto)",
+                _ => "",
+            };
+            say!(
+                "memtrace: user stacks: dwarf{auto}, copied and unwound here \
+                 (in-kernel unwinding could not be set up: {why})"
+            );
+            attach_with(tool, common, target, follow, true)
+        }
+        r => r,
+    }
+}
+
+/// Whether the tool's stack arguments ask for unwinding in the kernel.
+fn tool_unwinds_in_kernel(tool: &dyn Tool, system_wide: bool) -> bool {
+    tool.stack_mode() & stack_mode::USER != 0
+        && tool
+            .user_stacks()
+            .is_some_and(|(a, rare)| a.in_kernel(rare, system_wide))
+}
+
+pub(crate) fn attach_with(
+    tool: &mut dyn Tool,
+    common: &Common,
+    target: Option<u32>,
+    follow: bool,
+    copy_only: bool,
+) -> Result<Session> {
+    let mut loader = Loader::default();
+    let mut filter = Filter {
+        tgid: target.unwrap_or(0),
+        children: follow as u32,
+        stacks: tool.stack_mode(),
+        fork_child_pid: 0,
+        myself: std::process::id(),
+    };
+    if follow {
+        filter.fork_child_pid = Format::load("sched", "sched_process_fork")?.offset("child_pid")?;
+        loader.max_entries(names::FOLLOWED, 8192);
+    }
+    let dwarf = crate::stacks::ustack::setup(tool, &mut filter, &mut loader, copy_only)?;
+    // The kernel's stack map: kernel stacks, and user stacks neither walked
+    // in the program nor copied for unwinding.
+    let user_by_kernel = filter.stacks & stack_mode::USER != 0
+        && filter.stacks & (stack_mode::WALK | stack_mode::DWARF) == 0;
+    if filter.stacks & stack_mode::KERNEL != 0 || user_by_kernel {
+        loader.max_entries(names::STACKS, 16384);
+    }
+    loader.global(names::FILTER, &filter);
+    // Stacks of processes gone before their maps could be read: their
+    // executable mappings as the kernel made them.
+    let learn = filter.stacks & stack_mode::USER != 0
+        && crate::process::exemaps::configure(&mut loader, common.verbose);
+    tool.prepare(&mut Prep {
+        loader: &mut loader,
+        target,
+        forced: common.attach,
+        stacks: filter.stacks,
+    })?;
+    if let Some(bytes) = common.buffer_size {
+        loader.max_entries(names::EVENTS, bytes);
+    }
+    // Streamed records wake memtrace once an eighth of the buffer waits
+    // (and a timer drains the rest), not once per record.
+    let ring = loader.size_of(names::EVENTS).unwrap_or(DEFAULT_RING_BYTES);
+    loader.global(names::WAKE_BYTES, &(ring as u64 / 8));
+
+    let mut session = Session::load(&loader, common.attach, common.verbose)?;
+    session.dwarf = dwarf;
+    session.walked_user_stacks = filter.stacks & stack_mode::WALK != 0;
+    if filter.stacks & stack_mode::KUNWIND != 0 {
+        let kt = crate::stacks::ktables::KTables::new(&mut session.bpf, common.verbose)?;
+        session.sym.maps.lock().unwrap().ktables = Some(kt);
+    }
+    session.sym.style = match (common.addresses, common.lines) {
+        (true, _) => FrameStyle::Addresses,
+        (_, true) => FrameStyle::Lines,
+        _ => FrameStyle::Function,
+    };
+    if follow {
+        session.attach(&crate::process::follow::fork_probe())?;
+    }
+    if learn && crate::process::exemaps::attach(&mut session, common.verbose)? {
+        let mut maps = session.sym.maps.lock().unwrap();
+        maps.learns = true;
+        maps.hold_own_files();
+    }
+    // Execs of followed processes, for their maps, and with in-kernel
+    // unwinding of any traced process, to let go of the old image's table
+    // (the tool may attach the same program for names: once is enough).
+    if follow || filter.stacks & stack_mode::KUNWIND != 0 {
+        let probes = tool.probes();
+        let has_exec = probes
+            .iter()
+            .any(|p| p.ways.iter().any(|w| w.prog == names::NAME_EXEC));
+        if !has_exec {
+            session.attach(&crate::process::follow::exec_probe())?;
+        }
+    }
+    for p in tool.probes() {
+        session.attach(&if common.floor { p.floor() } else { p })?;
+    }
+    Ok(session)
+}
+
+pub fn run(tool: &mut dyn Tool, common: &Common) -> Result<i32> {
+    let mut phases = Phases(std::env::var_os("MEMTRACE_TIMING").map(|_| Instant::now()));
+    // Signal handlers go in before anything is set up: a Ctrl-C, SIGTERM or
+    // SIGHUP while probes attach is kept and ends the run as soon as the
+    // event loop starts (a report, the summary, nothing left attached),
+    // rather than killing memtrace part way, or at whatever step it came.
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(Error::Io)?;
+    let mut signals = {
+        let _guard = rt.enter();
+        Signals {
+            int: signal(SignalKind::interrupt())?,
+            term: signal(SignalKind::terminate())?,
+            hup: signal(SignalKind::hangup())?,
+            usr1: signal(SignalKind::user_defined1())?,
+        }
+    };
+    crate::kernel::caps::check()?;
+    crate::kernel::tracefs::root()?;
+    // Opened before anything else: it proves the pid exists, and the target's
+    // exit is seen even if it comes before the event loop starts.
+    let pidfd = match common.pid {
+        Some(pid) => Some(pidfd_open(pid).ok_or(Error::NoSuchPid(pid))?),
+        None => None,
+    };
+    let dest = output::destination(common.output.as_deref())?;
+    let mut traced = match &common.command {
+        Some(cmd) => Some(crate::process::command::spawn_traced(
+            cmd,
+            tool.command_env(),
+        )?),
+        None => None,
+    };
+    let target = common.pid.or(traced.as_ref().map(|t| t.pid));
+    let follow = common.children || traced.is_some();
+
+    phases.mark("set up");
+    let mut session = match attach(tool, common, target, follow) {
+        Ok(s) => s,
+        Err(e) => {
+            let _guard = rt.enter();
+            if signals.stop_pending() {
+                say!("memtrace: stopped by a signal during set-up; nothing was attached");
+                return Ok(0);
+            }
+            return Err(e);
+        }
+    };
+    let adopted = match (common.pid, common.children) {
+        (Some(p), true) => Some(crate::process::follow::adopt_descendants(&mut session, p)?),
+        _ => None,
+    };
+    tool.on_start(&mut session)?;
+    phases.mark("attached");
+    let format = if common.json {
+        OutFormat::Json
+    } else if tool.folded() {
+        OutFormat::Folded
+    } else {
+        OutFormat::Text
+    };
+    let mut out = output::printer(format, common.timestamps, dest);
+    out = Box::new(output::MergedStacks(out, common.per_pid, tool.top()));
+    if let Some(path) = &common.record {
+        // The record keeps source lines even when they are not shown.
+        let shown = session.sym.style;
+        if shown == FrameStyle::Function {
+            session.sym.style = FrameStyle::Lines;
+        }
+        out = Box::new(crate::record::Recorder::create(
+            out,
+            path,
+            tool.name(),
+            shown,
+            common.per_pid,
+        )?);
+    }
+    let scope = match (&common.command, target, adopted) {
+        (Some(c), _, _) if crate::process::command::is_simple(c) => format!(" of '{c}'"),
+        (Some(c), _, _) => format!(" of '{c}' (the shell and every process it starts)"),
+        (None, Some(p), Some(n)) => {
+            format!(" of pid {p}, its {n} descendants and the processes they start")
+        }
+        (None, Some(p), None) => format!(" of pid {p}"),
+        _ => String::new(),
+    };
+    // Snapshot the target's maps now, so its stacks symbolize after it
+    // exits; before saying "Tracing", which tells callers we are ready.
+    if let Some(p) = common.pid {
+        session.sym.maps.lock().unwrap().snapshot(p);
+        phases.mark("target's maps read (and unwind tables built)");
+    }
+    say!("Tracing {}{scope}... Hit Ctrl-C to end.", tool.what());
+    let mut exited = None;
+    if let Some(t) = traced.as_mut() {
+        let _ = t.go.send(session.sym.maps.clone());
+        exited = Some(&mut t.exited);
+    }
+
+    let started = Instant::now();
+    let (status, counted_out, warned_loss) = rt.block_on(event_loop(
+        tool,
+        &mut session,
+        out.as_mut(),
+        common,
+        signals,
+        pidfd,
+        exited,
+    ))?;
+    // After the last of COUNT interval reports there is nothing more to say
+    // (as BCC's `tool 1 3`): only a run cut short reports what is left.
+    session.end_counting();
+    if !counted_out {
+        tool.finish(&mut session, out.as_mut())?;
+    }
+    // A run shorter than one housekeeping tick still warns of what it lost.
+    if let Some(w) = crate::run::losses::warning(&session.losses(), &warned_loss) {
+        say!("{w}");
+    }
+    out.flush();
+    // A report that could not be written has no summary: the error says why.
+    output::check(out.as_ref())?;
+    let mut extra = tool.summary_extra();
+    if let Some(d) = &session.dwarf {
+        let u = d.unwinder.stats;
+        let (files, bytes) = d.unwinder.held();
+        extra.extend([
+            ("stack_mode", Value::from("dwarf")),
+            ("unwinder", Value::from("copy")),
+            ("stack_sample_every", Value::from(d.every as u64)),
+            ("stacks_unwound", Value::from(u.samples)),
+            ("unwind_complete", Value::from(u.complete)),
+            ("unwind_truncated", Value::from(u.truncated)),
+            ("unwind_no_info", Value::from(u.no_unwind_info)),
+            ("unwind_no_maps", Value::from(u.no_maps)),
+            ("unwind_failed", Value::from(u.failed)),
+            ("unwind_info_files", Value::from(files as u64)),
+            ("unwind_info_bytes", Value::from(bytes as u64)),
+        ]);
+        add_folded(&mut extra, d.samples.folded);
+    } else if let Some(t) = session
+        .sym
+        .maps
+        .lock()
+        .unwrap()
+        .ktables
+        .as_ref()
+        .map(|k| k.stats)
+    {
+        extra.push(("stack_mode", Value::from("dwarf")));
+        extra.push(("unwinder", Value::from("kernel")));
+        extra.extend(crate::stacks::ktables::summary(&session, &t));
+    } else if tool.user_stacks().is_some() {
+        extra.push(("stack_mode", Value::from("fp")));
+    }
+    if session.walked_user_stacks {
+        // What the stack store holds, and let go under its bound.
+        extra.push((
+            "user_stacks_kept",
+            Value::from(session.stacks.kept() as u64),
+        ));
+        extra.push(("user_stacks_evicted", Value::from(session.stacks.evicted)));
+    }
+    let own = session.own_faults();
+    if own > 0 {
+        extra.push(("own_faults_skipped", Value::from(own)));
+    }
+    let summary = Summary {
+        tool: tool.name(),
+        duration_s: started.elapsed().as_secs_f64(),
+        events: tool.events(),
+        lost: session.losses(),
+        degraded: session.degraded(),
+        attached: session.attached.clone(),
+        command_status: status,
+        extra,
+    };
+    out.summary(&summary);
+    out.flush();
+    output::check(out.as_ref())?;
+    // Dropping the session detaches and unloads every program (as it does
+    // when an error returns early).
+    drop(session);
+    // A command's failure is the run's, as with strace and time.
+    Ok(match (tool.exit_code(), status) {
+        (0, Some(s)) if s > 0 => s,
+        (code, _) => code,
+    })
+}
+
+/// Stacks folded under the bound on kept counts, the tool's and the
+/// unwound samples' together.
+fn add_folded(extra: &mut Vec<(&'static str, Value)>, n: u64) {
+    if n == 0 {
+        return;
+    }
+    match extra.iter_mut().find(|(k, _)| *k == "stacks_folded") {
+        Some((_, Value::U(v))) => *v += n,
+        _ => extra.push(("stacks_folded", Value::from(n))),
+    }
+}

@@ -1,0 +1,355 @@
+//! The tables behind in-kernel DWARF unwinding: each file's rows compiled
+//! once (`build`) into one shared array the programs read (written through a
+//! memory mapping of it), and per process the slices its executable mappings
+//! use, kept current as memtrace reads the process's maps (at start, fork,
+//! exec, and when the program meets code it has no table for).
+
+pub mod build;
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::os::fd::{AsFd, AsRawFd};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use aya::maps::{HashMap as BpfHash, Map, MapData};
+use memtrace_common::kunwind::{UnwindMapping, UnwindProc, UnwindRow, MAX_UNWIND_MAPPINGS};
+use memtrace_common::names;
+
+use crate::error::{Error, Result};
+use crate::process::proc::Mapping;
+
+type FileId = ((u32, u32), u64);
+
+/// A file's rows in the shared array, or why it has none.
+#[derive(Clone)]
+enum Slice {
+    Rows {
+        first: u32,
+        n: u32,
+        segments: Arc<Vec<(u64, u64, u64)>>,
+    },
+    None(&'static str),
+}
+
+/// What the tables hold and what they left out, for the summary and `-v`.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct TableStats {
+    pub capacity_rows: u64,
+    pub rows: u64,
+    pub files: u64,
+    /// Rows whose rule the table cannot express (an unwind stops there).
+    pub rows_unsupported: u64,
+    /// Files without `.eh_frame` (or unreadable).
+    pub files_no_info: u64,
+    /// Files left out because the table was full (`--unwind-table-size`).
+    pub files_over_budget: u64,
+    /// Executable mappings past the per-process limit.
+    pub mappings_dropped: u64,
+    pub build_ms: f64,
+}
+
+/// The shared row array, mapped into memtrace.
+struct Rows {
+    ptr: *mut UnwindRow,
+    len: usize,
+    bytes: usize,
+}
+
+// SAFETY: the mapping is owned by `Rows` and written only through `&mut`.
+unsafe impl Send for Rows {}
+
+impl Drop for Rows {
+    fn drop(&mut self) {
+        // SAFETY: mapped in `KTables::new` with this length.
+        unsafe { libc::munmap(self.ptr.cast(), self.bytes) };
+    }
+}
+
+pub struct KTables {
+    rows: Rows,
+    used: u32,
+    /// Generation of the last process table published.
+    gen: u32,
+    files: HashMap<FileId, Slice>,
+    procs: BpfHash<MapData, u32, UnwindProc>,
+    misses: BpfHash<MapData, u32, u8>,
+    pushed: HashMap<u32, Vec<UnwindMapping>>,
+    refreshed: HashMap<u32, Instant>,
+    verbose: bool,
+    pub stats: TableStats,
+    /// Keeps the row array's map (and so the mapping) alive.
+    _rows_map: Map,
+}
+
+/// Bytes of locked kernel memory `--unwind-table-size` rows take.
+pub fn table_bytes(rows: u32) -> u64 {
+    rows as u64 * std::mem::size_of::<UnwindRow>() as u64
+}
+
+/// How often a process whose code had no table has its maps read again.
+const MISS_EVERY: Duration = Duration::from_millis(200);
+
+impl KTables {
+    /// Takes the unwind maps out of the loaded object (sized by
+    /// `ustack::setup`) and maps the row array.
+    pub fn new(bpf: &mut aya::Ebpf, verbose: bool) -> Result<KTables> {
+        let take = |bpf: &mut aya::Ebpf, n: &str| {
+            bpf.take_map(n)
+                .ok_or_else(|| Error::Usage(format!("no map {n} in the eBPF object")))
+        };
+        let rows_map = take(bpf, names::UNWIND_ROWS.name)?;
+        let procs = BpfHash::try_from(take(bpf, names::UNWIND_PROCS.name)?)
+            .map_err(|e| Error::Usage(format!("UNWIND_PROCS: {e}")))?;
+        let misses = BpfHash::try_from(take(bpf, names::UNWIND_MISSES.name)?)
+            .map_err(|e| Error::Usage(format!("UNWIND_MISSES: {e}")))?;
+        let Map::Array(data) = &rows_map else {
+            return Err(Error::Usage("UNWIND_ROWS is not an array".into()));
+        };
+        let len = data.info().map(|i| i.max_entries()).unwrap_or(0) as usize;
+        let page = crate::kernel::btf::page_size() as usize;
+        let bytes = (len * std::mem::size_of::<UnwindRow>()).div_ceil(page) * page;
+        // SAFETY: a shared mapping of a BPF_F_MMAPABLE array of `len` rows.
+        let ptr = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                bytes,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                data.fd().as_fd().as_raw_fd(),
+                0,
+            )
+        };
+        if ptr == libc::MAP_FAILED {
+            return Err(Error::Io(std::io::Error::last_os_error()));
+        }
+        Ok(KTables {
+            rows: Rows {
+                ptr: ptr.cast(),
+                len,
+                bytes,
+            },
+            used: 0,
+            gen: 0,
+            files: HashMap::new(),
+            procs,
+            misses,
+            pushed: HashMap::new(),
+            refreshed: HashMap::new(),
+            verbose,
+            stats: TableStats {
+                capacity_rows: len as u64,
+                ..Default::default()
+            },
+            _rows_map: rows_map,
+        })
+    }
+
+    /// The rows of file `id`, compiled and copied into the array the first
+    /// time any process maps it.
+    fn slice(&mut self, id: FileId, path: &str, file: &File) -> Slice {
+        if let Some(s) = self.files.get(&id) {
+            return s.clone();
+        }
+        let t0 = Instant::now();
+        let s = match build::file_rows(file) {
+            Ok(t) if t.rows.len() > self.rows.len - self.used as usize => {
+                self.stats.files_over_budget += 1;
+                // Not only with -v: every stack through this file stops.
+                say!(
+                    "memtrace: warning: {path} ({} rows) does not fit what is left of the unwind table: stacks stop in its code (raise --unwind-table-size)",
+                    t.rows.len()
+                );
+                Slice::None("the unwind table is full (--unwind-table-size)")
+            }
+            Ok(t) if t.rows.is_empty() => {
+                self.stats.files_no_info += 1;
+                Slice::None("no unwind rows")
+            }
+            Ok(t) => {
+                let first = self.used;
+                // SAFETY: in bounds (checked above); the programs read rows
+                // only through slices published after this copy.
+                unsafe {
+                    std::ptr::copy_nonoverlapping(
+                        t.rows.as_ptr(),
+                        self.rows.ptr.add(first as usize),
+                        t.rows.len(),
+                    )
+                };
+                self.used += t.rows.len() as u32;
+                self.stats.rows += t.rows.len() as u64;
+                self.stats.rows_unsupported += t.unsupported;
+                self.stats.files += 1;
+                Slice::Rows {
+                    first,
+                    n: t.rows.len() as u32,
+                    segments: Arc::new(t.segments),
+                }
+            }
+            Err(e) => {
+                self.stats.files_no_info += 1;
+                Slice::None(match e {
+                    build::NoRows::NotElf => "not an ELF file",
+                    build::NoRows::NoEhFrame => "no .eh_frame",
+                    build::NoRows::Bad => ".eh_frame could not be parsed",
+                    build::NoRows::TooBig => "too large for the unwind table's format",
+                })
+            }
+        };
+        self.stats.build_ms += t0.elapsed().as_secs_f64() * 1e3;
+        if self.verbose {
+            match &s {
+                Slice::Rows { n, .. } => say!(
+                    "memtrace: unwind table: {path}: {n} rows ({:.1} ms)",
+                    t0.elapsed().as_secs_f64() * 1e3
+                ),
+                Slice::None(why) => {
+                    say!("memtrace: unwind table: {path}: none ({why}): stacks stop in its code")
+                }
+            }
+        }
+        self.files.insert(id, s.clone());
+        s
+    }
+
+    /// Publishes `pid`'s executable mappings, compiling the files not seen
+    /// yet. `files` are the open handles MapsCache keeps.
+    pub fn update(&mut self, pid: u32, maps: &[Mapping], files: &HashMap<FileId, Arc<File>>) {
+        let mut entries = Vec::new();
+        // User addresses only ([vsyscall] is in the kernel's half): the
+        // program's search compares them as signed numbers.
+        for m in maps
+            .iter()
+            .filter(|m| m.perms.contains('x') && m.end <= 1 << 47)
+        {
+            let id = (m.dev, m.inode);
+            let slice = match files.get(&id) {
+                Some(f) if m.inode != 0 => self.slice(id, &m.path, f),
+                _ => Slice::None("not a file"),
+            };
+            let (bias, rows, nrows) = match slice {
+                Slice::Rows { first, n, segments } => match bias(&segments, m) {
+                    Some(b) => (b, first, n),
+                    None => (0, 0, 0),
+                },
+                Slice::None(_) => (0, 0, 0),
+            };
+            entries.push(UnwindMapping {
+                start: m.start,
+                end: m.end,
+                bias,
+                rows,
+                nrows,
+            });
+        }
+        entries.sort_by_key(|e| e.start);
+        if entries.len() > MAX_UNWIND_MAPPINGS {
+            self.stats.mappings_dropped += (entries.len() - MAX_UNWIND_MAPPINGS) as u64;
+            entries.truncate(MAX_UNWIND_MAPPINGS);
+        }
+        if self.pushed.get(&pid) == Some(&entries) {
+            return;
+        }
+        self.gen = self.gen.wrapping_add(1);
+        let mut p = UnwindProc {
+            nr: entries.len() as u32,
+            gen: self.gen,
+            maps: [UnwindMapping::default(); MAX_UNWIND_MAPPINGS],
+        };
+        p.maps[..entries.len()].copy_from_slice(&entries);
+        if let Err(e) = self.procs.insert(pid, p, 0) {
+            if self.verbose {
+                say!("memtrace: unwind table: process {pid}: {e}");
+            }
+            return;
+        }
+        self.pushed.insert(pid, entries);
+    }
+
+    /// `pid` exec'd: the kernel program dropped its table, so the next
+    /// update publishes one even if the new maps look like the old.
+    pub fn exec(&mut self, pid: u32) {
+        self.pushed.remove(&pid);
+    }
+
+    /// Forgets a process memtrace no longer keeps.
+    pub fn forget(&mut self, pid: u32) {
+        if self.pushed.remove(&pid).is_some() {
+            let _ = self.procs.remove(&pid);
+        }
+        self.refreshed.remove(&pid);
+    }
+
+    /// Processes whose code had no table, due to have their maps read again
+    /// (at most every MISS_EVERY each). The caller reads them and then calls
+    /// `missed_done`.
+    pub fn missed(&mut self) -> Vec<u32> {
+        let now = Instant::now();
+        let pids: Vec<u32> = self.misses.keys().filter_map(|k| k.ok()).collect();
+        pids.into_iter()
+            .filter(|p| {
+                self.refreshed
+                    .get(p)
+                    .is_none_or(|t| now.duration_since(*t) >= MISS_EVERY)
+            })
+            .collect()
+    }
+
+    /// `pid`'s maps were read again: its next miss is reported anew.
+    pub fn missed_done(&mut self, pid: u32) {
+        self.refreshed.insert(pid, Instant::now());
+        let _ = self.misses.remove(&pid);
+    }
+}
+
+/// Load bias of executable mapping `m` of a file with these segments: the
+/// actual address minus the address the file states for the same byte.
+fn bias(segments: &[(u64, u64, u64)], m: &Mapping) -> Option<u64> {
+    let page = crate::kernel::btf::page_size();
+    let (off, _, vaddr) = segments
+        .iter()
+        .find(|(off, size, _)| off / page * page <= m.offset && m.offset < off + (*size).max(1))?;
+    Some(
+        m.start
+            .wrapping_sub(m.offset)
+            .wrapping_add(*off)
+            .wrapping_sub(*vaddr),
+    )
+}
+
+/// The summary's figures for in-kernel unwinding: how each unwind ended
+/// (`UNWIND_STATS`) and what the tables hold and left out.
+pub fn summary(
+    s: &crate::session::Session,
+    t: &TableStats,
+) -> Vec<(&'static str, crate::output::Value)> {
+    use crate::output::Value;
+    use memtrace_common::kunwind::stat;
+    let ends = s.read_percpu_array(names::UNWIND_STATS).unwrap_or_default();
+    let mut v: Vec<(&'static str, Value)> = stat::NAMES
+        .iter()
+        .enumerate()
+        .map(|(i, n)| {
+            let total: u64 = ends.get(i).map(|c| c.iter().sum()).unwrap_or(0);
+            (*n, Value::from(total))
+        })
+        .collect();
+    v.extend([
+        (
+            "unwind_table_bytes",
+            Value::from(table_bytes(t.capacity_rows as u32)),
+        ),
+        (
+            "unwind_table_used_bytes",
+            Value::from(table_bytes(t.rows as u32)),
+        ),
+        ("unwind_table_files", Value::from(t.files)),
+        ("unwind_rows_unsupported", Value::from(t.rows_unsupported)),
+        ("unwind_files_no_info", Value::from(t.files_no_info)),
+        ("unwind_files_over_budget", Value::from(t.files_over_budget)),
+        ("unwind_mappings_dropped", Value::from(t.mappings_dropped)),
+        ("unwind_table_build_ms", Value::F(t.build_ms, 1)),
+    ]);
+    v
+}

@@ -1,0 +1,9 @@
+//! User and kernel stacks: how they are taken (`--stack-mode`), the unwind
+//! tables the kernel programs read, unwinding in memtrace, symbolization and
+//! the counts kept by stack.
+
+pub mod kept;
+pub mod ktables;
+pub mod symbolize;
+pub mod unwind;
+pub mod ustack;

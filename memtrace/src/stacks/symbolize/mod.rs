@@ -1,0 +1,392 @@
+//! Stack symbolization with blazesym. User addresses are normalized against a
+//! cached copy of the process's maps, and the mapped files are kept open, so a
+//! stack still symbolizes after its process has exited, and binaries inside
+//! other mount namespaces are read through /proc/PID/root.
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::os::fd::AsRawFd;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+
+use blazesym::symbolize::{
+    source::{Elf, Kernel, Source},
+    Input, Symbolized, Symbolizer as Blaze,
+};
+
+use crate::process::proc::exiting;
+pub use crate::process::proc::{parse_maps, read_maps, Mapping};
+
+struct Snapshot {
+    /// Shared by a forked child and its parent until either reads its own.
+    maps: Arc<Vec<Mapping>>,
+    /// The images before its last execs, newest first: a stack taken before
+    /// an exec is looked up in the image it was taken in.
+    earlier: Vec<Arc<Vec<Mapping>>>,
+}
+
+/// Processes whose maps are kept before those that have exited are let go
+/// (oldest first), and frames kept symbolized: bounds for long runs over
+/// hosts that start thousands of processes.
+const MAX_PROCS: usize = 4096;
+const MAX_FRAMES: usize = 1 << 18;
+
+/// Images kept per process from before its execs (a shell that execs a
+/// wrapper that execs the program is two).
+const GENERATIONS: usize = 4;
+
+/// Maps of the processes seen, and open handles on their files.
+#[derive(Default)]
+pub struct MapsCache {
+    procs: HashMap<u32, Snapshot>,
+    /// (dev, inode) -> open file, so the path stays valid after exit.
+    files: HashMap<((u32, u32), u64), Arc<File>>,
+    /// Processes to read again soon, and when: a process that just exec'd
+    /// maps its libraries in its first milliseconds.
+    pending: Vec<(u32, std::time::Instant)>,
+    /// Pids in the order their maps were first kept.
+    order: std::collections::VecDeque<u32>,
+    /// In-kernel unwinding: each process's mappings are published to the
+    /// programs as they are read.
+    pub ktables: Option<crate::stacks::ktables::KTables>,
+    /// The kernel programs report execs and executable mmaps
+    /// (`crate::process::exemaps`): an exec is handled from that record.
+    pub learns: bool,
+}
+
+impl MapsCache {
+    /// Reads (again) the maps of `pid`; false if the process is gone.
+    pub fn snapshot(&mut self, pid: u32) -> bool {
+        // An exiting process loses its mappings while they are read, and then
+        // shows none: keep the last whole copy rather than a torn one.
+        if exiting(pid) {
+            return false;
+        }
+        let Some(maps) = read_maps(pid).filter(|m| !m.is_empty()) else {
+            return false;
+        };
+        if exiting(pid) {
+            return false;
+        }
+        self.open_files(pid, &maps);
+        let earlier = self
+            .procs
+            .remove(&pid)
+            .map(|s| s.earlier)
+            .unwrap_or_default();
+        self.keep(pid);
+        if let Some(kt) = self.ktables.as_mut() {
+            kt.update(pid, &maps, &self.files);
+        }
+        self.procs.insert(
+            pid,
+            Snapshot {
+                maps: Arc::new(maps),
+                earlier,
+            },
+        );
+        true
+    }
+
+    /// Opens the executable files of `maps` (of process `pid`) not held yet.
+    fn open_files(&mut self, pid: u32, maps: &[Mapping]) {
+        for m in maps {
+            if !m.perms.contains('x') || !m.path.starts_with('/') {
+                continue;
+            }
+            let key = (m.dev, m.inode);
+            if self.files.contains_key(&key) {
+                continue;
+            }
+            // Through the process's root: right inside containers too.
+            if let Ok(f) = File::open(m.file_in(pid)).or_else(|_| File::open(&m.file)) {
+                let f = Arc::new(f);
+                crate::record::buildid::saw(&m.path, &f);
+                self.files.insert(key, f);
+            }
+        }
+    }
+
+    /// Reads again the maps of processes that ran code the in-kernel
+    /// unwinder had no table for (a library loaded since).
+    pub fn refresh_missed(&mut self) {
+        let Some(pids) = self.ktables.as_mut().map(|kt| kt.missed()) else {
+            return;
+        };
+        for p in pids {
+            self.snapshot(p);
+            if let Some(kt) = self.ktables.as_mut() {
+                kt.missed_done(p);
+            }
+        }
+    }
+
+    /// Notes that `pid`'s maps are kept; past MAX_PROCS, lets go of the
+    /// oldest processes that have exited (their stacks were reported long
+    /// ago, or are lost to a churn nobody could read), and of the files
+    /// only they mapped.
+    fn keep(&mut self, pid: u32) {
+        if self.procs.contains_key(&pid) {
+            return;
+        }
+        self.order.push_back(pid);
+        if self.procs.len() < MAX_PROCS {
+            return;
+        }
+        let mut kept = std::collections::VecDeque::with_capacity(self.order.len());
+        let mut over = self.procs.len() + 1 - MAX_PROCS / 2;
+        while let Some(p) = self.order.pop_front() {
+            if over > 0 && p != pid && !crate::process::proc::alive(p) {
+                self.procs.remove(&p);
+                if let Some(kt) = self.ktables.as_mut() {
+                    kt.forget(p);
+                }
+                over -= 1;
+            } else {
+                kept.push_back(p);
+            }
+        }
+        self.order = kept;
+        let used: std::collections::HashSet<_> = self
+            .procs
+            .values()
+            .flat_map(|s| std::iter::once(&s.maps).chain(&s.earlier))
+            .flat_map(|m| m.iter().map(|m| (m.dev, m.inode)))
+            .collect();
+        self.files.retain(|k, _| used.contains(k));
+    }
+
+    /// A forked child: its image is its parent's until it execs. The
+    /// parent's maps are read now (it may have mapped libraries since its
+    /// last copy) and shared; the child's own if the parent is gone.
+    pub fn inherit(&mut self, parent: u32, child: u32) {
+        self.snapshot(parent);
+        match self.procs.get(&parent).map(|s| s.maps.clone()) {
+            Some(maps) => {
+                let earlier = Vec::new();
+                if let Some(kt) = self.ktables.as_mut() {
+                    kt.update(child, &maps, &self.files);
+                }
+                self.keep(child);
+                self.procs.insert(child, Snapshot { maps, earlier });
+            }
+            None => {
+                self.snapshot(child);
+            }
+        }
+    }
+
+    /// A process that exec'd: the image it left kept aside, its maps now,
+    /// and again a little later.
+    pub fn exec(&mut self, pid: u32) {
+        if let Some(kt) = self.ktables.as_mut() {
+            kt.exec(pid);
+        }
+        let before = self.procs.get(&pid).map(|s| s.maps.clone());
+        if self.snapshot(pid) {
+            if let (Some(old), Some(s)) = (before, self.procs.get_mut(&pid)) {
+                // Unless a periodic read already saw the new image and the
+                // old one is gone from here.
+                if *old != *s.maps {
+                    s.earlier.insert(0, old);
+                    s.earlier.truncate(GENERATIONS);
+                }
+            }
+        }
+        let now = std::time::Instant::now();
+        for ms in [30, 300] {
+            self.pending
+                .push((pid, now + std::time::Duration::from_millis(ms)));
+        }
+    }
+
+    /// Reads again the processes whose time has come (those still there).
+    pub fn refresh_due(&mut self) {
+        let now = std::time::Instant::now();
+        let due: Vec<u32> = self
+            .pending
+            .iter()
+            .filter(|(_, at)| *at <= now)
+            .map(|(p, _)| *p)
+            .collect();
+        self.pending.retain(|(_, at)| *at > now);
+        for p in due {
+            self.snapshot(p);
+        }
+    }
+
+    pub fn has(&self, pid: u32) -> bool {
+        self.procs.contains_key(&pid)
+    }
+
+    /// The open file behind mapping `m`, if it could be opened.
+    pub fn file(&self, m: &Mapping) -> Option<Arc<File>> {
+        self.files.get(&(m.dev, m.inode)).cloned()
+    }
+
+    pub fn maps(&self, pid: u32) -> Option<&[Mapping]> {
+        self.procs.get(&pid).map(|s| s.maps.as_slice())
+    }
+
+    /// The file and file offset of `addr` in `pid`, with the file's open
+    /// handle: in its image now, else in the images before its execs.
+    fn locate(&self, pid: u32, addr: u64) -> Option<(&Mapping, u64, Option<Arc<File>>)> {
+        let snap = self.procs.get(&pid)?;
+        let m = std::iter::once(&snap.maps)
+            .chain(&snap.earlier)
+            .find_map(|maps| maps.iter().find(|m| m.start <= addr && addr < m.end))?;
+        let file = self.files.get(&(m.dev, m.inode)).cloned();
+        Some((m, addr - m.start + m.offset, file))
+    }
+}
+
+pub type SharedMaps = Arc<Mutex<MapsCache>>;
+
+/// How a frame is written: by function (the default, so that the same code
+/// path merges across call sites, processes and flame-graph tools), with
+/// its source line (`--lines`), or with the raw offset (`--addresses`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum FrameStyle {
+    #[default]
+    Function,
+    Lines,
+    Addresses,
+}
+
+pub struct Symbolizer {
+    pub style: FrameStyle,
+    blaze: Blaze,
+    pub maps: SharedMaps,
+    cache: HashMap<(u32, u64), String>,
+    kcache: HashMap<u64, String>,
+}
+
+impl Default for Symbolizer {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// What stands for the module of an address no file holds: the process's
+/// maps did not place it, the code is anonymous, or the process was gone.
+pub const NOT_A_FILE: [&str; 3] = [
+    "unknown",
+    "anonymous",
+    "process exited before its maps were read",
+];
+
+fn module_name(path: &str) -> &str {
+    path.rsplit('/').next().unwrap_or(path)
+}
+
+fn describe(sym: &blazesym::symbolize::Sym<'_>, module: &str, style: FrameStyle) -> String {
+    let mut s = match style {
+        FrameStyle::Addresses => format!("{}+{:#x}", sym.name, sym.offset),
+        _ => sym.name.to_string(),
+    };
+    if let (Some(ci), false) = (&sym.code_info, style == FrameStyle::Function) {
+        if let Some(line) = ci.line {
+            s.push_str(&format!(" ({}:{line})", ci.file.to_string_lossy()));
+        }
+    }
+    if !module.is_empty() {
+        s.push_str(&format!(" [{module}]"));
+    }
+    s
+}
+
+impl Symbolizer {
+    pub fn new() -> Self {
+        Symbolizer {
+            style: FrameStyle::default(),
+            blaze: Blaze::builder().enable_code_info(true).build(),
+            maps: Arc::new(Mutex::new(MapsCache::default())),
+            cache: HashMap::new(),
+            kcache: HashMap::new(),
+        }
+    }
+
+    /// Symbolizes user addresses of `pid`, innermost first.
+    pub fn user(&mut self, pid: u32, addrs: &[u64]) -> Vec<String> {
+        {
+            let mut maps = self.maps.lock().unwrap();
+            // Read the maps again if an address falls outside the copy (a
+            // library mapped since, e.g. after an early snapshot at exec).
+            if !maps.has(pid) || addrs.iter().any(|&a| maps.locate(pid, a).is_none()) {
+                maps.snapshot(pid);
+            }
+        }
+        addrs.iter().map(|&a| self.user_one(pid, a)).collect()
+    }
+
+    fn user_one(&mut self, pid: u32, addr: u64) -> String {
+        if let Some(s) = self.cache.get(&(pid, addr)) {
+            return s.clone();
+        }
+        let maps = self.maps.lock().unwrap();
+        let s = match maps.locate(pid, addr) {
+            None if !maps.has(pid) => format!("{addr:#x} [{}]", NOT_A_FILE[2]),
+            None => format!("{addr:#x} [{}]", NOT_A_FILE[0]),
+            Some((m, off, file)) => {
+                let module = module_name(&m.path).to_string();
+                let path = match &file {
+                    Some(f) => PathBuf::from(format!("/proc/self/fd/{}", f.as_raw_fd())),
+                    None => m.file.clone(),
+                };
+                let src = Source::Elf(Elf::new(path));
+                match self.blaze.symbolize_single(&src, Input::FileOffset(off)) {
+                    Ok(Symbolized::Sym(sym)) => describe(&sym, &module, self.style),
+                    // No symbol: the offset in the file, as perf report
+                    // shows it (the same in every run, for addr2line and
+                    // for the stack's id); none when the code is no file's.
+                    _ if module.is_empty() => format!("{addr:#x} [{}]", NOT_A_FILE[1]),
+                    _ => format!("{off:#x} [{module}]"),
+                }
+            }
+        };
+        drop(maps);
+        if self.cache.len() >= MAX_FRAMES {
+            self.cache.clear();
+        }
+        self.cache.insert((pid, addr), s.clone());
+        s
+    }
+
+    /// Symbolizes kernel addresses from /proc/kallsyms, innermost first.
+    pub fn kernel(&mut self, addrs: &[u64]) -> Vec<String> {
+        let missing: Vec<u64> = addrs
+            .iter()
+            .copied()
+            .filter(|a| !self.kcache.contains_key(a))
+            .collect();
+        if !missing.is_empty() {
+            // kallsyms only: no vmlinux with DWARF on most hosts, and looking for one is slow.
+            let k = Kernel {
+                vmlinux: blazesym::MaybeDefault::None,
+                kaslr_offset: Some(0),
+                ..Default::default()
+            };
+            let src = Source::Kernel(k);
+            let syms = self
+                .blaze
+                .symbolize(&src, Input::AbsAddr(&missing))
+                .unwrap_or_default();
+            for (i, a) in missing.iter().enumerate() {
+                let s = match syms.get(i) {
+                    Some(Symbolized::Sym(sym)) if self.style == FrameStyle::Addresses => {
+                        format!("{}+{:#x}", sym.name, sym.offset)
+                    }
+                    Some(Symbolized::Sym(sym)) => sym.name.to_string(),
+                    _ => format!("{a:#x}"),
+                };
+                self.kcache.insert(*a, s);
+            }
+        }
+        addrs.iter().map(|a| self.kcache[a].clone()).collect()
+    }
+}
+
+mod learned;
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,68 @@
+use super::*;
+
+#[test]
+fn parses_maps_lines() {
+    let t = "55d1c0a00000-55d1c0a21000 r-xp 00001000 fe:01 1234567 /usr/bin/my prog\n\
+             7ffd4a000000-7ffd4a021000 rw-p 00000000 00:00 0 [stack]\n\
+             7f0000000000-7f0000001000 rw-p 00000000 00:00 0\n";
+    let m = parse_maps(t);
+    assert_eq!(m.len(), 3);
+    assert_eq!(m[0].start, 0x55d1c0a00000);
+    assert_eq!(m[0].offset, 0x1000);
+    assert_eq!(m[0].dev, (0xfe, 1));
+    assert_eq!(m[0].inode, 1234567);
+    assert_eq!(m[0].path, "/usr/bin/my prog");
+    assert_eq!(m[1].path, "[stack]");
+    assert_eq!(m[2].path, "");
+}
+
+#[test]
+fn maps_of_exited_processes_are_let_go_past_the_bound() {
+    let mut c = MapsCache::default();
+    let me = std::process::id();
+    assert!(c.snapshot(me));
+    let maps = c.procs[&me].maps.clone();
+    // Pids above any pid_max: processes that have exited.
+    for p in 0..MAX_PROCS as u32 * 3 {
+        let pid = 5_000_000 + p;
+        c.keep(pid);
+        let (maps, earlier) = (maps.clone(), Vec::new());
+        c.procs.insert(pid, Snapshot { maps, earlier });
+        assert!(c.procs.len() <= MAX_PROCS, "{}", c.procs.len());
+    }
+    // The live process stays, with the files it maps.
+    assert!(c.has(me));
+    assert!(c
+        .locate(
+            me,
+            maps.iter().find(|m| m.perms.contains('x')).unwrap().start
+        )
+        .is_some());
+    assert!(!c.files.is_empty());
+    assert!(c.order.len() == c.procs.len());
+}
+
+#[test]
+fn a_path_that_is_not_utf8_keeps_its_bytes_and_the_other_maps() {
+    use std::os::unix::ffi::OsStrExt;
+    let t = b"1000-2000 r-xp 00000000 fe:01 7 /tmp/caf\xe9 bin\n\
+              3000-4000 r-xp 00000000 fe:01 8 /usr/lib/libc.so.6\n";
+    let m = crate::process::proc::parse_maps_bytes(t);
+    assert_eq!(m.len(), 2);
+    assert_eq!(m[0].file.as_os_str().as_bytes(), b"/tmp/caf\xe9 bin");
+    assert_eq!(m[0].path, "/tmp/caf\u{fffd} bin");
+    assert_eq!(m[1].path, "/usr/lib/libc.so.6");
+}
+
+#[test]
+fn symbolizes_own_function_after_normalizing() {
+    #[inline(never)]
+    fn marker_function_for_symbolizer() -> u64 {
+        marker_function_for_symbolizer as *const () as u64
+    }
+    let addr = marker_function_for_symbolizer();
+    let mut s = Symbolizer::new();
+    let pid = std::process::id();
+    let f = s.user(pid, &[addr]);
+    assert!(f[0].contains("marker_function_for_symbolizer"), "{f:?}");
+}

@@ -1,0 +1,190 @@
+//! `--stack-mode`: which way user stacks are taken (frame pointers walked
+//! by the kernel, a copy unwound here with DWARF, or DWARF unwound in the
+//! kernel program), and what the kernel programs need for it.
+
+use memtrace_common::{
+    kunwind::ROW_CACHE_SLOTS,
+    names, stack_mode,
+    stacks::{UstackConfig, STACK_SAMPLE_HDR},
+    Filter,
+};
+
+use crate::cli::Unwinder;
+use crate::error::{Error, Result};
+use crate::kernel::KernelBtf;
+use crate::run::tool::Tool;
+use crate::session::Loader;
+use crate::stacks::unwind::DwarfStacks;
+
+/// Resolves `--stack-mode`, says which was chosen, and sets what the kernel
+/// programs need to take user stacks: the register and stack-top offsets,
+/// and for dwarf the copy size and a ring buffer to carry the copies.
+/// `copy_only` rules out unwinding in the kernel (after this kernel refused
+/// it).
+pub(crate) fn setup(
+    tool: &dyn Tool,
+    filter: &mut Filter,
+    loader: &mut Loader,
+    copy_only: bool,
+) -> Result<Option<DwarfStacks>> {
+    if filter.stacks & stack_mode::USER == 0 {
+        return Ok(None);
+    }
+    let system_wide = filter.tgid == 0;
+    let dwarf = match tool.user_stacks() {
+        Some((args, rare)) => {
+            let auto = args.stack_mode == crate::cli::StackMode::Auto;
+            let d = args.dwarf(rare);
+            // After a refusal the caller has said what it fell back to.
+            if auto && !d && !copy_only {
+                say!(
+                    "memtrace: user stacks: fp (auto: too many events to copy each stack; \
+                     --stack-mode dwarf --sample N unwinds one in N through code without frame pointers)"
+                );
+            }
+            d.then_some((args, auto, args.in_kernel(rare, system_wide)))
+        }
+        None => None,
+    };
+    let btf = KernelBtf::shared()?;
+    let offs = (
+        btf.offset("pt_regs", "ip"),
+        btf.offset("pt_regs", "sp"),
+        btf.offset("pt_regs", "bp"),
+        btf.offset("mm_struct", "start_stack"),
+    );
+    let (Some(ip), Some(sp), Some(bp), Some(top)) = offs else {
+        if dwarf.is_some() {
+            return Err(Error::NoBtf(
+                "no x86-64 pt_regs or mm_struct.start_stack in kernel BTF (needed by --stack-mode dwarf)"
+                    .into(),
+            ));
+        }
+        // Elsewhere the kernel's own frame-pointer walker does.
+        return Ok(None);
+    };
+    let mut cfg = UstackConfig {
+        stack_bytes: 0,
+        sample_every: 1,
+        regs_ip: ip,
+        regs_sp: sp,
+        regs_bp: bp,
+        mm_start_stack: top,
+        _pad: [0; 2],
+    };
+    // Both ways find the main thread's stack top through task->mm.
+    loader.global(names::TASK, &btf.task_offsets()?);
+    let Some((args, auto, in_kernel)) = dwarf else {
+        filter.stacks |= stack_mode::WALK;
+        loader.global(names::USTACK, &cfg);
+        loader.max_entries(names::USTACKS, 16384);
+        return Ok(None);
+    };
+    // Sampling is a choice of the copy path: in the kernel every event is
+    // unwound.
+    if in_kernel && !copy_only {
+        filter.stacks |= stack_mode::WALK | stack_mode::KUNWIND;
+        loader.global(names::USTACK, &cfg);
+        loader.max_entries(names::USTACKS, 16384);
+        loader.max_entries(names::UNWIND_ROWS, args.unwind_table_size);
+        loader.max_entries(names::UNWIND_PROCS, 8192);
+        loader.max_entries(names::UNWIND_MISSES, 8192);
+        loader.max_entries(names::UNWIND_CACHE, ROW_CACHE_SLOTS);
+        say!(
+            "memtrace: user stacks: dwarf{}, unwound in the kernel (every event; unwind tables up to {}, --unwind-table-size)",
+            if auto { " (auto)" } else { "" },
+            crate::output::human(crate::stacks::ktables::table_bytes(args.unwind_table_size))
+        );
+        return Ok(None);
+    }
+    cfg.stack_bytes = args.stack_size;
+    cfg.sample_every = args.sample;
+    filter.stacks |= stack_mode::DWARF;
+    loader.global(names::USTACK, &cfg);
+    // One slot per CPU where the sample is put together.
+    let cpus = aya::util::nr_cpus().map_err(|(_, e)| Error::Io(e))? as u32;
+    loader.max_entries(names::SAMPLE_SCRATCH, cpus);
+    // Room for 32 full copies, and many more of the usual ones (a record is
+    // as long as the stack copied): the reader drains it far more often, and
+    // the buffer is resident twice over (--buffer-size sets it).
+    let record = STACK_SAMPLE_HDR as u32 + cfg.stack_bytes;
+    loader.max_entries(
+        names::EVENTS,
+        (record * 32).next_power_of_two().max(1 << 20),
+    );
+    let how = if args.sample > 1 {
+        format!("one event in {} sampled", args.sample)
+    } else {
+        "every event".to_string()
+    };
+    // Copied by choice (the caller said why after a refusal).
+    let why = match args.unwinder {
+        Unwinder::Auto if args.sample == 1 && system_wide => {
+            "; system-wide, a process's first events would come before its unwind table"
+        }
+        _ => "",
+    };
+    if !copy_only {
+        say!(
+            "memtrace: user stacks: dwarf{} ({} bytes of stack copied, {how}{why})",
+            if auto { " (auto)" } else { "" },
+            cfg.stack_bytes
+        );
+    }
+    Ok(Some(DwarfStacks::new(args.sample)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cli::{StackArgs, StackMode};
+    use crate::run::tool::Prep;
+    use crate::session::attach::Probe;
+
+    struct Stacks(StackArgs);
+    impl Tool for Stacks {
+        fn name(&self) -> &'static str {
+            "test"
+        }
+        fn what(&self) -> String {
+            String::new()
+        }
+        fn probes(&self) -> Vec<Probe> {
+            Vec::new()
+        }
+        fn prepare(&mut self, _: &mut Prep) -> Result<()> {
+            Ok(())
+        }
+        fn events(&self) -> u64 {
+            0
+        }
+        fn user_stacks(&self) -> Option<(&StackArgs, bool)> {
+            Some((&self.0, false))
+        }
+    }
+
+    /// Both ways of taking user stacks read the main thread's stack top
+    /// through task->mm: the task offsets must be set whatever the tool sets.
+    #[test]
+    fn user_stacks_get_the_task_offsets_they_read_through() {
+        for mode in [StackMode::Fp, StackMode::Dwarf] {
+            let tool = Stacks(StackArgs {
+                stack_mode: mode,
+                stack_size: 4096,
+                sample: 1,
+                unwinder: Unwinder::Copy,
+                unwind_table_size: 1 << 16,
+            });
+            let mut filter = Filter {
+                stacks: stack_mode::USER,
+                ..Default::default()
+            };
+            let mut loader = Loader::default();
+            let dwarf = setup(&tool, &mut filter, &mut loader, false).unwrap();
+            assert_eq!(dwarf.is_some(), mode == StackMode::Dwarf);
+            let names: Vec<_> = loader.global_names().collect();
+            assert!(names.contains(&"TASK"), "{mode:?}: {names:?}");
+            assert!(names.contains(&"USTACK"), "{mode:?}: {names:?}");
+        }
+    }
+}
