@@ -214,7 +214,7 @@ fn faults_without(dropped: &str) -> (Option<i32>, String) {
 fn missing_capabilities_are_named_and_exit_2() {
     // Root, but without the capabilities that load and attach programs.
     if Command::new("setpriv").arg("--version").output().is_err() {
-        println!("skipped: setpriv (util-linux) is not installed");
+        skip("hardening", "setpriv (util-linux) is not installed");
         return;
     }
     let before = settled_programs();

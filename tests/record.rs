@@ -133,7 +133,7 @@ fn the_record_names_its_run_and_the_build_ids_of_its_modules() {
         .arg(workload_bin())
         .output()
     else {
-        eprintln!("skipped the build id check: no readelf");
+        skip("record build id check", "no readelf");
         return;
     };
     let notes = String::from_utf8_lossy(&notes.stdout);

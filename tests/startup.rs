@@ -75,7 +75,7 @@ fn without_tracefs(setup: &str) -> Option<(i32, String, String)> {
 #[test]
 fn tracefs_is_mounted_only_where_nothing_is_and_it_is_said() {
     let Some((code, mounts, err)) = without_tracefs("true") else {
-        eprintln!("skipped: no unshare(1) here");
+        skip("startup", "no unshare(1) here");
         return;
     };
     assert_eq!(code, 0, "{err}");

@@ -11,10 +11,21 @@ use std::time::Duration;
 use super::{run_with, wait_child};
 
 /// Prints why a test does not run here; the test then returns. Written to
-/// stderr directly, past the test harness's capture, so that it shows.
+/// stderr directly, past the test harness's capture, so that it shows, and
+/// appended to `MEMTRACE_SKIP_LOG` (set by `cargo xtask test`), so that the
+/// closing line counts skips apart from passes and names their reasons.
 pub fn skip(test: &str, why: &str) {
     use std::io::Write;
     let _ = writeln!(std::io::stderr(), "SKIPPED {test}: {why}");
+    if let Some(log) = std::env::var_os("MEMTRACE_SKIP_LOG") {
+        if let Ok(mut f) = std::fs::OpenOptions::new()
+            .append(true)
+            .create(true)
+            .open(log)
+        {
+            let _ = writeln!(f, "{test}: {why}");
+        }
+    }
 }
 
 pub fn kprobes() -> bool {

@@ -137,10 +137,23 @@ fn main() -> Result<()> {
             if kernels {
                 return kernels::run(true);
             }
+            fmt_check()?;
+            let skips = skip_log();
+            let _ = std::fs::remove_file(&skips);
             let (passed, failed) = test(&args)?;
             kernels::run(false)?;
-            // One plain closing line with the whole count.
-            println!("tests: {passed} passed, {failed} failed");
+            // One plain closing line with the whole count; skips are
+            // counted apart from passes (a skipped test returns early and
+            // passes for the harness), each with its reason.
+            let skipped = std::fs::read_to_string(&skips).unwrap_or_default();
+            for line in skipped.lines() {
+                println!("skipped: {line}");
+            }
+            let n = skipped.lines().count() as u64;
+            println!(
+                "tests: {} passed, {failed} failed, {n} skipped",
+                passed.saturating_sub(n)
+            );
             Ok(())
         }
         Cmd::Fuzz { target, seconds } => fuzz::run(target.as_deref(), seconds),
@@ -182,8 +195,26 @@ fn run_counting(cmd: &mut Command) -> Result<(u64, u64, bool)> {
     Ok((passed, failed, child.wait()?.success()))
 }
 
+/// Where the tests append the reasons they skipped (`tests/common/host.rs`).
+fn skip_log() -> PathBuf {
+    target_dir().join("test-skips.log")
+}
+
+/// Every file of the workspace formatted, the tools' included.
+fn fmt_check() -> Result<()> {
+    let st = Command::new("cargo")
+        .current_dir(root())
+        .args(["fmt", "--all", "--check"])
+        .status()?;
+    if !st.success() {
+        bail!("cargo fmt --all --check: files are not formatted (run cargo fmt --all)");
+    }
+    Ok(())
+}
+
 fn test(args: &[String]) -> Result<(u64, u64)> {
     let env = [
+        ("MEMTRACE_SKIP_LOG", skip_log()),
         (
             "MEMTRACE_WORKLOAD",
             target_dir().join("release/memtrace-workload"),

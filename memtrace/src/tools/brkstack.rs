@@ -7,13 +7,13 @@ use memtrace_common::{
     stacks::{StackKey, StackVal},
 };
 
-use crate::session::attach::Probe;
 use crate::cli::{IntervalArgs, StackArgs};
 use crate::error::Result;
-use crate::stacks::kept::Kept;
 use crate::output::{clock, Printer, StackReport};
-use crate::session::Session;
 use crate::run::tool::{Prep, Tool};
+use crate::session::attach::Probe;
+use crate::session::Session;
+use crate::stacks::kept::Kept;
 use crate::stacks::ustack::{sampled_reports, sampled_title, stack_report};
 
 #[derive(Debug, Clone, clap::Args)]

@@ -11,15 +11,15 @@ use memtrace_common::{
     stack_mode,
 };
 
-use crate::session::attach::Probe;
 use crate::cli::{parse_duration, IntervalArgs, StackArgs};
 use crate::error::{Error, Result};
 use crate::kernel::cgroupid;
 use crate::output::{clock, Col, Printer, Row, StackReport, Value};
 use crate::probes::records::comm;
-use crate::session::{first_name, Fold, Session};
+use crate::probes::tpspec::{expand, parse_filter, tracepoint_probes, FilterSpec, Selected, Spec};
 use crate::run::tool::{Drained, Prep, Tool};
-use crate::probes::tpspec::{expand, tracepoint_probes, parse_filter, FilterSpec, Selected, Spec};
+use crate::session::attach::Probe;
+use crate::session::{first_name, Fold, Session};
 use crate::stacks::ustack::{sampled_reports, stack_report};
 
 #[derive(Debug, Clone, clap::Args)]
@@ -101,7 +101,9 @@ fn split_interval(a: &Args) -> Result<(Vec<String>, IntervalArgs)> {
                 .map_err(|_| Error::Usage(format!("'{c}' is not a count of reports")))?,
         );
     }
-    if (iv.interval.is_some() && iv.interval_pos.is_some()) || (iv.count.is_some() && iv.count_pos.is_some()) {
+    if (iv.interval.is_some() && iv.interval_pos.is_some())
+        || (iv.count.is_some() && iv.count_pos.is_some())
+    {
         return Err(Error::Usage("the interval or count is given twice".into()));
     }
     Ok((pats, iv))
@@ -133,7 +135,10 @@ impl Count {
                 f => {
                     spec.keys.push(f.to_string());
                     // Column names live as long as the run; leaked once.
-                    KeyCol::Field(spec.keys.len() - 1, Box::leak(f.to_string().into_boxed_str()))
+                    KeyCol::Field(
+                        spec.keys.len() - 1,
+                        Box::leak(f.to_string().into_boxed_str()),
+                    )
                 }
             };
             if !cols.contains(&col) {
@@ -143,7 +148,10 @@ impl Count {
         if mode != 0 {
             // Stacks are reported per process (user frames need its maps).
             spec.by |= by::PID;
-            if cols.iter().any(|c| !matches!(c, KeyCol::Pid | KeyCol::Comm)) {
+            if cols
+                .iter()
+                .any(|c| !matches!(c, KeyCol::Pid | KeyCol::Comm))
+            {
                 return Err(Error::Usage(
                     "--by ustack/kstack combines with pid and comm only".into(),
                 ));
@@ -210,10 +218,18 @@ impl Count {
         Row(r)
     }
 
-    fn stack_reports(&self, s: &mut Session, clear: bool, v: &[(CountKey, CountVal)], index: u32) -> Vec<StackReport> {
+    fn stack_reports(
+        &self,
+        s: &mut Session,
+        clear: bool,
+        v: &[(CountKey, CountVal)],
+        index: u32,
+    ) -> Vec<StackReport> {
         // --top is applied after merging (output::MergedStacks).
         let top = crate::output::pre_merge_cut(self.args.top.unwrap_or(usize::MAX));
-        if let Some(mut r) = sampled_reports(s, clear, self.mode, usize::MAX, self.args.sum.is_some()) {
+        if let Some(mut r) =
+            sampled_reports(s, clear, self.mode, usize::MAX, self.args.sum.is_some())
+        {
             r.truncate(top);
             return r;
         }
@@ -223,7 +239,15 @@ impl Count {
             .map(|(k, val)| {
                 let name = comm(&first_name([k.comm, val.comm].into_iter()));
                 let sum = self.args.sum.is_some().then_some(val.sum);
-                stack_report(s, k.tgid, name, (k.ustack, k.kstack), self.mode, val.count, sum)
+                stack_report(
+                    s,
+                    k.tgid,
+                    name,
+                    (k.ustack, k.kstack),
+                    self.mode,
+                    val.count,
+                    sum,
+                )
             })
             .collect()
     }
@@ -290,7 +314,11 @@ impl Tool for Count {
         self.total = if clear { self.total + n } else { n + drained };
         let mut v = self.kept.merged(read, clear);
         v.sort_by(|a, b| (a.0.index, b.1.count).cmp(&(b.0.index, a.1.count)));
-        let stamp = if self.interval().is_some() { format!("{} ", clock()) } else { String::new() };
+        let stamp = if self.interval().is_some() {
+            format!("{} ", clock())
+        } else {
+            String::new()
+        };
         if self.mode != 0 {
             for (i, sel) in self.selected.iter().enumerate() {
                 let reports = self.stack_reports(s, clear, &v, i as u32);
@@ -305,12 +333,20 @@ impl Tool for Count {
             if mine.peek().is_none() && self.cols.is_empty() {
                 // funccount lists every tracepoint matched, silent ones too.
                 let zero = CountVal::default();
-                let key = CountKey { index: i as u32, ..Default::default() };
+                let key = CountKey {
+                    index: i as u32,
+                    ..Default::default()
+                };
                 rows.push(self.row(&key, &zero));
             }
             rows.extend(mine.take(top).map(|(k, val)| self.row(k, val)));
         }
-        out.table("count", &format!("{stamp}{}", self.what()), &self.header(), &rows);
+        out.table(
+            "count",
+            &format!("{stamp}{}", self.what()),
+            &self.header(),
+            &rows,
+        );
         Ok(())
     }
 

@@ -6,14 +6,14 @@ use memtrace_common::{
     reclaim::{ReclaimConfig, ReclaimEvent, KIND_DIRECT},
 };
 
-use crate::session::attach::Probe;
 use crate::error::Result;
 use crate::kernel::cgroupid;
 use crate::output::{clock, Col, Hist, Printer, Row, Value};
 use crate::probes::reclaim::{prepare_reclaim, reclaim_probes};
 use crate::probes::records::{comm, record};
-use crate::session::Session;
 use crate::run::tool::{Prep, Tool};
+use crate::session::attach::Probe;
+use crate::session::Session;
 
 #[derive(Debug, Clone, clap::Args)]
 pub struct Args {

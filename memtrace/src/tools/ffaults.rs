@@ -10,14 +10,14 @@ use memtrace_common::{
     names::{FILES_SEEN, FILE_FAULTS},
 };
 
-use crate::session::attach::Probe;
+use crate::cli::IntervalArgs;
 use crate::error::Result;
 use crate::output::{clock, Col, Printer, Row};
-use crate::run::tool::{Prep, Tool};
-use crate::session::Session;
-use crate::process::proc::{read_maps, split_dev};
-use crate::cli::IntervalArgs;
 use crate::probes::records::{comm, record};
+use crate::process::proc::{read_maps, split_dev};
+use crate::run::tool::{Prep, Tool};
+use crate::session::attach::Probe;
+use crate::session::Session;
 
 #[derive(Debug, Clone, clap::Args)]
 pub struct Args {
@@ -61,12 +61,7 @@ impl Ffaults {
         })
     }
 
-    fn report_files(
-        &mut self,
-        s: &mut Session,
-        out: &mut dyn Printer,
-        clear: bool,
-    ) -> Result<()> {
+    fn report_files(&mut self, s: &mut Session, out: &mut dyn Printer, clear: bool) -> Result<()> {
         let raw = s.read_folded(FILE_FAULTS, clear)?;
         let n: u64 = raw.iter().map(|(_, c)| c).sum();
         self.faults = if clear { self.faults + n } else { n };

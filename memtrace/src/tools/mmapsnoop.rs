@@ -9,16 +9,16 @@ use memtrace_common::{
 
 use memtrace_common::names;
 
-use crate::session::attach::Probe;
 use crate::error::Result;
 use crate::output::{clock, Col, Printer, Row, Value};
-use crate::run::tool::{Prep, Tool};
-use crate::session::Session;
-use crate::stacks::symbolize::{read_maps, Mapping};
-use crate::process::proc::split_dev;
 use crate::probes::records::{comm, record};
 use crate::probes::syscalls::decode::{errno_name, mmap_flags, mremap_flags, prot};
 use crate::probes::syscalls::{arg_offsets, hex, ret_offset, self_tgid};
+use crate::process::proc::split_dev;
+use crate::run::tool::{Prep, Tool};
+use crate::session::attach::Probe;
+use crate::session::Session;
+use crate::stacks::symbolize::{read_maps, Mapping};
 
 #[derive(Debug, Clone, clap::Args)]
 pub struct Args {

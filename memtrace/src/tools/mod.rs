@@ -6,10 +6,26 @@ use crate::cli::Common;
 use crate::error::Result;
 use crate::run::tool::Tool;
 
+// Declared here, not by `tools!`, so that rustfmt visits every tool's file.
+pub mod brkstack;
+pub mod count;
+pub mod drsnoop;
+pub mod faults;
+pub mod ffaults;
+pub mod memcg;
+pub mod memleak;
+pub mod mmapsnoop;
+pub mod oomkill;
+pub mod rss;
+pub mod serve;
+pub mod shmsnoop;
+pub mod swapin;
+pub mod top;
+pub mod trace;
+pub mod vmscan;
+
 macro_rules! tools {
     ($($(#[$doc:meta])* $variant:ident => $module:ident::$ty:ident,)*) => {
-        $(pub mod $module;)*
-
         #[derive(Debug, clap::Subcommand)]
         pub enum ToolCommand {
             $($(#[$doc])* $variant($module::Args),)*

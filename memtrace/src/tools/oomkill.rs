@@ -10,13 +10,13 @@ use memtrace_common::{
 
 use memtrace_common::names;
 
-use crate::session::attach::Probe;
 use crate::error::Result;
 use crate::kernel::{btf::page_size, cgroupid};
 use crate::output::{clock, Col, Printer, Row, StackReport, Value};
-use crate::run::tool::{Prep, Tool};
-use crate::session::Session;
 use crate::probes::records::{comm, record};
+use crate::run::tool::{Prep, Tool};
+use crate::session::attach::Probe;
+use crate::session::Session;
 
 #[derive(Debug, Clone, clap::Args)]
 pub struct Args {
@@ -150,7 +150,8 @@ impl Oomkill {
             return;
         }
         s.sym.maps.lock().unwrap().snapshot(r.pid);
-        self.prefetched.retain(|_, t| now.duration_since(*t) < PREFETCH_EVERY);
+        self.prefetched
+            .retain(|_, t| now.duration_since(*t) < PREFETCH_EVERY);
         self.prefetched.insert(r.pid, now);
     }
 }
@@ -278,7 +279,10 @@ impl Tool for Oomkill {
         let failed = (ev.ustack == -1 && ev.kstack < 0).then(|| "stack capture failed".to_string());
         let (title, note) = if own {
             self.victim_stacks += 1;
-            ("The victim's stack (it triggered the kill)".to_string(), failed)
+            (
+                "The victim's stack (it triggered the kill)".to_string(),
+                failed,
+            )
         } else {
             self.victim_unreachable += 1;
             let why = format!(
@@ -316,7 +320,10 @@ impl Tool for Oomkill {
         }
         vec![
             ("victim_stacks", Value::U(self.victim_stacks)),
-            ("victim_stack_unreachable", Value::U(self.victim_unreachable)),
+            (
+                "victim_stack_unreachable",
+                Value::U(self.victim_unreachable),
+            ),
         ]
     }
 }

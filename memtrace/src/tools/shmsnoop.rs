@@ -9,14 +9,14 @@ use memtrace_common::{
 
 use memtrace_common::names;
 
-use crate::session::attach::Probe;
 use crate::error::Result;
 use crate::output::{clock, Col, Printer, Row, Value};
-use crate::run::tool::{Prep, Tool};
-use crate::session::Session;
 use crate::probes::records::{comm, record};
 use crate::probes::syscalls::decode::{errno_name, shm_key, shmat_flags, shmctl_cmd, shmget_flags};
 use crate::probes::syscalls::{arg_offsets, ret_offset, self_tgid};
+use crate::run::tool::{Prep, Tool};
+use crate::session::attach::Probe;
+use crate::session::Session;
 
 #[derive(Debug, Clone, clap::Args)]
 pub struct Args {

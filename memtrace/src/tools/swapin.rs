@@ -7,13 +7,13 @@ use std::time::Duration;
 
 use memtrace_common::names::{SWAPINS, SWAPIN_FENTRY, SWAPIN_KPROBE};
 
-use crate::session::attach::Probe;
 use crate::cli::IntervalArgs;
 use crate::error::Result;
 use crate::output::{clock, Col, Printer, Row};
 use crate::probes::records::comm;
-use crate::session::Session;
 use crate::run::tool::{Prep, Tool};
+use crate::session::attach::Probe;
+use crate::session::Session;
 
 #[derive(Debug, Clone, clap::Args)]
 pub struct Args {

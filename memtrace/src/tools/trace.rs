@@ -9,15 +9,17 @@ use memtrace_common::{
     stack_mode,
 };
 
-use crate::session::attach::Probe;
 use crate::cli::StackArgs;
 use crate::error::Result;
 use crate::kernel::tracefs::Field;
 use crate::output::{clock, Col, Printer, Row, Value};
 use crate::probes::records::{comm, record};
-use crate::session::Session;
+use crate::probes::tpspec::{
+    expand, own_fields, parse_filter, tracepoint_probes, FilterSpec, Selected, Spec,
+};
 use crate::run::tool::{Prep, Tool};
-use crate::probes::tpspec::{expand, own_fields, parse_filter, tracepoint_probes, FilterSpec, Selected, Spec};
+use crate::session::attach::Probe;
+use crate::session::Session;
 
 #[derive(Debug, Clone, clap::Args)]
 pub struct Args {
@@ -81,7 +83,10 @@ impl Trace {
                 c
             })
             .collect();
-        let ustr = selected.iter().map(|s| user_string(s).map(|f| f.offset)).collect();
+        let ustr = selected
+            .iter()
+            .map(|s| user_string(s).map(|f| f.offset))
+            .collect();
         Ok(Trace {
             ustr,
             args: a.clone(),
@@ -97,8 +102,18 @@ impl Trace {
 /// Bytes of the record to copy: its fixed part, and room for the strings
 /// `__data_loc` fields point to after it.
 fn copy_size(sel: &Selected) -> u32 {
-    let end = sel.format.fields.iter().map(|f| f.offset + f.size).max().unwrap_or(8);
-    let dynamic = sel.format.fields.iter().any(|f| f.ty.contains("__data_loc") || f.ty.contains("__rel_loc"));
+    let end = sel
+        .format
+        .fields
+        .iter()
+        .map(|f| f.offset + f.size)
+        .max()
+        .unwrap_or(8);
+    let dynamic = sel
+        .format
+        .fields
+        .iter()
+        .any(|f| f.ty.contains("__data_loc") || f.ty.contains("__rel_loc"));
     let want = if dynamic { end + 256 } else { end };
     want.min(MAX_COPY as u32)
 }
@@ -160,7 +175,11 @@ fn decode(f: &Field, rec: &[u8]) -> Option<(Value, bool)> {
     }
     if f.signed {
         let shift = 64 - 8 * size as u32;
-        let s = if shift == 0 { v as i64 } else { ((v << shift) as i64) >> shift };
+        let s = if shift == 0 {
+            v as i64
+        } else {
+            ((v << shift) as i64) >> shift
+        };
         return Some((Value::I(s), false));
     }
     Some((Value::U(v), false))
@@ -178,7 +197,11 @@ impl Tool for Trace {
     }
     fn stack_mode(&self) -> u32 {
         let user = if self.args.stack { stack_mode::USER } else { 0 };
-        user | if self.args.kernel_stack { stack_mode::KERNEL } else { 0 }
+        user | if self.args.kernel_stack {
+            stack_mode::KERNEL
+        } else {
+            0
+        }
     }
     fn user_stacks(&self) -> Option<(&StackArgs, bool)> {
         // One line per event is printed anyway: a stack copy per event fits.
@@ -223,7 +246,12 @@ impl Tool for Trace {
             (String::from_utf8_lossy(&b[..n]).into_owned(), n == b.len())
         });
         let ustr_field = self.ustr.get(h.index as usize).copied().flatten();
-        let head: [Value; 4] = [clock().into(), h.tgid.into(), comm(&h.comm).into(), sel.label().into()];
+        let head: [Value; 4] = [
+            clock().into(),
+            h.tgid.into(),
+            comm(&h.comm).into(),
+            sel.label().into(),
+        ];
         let mut vals = Vec::new();
         let mut args = String::new();
         for f in own_fields(&sel.format) {
@@ -250,7 +278,10 @@ impl Tool for Trace {
             let c = &self.json_cols[h.index as usize];
             (c.as_slice(), Row(head.into_iter().chain(vals).collect()))
         } else {
-            (&COLS[..], Row(head.into_iter().chain([args.into()]).collect()))
+            (
+                &COLS[..],
+                Row(head.into_iter().chain([args.into()]).collect()),
+            )
         };
         if self.stack_mode() == 0 {
             out.event("trace", cols, &row);

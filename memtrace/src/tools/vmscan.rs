@@ -8,14 +8,14 @@ use memtrace_common::names::{
 };
 use memtrace_common::reclaim::{total, ReclaimConfig, KIND_DIRECT};
 
-use crate::session::attach::Probe;
 use crate::cli::IntervalArgs;
 use crate::error::Result;
 use crate::output::{clock, Col, Printer, Row, Value};
 use crate::probes::reclaim::{prepare_reclaim, read_totals, reclaim_probes};
 use crate::probes::records::comm;
-use crate::session::Session;
 use crate::run::tool::{Prep, Tool};
+use crate::session::attach::Probe;
+use crate::session::Session;
 
 #[derive(Debug, Clone, clap::Args)]
 pub struct Args {

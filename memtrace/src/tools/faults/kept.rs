@@ -39,7 +39,10 @@ mod tests {
             page: 0x1000,
         };
         let f = k.folded().unwrap();
-        assert_eq!((f.tgid, f.kernel_mode, f.ustack, f.kstack), (3, 1, USTACK_FOLDED, -1));
+        assert_eq!(
+            (f.tgid, f.kernel_mode, f.ustack, f.kstack),
+            (3, 1, USTACK_FOLDED, -1)
+        );
         assert_eq!((f.ustack_check, f.page), (0, 0));
         assert_eq!(f.folded(), None);
         let by_process = FaultKey {

@@ -9,15 +9,15 @@ use memtrace_common::{
     stack_mode,
 };
 
-use crate::session::attach::Probe;
+use crate::cli::IntervalArgs;
 use crate::error::{Error, Result};
 use crate::output::{clock, Col, Printer, Row, StackReport, Value};
+use crate::probes::records::comm;
+use crate::process::follow::{exec_names, exec_probe};
 use crate::run::tool::{Prep, Tool};
+use crate::session::attach::Probe;
 use crate::session::Session;
 use crate::stacks::symbolize::Mapping;
-use crate::cli::IntervalArgs;
-use crate::process::follow::{exec_names, exec_probe};
-use crate::probes::records::comm;
 use crate::stacks::ustack::{sampled_reports, sampled_title, stack_report};
 
 mod kept;
@@ -182,12 +182,7 @@ impl Faults {
         Ok(all.into_iter().map(|(k, (c, n))| (k, c, n)).collect())
     }
 
-    fn report_counts(
-        &mut self,
-        s: &mut Session,
-        out: &mut dyn Printer,
-        clear: bool,
-    ) -> Result<()> {
+    fn report_counts(&mut self, s: &mut Session, out: &mut dyn Printer, clear: bool) -> Result<()> {
         let data = self.collect(s, clear)?;
         let title = if self.args.interval.every().is_some() {
             format!("{} page faults", clock())
@@ -211,21 +206,20 @@ impl Faults {
             let cut = crate::output::pre_merge_cut(self.args.top);
             v.truncate(cut);
             let mode = self.mode();
-            let reports: Vec<StackReport> =
-                match sampled_reports(s, clear, mode, cut, false) {
-                    Some(r) => r,
-                    None => v
-                        .into_iter()
-                        .map(|((pid, u, k), (c, n))| {
-                            let spilled = pid == 0 && n == spill::NAME;
-                            let mut r = stack_report(s, pid, n, (u, k), mode, c, None);
-                            if spilled {
-                                r.note = Some(spill::NOTE.into());
-                            }
-                            r
-                        })
-                        .collect(),
-                };
+            let reports: Vec<StackReport> = match sampled_reports(s, clear, mode, cut, false) {
+                Some(r) => r,
+                None => v
+                    .into_iter()
+                    .map(|((pid, u, k), (c, n))| {
+                        let spilled = pid == 0 && n == spill::NAME;
+                        let mut r = stack_report(s, pid, n, (u, k), mode, c, None);
+                        if spilled {
+                            r.note = Some(spill::NOTE.into());
+                        }
+                        r
+                    })
+                    .collect(),
+            };
             let title = match sampled_title(s) {
                 t if t.is_empty() => title,
                 t if title.is_empty() => t,

@@ -6,8 +6,8 @@ use std::collections::{HashMap, HashSet};
 use memtrace_common::names::{FAULT_SLOTS, FAULT_SLOT_FREE};
 
 use crate::error::Result;
-use crate::process::follow::alive;
 use crate::probes::records::comm;
+use crate::process::follow::alive;
 use crate::session::Session;
 
 /// What the count-by-process slots (see `FaultSlot`) held at the last read.

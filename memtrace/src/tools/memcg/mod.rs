@@ -16,15 +16,15 @@ use memtrace_common::{
     stack_mode,
 };
 
-use crate::session::attach::Probe;
-use crate::process::cgroup::{notify::Poller, Events, Group, Psi, Version};
 use crate::cli::IntervalArgs;
 use crate::error::{Error, Result};
 use crate::output::{Printer, Value};
 use crate::probes::reclaim::{prepare_reclaim, reclaim_probes};
 use crate::probes::records::record;
-use crate::session::Session;
+use crate::process::cgroup::{notify::Poller, Events, Group, Psi, Version};
 use crate::run::tool::{Prep, Tool};
+use crate::session::attach::Probe;
+use crate::session::Session;
 
 mod oom;
 mod table;
@@ -107,7 +107,9 @@ struct Watched {
 
 impl Watched {
     fn threshold(&self, pct: f64) -> Option<u64> {
-        self.limit.as_ref().map(|(l, _)| (*l as f64 * pct / 100.0) as u64)
+        self.limit
+            .as_ref()
+            .map(|(l, _)| (*l as f64 * pct / 100.0) as u64)
     }
 }
 
@@ -126,7 +128,9 @@ pub struct Memcg {
 impl Memcg {
     pub fn new(a: &Args) -> Result<Self> {
         if a.fail && a.warn.is_none() && a.warn_pressure.is_none() {
-            return Err(Error::Usage("--fail needs --warn or --warn-pressure".into()));
+            return Err(Error::Usage(
+                "--fail needs --warn or --warn-pressure".into(),
+            ));
         }
         let groups = if a.cgroups.is_empty() {
             crate::process::cgroup::limited_groups()
@@ -206,7 +210,11 @@ impl Tool for Memcg {
             );
         }
         // Optional: the table and warnings work without it.
-        p.extend(crate::probes::oom::probes().into_iter().map(Probe::optional));
+        p.extend(
+            crate::probes::oom::probes()
+                .into_iter()
+                .map(Probe::optional),
+        );
         p
     }
     fn intervals(&self) -> Option<&IntervalArgs> {

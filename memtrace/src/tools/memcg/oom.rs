@@ -32,7 +32,11 @@ impl Memcg {
         };
         let Some(w) = self.groups.iter().find(|w| {
             w.ids.contains(&ev.memcg_id)
-                || (w.limit.as_ref().is_some_and(|(_, at)| at.id() == ev.memcg_id) && seen(w))
+                || (w
+                    .limit
+                    .as_ref()
+                    .is_some_and(|(_, at)| at.id() == ev.memcg_id)
+                    && seen(w))
         }) else {
             return Ok(());
         };
@@ -69,7 +73,12 @@ impl Memcg {
             limit.map(|l| l / 1024).into(),
             w.limit.as_ref().map(|(_, at)| at.path.clone()).into(),
         ]);
-        out.table("memcg_oom", "OOM kill in a watched memory cgroup", &cols, &[row]);
+        out.table(
+            "memcg_oom",
+            "OOM kill in a watched memory cgroup",
+            &cols,
+            &[row],
+        );
         // The run-up: the samples of the last 30 s, oldest first.
         let now = Instant::now();
         let tcols = [
@@ -86,7 +95,9 @@ impl Memcg {
                 Row(vec![
                     Value::F(-(now - x.at).as_secs_f64(), 1),
                     (x.usage / 1024).into(),
-                    limit.map_or(Value::Null, |l| Value::F(x.usage as f64 * 100.0 / l as f64, 1)),
+                    limit.map_or(Value::Null, |l| {
+                        Value::F(x.usage as f64 * 100.0 / l as f64, 1)
+                    }),
                     x.psi.map_or(Value::Null, |p| Value::F(p.some_avg10, 2)),
                     x.psi.map_or(Value::Null, |p| Value::F(p.full_avg10, 2)),
                 ])

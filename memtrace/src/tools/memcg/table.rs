@@ -3,9 +3,9 @@
 use memtrace_common::names;
 
 use super::Memcg;
-use crate::process::cgroup::Version;
 use crate::error::Result;
 use crate::output::{clock, Col, Printer, Row, Value};
+use crate::process::cgroup::Version;
 use crate::session::Session;
 
 impl Memcg {
@@ -71,8 +71,10 @@ impl Memcg {
                 (st.anon / 1024).into(),
                 (st.file / 1024).into(),
                 (st.shmem / 1024).into(),
-                psi.map(|p| Value::F(p.some_avg10, 2)).unwrap_or(Value::Null),
-                psi.map(|p| Value::F(p.full_avg10, 2)).unwrap_or(Value::Null),
+                psi.map(|p| Value::F(p.some_avg10, 2))
+                    .unwrap_or(Value::Null),
+                psi.map(|p| Value::F(p.full_avg10, 2))
+                    .unwrap_or(Value::Null),
                 v2(ev.high),
                 ev.max.into(),
                 v2(ev.oom),

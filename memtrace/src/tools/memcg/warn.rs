@@ -9,8 +9,8 @@ use super::{rss, Memcg};
 use crate::error::Result;
 use crate::output::{clock, Col, Printer, Row, Value};
 use crate::probes::records::comm;
-use crate::session::Session;
 use crate::run::tool::Tool;
+use crate::session::Session;
 
 /// Processes listed (and stacks printed) per warning.
 const TOP: usize = 5;
@@ -29,7 +29,10 @@ impl Memcg {
             return Ok(());
         };
         let w = &self.groups[i];
-        let (Some(thr), Some(usage)) = (w.threshold(pct), w.limit.as_ref().and_then(|(_, at)| at.usage())) else {
+        let (Some(thr), Some(usage)) = (
+            w.threshold(pct),
+            w.limit.as_ref().and_then(|(_, at)| at.usage()),
+        ) else {
             return Ok(());
         };
         if usage >= thr {
@@ -50,7 +53,10 @@ impl Memcg {
     ) -> Result<()> {
         for i in 0..self.groups.len() {
             let w = &self.groups[i];
-            let under = w.limit.as_ref().is_some_and(|(_, at)| at.id() == ev.limit_id);
+            let under = w
+                .limit
+                .as_ref()
+                .is_some_and(|(_, at)| at.id() == ev.limit_id);
             if under && w.ids.contains(&ev.task_id) {
                 let usage = ev.usage_pages * crate::kernel::btf::page_size();
                 self.warn(i, "allocation", Some(usage), s, out)?;
@@ -74,7 +80,10 @@ impl Memcg {
         self.groups[i].warned = true;
         self.warnings += 1;
         let w = &self.groups[i];
-        let usage_at = w.limit.as_ref().map_or(w.group.clone(), |(_, at)| at.clone());
+        let usage_at = w
+            .limit
+            .as_ref()
+            .map_or(w.group.clone(), |(_, at)| at.clone());
         let usage = usage.or_else(|| usage_at.usage()).unwrap_or(0);
         let psi = w.group.psi();
         // Who grew most over the window, among the group's processes.
@@ -117,12 +126,19 @@ impl Memcg {
             (usage / 1024).into(),
             limit.map(|l| l / 1024).into(),
             w.limit.as_ref().map(|(_, at)| at.path.clone()).into(),
-            limit.map_or(Value::Null, |l| Value::F(usage as f64 * 100.0 / l as f64, 1)),
+            limit.map_or(Value::Null, |l| {
+                Value::F(usage as f64 * 100.0 / l as f64, 1)
+            }),
             self.args.warn.map_or(Value::Null, |p| Value::F(p, 1)),
             psi.map_or(Value::Null, |p| Value::F(p.some_avg10, 2)),
             pids.join(",").into(),
         ]);
-        out.table("memcg_warn", "WARNING: memory cgroup near its limit", &cols, &[row]);
+        out.table(
+            "memcg_warn",
+            "WARNING: memory cgroup near its limit",
+            &cols,
+            &[row],
+        );
         let pcols = [
             Col::num("pid", "PID", 7),
             Col::text("comm", "COMM", 16),

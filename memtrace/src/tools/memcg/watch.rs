@@ -6,11 +6,14 @@ use std::time::Instant;
 
 use memtrace_common::{memcg::NO_LINE, names};
 
-use super::{rss, table, Memcg, Sample, GROWTH_WINDOW, SAMPLE_EVERY, TAGS, TAG_EVENTS, TAG_PRESSURE, TAG_TIMER, TAG_USAGE, TIMELINE};
-use crate::process::cgroup::{Group, Version};
+use super::{
+    rss, table, Memcg, Sample, GROWTH_WINDOW, SAMPLE_EVERY, TAGS, TAG_EVENTS, TAG_PRESSURE,
+    TAG_TIMER, TAG_USAGE, TIMELINE,
+};
 use crate::error::Result;
-use crate::session::Session;
 use crate::process::cgroup::notify::Poller;
+use crate::process::cgroup::{Group, Version};
+use crate::session::Session;
 
 impl Memcg {
     /// Arms the kernel's notifiers for each group, and the sampling timer.

@@ -13,9 +13,9 @@ use memtrace_common::{memleak::AllocStats, stacks::StackKey};
 
 use super::report::Tables;
 use crate::error::Result;
-use crate::stacks::kept::{Kept, Tally};
 use crate::output::Value;
 use crate::session::Session;
+use crate::stacks::kept::{Kept, Tally};
 
 impl Tally for AllocStats {
     fn add(&mut self, o: &Self) {
@@ -66,7 +66,11 @@ impl Exited {
             .percpu_keys(t.stacks)?
             .into_iter()
             .filter(|k| Some(k.tgid) != target)
-            .filter(|k| !*alive.entry(k.tgid).or_insert_with(|| crate::process::proc::alive(k.tgid)))
+            .filter(|k| {
+                !*alive
+                    .entry(k.tgid)
+                    .or_insert_with(|| crate::process::proc::alive(k.tgid))
+            })
             .collect();
         self.processes += alive.values().filter(|a| !**a).count() as u64;
         let moved = s.take_folded(t.stacks, &gone)?;

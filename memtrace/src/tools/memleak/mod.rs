@@ -14,16 +14,16 @@ use std::time::Duration;
 
 use memtrace_common::{
     memleak::{counter, MemleakConfig, PENDING_SLOTS},
-    names::{ML_COUNTS, ML_EXECS, ML_PENDING, ML_SAMPLE, MEMLEAK_CFG},
+    names::{MEMLEAK_CFG, ML_COUNTS, ML_EXECS, ML_PENDING, ML_SAMPLE},
     stack_mode,
 };
 
-use crate::session::attach::Probe;
 use crate::cli::{parse_size, IntervalArgs, StackArgs};
 use crate::error::{Error, Result};
 use crate::output::{Printer, Value};
-use crate::session::Session;
 use crate::run::tool::{Prep, Tool};
+use crate::session::attach::Probe;
+use crate::session::Session;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum Sort {
@@ -251,7 +251,12 @@ impl Tool for Memleak {
         self.target = k.target;
         let (probes, placements) = if let Some(shim) = &self.preload {
             let follow = self.args.common.children
-                || self.args.common.command.as_deref().is_some_and(|c| !crate::process::command::is_simple(c));
+                || self
+                    .args
+                    .common
+                    .command
+                    .as_deref()
+                    .is_some_and(|c| !crate::process::command::is_simple(c));
             preload::probes(shim, if follow { None } else { k.target })?
         } else if self.user {
             probes::user(&self.args, k.target, &mut cfg)?

@@ -7,11 +7,13 @@
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
-use memtrace_common::names::{ML_PRELOAD_ALLOC, ML_PRELOAD_FREE, ML_PRELOAD_FULL, ML_PRELOAD_HELLO};
+use memtrace_common::names::{
+    ML_PRELOAD_ALLOC, ML_PRELOAD_FREE, ML_PRELOAD_FULL, ML_PRELOAD_HELLO,
+};
 
 use super::Args;
-use crate::session::attach::Probe;
 use crate::error::{Error, Result};
+use crate::session::attach::Probe;
 use crate::session::uprobe::Symbols;
 
 static SHIM: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/memtrace_preload.so"));
@@ -42,13 +44,17 @@ pub fn unusable(a: &Args) -> Option<String> {
     let path = crate::process::command::program_path(word)?;
     let meta = std::fs::metadata(&path).ok()?;
     if meta.permissions().mode() & 0o6000 != 0 {
-        return Some(format!("{} is set-id (its loader ignores preloads)", path.display()));
+        return Some(format!(
+            "{} is set-id (its loader ignores preloads)",
+            path.display()
+        ));
     }
     match interpreter(&path) {
         Interp::Static => Some(format!("{} is statically linked", path.display())),
-        Interp::Other(i) if !i.contains("ld-linux") => {
-            Some(format!("{} is loaded by {i}, not glibc's loader", path.display()))
-        }
+        Interp::Other(i) if !i.contains("ld-linux") => Some(format!(
+            "{} is loaded by {i}, not glibc's loader",
+            path.display()
+        )),
         _ => None,
     }
 }
@@ -81,9 +87,9 @@ fn interpreter(path: &Path) -> Interp {
 /// Writes the shim where the command can map it executable (content-named,
 /// so runs share it and a newer memtrace never loads an older one).
 pub fn install() -> Result<PathBuf> {
-    let hash = SHIM
-        .iter()
-        .fold(0xcbf2_9ce4_8422_2325u64, |h, &b| (h ^ b as u64).wrapping_mul(0x100_0000_01b3));
+    let hash = SHIM.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &b| {
+        (h ^ b as u64).wrapping_mul(0x100_0000_01b3)
+    });
     let name = format!("{FILE_PREFIX}{hash:016x}.so");
     let mut tried = Vec::new();
     for dir in ["/run/memtrace", "/var/tmp/memtrace", "/tmp/memtrace"] {
@@ -147,10 +153,26 @@ pub fn probes(shim: &Path, pid: Option<u32>) -> Result<(Vec<Probe>, Vec<String>)
     let path = shim.to_string_lossy().into_owned();
     let mut probes = Vec::new();
     for (site, prog, what) in [
-        ("memtrace_alloc_site", ML_PRELOAD_ALLOC, "allocations (preloaded shim)"),
-        ("memtrace_free_site", ML_PRELOAD_FREE, "frees (preloaded shim)"),
-        ("memtrace_table_full_site", ML_PRELOAD_FULL, "samples the shim could not keep"),
-        ("memtrace_hello_site", ML_PRELOAD_HELLO, "processes loading the shim"),
+        (
+            "memtrace_alloc_site",
+            ML_PRELOAD_ALLOC,
+            "allocations (preloaded shim)",
+        ),
+        (
+            "memtrace_free_site",
+            ML_PRELOAD_FREE,
+            "frees (preloaded shim)",
+        ),
+        (
+            "memtrace_table_full_site",
+            ML_PRELOAD_FULL,
+            "samples the shim could not keep",
+        ),
+        (
+            "memtrace_hello_site",
+            ML_PRELOAD_HELLO,
+            "processes loading the shim",
+        ),
     ] {
         let f = syms
             .function(site)

@@ -6,16 +6,16 @@ use iced_x86::Register;
 use memtrace_common::{
     memleak::{shape, MemleakConfig},
     names::{
-        ML_ALLOC_ENTER, ML_ALLOC_RETURN, ML_ALLOC_SESSION, ML_CACHE_ALLOC, ML_CACHE_FREE, ML_EXEC, ML_FREE, ML_KFREE,
-        ML_KMALLOC, ML_MMAP_ENTER, ML_MMAP_EXIT, ML_MUNMAP, ML_PAGE_ALLOC, ML_PAGE_FREE,
-        ML_PCPU_ALLOC, ML_PCPU_FREE,
+        ML_ALLOC_ENTER, ML_ALLOC_RETURN, ML_ALLOC_SESSION, ML_CACHE_ALLOC, ML_CACHE_FREE, ML_EXEC,
+        ML_FREE, ML_KFREE, ML_KMALLOC, ML_MMAP_ENTER, ML_MMAP_EXIT, ML_MUNMAP, ML_PAGE_ALLOC,
+        ML_PAGE_FREE, ML_PCPU_ALLOC, ML_PCPU_FREE,
     },
 };
 
 use super::Args;
-use crate::session::attach::Probe;
 use crate::error::{Error, Result};
 use crate::kernel::Format;
+use crate::session::attach::Probe;
 use crate::session::uprobe::{is_libc, mapped_library, placement, Library, Placement, Symbols};
 
 /// Allocation functions with how they take their arguments, and the
@@ -99,7 +99,10 @@ pub fn user(
     // into every process mapping the object (the kernel filters by mm), and
     // the programs keep the followed ones.
     let follow = a.common.children
-        || a.common.command.as_deref().is_some_and(|c| !crate::process::command::is_simple(c));
+        || a.common
+            .command
+            .as_deref()
+            .is_some_and(|c| !crate::process::command::is_simple(c));
     let pid = if follow { None } else { target };
     if follow {
         // The cost falls on processes nobody asked to trace: say so.
@@ -148,9 +151,9 @@ pub fn user(
         pid,
     ));
     let free = format!("{prefix}free");
-    let func = syms.function(&free).ok_or_else(|| {
-        Error::Usage(format!("{}: no function {free}", lib.shown))
-    })?;
+    let func = syms
+        .function(&free)
+        .ok_or_else(|| Error::Usage(format!("{}: no function {free}", lib.shown)))?;
     let at = place(a, &func.code, &[Register::RDI], false);
     said.push(describe(&free, at.offset, at.emulated));
     probes.push(Probe::new(format!("{free} calls")).uprobe(
@@ -224,7 +227,12 @@ pub fn kernel(cfg: &mut MemleakConfig) -> Result<Vec<Probe>> {
     };
     let mut probes = vec![
         tp("kmalloc", ML_KMALLOC, "kmem", "kmalloc"),
-        tp("kmem_cache_alloc", ML_CACHE_ALLOC, "kmem", "kmem_cache_alloc"),
+        tp(
+            "kmem_cache_alloc",
+            ML_CACHE_ALLOC,
+            "kmem",
+            "kmem_cache_alloc",
+        ),
         tp("kfree", ML_KFREE, "kmem", "kfree"),
         tp("kmem_cache_free", ML_CACHE_FREE, "kmem", "kmem_cache_free"),
         tp("page allocations", ML_PAGE_ALLOC, "kmem", "mm_page_alloc"),
@@ -233,13 +241,26 @@ pub fn kernel(cfg: &mut MemleakConfig) -> Result<Vec<Probe>> {
     let pcpu = Format::load("percpu", "percpu_alloc_percpu")
         .and_then(|a| Ok((a.offset("ptr")?, a.offset("bytes_alloc")?)))
         .and_then(|(p, b)| {
-            Ok((p, b, Format::load("percpu", "percpu_free_percpu")?.offset("ptr")?))
+            Ok((
+                p,
+                b,
+                Format::load("percpu", "percpu_free_percpu")?.offset("ptr")?,
+            ))
         });
     match pcpu {
         Ok((p, b, fp)) => {
             (cfg.pcpu_alloc_ptr, cfg.pcpu_alloc_bytes, cfg.pcpu_free_ptr) = (p, b, fp);
-            probes.push(tp("percpu allocations", ML_PCPU_ALLOC, "percpu", "percpu_alloc_percpu").optional());
-            probes.push(tp("percpu frees", ML_PCPU_FREE, "percpu", "percpu_free_percpu").optional());
+            probes.push(
+                tp(
+                    "percpu allocations",
+                    ML_PCPU_ALLOC,
+                    "percpu",
+                    "percpu_alloc_percpu",
+                )
+                .optional(),
+            );
+            probes
+                .push(tp("percpu frees", ML_PCPU_FREE, "percpu", "percpu_free_percpu").optional());
         }
         Err(e) => say!("memtrace: warning: percpu allocations not traced: {e}"),
     }

@@ -27,9 +27,9 @@ pub const KERNEL: Tables = Tables {
 
 use super::{Args, Sort};
 use crate::error::Result;
-use crate::stacks::kept::Tally;
 use crate::output::{AllocFigures, StackReport};
 use crate::session::{first_name, Fold, Session};
+use crate::stacks::kept::Tally;
 use crate::stacks::ustack::stack_report;
 
 impl Fold for AllocStats {
@@ -135,7 +135,10 @@ pub fn outstanding(
             let mut r = stack_report(s, k.tgid, comm, ids, mode, n, Some(bytes));
             // The shim's frames (its probe site, and its malloc under dwarf
             // unwinding) are not the program's code.
-            let shim = r.user.iter().take_while(|f| f.contains(super::preload::FILE_PREFIX));
+            let shim = r
+                .user
+                .iter()
+                .take_while(|f| f.contains(super::preload::FILE_PREFIX));
             let n = shim.count();
             r.user.drain(..n);
             if exited.contains_key(&k) && r.note.is_none() {

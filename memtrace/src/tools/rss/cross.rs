@@ -7,8 +7,8 @@ use super::Rss;
 use crate::error::Result;
 use crate::output::{clock, Col, Printer, Row, Value};
 use crate::probes::records::comm;
-use crate::session::Session;
 use crate::run::tool::Tool;
+use crate::session::Session;
 
 impl Rss {
     /// One threshold crossing: the counters, the allocating stack and the
@@ -67,5 +67,4 @@ impl Rss {
         crate::process::pmap::largest_mappings(out, "rss_mapping", ev.pid, 10);
         Ok(())
     }
-
 }

@@ -15,12 +15,12 @@ use memtrace_common::{
 use memtrace_common::names;
 
 use crate::cli::{parse_size, IntervalArgs};
-use crate::session::attach::Probe;
 use crate::error::{Error, Result};
 use crate::output::{clock, Col, Printer, Row, Value};
-use crate::run::tool::{Prep, Tool};
-use crate::session::Session;
 use crate::probes::records::{comm, record};
+use crate::run::tool::{Prep, Tool};
+use crate::session::attach::Probe;
+use crate::session::Session;
 
 #[derive(Debug, Clone, clap::Args)]
 pub struct Args {

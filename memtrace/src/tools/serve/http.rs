@@ -51,7 +51,11 @@ fn answer(mut c: TcpStream, page: &Mutex<String>) -> std::io::Result<()> {
             "memtrace: metrics on /metrics\n".to_string(),
         ),
         ("GET", _) => ("404 Not Found", "text/plain", "not found\n".to_string()),
-        _ => ("405 Method Not Allowed", "text/plain", "GET only\n".to_string()),
+        _ => (
+            "405 Method Not Allowed",
+            "text/plain",
+            "GET only\n".to_string(),
+        ),
     };
     let head = format!(
         "HTTP/1.1 {status}\r\nContent-Type: {ctype}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",

@@ -10,8 +10,8 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 
 use super::Serve;
-use crate::session::Session;
 use crate::probes::snapshot::{Figures, OomKill};
+use crate::session::Session;
 
 type Labels = Vec<(String, String)>;
 type Counters = Family<Labels, Counter>;
@@ -86,14 +86,46 @@ impl FigureFamilies {
             rss: Family::default(),
         };
         let name = |n: &str| format!("{prefix}_{n}");
-        reg.register(name("page_faults"), format!("Page faults by {per} and mode (user, kernel)"), f.faults.clone());
-        reg.register(name("file_faults"), format!("File-backed page faults by {per}"), f.file_faults.clone());
-        reg.register(name("brk_calls"), format!("brk calls by {per}"), f.brk_calls.clone());
-        reg.register(name("brk_bytes"), format!("Bytes the heap grew by through brk, by {per}"), f.brk_bytes.clone());
-        reg.register(name("mmap_calls"), format!("mmap calls by {per}"), f.mmap_calls.clone());
-        reg.register(name("mmap_bytes"), format!("Bytes asked for by mmap calls, by {per}"), f.mmap_bytes.clone());
-        reg.register(name("reclaim_stall_seconds"), format!("Time stalled in direct and memcg reclaim, by {per}"), f.reclaim.clone());
-        reg.register(name("rss_bytes"), format!("Resident memory by {per} and type (anon, file, shmem)"), f.rss.clone());
+        reg.register(
+            name("page_faults"),
+            format!("Page faults by {per} and mode (user, kernel)"),
+            f.faults.clone(),
+        );
+        reg.register(
+            name("file_faults"),
+            format!("File-backed page faults by {per}"),
+            f.file_faults.clone(),
+        );
+        reg.register(
+            name("brk_calls"),
+            format!("brk calls by {per}"),
+            f.brk_calls.clone(),
+        );
+        reg.register(
+            name("brk_bytes"),
+            format!("Bytes the heap grew by through brk, by {per}"),
+            f.brk_bytes.clone(),
+        );
+        reg.register(
+            name("mmap_calls"),
+            format!("mmap calls by {per}"),
+            f.mmap_calls.clone(),
+        );
+        reg.register(
+            name("mmap_bytes"),
+            format!("Bytes asked for by mmap calls, by {per}"),
+            f.mmap_bytes.clone(),
+        );
+        reg.register(
+            name("reclaim_stall_seconds"),
+            format!("Time stalled in direct and memcg reclaim, by {per}"),
+            f.reclaim.clone(),
+        );
+        reg.register(
+            name("rss_bytes"),
+            format!("Resident memory by {per} and type (anon, file, shmem)"),
+            f.rss.clone(),
+        );
         f
     }
 
@@ -103,14 +135,20 @@ impl FigureFamilies {
             x.push((k.into(), v.into()));
             x
         };
-        self.faults.get_or_create(&with("mode", "user")).inc_by(t.faults_user);
-        self.faults.get_or_create(&with("mode", "kernel")).inc_by(t.faults_kernel);
+        self.faults
+            .get_or_create(&with("mode", "user"))
+            .inc_by(t.faults_user);
+        self.faults
+            .get_or_create(&with("mode", "kernel"))
+            .inc_by(t.faults_kernel);
         self.file_faults.get_or_create(labels).inc_by(t.file_faults);
         self.brk_calls.get_or_create(labels).inc_by(t.brk_calls);
         self.brk_bytes.get_or_create(labels).inc_by(t.brk_bytes);
         self.mmap_calls.get_or_create(labels).inc_by(t.mmap_calls);
         self.mmap_bytes.get_or_create(labels).inc_by(t.mmap_bytes);
-        self.reclaim.get_or_create(labels).inc_by(t.reclaim_ns as f64 / 1e9);
+        self.reclaim
+            .get_or_create(labels)
+            .inc_by(t.reclaim_ns as f64 / 1e9);
         for (ty, v) in ["anon", "file", "shmem"].iter().zip(rss) {
             self.rss.get_or_create(&with("type", ty)).set(v as i64);
         }
@@ -127,7 +165,11 @@ pub fn render(sv: &Serve, s: &Session) -> String {
     for p in snap.procs.values().filter(|p| p.gone.is_none()) {
         let rss = [p.rss_anon(), p.rss_file(), p.rss_shmem()];
         let cg = cgroup_label(&p.cgroup);
-        let cg = if sv.cgroups.held.contains_key(&cg) { cg } else { OTHER.into() };
+        let cg = if sv.cgroups.held.contains_key(&cg) {
+            cg
+        } else {
+            OTHER.into()
+        };
         let e = cg_rss.entry(cg).or_default();
         for i in 0..3 {
             e[i] += rss[i];
@@ -139,39 +181,72 @@ pub fn render(sv: &Serve, s: &Session) -> String {
         }
     }
     for (pid, h) in &sv.procs.held {
-        let Some(p) = snap.procs.get(pid) else { continue };
+        let Some(p) = snap.procs.get(pid) else {
+            continue;
+        };
         let rss = if p.gone.is_some() {
             [0; 3]
         } else {
             [p.rss_anon(), p.rss_file(), p.rss_shmem()]
         };
-        let labels = l(&[("pid", &pid.to_string()), ("comm", &p.comm), ("cgroup", &cgroup_label(&p.cgroup))]);
+        let labels = l(&[
+            ("pid", &pid.to_string()),
+            ("comm", &p.comm),
+            ("cgroup", &cgroup_label(&p.cgroup)),
+        ]);
         per_proc.add(&labels, &h.total, rss);
     }
-    per_proc.add(&l(&[("pid", OTHER), ("comm", OTHER), ("cgroup", OTHER)]), &sv.procs.other, other_rss);
+    per_proc.add(
+        &l(&[("pid", OTHER), ("comm", OTHER), ("cgroup", OTHER)]),
+        &sv.procs.other,
+        other_rss,
+    );
     for (cg, h) in &sv.cgroups.held {
-        per_cg.add(&l(&[("cgroup", cg)]), &h.total, cg_rss.get(cg).copied().unwrap_or_default());
+        per_cg.add(
+            &l(&[("cgroup", cg)]),
+            &h.total,
+            cg_rss.get(cg).copied().unwrap_or_default(),
+        );
     }
     let other_cg = cg_rss.get(OTHER).copied().unwrap_or_default();
     per_cg.add(&l(&[("cgroup", OTHER)]), &sv.cgroups.other, other_cg);
 
     let ooms: Counters = Family::default();
-    reg.register("memtrace_oom_kills", "OOM kills by victim name and memory cgroup", ooms.clone());
+    reg.register(
+        "memtrace_oom_kills",
+        "OOM kills by victim name and memory cgroup",
+        ooms.clone(),
+    );
     for ((victim, cg), n) in &sv.state.ooms {
-        ooms.get_or_create(&l(&[("victim", victim), ("cgroup", cg)])).inc_by(*n);
+        ooms.get_or_create(&l(&[("victim", victim), ("cgroup", cg)]))
+            .inc_by(*n);
     }
     let lost: Counters = Family::default();
-    reg.register("memtrace_lost_events", "Events memtrace lost in the kernel, by reason", lost.clone());
+    reg.register(
+        "memtrace_lost_events",
+        "Events memtrace lost in the kernel, by reason",
+        lost.clone(),
+    );
     for (reason, n) in s.losses() {
         lost.get_or_create(&l(&[("reason", reason)])).inc_by(n);
     }
     let attached: Gauges = Family::default();
-    reg.register("memtrace_probe_attached", "Probes attached (1), by probe and attach method", attached.clone());
+    reg.register(
+        "memtrace_probe_attached",
+        "Probes attached (1), by probe and attach method",
+        attached.clone(),
+    );
     for (probe, method, _target) in &s.attached {
-        attached.get_or_create(&l(&[("probe", probe), ("method", method)])).set(1);
+        attached
+            .get_or_create(&l(&[("probe", probe), ("method", method)]))
+            .set(1);
     }
     let tracked: Gauge = Gauge::default();
-    reg.register("memtrace_processes_tracked", "Processes memtrace holds figures for", tracked.clone());
+    reg.register(
+        "memtrace_processes_tracked",
+        "Processes memtrace holds figures for",
+        tracked.clone(),
+    );
     tracked.set(snap.procs.len() as i64);
     let mut out = String::new();
     // Writing to a String cannot fail.

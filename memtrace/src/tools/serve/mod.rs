@@ -10,12 +10,12 @@ use std::net::{SocketAddr, TcpListener, ToSocketAddrs};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use crate::session::attach::Probe;
 use crate::error::{Error, Result};
 use crate::output::Printer;
-use crate::session::Session;
 use crate::probes::snapshot::{Counters, Snapshot};
 use crate::run::tool::{Prep, Tool};
+use crate::session::attach::Probe;
+use crate::session::Session;
 
 use series::Series;
 
@@ -95,14 +95,10 @@ impl Serve {
 
     fn refresh(&mut self, s: &Session) {
         let tick = self.snap.tick;
-        let active: Vec<(u32, _)> = self
-            .snap
-            .procs
-            .values()
-            .map(|p| (p.pid, p.last))
-            .collect();
+        let active: Vec<(u32, _)> = self.snap.procs.values().map(|p| (p.pid, p.last)).collect();
         let procs = &self.snap.procs;
-        self.procs.update(tick, active, |pid| procs.contains_key(pid));
+        self.procs
+            .update(tick, active, |pid| procs.contains_key(pid));
         let by_cgroup: Vec<(String, _)> = procs
             .values()
             .map(|p| (metrics::cgroup_label(&p.cgroup), p.last))

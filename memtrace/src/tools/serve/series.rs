@@ -74,9 +74,17 @@ impl<K: Clone + Eq + Hash + Ord> Series<K> {
         for (k, f) in waiting {
             let room = self.held.len() < self.max
                 || (f.activity() > 0
-                    && idle.next().is_some_and(|(_, old)| self.held.remove(&old).is_some()));
+                    && idle
+                        .next()
+                        .is_some_and(|(_, old)| self.held.remove(&old).is_some()));
             if room && f.activity() > 0 {
-                self.held.insert(k, Held { total: f, active: tick });
+                self.held.insert(
+                    k,
+                    Held {
+                        total: f,
+                        active: tick,
+                    },
+                );
             } else {
                 self.other.add(&f);
             }
@@ -100,8 +108,9 @@ mod tests {
         let mut s: Series<u32> = Series::new(3);
         let mut sum = 0;
         for tick in 1..50u64 {
-            let active: Vec<(u32, Figures)> =
-                (0..10).map(|i| ((tick as u32) * 100 + i, faults(i as u64 + 1))).collect();
+            let active: Vec<(u32, Figures)> = (0..10)
+                .map(|i| ((tick as u32) * 100 + i, faults(i as u64 + 1)))
+                .collect();
             sum += active.iter().map(|a| a.1.faults_user).sum::<u64>();
             // Every key lives one interval: short-lived processes.
             s.update(tick, active, |k| *k / 100 == tick as u32);
@@ -117,7 +126,11 @@ mod tests {
     #[test]
     fn other_is_monotonic_and_busiest_get_series() {
         let mut s: Series<u32> = Series::new(2);
-        s.update(1, vec![(1, faults(5)), (2, faults(1)), (3, faults(9))], |_| true);
+        s.update(
+            1,
+            vec![(1, faults(5)), (2, faults(1)), (3, faults(9))],
+            |_| true,
+        );
         assert!(s.held.contains_key(&3) && s.held.contains_key(&1));
         assert_eq!(s.other.faults_user, 1);
         let before = s.other.faults_user;

@@ -11,11 +11,11 @@ use memtrace_common::{
     stack_mode,
 };
 
-use crate::session::attach::Probe;
 use crate::cli::{Common, StackArgs, StackMode};
 use crate::error::Result;
-use crate::session::Session;
 use crate::run::tool::{Prep, Tool};
+use crate::session::attach::Probe;
+use crate::session::Session;
 use crate::stacks::ustack::stack_report;
 
 /// Stacks shown of each kind.
@@ -103,7 +103,15 @@ impl Detail {
         // merged, as the other tools print them.
         let mut by_text: HashMap<String, (u64, u64)> = HashMap::new();
         for (ustack, n) in faults {
-            let r = stack_report(s, self.pid, self.comm.clone(), (ustack, -1), stack_mode::USER, n, None);
+            let r = stack_report(
+                s,
+                self.pid,
+                self.comm.clone(),
+                (ustack, -1),
+                stack_mode::USER,
+                n,
+                None,
+            );
             by_text.entry(frames(&r.user)).or_default().0 += n;
         }
         out.push("top page-fault stacks since opened:".to_string());
@@ -112,7 +120,15 @@ impl Detail {
         }
         let mut by_text: HashMap<String, (u64, u64)> = HashMap::new();
         for (k, v) in s.read_folded(BRK_STACKS, false).unwrap_or_default() {
-            let r = stack_report(s, self.pid, self.comm.clone(), (k.ustack, -1), stack_mode::USER, v.count, Some(v.bytes));
+            let r = stack_report(
+                s,
+                self.pid,
+                self.comm.clone(),
+                (k.ustack, -1),
+                stack_mode::USER,
+                v.count,
+                Some(v.bytes),
+            );
             let e = by_text.entry(frames(&r.user)).or_default();
             (e.0, e.1) = (e.0 + v.count, e.1 + v.bytes);
         }

@@ -9,16 +9,16 @@ mod ui;
 use std::io::IsTerminal;
 use std::time::Duration;
 
-use crate::session::attach::Probe;
 use crate::cli::IntervalArgs;
 use crate::error::Result;
 use crate::output::{clock, Col, Printer, Row, Value};
-use crate::session::Session;
 use crate::probes::snapshot::{Counters, Snapshot};
 use crate::run::tool::{Prep, Tool};
+use crate::session::attach::Probe;
+use crate::session::Session;
 
-pub use table::SortKey;
 use table::Filter;
+pub use table::SortKey;
 
 #[derive(Debug, Clone, clap::Args)]
 pub struct Args {
@@ -66,8 +66,10 @@ impl Top {
         if a.iterations.is_some() {
             interval.count = a.iterations;
         }
-        let full_screen =
-            !a.text && !a.common.json && std::io::stdout().is_terminal() && std::io::stdin().is_terminal();
+        let full_screen = !a.text
+            && !a.common.json
+            && std::io::stdout().is_terminal()
+            && std::io::stdin().is_terminal();
         Ok(Top {
             args: a.clone(),
             interval,

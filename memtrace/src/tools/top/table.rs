@@ -97,12 +97,7 @@ fn sort_value(s: &Snapshot, p: &Proc, k: SortKey) -> f64 {
 
 /// The processes to show, sorted (largest first, pid and name ascending),
 /// at most `max`. Gone processes show only for the interval they ended in.
-pub fn select<'a>(
-    s: &'a Snapshot,
-    key: SortKey,
-    filter: &Filter,
-    max: usize,
-) -> Vec<&'a Proc> {
+pub fn select<'a>(s: &'a Snapshot, key: SortKey, filter: &Filter, max: usize) -> Vec<&'a Proc> {
     let mut v: Vec<&Proc> = s
         .procs
         .values()

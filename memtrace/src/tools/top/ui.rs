@@ -126,7 +126,11 @@ impl Screen {
             snap.procs.len(),
             snap.elapsed.as_secs_f64(),
             sort.label(),
-            if filter.0.is_empty() { "-".into() } else { clean(&filter.0) },
+            if filter.0.is_empty() {
+                "-".into()
+            } else {
+                clean(&filter.0)
+            },
             if self.editing { "_" } else { "" },
         );
         let ooms: Vec<Line> = snap
@@ -194,7 +198,8 @@ impl Screen {
                 .areas(body);
                 f.render_widget(Clear, mid);
                 f.render_widget(
-                    Paragraph::new(d).block(Block::default().borders(Borders::ALL).title("process")),
+                    Paragraph::new(d)
+                        .block(Block::default().borders(Borders::ALL).title("process")),
                     mid,
                 );
             }
