@@ -218,10 +218,13 @@ fn exited_children_leave_the_table_and_its_total() {
     let s = json_of(&out.stdout, "summary");
     assert_eq!(s[0]["processes_exited"], 1, "{}", out.stdout);
     assert_eq!(
-        s[0]["events"], 2,
+        s[0]["processes"], 2,
         "parent and child reported: {}",
         out.stdout
     );
+    // The summary's events are the process rows printed (TOTAL is a sum).
+    let printed = rows.iter().filter(|r| r["comm"] != "TOTAL").count();
+    assert_eq!(s[0]["events"], printed as u64, "{}", out.stdout);
 }
 
 #[test]
@@ -245,4 +248,75 @@ fn a_process_over_the_threshold_at_start_is_reported_at_once() {
         "{}",
         out.stdout
     );
+}
+
+fn children_of(pid: u32) -> Vec<u32> {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children")).unwrap();
+    s.split_whitespace().map(|p| p.parse().unwrap()).collect()
+}
+
+/// Children that exist before tracing starts, idle, each holding 20 MiB:
+/// every one is listed with what /proc says it holds (anon, file, shmem),
+/// and TOTAL is what /proc says the family holds (it listed the parent
+/// only: 1.7 MB of 68 MB).
+#[test]
+fn existing_children_are_listed_with_all_their_memory() {
+    const N: usize = 3;
+    let mut w = Workload::start(&["fork-hold", &N.to_string(), "20", "8000"]);
+    w.go();
+    assert_eq!(w.line().trim(), "ready");
+    let kids = children_of(w.pid);
+    assert_eq!(kids.len(), N);
+    let pid = w.pid.to_string();
+    let out = run(&[
+        "rss",
+        "-p",
+        &pid,
+        "--children",
+        "--json",
+        "-i",
+        "500ms",
+        "-d",
+        "1.2",
+    ]);
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    let rows = json_of(&out.stdout, "rss");
+    // /proc now: the family is idle, so it holds what it held during the run.
+    let family: Vec<u32> = std::iter::once(w.pid).chain(kids.iter().copied()).collect();
+    let mut total = 0;
+    for &p in &family {
+        let row = rows
+            .iter()
+            .rev()
+            .find(|r| r["pid"] == p)
+            .unwrap_or_else(|| panic!("no row for {p}: {}", out.stdout));
+        for (key, field) in [
+            ("anon_kb", "RssAnon:"),
+            ("file_kb", "RssFile:"),
+            ("shmem_kb", "RssShmem:"),
+        ] {
+            let want = status_kb(p, field);
+            let got = row[key].as_u64().unwrap();
+            assert!(
+                got.abs_diff(want) <= 64,
+                "{p} {key}: {got} vs {want} kB: {row}"
+            );
+        }
+        total += status_kb(p, "VmRSS:");
+    }
+    for &k in &kids {
+        assert!(status_kb(k, "RssAnon:") >= 20 * 1024);
+    }
+    let last_total = rows
+        .iter()
+        .rev()
+        .find(|r| r["comm"] == "TOTAL")
+        .unwrap_or_else(|| panic!("no TOTAL: {}", out.stdout));
+    let got = last_total["rss_kb"].as_u64().unwrap();
+    assert!(
+        got.abs_diff(total) <= 256,
+        "TOTAL {got} vs /proc {total} kB"
+    );
+    let _ = w.child.kill();
+    let _ = w.child.wait();
 }

@@ -44,7 +44,10 @@ pub struct RssVal {
     /// Peak of file + anon + shmem, in bytes.
     pub peak: u64,
     /// Set once the threshold was crossed (the event is sent once).
-    pub crossed: u64,
+    pub crossed: u32,
+    /// The counters the kernel has written (bit `1 << slot`): memtrace
+    /// fills the others from /proc for a process it did not see start.
+    pub set: u32,
     pub comm: [u8; TASK_COMM_LEN],
 }
 

@@ -73,10 +73,12 @@ pub fn rss_stat(ctx: TracePointContext) -> u32 {
             bytes: [0; NR],
             peak: 0,
             crossed: 0,
+            set: 0,
             comm: [0; TASK_COMM_LEN],
         };
         if slot < NR {
             v.bytes[slot] = size;
+            v.set |= 1 << slot;
         }
         if curr != 0 {
             v.comm = bpf_get_current_comm().unwrap_or([0; TASK_COMM_LEN]);
@@ -91,6 +93,7 @@ pub fn rss_stat(ctx: TracePointContext) -> u32 {
     let v = unsafe { &mut *v };
     if slot < NR {
         v.bytes[slot] = size;
+        v.set |= 1 << slot;
     }
     let total = (v.bytes[0] + v.bytes[1] + v.bytes[3]).max(0) as u64;
     if total > v.peak {

@@ -71,6 +71,13 @@ impl Workload {
         s.write_all(b"go\n").unwrap();
     }
 
+    /// The next line it prints (a handshake: "done").
+    pub fn line(&mut self) -> String {
+        let mut line = String::new();
+        self.stdout.read_line(&mut line).unwrap();
+        line
+    }
+
     /// Waits for it to exit (within WAIT).
     pub fn wait(mut self) -> ExitStatus {
         wait_child(&mut self.child, WAIT)

@@ -144,7 +144,15 @@ fn main() {
     let cmd = args.first().cloned().unwrap_or_default();
     match cmd.as_str() {
         // sbrk N SIZE: N calls of sbrk(SIZE).
-        "sbrk" => grow_heap_with_sbrk(arg(&args, 1, 10), arg(&args, 2, 4096)),
+        // [HOLD_MS]: then say "done" and stay alive that long (handshakes).
+        "sbrk" => {
+            grow_heap_with_sbrk(arg(&args, 1, 10), arg(&args, 2, 4096));
+            let hold = arg(&args, 3, 0u64);
+            if hold > 0 {
+                println!("done");
+                std::thread::sleep(std::time::Duration::from_millis(hold));
+            }
+        }
         // rawbrk N SIZE: N brk(2) calls growing the heap by SIZE, without glibc.
         "rawbrk" => {
             grow_heap_with_raw_brk(arg(&args, 1, 10), arg(&args, 2, 4096));
@@ -302,6 +310,66 @@ fn main() {
             }
             let mut st = 0;
             unsafe { libc::waitpid(pid, &mut st, 0) };
+        }
+        // fork-hold N MIB HOLD_MS: N children each touch MIB MiB of
+        // anonymous memory and hold it; once all have, "ready" is printed;
+        // they all exit after HOLD_MS.
+        "fork-hold" => {
+            let (n, mib, hold) = (
+                arg(&args, 1, 3usize),
+                arg(&args, 2, 20usize),
+                arg(&args, 3, 5000u64),
+            );
+            let mut fds = [0i32; 2];
+            unsafe { libc::pipe(fds.as_mut_ptr()) };
+            let mut pids = Vec::new();
+            for _ in 0..n {
+                let pid = unsafe { libc::fork() };
+                if pid == 0 {
+                    pages::allocate_and_touch_mib(mib);
+                    unsafe { libc::write(fds[1], b"x".as_ptr().cast(), 1) };
+                    std::thread::sleep(std::time::Duration::from_millis(hold));
+                    unsafe { libc::_exit(0) };
+                }
+                pids.push(pid);
+            }
+            let mut b = [0u8; 1];
+            for _ in 0..n {
+                unsafe { libc::read(fds[0], b.as_mut_ptr().cast(), 1) };
+            }
+            println!("ready");
+            for pid in pids {
+                let mut st = 0;
+                unsafe { libc::waitpid(pid, &mut st, 0) };
+            }
+        }
+        // fork-touch-many N PAGES: N children forked one after another, each
+        // touching PAGES fresh pages from one function and exiting.
+        "fork-touch-many" => {
+            let (n, pages) = (arg(&args, 1, 100usize), arg(&args, 2, 16usize));
+            for _ in 0..n {
+                let pid = unsafe { libc::fork() };
+                if pid == 0 {
+                    touch_fresh_pages(pages);
+                    unsafe { libc::_exit(0) };
+                }
+                let mut st = 0;
+                unsafe { libc::waitpid(pid, &mut st, 0) };
+            }
+        }
+        // fork-sbrk-many N CALLS: N children forked one after another, each
+        // calling sbrk CALLS times from one function and exiting (churn).
+        "fork-sbrk-many" => {
+            let (n, calls) = (arg(&args, 1, 100usize), arg(&args, 2, 5usize));
+            for _ in 0..n {
+                let pid = unsafe { libc::fork() };
+                if pid == 0 {
+                    grow_heap_with_sbrk(calls, 4096);
+                    unsafe { libc::_exit(0) };
+                }
+                let mut st = 0;
+                unsafe { libc::waitpid(pid, &mut st, 0) };
+            }
         }
         // reread PATH MIB ROUNDS: read a file again and again (reclaim tests).
         "reread" => {

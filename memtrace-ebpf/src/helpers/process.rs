@@ -20,7 +20,17 @@ use super::{
 pub fn follow_fork(ctx: TracePointContext) -> u32 {
     let f = FILTER.load();
     let parent = current_tgid();
-    if f.tgid == 0 || !(parent == f.tgid || unsafe { FOLLOWED.get(parent) }.is_some()) {
+    if f.tgid == 0 {
+        return 0;
+    }
+    if !(parent == f.tgid || unsafe { FOLLOWED.get(parent) }.is_some()) {
+        // Every new process passes here: one whose pid a followed process
+        // that exited had is no descendant (pids are reused), unfollow it.
+        if let Ok(child) = unsafe { ctx.read_at::<u32>(f.fork_child_pid as usize) } {
+            if unsafe { FOLLOWED.get(child) }.is_some() {
+                let _ = FOLLOWED.remove(child);
+            }
+        }
         return 0;
     }
     match unsafe { ctx.read_at::<u32>(f.fork_child_pid as usize) } {

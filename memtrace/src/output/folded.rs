@@ -1,7 +1,7 @@
 use std::io::Write;
 
 use super::sink::{putln, Sink};
-use super::{Col, Hist, Printer, Row, StackReport, Summary, TextPrinter};
+use super::{Col, Hist, Printer, Rest, Row, StackReport, Summary, TextPrinter};
 
 /// Folded stacks (`comm;outer;...;inner count`) for flamegraph.pl and inferno;
 /// everything that is not a stack prints as text.
@@ -54,6 +54,10 @@ impl Printer for FoldedPrinter {
             putln!(self.out, "{}", fold(s));
         }
         self.out.flush();
+    }
+    /// Said on stderr with the rest of the text: stdout stays folded lines.
+    fn rest(&mut self, kind: &'static str, r: &Rest) {
+        self.text.rest(kind, r)
     }
     fn histogram(&mut self, h: &Hist) {
         self.text.histogram(h)

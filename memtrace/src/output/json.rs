@@ -3,7 +3,7 @@ use std::io::Write;
 use serde_json::{json, Map, Value as J};
 
 use super::sink::{putln, Sink};
-use super::{Col, Hist, Printer, Row, StackReport, Summary, Value};
+use super::{Col, Hist, Printer, Rest, Row, StackReport, Summary, Value};
 
 /// JSON Lines: one object per event, table row, stack or histogram, then one
 /// summary object.
@@ -104,6 +104,18 @@ impl Printer for JsonPrinter {
         self.out.flush();
     }
 
+    fn rest(&mut self, kind: &'static str, r: &Rest) {
+        self.emit(json!({
+            "type": "rest",
+            "of": kind,
+            "what": r.what,
+            "items": r.items,
+            "count": r.count,
+            "bytes": r.bytes,
+        }));
+        self.out.flush();
+    }
+
     fn histogram(&mut self, h: &Hist) {
         let buckets: Vec<J> = h
             .buckets
@@ -144,6 +156,9 @@ impl Printer for JsonPrinter {
             .map(|(k, n)| ((*k).into(), json!(n)))
             .collect();
         m.insert("degraded".into(), J::Object(degraded));
+        for (k, n) in &s.apart {
+            m.insert((*k).into(), json!(n));
+        }
         m.insert("attached".into(), J::Array(attached));
         if let Some(st) = s.command_status {
             m.insert("command_status".into(), json!(st));

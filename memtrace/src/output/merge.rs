@@ -5,7 +5,7 @@
 
 use std::collections::HashMap;
 
-use super::{Col, Hist, Printer, Row, StackReport, Summary};
+use super::{Col, Hist, Printer, Rest, Row, StackReport, Summary};
 
 /// Merges reports whose name and frames are equal (and pid, with
 /// `per_pid`): counts and bytes add, the pid kept is the largest
@@ -17,7 +17,9 @@ pub fn merge_stacks(stacks: &[StackReport], per_pid: bool) -> Vec<StackReport> {
     let mut at: HashMap<Key, usize> = HashMap::new();
     let mut top: Vec<u64> = Vec::new();
     // Distinct pids per merged stack: call sites of one process merge too.
+    // Rows that count more processes than they name add the difference.
     let mut pids: Vec<std::collections::HashSet<u32>> = Vec::new();
+    let mut unnamed: Vec<usize> = Vec::new();
     for s in stacks {
         let pid = if per_pid { s.pid } else { 0 };
         let key = (
@@ -42,14 +44,19 @@ pub fn merge_stacks(stacks: &[StackReport], per_pid: bool) -> Vec<StackReport> {
                     a.add(b);
                 }
                 pids[i].insert(s.pid);
-                m.processes = pids[i].len().max(s.processes);
+                pids[i].extend(&s.pids);
+                unnamed[i] += s.processes.saturating_sub(1 + s.pids.len());
+                m.processes = pids[i].len() + unnamed[i];
             }
             None => {
                 at.insert(key, out.len());
                 top.push(s.count);
-                pids.push([s.pid].into());
+                let mut set: std::collections::HashSet<u32> = [s.pid].into();
+                set.extend(&s.pids);
+                unnamed.push(s.processes.saturating_sub(1 + s.pids.len()));
                 let mut m = s.clone();
-                m.processes = s.processes.max(1);
+                m.processes = s.processes.max(set.len());
+                pids.push(set);
                 out.push(m);
             }
         }
@@ -62,20 +69,10 @@ pub fn merge_stacks(stacks: &[StackReport], per_pid: bool) -> Vec<StackReport> {
     out
 }
 
-/// How many of the busiest (process, stack) entries a tool symbolizes and
-/// hands over to be merged, whatever its `--top`: a stack that many
-/// processes share ranks by its sum, not by its share in one process.
-/// Bounded, since every entry is symbolized.
-pub const MERGE_CUT: usize = 2_000;
-
-/// The entries a tool hands over for a `--top` of `top`.
-pub fn pre_merge_cut(top: usize) -> usize {
-    top.max(MERGE_CUT)
-}
-
 /// A printer that merges stacks before the one it wraps prints them, then
-/// keeps the tool's `--top` of them; the flag keeps processes apart
-/// (`--per-pid`).
+/// keeps the tool's `--top` of them and says what the others add up to; the
+/// flag keeps processes apart (`--per-pid`). Tools hand over every stack:
+/// a stack that many processes share ranks by its sum.
 pub struct MergedStacks(pub Box<dyn Printer>, pub bool, pub Option<usize>);
 
 impl Printer for MergedStacks {
@@ -90,8 +87,16 @@ impl Printer for MergedStacks {
     }
     fn stacks(&mut self, kind: &'static str, title: &str, stacks: &[StackReport]) {
         let mut m = merge_stacks(stacks, self.1);
-        m.truncate(self.2.unwrap_or(usize::MAX));
-        self.0.stacks(kind, title, &m)
+        let top = self.2.unwrap_or(usize::MAX);
+        let rest = (m.len() > top).then(|| Rest::of_stacks(&m[top..]));
+        m.truncate(top);
+        self.0.stacks(kind, title, &m);
+        if let Some(r) = rest {
+            self.0.rest(kind, &r);
+        }
+    }
+    fn rest(&mut self, kind: &'static str, rest: &Rest) {
+        self.0.rest(kind, rest)
     }
     fn histogram(&mut self, h: &Hist) {
         self.0.histogram(h)

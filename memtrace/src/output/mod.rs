@@ -11,7 +11,7 @@ use std::io::Write;
 
 pub use folded::{fold, FoldedPrinter};
 pub use json::JsonPrinter;
-pub use merge::{merge_stacks, pre_merge_cut, MergedStacks};
+pub use merge::{merge_stacks, MergedStacks};
 pub use sink::{muted, to_stderr};
 pub use text::{human, TextPrinter};
 
@@ -123,6 +123,9 @@ pub struct StackReport {
     /// Processes whose identical stacks were merged into this one (0 or 1:
     /// only `pid`).
     pub processes: usize,
+    /// The other processes merged in, where known (exited processes' stacks
+    /// kept by what they show): merging again counts each process once.
+    pub pids: Vec<u32>,
     /// Allocation statistics (memleak): `count` and `bytes` are then what
     /// is outstanding.
     pub alloc: Option<AllocFigures>,
@@ -151,6 +154,58 @@ impl AllocFigures {
         self.freed_bytes += o.freed_bytes;
     }
 }
+
+/// What a report left out past its `--top`: shown plus this is what was
+/// counted, so a cut is never silent.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Rest {
+    /// What the items are ("stacks", "processes", "files"...).
+    pub what: &'static str,
+    pub items: u64,
+    /// Events (allocations outstanding, for memleak) of the items left out.
+    pub count: u64,
+    pub bytes: Option<u64>,
+}
+
+impl Rest {
+    /// The stacks of `left`, left out.
+    pub fn of_stacks(left: &[StackReport]) -> Rest {
+        Rest {
+            what: "stacks",
+            items: left.len() as u64,
+            count: left.iter().map(|s| s.count).fold(0, u64::saturating_add),
+            bytes: left
+                .iter()
+                .filter_map(|s| s.bytes)
+                .reduce(u64::saturating_add),
+        }
+    }
+}
+
+/// Cuts rows (sorted, largest first) to `top` and says what the cut left
+/// out, `count` being the events of a row.
+pub fn cut<T>(
+    v: &mut Vec<T>,
+    top: Option<usize>,
+    what: &'static str,
+    count: impl Fn(&T) -> u64,
+) -> Option<Rest> {
+    let top = top.unwrap_or(usize::MAX);
+    if v.len() <= top {
+        return None;
+    }
+    let left = v.split_off(top);
+    Some(Rest {
+        what,
+        items: left.len() as u64,
+        count: left.iter().map(count).fold(0, u64::saturating_add),
+        bytes: None,
+    })
+}
+
+/// Stacks a text report shows when no `--top` is given; JSON, folded output
+/// and records carry every stack unless `--top` is given.
+pub const TEXT_TOP: usize = 20;
 
 /// A power-of-two histogram.
 #[derive(Debug, Clone, Default)]
@@ -203,6 +258,9 @@ pub struct Summary {
     /// (reason, count) for events kept in a lesser form (a truncated
     /// stack): reported, so not among the losses.
     pub degraded: Vec<(&'static str, u64)>,
+    /// Counts shown apart from both, that are not known to be the target's
+    /// (`host_missed_runs`: runs the kernel skipped anywhere on the host).
+    pub apart: Vec<(&'static str, u64)>,
     /// (probe, method, target) as attached.
     pub attached: Vec<(String, String, String)>,
     /// Exit status of the command run with `-c`.
@@ -228,6 +286,9 @@ pub trait Printer {
     /// A table printed every interval or at the end.
     fn table(&mut self, kind: &'static str, title: &str, cols: &[Col], rows: &[Row]);
     fn stacks(&mut self, kind: &'static str, title: &str, stacks: &[StackReport]);
+    /// What the stacks or table rows just printed of `kind` left out past
+    /// the top N. Required: every printer says it.
+    fn rest(&mut self, kind: &'static str, rest: &Rest);
     fn histogram(&mut self, h: &Hist);
     fn summary(&mut self, s: &Summary);
     fn flush(&mut self) {}

@@ -1,7 +1,9 @@
 use std::io::Write;
 
 use super::sink::{putln, to_stderr, Sink};
-use super::{clock, escape_controls as esc, Col, Hist, Printer, Row, StackReport, Summary, Value};
+use super::{
+    clock, escape_controls as esc, Col, Hist, Printer, Rest, Row, StackReport, Summary, Value,
+};
 
 pub struct TextPrinter {
     out: Sink,
@@ -156,6 +158,18 @@ impl Printer for TextPrinter {
         self.out.flush();
     }
 
+    fn rest(&mut self, _kind: &'static str, r: &Rest) {
+        let bytes = r.bytes.map(|b| format!(", {b} bytes")).unwrap_or_default();
+        putln!(
+            self.out,
+            "... and {} more {}, {} events{bytes} (--top shows more)\n",
+            r.items,
+            r.what,
+            r.count
+        );
+        self.out.flush();
+    }
+
     fn histogram(&mut self, h: &Hist) {
         putln!(self.out, "{}", esc(&h.title));
         let max = h.buckets.iter().copied().max().unwrap_or(0).max(1);
@@ -200,6 +214,11 @@ impl Printer for TextPrinter {
             .collect();
         if !degraded.is_empty() {
             line.push_str(&format!(", degraded (reported): {}", degraded.join(" ")));
+        }
+        for (k, n) in s.apart.iter().filter(|(_, n)| *n > 0) {
+            line.push_str(&format!(
+                ", {k}={n} (anywhere on the host, not known to be the target's)"
+            ));
         }
         if let Some(st) = s.command_status {
             line.push_str(&format!(", command exited with status {st}"));

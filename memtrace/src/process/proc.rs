@@ -133,6 +133,15 @@ pub fn parent_of(pid: u32) -> Option<u32> {
     rest.split_whitespace().nth(1)?.parse().ok()
 }
 
+/// When `pid` started (field 22 of /proc/PID/stat, in clock ticks since
+/// boot): with the pid, a process's identity, since pids are reused.
+pub fn start_time(pid: u32) -> Option<u64> {
+    let stat = std::fs::read(format!("/proc/{pid}/stat")).ok()?;
+    let close = stat.iter().rposition(|&b| b == b')')?;
+    let rest = std::str::from_utf8(&stat[close + 1..]).ok()?;
+    rest.split_whitespace().nth(19)?.parse().ok()
+}
+
 /// Every process id in /proc now.
 pub fn pids() -> Vec<u32> {
     std::fs::read_dir("/proc")

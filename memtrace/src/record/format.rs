@@ -120,6 +120,7 @@ impl Stack {
             kernel: self.kernel.iter().map(|f| f.render(style)).collect(),
             note: self.note.clone(),
             processes: self.processes as usize,
+            pids: Vec::new(),
             alloc: self
                 .alloc
                 .map(|[allocs, bytes, frees, freed_bytes, fl]| AllocFigures {

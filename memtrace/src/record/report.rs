@@ -135,12 +135,15 @@ pub fn run(a: &ReportArgs) -> Result<i32> {
             table(t, out.as_mut());
         }
         let mut stacks = view(&g.stacks, style, per_pid, notes.as_ref(), a.view.all);
-        if let Some(n) = a.top {
-            stacks.truncate(n);
-        }
+        let top = a.top.unwrap_or(usize::MAX);
+        let rest = (stacks.len() > top).then(|| output::Rest::of_stacks(&stacks[top..]));
+        stacks.truncate(top);
         // Printers take the kind as a static name, as tools give it.
         let kind: &'static str = Box::leak(g.kind.to_string().into_boxed_str());
         out.stacks(kind, g.title, &stacks);
+        if let Some(r) = rest {
+            out.rest(kind, &r);
+        }
         output::check(out.as_ref())?;
     }
     for t in tables {

@@ -11,7 +11,7 @@ use std::time::Instant;
 use super::fingerprint::Frame;
 use super::format::{self, Header, Item, Report, Stack, Trailer};
 use crate::error::{Error, Result};
-use crate::output::{Col, Hist, Printer, Row, StackReport, Summary, Value};
+use crate::output::{Col, Hist, Printer, Rest, Row, StackReport, Summary, Value};
 use crate::stacks::symbolize::FrameStyle;
 
 /// Per-event stacks are summed and written this often (and at the end).
@@ -187,6 +187,11 @@ impl Printer for Recorder {
             }
         }
         self.inner.table(kind, title, cols, rows)
+    }
+
+    /// The record keeps every stack; only what is shown was cut.
+    fn rest(&mut self, kind: &'static str, rest: &Rest) {
+        self.inner.rest(kind, rest)
     }
 
     fn stacks(&mut self, kind: &'static str, title: &str, stacks: &[StackReport]) {

@@ -135,6 +135,7 @@ pub(crate) fn attach_with(
 
     let mut session = Session::load(&loader, common.attach, common.verbose)?;
     session.dwarf = dwarf;
+    session.filtered = target.is_some();
     session.walked_user_stacks = filter.stacks & stack_mode::WALK != 0;
     if filter.stacks & stack_mode::KUNWIND != 0 {
         let kt = crate::stacks::ktables::KTables::new(&mut session.bpf, common.verbose)?;
@@ -235,7 +236,10 @@ pub fn run(tool: &mut dyn Tool, common: &Common) -> Result<i32> {
         OutFormat::Text
     };
     let mut out = output::printer(format, common.timestamps, dest);
-    out = Box::new(output::MergedStacks(out, common.per_pid, tool.top()));
+    let top = tool
+        .top()
+        .or((format == OutFormat::Text).then(|| tool.text_top()));
+    out = Box::new(output::MergedStacks(out, common.per_pid, top));
     if let Some(path) = &common.record {
         // The record keeps source lines even when they are not shown.
         let shown = session.sym.style;
@@ -346,6 +350,7 @@ pub fn run(tool: &mut dyn Tool, common: &Common) -> Result<i32> {
         events: tool.events(),
         lost: session.losses(),
         degraded: session.degraded(),
+        apart: session.apart(),
         attached: session.attached.clone(),
         command_status: status,
         extra,

@@ -31,10 +31,15 @@ pub trait Tool {
     fn user_stacks(&self) -> Option<(&StackArgs, bool)> {
         None
     }
-    /// `--top N` of tools that print stacks: applied after identical
-    /// stacks of several processes are merged, not before.
+    /// `--top N` of tools that print stacks, as given: applied after
+    /// identical stacks of several processes are merged, not before, and
+    /// what it leaves out is said (`Printer::rest`).
     fn top(&self) -> Option<usize> {
         None
+    }
+    /// The stacks (or rows) a text report shows when no `--top` is given.
+    fn text_top(&self) -> usize {
+        crate::output::TEXT_TOP
     }
     /// Sets the globals and map sizes the tool's programs need.
     fn prepare(&mut self, k: &mut Prep) -> Result<()>;
@@ -202,6 +207,13 @@ impl Prep<'_> {
     pub fn global<T: Pod>(&mut self, g: GlobalName<T>, v: &T) {
         self.loader.global(g, v);
     }
+}
+
+/// The rows a tool's own tables show: `--top` as given, else every row in
+/// JSON and folded output and `TEXT_TOP` in text (stacks are cut the same
+/// way after merging, by `output::MergedStacks`).
+pub fn shown(top: Option<usize>, common: &crate::cli::Common, folded: bool) -> Option<usize> {
+    top.or((!common.json && !folded).then_some(crate::output::TEXT_TOP))
 }
 
 #[cfg(test)]

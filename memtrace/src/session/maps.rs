@@ -285,6 +285,25 @@ impl Session {
         self.counted_at_end = Some((self.loss_counters(), self.missed_runs()));
     }
 
+    /// Runs of memtrace's programs the kernel skipped (another BPF program
+    /// ran on that CPU), up to the end of counting.
+    fn skipped_runs(&self) -> u64 {
+        match &self.counted_at_end {
+            Some((_, m)) => *m,
+            None => self.missed_runs(),
+        }
+    }
+
+    /// Counts shown apart from the losses: with a process filter, the runs
+    /// the kernel skipped anywhere on the host (before the filter could
+    /// tell whose they were).
+    pub fn apart(&self) -> Vec<(&'static str, u64)> {
+        match self.filtered {
+            true => vec![("host_missed_runs", self.skipped_runs())],
+            false => Vec::new(),
+        }
+    }
+
     /// Events kept in a lesser form (`losses::DEGRADATIONS`), by reason.
     pub fn degraded(&self) -> Vec<(&'static str, u64)> {
         let mut out = self.loss_counters();
@@ -296,11 +315,9 @@ impl Session {
     pub fn losses(&self) -> Vec<(&'static str, u64)> {
         let mut out = self.loss_counters();
         out.retain(|(r, _)| !crate::run::losses::is_degradation(r));
-        let missed = match &self.counted_at_end {
-            Some((_, m)) => *m,
-            None => self.missed_runs(),
-        };
-        out.push(("missed_runs", missed));
+        if !self.filtered {
+            out.push(("missed_runs", self.skipped_runs()));
+        }
         out.push(("stack_evicted", self.stacks.missed.get()));
         out.push(("map_read_fail", self.read_fails.get()));
         out

@@ -56,6 +56,9 @@ pub struct Session {
     /// Map reads the kernel refused (not a key deleted meanwhile): each
     /// one left entries out of a report, so it is a loss.
     pub(crate) read_fails: std::cell::Cell<u64>,
+    /// The programs filter by process (`-p`, `-c`): runs the kernel skipped
+    /// are then not known to be the target's (it skips before the filter).
+    pub filtered: bool,
 }
 
 /// An error and its causes on one line.
@@ -96,6 +99,7 @@ impl Session {
             raw_links: Vec::new(),
             raw_progs: Vec::new(),
             counted_at_end: None,
+            filtered: false,
             read_fails: std::cell::Cell::new(0),
         })
     }

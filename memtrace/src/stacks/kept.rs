@@ -2,14 +2,19 @@
 //! Every new process brings stacks of its own, so such counts grow with
 //! every process started (the soak held 175 MiB after two minutes of churn
 //! in faults, 156 MiB after ten in brkstack). Past the bound, the
-//! per-stack counts of processes that have exited are folded into one count
-//! per process: every event stays counted, and the report says which stacks
-//! were folded. Shared by the tools that count by stack.
+//! per-stack counts of processes that have exited are symbolized then and
+//! kept by what the report shows (name and frames, and pid only with
+//! `--per-pid`): churn of identical processes costs one entry per code
+//! path, and every event keeps its stack. Only a count whose stack cannot be
+//! resolved is folded into one count per process, said in the summary.
+//! Shared by the tools that count by stack.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::hash::Hash;
 
 use memtrace_common::stacks::{StackKey, StackVal, USTACK_FOLDED};
+
+use crate::output::StackReport;
 
 /// Keys kept before folding, about 100 bytes each.
 pub const MAX_KEPT: usize = 65_536;
@@ -32,15 +37,43 @@ pub struct Kept<K, V> {
     /// Per-stack keys folded so far.
     pub folded: u64,
     pub max: usize,
+    /// Stacks of exited processes, symbolized: by (pid with `--per-pid`,
+    /// else 0; name; user frames; kernel frames; note).
+    pub resolved: HashMap<Shown, (StackReport, HashSet<u32>)>,
+    /// Keys resolved so far.
+    pub resolved_keys: u64,
+    pub per_pid: bool,
 }
 
+/// A stack as a report shows it.
+pub type Shown = (u32, String, Vec<String>, Vec<String>, Option<String>);
+
 impl<K, V> Kept<K, V> {
-    /// `stacks_folded` for the summary, when any were.
+    /// `stacks_folded` (and `stacks_resolved`) for the summary, when any were.
     pub fn summary(&self) -> Vec<(&'static str, crate::output::Value)> {
-        match self.folded {
-            0 => Vec::new(),
-            n => vec![("stacks_folded", n.into())],
+        let mut v = Vec::new();
+        if self.folded > 0 {
+            v.push(("stacks_folded", self.folded.into()));
         }
+        if self.resolved_keys > 0 {
+            v.push(("stacks_resolved", self.resolved_keys.into()));
+        }
+        v
+    }
+
+    /// The resolved stacks, emptied with `clear` (interval reports).
+    pub fn resolved_reports(&mut self, clear: bool) -> Vec<StackReport> {
+        let rows: Vec<(StackReport, HashSet<u32>)> = match clear {
+            true => std::mem::take(&mut self.resolved).into_values().collect(),
+            false => self.resolved.values().cloned().collect(),
+        };
+        rows.into_iter()
+            .map(|(mut r, pids)| {
+                r.processes = pids.len();
+                r.pids = pids.into_iter().filter(|p| *p != r.pid).collect();
+                r
+            })
+            .collect()
     }
 
     /// The unwound samples of dwarf mode are kept under the same bound.
@@ -57,6 +90,9 @@ impl<K: StackKeyed, V: Tally + Clone> Kept<K, V> {
             counts: HashMap::new(),
             folded: 0,
             max,
+            resolved: HashMap::new(),
+            resolved_keys: 0,
+            per_pid: false,
         }
     }
 
@@ -75,6 +111,21 @@ impl<K: StackKeyed, V: Tally + Clone> Kept<K, V> {
         if self.counts.len() <= self.max {
             return 0;
         }
+        self.resolve_exited(alive, |_, _| None)
+    }
+
+    /// Resolves the stacks of every process that has exited (`resolve`
+    /// symbolizes one, None where it cannot), now, while memtrace still
+    /// holds the process's maps (it lets go of exited processes' maps past
+    /// a few thousand): resolved counts join the row of what they show.
+    /// Those that cannot be resolved fold into their process's count once
+    /// over the bound. How many keys left the per-process counts.
+    pub fn resolve_exited(
+        &mut self,
+        alive: impl Fn(u32) -> bool,
+        mut resolve: impl FnMut(&K, &V) -> Option<StackReport>,
+    ) -> usize {
+        let over = self.counts.len() > self.max;
         let mut seen: HashMap<u32, bool> = HashMap::new();
         let gone: Vec<K> = self
             .counts
@@ -83,15 +134,60 @@ impl<K: StackKeyed, V: Tally + Clone> Kept<K, V> {
             .filter(|k| !*seen.entry(k.tgid()).or_insert_with(|| alive(k.tgid())))
             .cloned()
             .collect();
+        let mut folded = 0;
+        let resolved_before = self.resolved_keys;
         for k in &gone {
             let (Some(v), Some(to)) = (self.counts.remove(k), k.folded()) else {
                 continue;
             };
-            self.add(to, &v);
+            let Some(r) = resolve(k, &v) else {
+                match over {
+                    true => {
+                        self.add(to, &v);
+                        folded += 1;
+                    }
+                    false => {
+                        self.counts.insert(k.clone(), v);
+                    }
+                }
+                continue;
+            };
+            let pid = if self.per_pid { r.pid } else { 0 };
+            let key = (
+                pid,
+                r.comm.clone(),
+                r.user.clone(),
+                r.kernel.clone(),
+                r.note.clone(),
+            );
+            // A process counts once per row, whatever its call sites and
+            // however late its last counts were drained.
+            match self.resolved.get_mut(&key) {
+                Some((e, pids)) => {
+                    e.count += r.count;
+                    e.bytes = match (e.bytes, r.bytes) {
+                        (Some(a), Some(b)) => Some(a + b),
+                        (a, b) => a.or(b),
+                    };
+                    pids.insert(r.pid);
+                }
+                None => {
+                    let pid = r.pid;
+                    self.resolved.insert(key, (r, [pid].into()));
+                }
+            }
+            self.resolved_keys += 1;
         }
-        self.folded += gone.len() as u64;
-        gone.len()
+        self.folded += folded;
+        (self.resolved_keys - resolved_before + folded) as usize
     }
+}
+
+/// A symbolized stack of an exited process, if its frames were found: a
+/// stack that could not be read (gone from the stack map, capture failed)
+/// has nothing to resolve to.
+pub fn resolved(r: StackReport) -> Option<StackReport> {
+    (r.note.is_none() && !(r.user.is_empty() && r.kernel.is_empty())).then_some(r)
 }
 
 impl StackKeyed for StackKey {

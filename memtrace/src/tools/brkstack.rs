@@ -13,7 +13,7 @@ use crate::output::{clock, Printer, StackReport};
 use crate::run::tool::{Prep, Tool};
 use crate::session::attach::Probe;
 use crate::session::Session;
-use crate::stacks::kept::Kept;
+use crate::stacks::kept::{resolved, Kept};
 use crate::stacks::ustack::{sampled_reports, sampled_title, stack_report};
 
 #[derive(Debug, Clone, clap::Args)]
@@ -22,9 +22,11 @@ pub struct Args {
     pub common: crate::cli::Common,
     #[command(flatten)]
     pub interval: IntervalArgs,
-    /// Show only the N most frequent stacks.
-    #[arg(long, default_value_t = 20)]
-    pub top: usize,
+    /// Show only the N most frequent stacks (text: 20 unless given; JSON,
+    /// folded output and records carry every stack unless given). What the
+    /// others add up to is said.
+    #[arg(long)]
+    pub top: Option<usize>,
     /// Add kernel stacks.
     #[arg(long)]
     pub kernel_stacks: bool,
@@ -50,6 +52,8 @@ pub fn probes() -> Vec<Probe> {
 pub struct Brkstack {
     args: Args,
     calls: u64,
+    /// `calls` and what a SIGUSR1 report (not clearing) showed since.
+    seen: u64,
     /// Calls moved out of the kernel since the start: the progress line's
     /// count until a report has counted them all.
     drained: u64,
@@ -62,8 +66,12 @@ impl Brkstack {
         Ok(Brkstack {
             args: a.clone(),
             calls: 0,
+            seen: 0,
             drained: 0,
-            kept: Kept::new(a.max_kept),
+            kept: Kept {
+                per_pid: a.common.per_pid,
+                ..Kept::new(a.max_kept)
+            },
         })
     }
 }
@@ -87,7 +95,7 @@ impl Tool for Brkstack {
             }
     }
     fn top(&self) -> Option<usize> {
-        Some(self.args.top)
+        self.args.top
     }
     fn folded(&self) -> bool {
         self.args.folded
@@ -120,14 +128,20 @@ impl Tool for Brkstack {
             }
             v = all.counts.into_iter().collect();
         }
-        let calls: u64 = v.iter().map(|(_, val)| val.count).sum();
-        self.calls = if clear { self.calls + calls } else { calls };
+        let resolved = self.kept.resolved_reports(clear);
+        let calls: u64 = v.iter().map(|(_, val)| val.count).sum::<u64>()
+            + resolved.iter().map(|r| r.count).sum::<u64>();
+        if clear {
+            self.calls += calls;
+            self.seen = self.calls;
+        } else {
+            self.seen = self.calls + calls;
+        }
         v.sort_by(|a, b| b.1.count.cmp(&a.1.count).then(b.1.bytes.cmp(&a.1.bytes)));
-        // --top is applied after merging (output::MergedStacks).
-        let cut = crate::output::pre_merge_cut(self.args.top);
-        v.truncate(cut);
+        // Every stack: --top is applied after merging (output::MergedStacks).
         let mode = self.stack_mode();
-        let reports: Vec<StackReport> = match sampled_reports(s, clear, mode, cut, true) {
+        let mut reports: Vec<StackReport> = match sampled_reports(s, clear, mode, usize::MAX, true)
+        {
             Some(r) => r,
             None => v
                 .into_iter()
@@ -138,6 +152,7 @@ impl Tool for Brkstack {
                 })
                 .collect(),
         };
+        reports.extend(resolved);
         let title = match (self.args.interval.every().is_some(), sampled_title(s)) {
             (true, t) if t.is_empty() => format!("{} brk calls by stack", clock()),
             (true, t) => format!("{} brk calls by stack ({t})", clock()),
@@ -154,12 +169,19 @@ impl Tool for Brkstack {
             self.drained += val.count;
             self.kept.add(k, &val);
         }
-        self.kept.bound(crate::process::proc::alive);
+        let mode = self.stack_mode();
+        self.kept
+            .resolve_exited(crate::process::proc::alive, |k, val| {
+                let comm = crate::probes::records::comm(&val.comm);
+                let ids = (k.ustack, k.kstack);
+                let r = stack_report(s, k.tgid, comm, ids, mode, val.count, Some(val.bytes));
+                resolved(r)
+            });
         Ok(n)
     }
 
     fn events(&self) -> u64 {
-        self.calls.max(self.drained)
+        self.seen.max(self.drained)
     }
 
     fn on_start(&mut self, s: &mut Session) -> Result<()> {

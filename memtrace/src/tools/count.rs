@@ -75,6 +75,8 @@ pub struct Count {
     mode: u32,
     selected: Vec<Selected>,
     total: u64,
+    /// `total` and what a SIGUSR1 report (not clearing) showed since.
+    seen: u64,
     /// Counts moved out of the kernel's map while no interval reports clear
     /// it (`drain`), for the final report.
     kept: Drained<CountKey, CountVal>,
@@ -172,6 +174,7 @@ impl Count {
             mode,
             selected,
             total: 0,
+            seen: 0,
             kept: Default::default(),
         })
     }
@@ -225,17 +228,12 @@ impl Count {
         v: &[(CountKey, CountVal)],
         index: u32,
     ) -> Vec<StackReport> {
-        // --top is applied after merging (output::MergedStacks).
-        let top = crate::output::pre_merge_cut(self.args.top.unwrap_or(usize::MAX));
-        if let Some(mut r) =
-            sampled_reports(s, clear, self.mode, usize::MAX, self.args.sum.is_some())
-        {
-            r.truncate(top);
+        // Every stack: --top is applied after merging (output::MergedStacks).
+        if let Some(r) = sampled_reports(s, clear, self.mode, usize::MAX, self.args.sum.is_some()) {
             return r;
         }
         v.iter()
             .filter(|(k, _)| k.index == index)
-            .take(top)
             .map(|(k, val)| {
                 let name = comm(&first_name([k.comm, val.comm].into_iter()));
                 let sum = self.args.sum.is_some().then_some(val.sum);
@@ -311,7 +309,14 @@ impl Tool for Count {
         let read = s.read_folded(COUNTS, clear)?;
         let n: u64 = read.iter().map(|(_, val)| val.count).sum();
         let drained: u64 = self.kept.values().map(|c| c.count).sum();
-        self.total = if clear { self.total + n } else { n + drained };
+        // What was drained is in this report too; a report that does not
+        // clear (SIGUSR1) shows counts the next one shows again.
+        if clear {
+            self.total += n + drained;
+            self.seen = self.total;
+        } else {
+            self.seen = self.total + n + drained;
+        }
         let mut v = self.kept.merged(read, clear);
         v.sort_by(|a, b| (a.0.index, b.1.count).cmp(&(b.0.index, a.1.count)));
         let stamp = if self.interval().is_some() {
@@ -328,6 +333,10 @@ impl Tool for Count {
         }
         let top = self.args.top.unwrap_or(usize::MAX);
         let mut rows = Vec::new();
+        let mut rest = crate::output::Rest {
+            what: "rows",
+            ..Default::default()
+        };
         for i in 0..self.selected.len() {
             let mut mine = v.iter().filter(|(k, _)| k.index == i as u32).peekable();
             if mine.peek().is_none() && self.cols.is_empty() {
@@ -339,7 +348,12 @@ impl Tool for Count {
                 };
                 rows.push(self.row(&key, &zero));
             }
-            rows.extend(mine.take(top).map(|(k, val)| self.row(k, val)));
+            let mine: Vec<_> = mine.collect();
+            rows.extend(mine.iter().take(top).map(|(k, val)| self.row(k, val)));
+            for (_, val) in mine.iter().skip(top) {
+                rest.items += 1;
+                rest.count += val.count;
+            }
         }
         out.table(
             "count",
@@ -347,6 +361,9 @@ impl Tool for Count {
             &self.header(),
             &rows,
         );
+        if rest.items > 0 {
+            out.rest("count", &rest);
+        }
         Ok(())
     }
 
@@ -355,6 +372,6 @@ impl Tool for Count {
     }
 
     fn events(&self) -> u64 {
-        self.total
+        self.seen
     }
 }

@@ -25,9 +25,11 @@ pub struct Args {
     pub common: crate::cli::Common,
     #[command(flatten)]
     pub interval: IntervalArgs,
-    /// Show only the N files with the most faults.
-    #[arg(long, default_value_t = 20)]
-    pub top: usize,
+    /// Show only the N files with the most faults (text: 20 unless given;
+    /// JSON carries every file unless given). What the others add up to is
+    /// said.
+    #[arg(long)]
+    pub top: Option<usize>,
     /// One row per (process, file) instead of per file.
     #[arg(short = 'P', long)]
     pub per_process: bool,
@@ -42,6 +44,8 @@ pub struct Ffaults {
     names: HashMap<(u32, u64), String>,
     comms: HashMap<u32, String>,
     faults: u64,
+    /// `faults` and what a SIGUSR1 report (not clearing) showed since.
+    seen: u64,
 }
 
 impl Ffaults {
@@ -51,6 +55,7 @@ impl Ffaults {
             names: HashMap::new(),
             comms: HashMap::new(),
             faults: 0,
+            seen: 0,
         })
     }
 
@@ -64,7 +69,14 @@ impl Ffaults {
     fn report_files(&mut self, s: &mut Session, out: &mut dyn Printer, clear: bool) -> Result<()> {
         let raw = s.read_folded(FILE_FAULTS, clear)?;
         let n: u64 = raw.iter().map(|(_, c)| c).sum();
-        self.faults = if clear { self.faults + n } else { n };
+        // A report that does not clear (SIGUSR1) shows counts that the next
+        // one shows again: they are the summary's only until then.
+        if clear {
+            self.faults += n;
+            self.seen = self.faults;
+        } else {
+            self.seen = self.faults + n;
+        }
         let per = self.args.per_process;
         let mut agg: HashMap<(u32, u32, u64), u64> = HashMap::new();
         for (k, c) in raw {
@@ -73,7 +85,9 @@ impl Ffaults {
         }
         let mut v: Vec<_> = agg.into_iter().collect();
         v.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
-        v.truncate(self.args.top);
+        let shown = crate::run::tool::shown(self.args.top, &self.args.common, false);
+        let what = if per { "processes' files" } else { "files" };
+        let rest = crate::output::cut(&mut v, shown, what, |e| e.1);
         let title = if self.args.interval.every().is_some() {
             format!("{} file faults", clock())
         } else {
@@ -98,6 +112,9 @@ impl Ffaults {
             })
             .collect();
         out.table("file_faults", &title, &cols, &rows);
+        if let Some(r) = rest {
+            out.rest("file_faults", &r);
+        }
         Ok(())
     }
 }
@@ -147,6 +164,6 @@ impl Tool for Ffaults {
     }
 
     fn events(&self) -> u64 {
-        self.faults
+        self.seen
     }
 }

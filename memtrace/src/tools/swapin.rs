@@ -70,7 +70,11 @@ impl Tool for Swapin {
     fn report(&mut self, s: &mut Session, out: &mut dyn Printer, clear: bool) -> Result<()> {
         let mut v = s.read_folded(SWAPINS, clear)?;
         v.sort_by_key(|e| std::cmp::Reverse(e.1.count));
-        self.total += v.iter().map(|x| x.1.count).sum::<u64>();
+        // A report that does not clear (SIGUSR1) shows counts the next one
+        // shows again.
+        if clear {
+            self.total += v.iter().map(|x| x.1.count).sum::<u64>();
+        }
         let cols = [
             Col::num("pid", "PID", 7),
             Col::text("comm", "COMM", 16),

@@ -178,6 +178,7 @@ pub fn sampled_reports(
                 note,
                 processes: 1,
                 alloc: None,
+                pids: Vec::new(),
             }
         })
         .collect();
@@ -225,6 +226,7 @@ pub fn stack_report(
         note,
         processes: 1,
         alloc: None,
+        pids: Vec::new(),
     }
 }
 

@@ -11,16 +11,16 @@ use memtrace_common::{
 
 use crate::cli::IntervalArgs;
 use crate::error::{Error, Result};
-use crate::output::{clock, Col, Printer, Row, StackReport, Value};
+use crate::output::{clock, Col, Printer, Row, StackReport};
 use crate::probes::records::comm;
 use crate::process::follow::{exec_names, exec_probe};
 use crate::run::tool::{Prep, Tool};
 use crate::session::attach::Probe;
 use crate::session::Session;
-use crate::stacks::symbolize::Mapping;
 use crate::stacks::ustack::{sampled_reports, sampled_title, stack_report};
 
 mod kept;
+mod mapping;
 mod slots;
 mod spill;
 use kept::Kept;
@@ -32,9 +32,11 @@ pub struct Args {
     pub common: crate::cli::Common,
     #[command(flatten)]
     pub interval: IntervalArgs,
-    /// Show only the N largest entries.
-    #[arg(long, default_value_t = 20)]
-    pub top: usize,
+    /// Show only the N largest entries (text: 20 unless given; JSON, folded
+    /// output and records carry every entry unless given). What the others
+    /// add up to is said.
+    #[arg(long)]
+    pub top: Option<usize>,
     /// Count by user stack.
     #[arg(long)]
     pub stacks: bool,
@@ -103,7 +105,10 @@ impl Faults {
             slots: Slots::default(),
             total: 0,
             seen: 0,
-            kept: Kept::new(a.max_kept),
+            kept: Kept {
+                per_pid: a.common.per_pid,
+                ..Kept::new(a.max_kept)
+            },
             spill: spill::Spill::default(),
         })
     }
@@ -202,24 +207,24 @@ impl Faults {
             }
             let mut v: Vec<_> = agg.into_iter().collect();
             v.sort_by_key(|e| std::cmp::Reverse(e.1 .0));
-            // --top is applied after merging (output::MergedStacks).
-            let cut = crate::output::pre_merge_cut(self.args.top);
-            v.truncate(cut);
+            // Every stack: --top is applied after merging (output::MergedStacks).
             let mode = self.mode();
-            let reports: Vec<StackReport> = match sampled_reports(s, clear, mode, cut, false) {
-                Some(r) => r,
-                None => v
-                    .into_iter()
-                    .map(|((pid, u, k), (c, n))| {
-                        let spilled = pid == 0 && n == spill::NAME;
-                        let mut r = stack_report(s, pid, n, (u, k), mode, c, None);
-                        if spilled {
-                            r.note = Some(spill::NOTE.into());
-                        }
-                        r
-                    })
-                    .collect(),
-            };
+            let mut reports: Vec<StackReport> =
+                match sampled_reports(s, clear, mode, usize::MAX, false) {
+                    Some(r) => r,
+                    None => v
+                        .into_iter()
+                        .map(|((pid, u, k), (c, n))| {
+                            let spilled = pid == 0 && n == spill::NAME;
+                            let mut r = stack_report(s, pid, n, (u, k), mode, c, None);
+                            if spilled {
+                                r.note = Some(spill::NOTE.into());
+                            }
+                            r
+                        })
+                        .collect(),
+                };
+            reports.extend(self.kept.resolved_reports(clear));
             let title = match sampled_title(s) {
                 t if t.is_empty() => title,
                 t if title.is_empty() => t,
@@ -243,7 +248,8 @@ impl Faults {
                 .cmp(&(a.1 .0 + a.1 .1))
                 .then(a.0.cmp(&b.0))
         });
-        v.truncate(self.args.top);
+        let shown = crate::run::tool::shown(self.args.top, &self.args.common, self.args.folded);
+        let rest = crate::output::cut(&mut v, shown, "processes", |e| e.1 .0 + e.1 .1);
         let cols = [
             Col::num("pid", "PID", 7),
             Col::text("comm", "COMM", 16),
@@ -264,60 +270,10 @@ impl Faults {
             })
             .collect();
         out.table("faults", &title, &cols, &rows);
-        Ok(())
-    }
-
-    fn by_mapping(
-        &self,
-        s: &mut Session,
-        out: &mut dyn Printer,
-        data: &[(FaultKey, u64, String)],
-        title: &str,
-    ) -> Result<()> {
-        let maps_cache = s.sym.maps.lock().unwrap();
-        let mut agg: HashMap<(u32, String, u64, u64), u64> = HashMap::new();
-        for (k, c, _) in data {
-            let label = maps_cache
-                .maps(k.tgid)
-                .and_then(|maps| maps.iter().find(|m| m.start <= k.page && k.page < m.end))
-                .map(|m| (label(m), m.start, m.end))
-                .unwrap_or_else(|| ("[unmapped or unmapped since]".to_string(), 0, 0));
-            *agg.entry((k.tgid, label.0, label.1, label.2)).or_default() += c;
+        if let Some(r) = rest {
+            out.rest("faults", &r);
         }
-        drop(maps_cache);
-        let mut v: Vec<_> = agg.into_iter().collect();
-        v.sort_by_key(|e| std::cmp::Reverse(e.1));
-        v.truncate(self.args.top);
-        let cols = [
-            Col::num("pid", "PID", 7),
-            Col::num("faults", "FAULTS", 10),
-            Col::text("start", "START", 14),
-            Col::text("end", "END", 14),
-            Col::text("mapping", "MAPPING", 10),
-        ];
-        let rows: Vec<Row> = v
-            .into_iter()
-            .map(|((pid, l, a, b), c)| {
-                Row(vec![
-                    pid.into(),
-                    c.into(),
-                    format!("{a:x}").into(),
-                    format!("{b:x}").into(),
-                    Value::S(l),
-                ])
-            })
-            .collect();
-        out.table("fault_mapping", title, &cols, &rows);
         Ok(())
-    }
-}
-
-/// "[heap]", "[stack]", a file path, or "[anon]" for anonymous regions.
-pub fn label(m: &Mapping) -> String {
-    if m.path.is_empty() {
-        "[anon]".into()
-    } else {
-        m.path.clone()
     }
 }
 
@@ -335,7 +291,7 @@ impl Tool for Faults {
         self.mode()
     }
     fn top(&self) -> Option<usize> {
-        Some(self.args.top)
+        self.args.top
     }
     fn folded(&self) -> bool {
         self.args.folded
@@ -386,7 +342,20 @@ impl Tool for Faults {
         for (k, c, name) in moved {
             self.kept.add(k, &(c, name));
         }
-        self.kept.bound(crate::process::proc::alive);
+        let mode = self.mode();
+        self.kept
+            .resolve_exited(crate::process::proc::alive, |k, (c, name)| {
+                let ids = (k.ustack, k.kstack);
+                crate::stacks::kept::resolved(stack_report(
+                    s,
+                    k.tgid,
+                    name.clone(),
+                    ids,
+                    mode,
+                    *c,
+                    None,
+                ))
+            });
         Ok(n)
     }
 

@@ -337,8 +337,10 @@ impl Tool for Memcg {
         self.table(s, out)
     }
 
+    /// Sample rows, warnings and OOM kills printed (a kill's timeline
+    /// rows are its detail).
     fn events(&self) -> u64 {
-        self.rows
+        self.rows + self.warnings + self.kills
     }
 
     fn summary_extra(&self) -> Vec<(&'static str, Value)> {

@@ -37,9 +37,11 @@ pub struct Args {
     pub common: crate::cli::Common,
     #[command(flatten)]
     pub interval: IntervalArgs,
-    /// Show the N stacks holding most.
-    #[arg(long, default_value_t = 10)]
-    pub top: usize,
+    /// Show the N stacks holding most (text: 10 unless given; JSON, folded
+    /// output and records carry every stack unless given). What the others
+    /// hold is said.
+    #[arg(long)]
+    pub top: Option<usize>,
     /// Order stacks by outstanding bytes or allocations.
     #[arg(long, value_enum, default_value_t = Sort::Size)]
     pub sort: Sort,
@@ -220,7 +222,10 @@ impl Tool for Memleak {
     /// Its programs pass the verifier with the unwinder (a global function,
     /// checked once). Asked for only: `auto` takes fp for memleak.
     fn top(&self) -> Option<usize> {
-        Some(self.args.top)
+        self.args.top
+    }
+    fn text_top(&self) -> usize {
+        10
     }
     fn folded(&self) -> bool {
         self.args.folded
@@ -303,7 +308,7 @@ impl Tool for Memleak {
             self.stack_mode(),
         )?;
         // As BCC: the number asked for (merging may leave fewer).
-        let n = self.args.top;
+        let n = self.args.top.unwrap_or(self.text_top());
         let est = if self.args.sample_bytes.is_some() {
             " (estimated from samples)"
         } else {

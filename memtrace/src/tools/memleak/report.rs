@@ -123,8 +123,7 @@ pub fn outstanding(
         Sort::Size => top.sort_by(|a, b| b.1 .1.cmp(&a.1 .1).then(b.1 .0.cmp(&a.1 .0))),
         Sort::Count => top.sort_by(|a, b| b.1 .0.cmp(&a.1 .0).then(b.1 .1.cmp(&a.1 .1))),
     }
-    // --top is applied after merging (output::MergedStacks).
-    top.truncate(crate::output::pre_merge_cut(args.top));
+    // Every stack: --top is applied after merging (output::MergedStacks).
     let reports = top
         .into_iter()
         .map(|(k, (n, bytes))| {

@@ -21,6 +21,7 @@ impl Rss {
         at_start: bool,
     ) -> Result<()> {
         self.crossed = true;
+        self.shown += 1;
         let rss = ev.bytes[FILE] + ev.bytes[ANON] + ev.bytes[SHMEM];
         let cols = [
             Col::text("time", "TIME", 8),

@@ -47,62 +47,12 @@ pub struct Args {
     pub hide_exited: bool,
 }
 
-#[derive(Debug, Clone, PartialEq)]
-pub enum Exclude {
-    Name(String),
-    Size(u64),
-}
-
-impl Exclude {
-    fn parse(s: &str) -> Exclude {
-        match parse_size(s) {
-            Ok(n) if s.chars().next().is_some_and(|c| c.is_ascii_digit()) => Exclude::Size(n),
-            _ => Exclude::Name(s.to_string()),
-        }
-    }
-}
-
-fn excluded_bytes(maps: &[crate::process::proc::SmapsEntry], ex: &[Exclude]) -> u64 {
-    maps.iter()
-        .filter(|m| {
-            ex.iter().any(|e| match e {
-                Exclude::Name(n) => m.name.contains(n.as_str()),
-                Exclude::Size(s) => m.end - m.start == *s,
-            })
-        })
-        .map(|m| m.rss)
-        .sum()
-}
-
-/// The counters of `pid` now, from /proc/PID/status, as the kernel keeps them.
-fn seed(pid: u32) -> Option<RssVal> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    let kb = |field: &str| -> i64 {
-        status
-            .lines()
-            .find_map(|l| l.strip_prefix(field))
-            .and_then(|v| v.split_whitespace().next()?.parse::<i64>().ok())
-            .unwrap_or(0)
-            * 1024
-    };
-    let mut v = RssVal::default();
-    v.bytes[FILE] = kb("RssFile:");
-    v.bytes[ANON] = kb("RssAnon:");
-    v.bytes[SHMEM] = kb("RssShmem:");
-    v.bytes[SWAP] = kb("VmSwap:");
-    v.peak = (v.bytes[FILE] + v.bytes[ANON] + v.bytes[SHMEM]).max(0) as u64;
-    let name = crate::process::proc::comm(pid).unwrap_or_default();
-    for (d, s) in v.comm.iter_mut().zip(name.bytes().take(15)) {
-        *d = s;
-    }
-    Some(v)
-}
-
-/// `BPF_NOEXIST` (uapi/linux/bpf.h): insert only if the key is absent.
-const BPF_NOEXIST: u64 = 1;
-
 pub fn probes() -> Vec<Probe> {
-    vec![Probe::new("rss changes").tracepoint(names::RSS_STAT, "kmem", "rss_stat")]
+    vec![
+        Probe::new("rss changes").tracepoint(names::RSS_STAT, "kmem", "rss_stat"),
+        // The name each process took at exec, for its rows and exit row.
+        crate::process::follow::exec_probe(),
+    ]
 }
 
 pub struct Rss {
@@ -117,6 +67,10 @@ pub struct Rss {
     /// Processes reported so far, and how many of them exited.
     seen: std::collections::HashSet<u32>,
     exited: u64,
+    /// Process rows and threshold crossings printed: the summary's events.
+    shown: u64,
+    /// The processes listed, by pid and start time.
+    born: seed::Born,
 }
 
 impl Rss {
@@ -135,6 +89,8 @@ impl Rss {
             target: 0,
             seen: Default::default(),
             exited: 0,
+            shown: 0,
+            born: Default::default(),
         })
     }
 
@@ -175,6 +131,7 @@ impl Rss {
         // Pids are reused (pid_max is 32768 here): a new process under an
         // old pid is a new row to count.
         self.seen.remove(&pid);
+        self.born.0.remove(&pid);
         self.exited += 1;
         Ok(())
     }
@@ -183,18 +140,43 @@ impl Rss {
         if let Some(ev) = self.over_at_start.take() {
             self.print_cross(s, out, &ev, true)?;
         }
-        let rows = self.read(s)?;
-        self.seen.extend(rows.iter().map(|(p, _)| *p));
-        // The target's own last state is what the final report is for; any
-        // other process that exited gets a last row (unless hidden) and
-        // leaves the table.
+        // A process that exited gets a last row (unless hidden) and leaves
+        // the table; a new child is seeded; a stranger is never listed.
         let mut gone = Vec::new();
-        for (pid, _) in &rows {
-            if *pid != self.target && crate::process::proc::exiting(*pid) {
-                self.forget(s, *pid)?;
-                gone.push(*pid);
+        let mut last = Vec::new();
+        for (pid, v) in self.read(s)? {
+            let followed = s.hash_get(names::FOLLOWED, &pid).is_some();
+            match self.born.fate(pid, self.target, followed) {
+                seed::Fate::Ours => {}
+                seed::Fate::New => {
+                    if !self.born.seed_into(s, pid, |_| {})? {
+                        // Gone before it could be seeded: a last row.
+                        self.forget(s, pid)?;
+                        gone.push(pid);
+                        last.push((pid, v));
+                    }
+                }
+                seed::Fate::Gone { reused } => {
+                    self.forget(s, pid)?;
+                    gone.push(pid);
+                    last.push((pid, v));
+                    if reused {
+                        s.hash_remove(names::FOLLOWED, &pid)?;
+                    }
+                }
+                seed::Fate::Stranger => s.hash_remove(names::RSS, &pid)?,
             }
         }
+        let rows: Vec<(u32, RssVal)> = self
+            .read(s)?
+            .into_iter()
+            .filter(|(p, _)| self.born.0.contains_key(p))
+            .chain(last)
+            .collect();
+        // Those that left are counted in `exited`.
+        let live = rows.iter().map(|(p, _)| *p).filter(|p| !gone.contains(p));
+        self.seen.extend(live);
+        let renamed = crate::process::follow::exec_names(s);
         let pids: Vec<u32> = rows.iter().map(|(p, _)| *p).collect();
         let excluded = self.refresh_excluded(s, &pids)?;
         let cols = [
@@ -221,11 +203,13 @@ impl Rss {
             if exited && self.args.hide_exited {
                 continue;
             }
-            // The name it has now: it may have exec'd since its first change.
-            let name = match crate::process::proc::comm(*pid) {
+            // The name it has now, or took at its last exec: it may have
+            // exec'd since its first change.
+            let name = match renamed.get(pid).cloned() {
+                Some(n) if exited => format!("{n} (exited)"),
                 _ if exited => format!("{} (exited)", comm(&v.comm)),
                 Some(n) => n,
-                None => comm(&v.comm),
+                None => crate::process::proc::comm(*pid).unwrap_or_else(|| comm(&v.comm)),
             };
             table.push(Row(vec![
                 now.clone().into(),
@@ -239,6 +223,7 @@ impl Rss {
                 kb(v.peak as i64),
                 kb(counted),
             ]));
+            self.shown += 1;
             if exited {
                 continue;
             }
@@ -313,6 +298,7 @@ impl Tool for Rss {
         k.loader.max_entries(names::RSS, 4096);
         k.loader.max_entries(names::RSS_OWNER, 4096);
         k.loader.max_entries(names::RSS_EXCLUDED, 4096);
+        k.loader.max_entries(names::EXEC_NAMES, 4096);
         Ok(())
     }
 
@@ -328,30 +314,42 @@ impl Tool for Rss {
         // process already has, read from /proc at the same moment.
         // Exclusions known before the first change, so the threshold never
         // counts an excluded mapping that is already there.
-        let excluded = self.refresh_excluded(s, &[self.target])?;
-        let Some(mut seed) = seed(self.target) else {
-            return Ok(());
-        };
-        let rss = seed.bytes[FILE] + seed.bytes[ANON] + seed.bytes[SHMEM];
-        let counted = rss - excluded.get(&self.target).copied().unwrap_or(0) as i64;
-        if self.args.threshold.is_some_and(|t| counted > t as i64) {
-            // Over already: the kernel must not report it again.
-            seed.crossed = 1;
-            self.over_at_start = Some(RssCross {
-                kind: kind::RSS_CROSS,
-                pid: self.target,
-                task_pid: self.target,
-                task_tid: self.target,
-                bytes: seed.bytes,
-                excluded: excluded.get(&self.target).copied().unwrap_or(0),
-                ustack: -1,
-                kstack: -1,
-                comm: seed.comm,
-                task_comm: seed.comm,
-            });
+        // With --children, its descendants too (adopted into FOLLOWED just
+        // before): idle ones would never show, busy ones with one counter.
+        let mut pids = vec![self.target];
+        pids.extend(
+            s.hash_entries(names::FOLLOWED)
+                .into_iter()
+                .map(|(p, _)| p)
+                .filter(|p| *p != self.target),
+        );
+        let excluded = self.refresh_excluded(s, &pids)?;
+        let ex = excluded.get(&self.target).copied().unwrap_or(0);
+        let (threshold, target) = (self.args.threshold, self.target);
+        let mut over = None;
+        self.born.seed_into(s, target, |seed| {
+            let rss = seed.bytes[FILE] + seed.bytes[ANON] + seed.bytes[SHMEM];
+            if threshold.is_some_and(|t| rss - ex as i64 > t as i64) {
+                // Over already: the kernel must not report it again.
+                seed.crossed = 1;
+                over = Some(RssCross {
+                    kind: kind::RSS_CROSS,
+                    pid: target,
+                    task_pid: target,
+                    task_tid: target,
+                    bytes: seed.bytes,
+                    excluded: ex,
+                    ustack: -1,
+                    kstack: -1,
+                    comm: seed.comm,
+                    task_comm: seed.comm,
+                });
+            }
+        })?;
+        self.over_at_start = over;
+        for p in pids.into_iter().skip(1) {
+            self.born.seed_into(s, p, |_| {})?;
         }
-        // NOEXIST: a change seen since attach is newer than this.
-        s.hash_insert(names::RSS, self.target, seed, BPF_NOEXIST)?;
         Ok(())
     }
 
@@ -360,14 +358,16 @@ impl Tool for Rss {
         self.table(s, out)
     }
 
-    /// Processes reported: the counter changes themselves are not sent up.
+    /// Rows printed (a process each, per report) and threshold crossings:
+    /// the counter changes themselves are not sent up.
     fn events(&self) -> u64 {
-        self.seen.len() as u64 + self.exited
+        self.shown
     }
 
     fn summary_extra(&self) -> Vec<(&'static str, Value)> {
         vec![
             ("threshold_crossed", Value::U(self.crossed as u64)),
+            ("processes", Value::U(self.seen.len() as u64 + self.exited)),
             ("processes_exited", Value::U(self.exited)),
         ]
     }
@@ -382,6 +382,9 @@ impl Tool for Rss {
 }
 
 mod cross;
+mod exclude;
+mod seed;
+use exclude::{excluded_bytes, Exclude};
 
 #[cfg(test)]
 mod tests;
