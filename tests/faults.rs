@@ -343,18 +343,35 @@ fn counts_of_exited_processes_resolve_past_the_bound_and_none_is_lost() {
             .collect();
         touching
     };
+    // The loop's stack is one row for all the children; a child may fault
+    // once more elsewhere in the function (a stack of its own, again one
+    // row for all).
     let merged = run_with(&[]);
-    assert_eq!(merged.len(), 1, "{merged:?}");
-    assert_eq!(
-        merged[0]["count"].as_u64(),
-        Some(N * PAGES),
-        "{}",
-        merged[0]
+    assert!(merged.len() <= 2, "{merged:?}");
+    assert!(
+        merged
+            .iter()
+            .any(|r| r["count"].as_u64() == Some(N * PAGES)),
+        "{merged:?}"
     );
-    assert_eq!(merged[0]["processes"].as_u64(), Some(N), "{}", merged[0]);
+    assert!(
+        merged.iter().all(|r| r["processes"].as_u64() == Some(N)),
+        "{merged:?}"
+    );
+    // Apart, each child has its own rows, one per stack, holding its pages.
     let apart = run_with(&["--per-pid"]);
-    assert_eq!(apart.len() as u64, N);
-    assert!(apart.iter().all(|r| r["count"].as_u64() == Some(PAGES)));
+    let mut per_pid: std::collections::HashMap<u64, u64> = Default::default();
+    let mut rows = std::collections::HashSet::new();
+    for r in &apart {
+        let pid = r["pid"].as_u64().unwrap();
+        *per_pid.entry(pid).or_default() += r["count"].as_u64().unwrap();
+        assert!(rows.insert((pid, r["stack_id"].to_string())), "twice: {r}");
+    }
+    assert_eq!(per_pid.len() as u64, N);
+    assert!(
+        per_pid.values().all(|n| (PAGES..=PAGES + 1).contains(n)),
+        "{per_pid:?}"
+    );
 }
 
 /// More children than the kernel's set of followed processes holds (8192):

@@ -320,3 +320,21 @@ fn existing_children_are_listed_with_all_their_memory() {
     let _ = w.child.kill();
     let _ = w.child.wait();
 }
+
+/// A process that exec'd and exited between two reports: its last row
+/// carries the name it exec'd, not its parent's (it said "sh (exited)").
+#[test]
+fn an_exited_row_has_the_name_taken_at_exec() {
+    let cmd = format!("{} touch 4000; sleep 0.6", workload_bin().display());
+    let out = run(&["rss", "--json", "-i", "200ms", "-c", &cmd]);
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    let rows = json_of(&out.stdout, "rss");
+    let last = rows
+        .iter()
+        .find(|r| {
+            r["comm"].as_str().is_some_and(|c| c.ends_with("(exited)"))
+                && r["peak_kb"].as_u64().unwrap_or(0) >= 16000
+        })
+        .unwrap_or_else(|| panic!("no exit row of the workload: {}", out.stdout));
+    assert_eq!(last["comm"], "memtrace-worklo (exited)", "{}", out.stdout);
+}

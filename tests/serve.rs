@@ -251,3 +251,66 @@ fn an_oom_kill_in_a_memcg_is_a_labelled_counter() {
     let out = t.interrupt();
     assert_eq!(out.code, 0, "{}", out.stderr);
 }
+
+/// 100 processes that live a few milliseconds each, exec'd by a shell in a
+/// memory cgroup of their own: their faults carry the name they exec'd
+/// (it said comm="bash" for the program bash exec'd) and their group, taken
+/// in the kernel at the fault (45% went to cgroup="unknown": the group was
+/// read from /proc after they were gone).
+#[test]
+fn short_lived_processes_keep_their_exec_name_and_cgroup() {
+    const PROCS: usize = 100;
+    const PAGES: usize = 200;
+    if memcg_root().is_none() {
+        skip(
+            "short_lived_processes_keep_their_exec_name_and_cgroup",
+            "no memory cgroup controller",
+        );
+        return;
+    }
+    let cg = Memcg::new("servenames", "1G");
+    let port = free_port();
+    let t = serve(port, &["--max-series", "10000"]);
+    let script = format!("exec {} touch {PAGES}", workload_bin().display());
+    for _ in 0..PROCS {
+        let mut c = cg
+            .command(std::path::Path::new("/bin/sh"))
+            .args(["-c", &script])
+            .spawn()
+            .unwrap();
+        assert!(wait_child(&mut c, WAIT).success());
+    }
+    let path = format!("/{}", cg.name);
+    let in_group = |m: &str| {
+        value(
+            m,
+            "memtrace_cgroup_page_faults_total",
+            &[("cgroup", &path), ("mode", "user")],
+        )
+        .unwrap_or(0.0)
+    };
+    let want = (PROCS * PAGES) as f64;
+    let text = settle(port, |m| in_group(m) >= want);
+    assert!(in_group(&text) >= want, "{}: {text}", in_group(&text));
+    // Per process: the workload's faults are under its exec name, in its
+    // group; none of them under the shell's name.
+    let series: Vec<(String, f64)> = text
+        .lines()
+        .filter(|l| l.starts_with("memtrace_page_faults_total{") && l.contains("mode=\"user\""))
+        .filter(|l| l.contains(&format!("cgroup=\"{path}\"")))
+        .filter_map(|l| Some((l.to_string(), l.rsplit(' ').next()?.parse().ok()?)))
+        .collect();
+    let named = |comm: &str| -> Vec<f64> {
+        series
+            .iter()
+            .filter(|(l, _)| l.contains(&format!("comm=\"{comm}\"")))
+            .map(|(_, v)| *v)
+            .collect()
+    };
+    let workload = named("memtrace-worklo");
+    assert_eq!(workload.len(), PROCS, "{text}");
+    assert!(workload.iter().all(|v| *v >= PAGES as f64), "{workload:?}");
+    assert!(named("sh").iter().all(|v| *v < PAGES as f64), "{text}");
+    let out = t.interrupt();
+    assert_eq!(out.code, 0, "{}", out.stderr);
+}

@@ -13,6 +13,9 @@ pub struct FaultConfig {
     /// Slots in `FAULT_SLOTS` minus one (a power of two minus one); 0: the
     /// slots are not used (stacks, pages or a perf-event attach).
     pub slot_mask: u32,
+    /// Non-zero: a new count takes the faulting task's memory cgroup
+    /// (`top`, `serve`), read through TASK's offsets.
+    pub memcg: u32,
 }
 
 /// One process's fault counts on one CPU, in the direct-mapped slot
@@ -48,5 +51,8 @@ pub struct FaultKey {
 #[derive(Clone, Copy, Debug, Default)]
 pub struct FaultVal {
     pub count: u64,
+    /// Kernfs id of the task's memory cgroup when the count began (0: not
+    /// taken), so a process gone before memtrace reads it keeps its group.
+    pub memcg_id: u64,
     pub comm: [u8; TASK_COMM_LEN],
 }

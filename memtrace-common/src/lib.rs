@@ -102,6 +102,16 @@ pub struct ProcEvent {
     pub _pad: u32,
 }
 
+/// What a process took at its last exec: its name, and the memory cgroup it
+/// was in then (kernfs id; 0 where the task offsets are not loaded), so that
+/// a process gone before memtrace could read /proc keeps both.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct ExecName {
+    pub comm: [u8; TASK_COMM_LEN],
+    pub memcg_id: u64,
+}
+
 /// Which attach method a program ran under; reported in records so userspace
 /// can say where a figure came from.
 pub mod method {
@@ -181,6 +191,7 @@ mod pod {
     // SAFETY: all of these are repr(C) plain data without padding-sensitive invariants.
     unsafe impl aya::Pod for super::Filter {}
     unsafe impl aya::Pod for super::ProcEvent {}
+    unsafe impl aya::Pod for super::ExecName {}
     unsafe impl aya::Pod for super::TaskOffsets {}
     unsafe impl aya::Pod for super::stacks::UstackConfig {}
     unsafe impl aya::Pod for super::stacks::UserStack {}

@@ -24,7 +24,7 @@ use crate::{
     snoop::{MmapSnoopConfig, PendingCall, ShmSnoopConfig},
     stacks::{BrkConfig, StackKey, StackVal, UserStack, UstackConfig},
     top::{MmapCount, TopConfig},
-    Filter, TaskOffsets, TASK_COMM_LEN,
+    ExecName, Filter, TaskOffsets,
 };
 
 /// How a map is sized when the object is loaded.
@@ -128,7 +128,7 @@ maps! {
     UNWIND_STATS: u32 => u64, Compiled;
     UNWIND_CACHE: () => (), OnDemand;
     FOLLOWED: u32 => u8, OnDemand;
-    EXEC_NAMES: u32 => [u8; TASK_COMM_LEN], OnDemand;
+    EXEC_NAMES: u32 => ExecName, OnDemand;
     EXEMAP_PENDING: u32 => ExeMapPending, OnDemand;
     SNOOP_PENDING: u32 => PendingCall, OnDemand;
     // One tool each.

@@ -20,8 +20,8 @@ use memtrace_common::{
 };
 
 use crate::helpers::{
-    bump_by_stack, capture_stacks, capturing, count_loss, current_tgid, tp_field, wanted, Stacks,
-    FILTER, NO_PREALLOC,
+    bump_by_stack, capture_stacks, capturing, count_loss, current_task, current_tgid, memcg_id,
+    tp_field, wanted, Stacks, FILTER, NO_PREALLOC,
 };
 
 #[unsafe(no_mangle)]
@@ -30,6 +30,7 @@ static FAULT_CFG: Global<FaultConfig> = Global::new(FaultConfig {
     tp_address: 0,
     tp_error_code: 0,
     slot_mask: 0,
+    memcg: 0,
 });
 
 /// Count-by-process slots (see `FaultSlot`); a colliding process falls back
@@ -120,6 +121,12 @@ fn count<C: StackIdContext>(
     }
     let v = FaultVal {
         count: 1,
+        // On the insert path only: once per key and drain, never per fault.
+        memcg_id: if cfg.memcg != 0 {
+            unsafe { memcg_id(current_task()) }
+        } else {
+            0
+        },
         comm: bpf_get_current_comm().unwrap_or([0; TASK_COMM_LEN]),
     };
     if map.insert(&key, &v, 0).is_err() {

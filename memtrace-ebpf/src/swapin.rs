@@ -26,6 +26,7 @@ fn count() {
     }
     let v = FaultVal {
         count: 1,
+        memcg_id: 0,
         comm: bpf_get_current_comm().unwrap_or([0; TASK_COMM_LEN]),
     };
     if SWAPINS.insert(tgid, v, 0).is_err() {

@@ -7,12 +7,13 @@ use aya_ebpf::{
     maps::LruHashMap,
     programs::TracePointContext,
 };
-use memtrace_common::{kind, loss, stack_mode, ProcEvent, TASK_COMM_LEN};
+use memtrace_common::{kind, loss, stack_mode, ExecName, ProcEvent};
 
 use super::{
     emit::{count_loss, emit},
     filter::{current_tgid, wanted, FILTER, FOLLOWED},
     kunwind::{drop_table, inherit_table},
+    reads::{current_task, memcg_id},
 };
 
 /// `sched:sched_process_fork`: follow the children of traced processes.
@@ -60,7 +61,7 @@ pub fn follow_fork(ctx: TracePointContext) -> u32 {
 /// come before its exec, under its parent's name. Sized by the tools that
 /// use it; LRU: a name pushed out leaves the first-seen one.
 #[map]
-pub static EXEC_NAMES: LruHashMap<u32, [u8; TASK_COMM_LEN]> = LruHashMap::with_max_entries(1, 0);
+pub static EXEC_NAMES: LruHashMap<u32, ExecName> = LruHashMap::with_max_entries(1, 0);
 
 /// `sched:sched_process_exec` (rare): remember the new name, and let go of
 /// the old image's unwind table.
@@ -72,7 +73,10 @@ pub fn name_exec(_ctx: TracePointContext) -> u32 {
             drop_table(tgid);
         }
         if let Ok(comm) = bpf_get_current_comm() {
-            let _ = EXEC_NAMES.insert(&tgid, &comm, 0);
+            // Its group too: a process is moved into its group before it
+            // execs (a container's init, `cgexec`), after its first events.
+            let memcg_id = unsafe { memcg_id(current_task()) };
+            let _ = EXEC_NAMES.insert(&tgid, &ExecName { comm, memcg_id }, 0);
         }
         // A followed process's new image: userspace reads its maps.
         if FILTER.load().children != 0 {

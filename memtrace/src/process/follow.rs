@@ -104,7 +104,15 @@ pub fn exec_probe() -> Probe {
 pub fn exec_names(s: &Session) -> HashMap<u32, String> {
     s.hash_entries(EXEC_NAMES)
         .into_iter()
-        .map(|(pid, c)| (pid, comm(&c)))
+        .map(|(pid, e)| (pid, comm(&e.comm)))
+        .collect()
+}
+
+/// The same with the memory cgroup each was in at its exec (kernfs id).
+pub fn exec_identities(s: &Session) -> HashMap<u32, (String, u64)> {
+    s.hash_entries(EXEC_NAMES)
+        .into_iter()
+        .map(|(pid, e)| (pid, (comm(&e.comm), e.memcg_id)))
         .collect()
 }
 

@@ -351,6 +351,11 @@ impl Fold for FaultVal {
     fn fold(vals: &[Self]) -> Self {
         FaultVal {
             count: vals.iter().map(|v| v.count).sum(),
+            memcg_id: vals
+                .iter()
+                .map(|v| v.memcg_id)
+                .find(|&m| m != 0)
+                .unwrap_or(0),
             comm: first_name(vals.iter().map(|v| v.comm)),
         }
     }

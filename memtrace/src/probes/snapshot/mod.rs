@@ -114,6 +114,12 @@ pub struct Snapshot {
     /// OOM kills seen, with those not yet taken by a view (`take_ooms`).
     pub ooms: u64,
     new_ooms: Vec<OomKill>,
+    /// Memory cgroup paths by kernfs id, each resolved once.
+    cgroup_paths: HashMap<u64, String>,
+    /// Names (and, for processes gone, groups) taken at exec, by pid, with
+    /// the tick they came: a process whose counts arrive an interval after
+    /// its exec is read still takes them.
+    pub learned: HashMap<u32, (String, String, u64)>,
     last_read: Instant,
 }
 
@@ -127,6 +133,8 @@ impl Snapshot {
             recent_ooms: VecDeque::new(),
             ooms: 0,
             new_ooms: Vec::new(),
+            cgroup_paths: HashMap::new(),
+            learned: HashMap::new(),
             last_read: Instant::now(),
         }
     }
@@ -141,16 +149,48 @@ impl Snapshot {
         {
             self.procs.remove(&pid);
         }
-        self.procs.entry(pid).or_insert_with(|| Proc {
+        let learned = self.learned.get(&pid).cloned();
+        let p = self.procs.entry(pid).or_insert_with(|| Proc {
             pid,
             comm: if comm.is_empty() {
                 crate::process::proc::comm(pid).unwrap_or_default()
             } else {
                 comm.to_string()
             },
-            cgroup: cgroup_of(pid),
+            // An exiting process shows the root group in /proc (v1 moves it
+            // there as it exits): it has none to read any more.
+            cgroup: match crate::process::proc::exiting(pid) {
+                true => String::new(),
+                false => cgroup_of(pid),
+            },
             ..Default::default()
-        })
+        });
+        if let Some((name, cg, _)) = learned {
+            p.comm = name;
+            if !cg.is_empty() {
+                p.cgroup = cg;
+            }
+        }
+        p
+    }
+
+    /// The path of memory cgroup `id`, taken in the kernel at the event;
+    /// "" for 0 or a group removed before it could be resolved.
+    pub fn cgroup_path(&mut self, id: u64) -> String {
+        if id == 0 {
+            return String::new();
+        }
+        if let Some(p) = self.cgroup_paths.get(&id) {
+            return p.clone();
+        }
+        let p = crate::kernel::cgroupid::path_of(id)
+            .map(|(_, p)| p)
+            .unwrap_or_default();
+        if self.cgroup_paths.len() >= 4096 {
+            self.cgroup_paths.clear();
+        }
+        self.cgroup_paths.insert(id, p.clone());
+        p
     }
 
     /// Per-second rate of a figure over the last interval.
@@ -195,6 +235,8 @@ impl Snapshot {
         }
         self.procs
             .retain(|_, p| p.gone.is_none_or(|g| tick.saturating_sub(g) < keep));
+        self.learned
+            .retain(|_, (_, _, at)| tick.saturating_sub(*at) < 2);
         if self.procs.len() > MAX_PROCS {
             let mut gone: Vec<(u64, u32)> = self
                 .procs

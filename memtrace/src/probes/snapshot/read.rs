@@ -5,8 +5,8 @@ use memtrace_common::{
     faults::FaultConfig,
     kind,
     names::{
-        BRK_STACKS, FAULTS, FAULTS_PERF, FILE_FAULTS, MMAP_COUNTS, PROC_RECLAIM, RSS, RSS_CFG,
-        RSS_OWNER, RSS_STAT, TOP_CFG, TOP_MMAP,
+        BRK_STACKS, EXEC_NAMES, FAULTS, FAULTS_PERF, FILE_FAULTS, MMAP_COUNTS, PROC_RECLAIM, RSS,
+        RSS_CFG, RSS_OWNER, RSS_STAT, TOP_CFG, TOP_MMAP,
     },
     oom::OomEvent,
     reclaim::ReclaimConfig,
@@ -47,13 +47,21 @@ impl Counters {
         p.extend(crate::probes::reclaim::reclaim_probes());
         p.push(Probe::new("rss changes").tracepoint(RSS_STAT, "kmem", "rss_stat"));
         p.extend(crate::probes::oom::probes());
+        // The name each process takes at exec.
+        p.push(crate::process::follow::exec_probe());
         p
     }
 
     pub fn prepare(&self, k: &mut Prep) -> Result<()> {
         // No count-by-process slots: every interval empties the hash map
         // key by key (lookup-and-delete), which keeps each count exact.
-        crate::probes::counters::prepare_faults(k, FaultConfig::default(), KEYS)?;
+        // A new count takes its process's memory cgroup, in the kernel.
+        let cfg = FaultConfig {
+            memcg: 1,
+            ..Default::default()
+        };
+        crate::probes::counters::prepare_faults(k, cfg, KEYS)?;
+        k.loader.max_entries(EXEC_NAMES, 4096);
         crate::probes::counters::prepare_brk(k)?;
         k.loader.max_entries(BRK_STACKS, KEYS);
         // FILES_SEEN stays at one entry: no file names are needed here.
@@ -117,7 +125,14 @@ impl Counters {
         let mut faults = s.read_folded(FAULTS, true)?;
         faults.extend(s.read_folded(FAULTS_PERF, true)?);
         for (k, v) in faults {
+            // A process gone before /proc could say its group keeps the one
+            // the kernel saw it in (a live one's /proc group is newer: it
+            // may have moved since its first fault).
+            let cg = snap.cgroup_path(v.memcg_id);
             let p = snap.proc_mut(k.tgid, &comm(&v.comm));
+            if p.cgroup.is_empty() {
+                p.cgroup = cg;
+            }
             if k.kernel_mode == 0 {
                 p.last.faults_user += v.count;
             } else {
@@ -160,6 +175,27 @@ impl Counters {
             .collect();
         for mm in owners {
             s.hash_remove(RSS_OWNER, &mm)?;
+        }
+        // Names taken at exec: a count keeps the name of its first event,
+        // often the parent's before the child's exec. Dropped once applied
+        // (the entry keeps it) or gone (pids are reused).
+        // A process gone before /proc could say its group takes the one it
+        // exec'd in (its first faults may come before it was moved there).
+        // Kept a tick or two in the snapshot (`learned`), for a process
+        // whose counts come after its exec was read.
+        for (pid, (name, memcg)) in crate::process::follow::exec_identities(s) {
+            let cg = match crate::process::proc::exiting(pid) {
+                true => snap.cgroup_path(memcg),
+                false => String::new(),
+            };
+            if let Some(p) = snap.procs.get_mut(&pid) {
+                p.comm.clone_from(&name);
+                if !cg.is_empty() {
+                    p.cgroup.clone_from(&cg);
+                }
+            }
+            snap.learned.insert(pid, (name, cg, snap.tick));
+            s.hash_remove(EXEC_NAMES, &pid)?;
         }
         let mut events = 0;
         for p in snap.procs.values_mut() {

@@ -119,6 +119,8 @@ impl Rss {
     fn forget(&mut self, s: &mut Session, pid: u32) -> Result<()> {
         s.hash_remove(names::RSS, &pid)?;
         s.hash_remove(names::RSS_EXCLUDED, &pid)?;
+        // A pid reused later must not take this process's exec name.
+        s.hash_remove(names::EXEC_NAMES, &pid)?;
         let owned: Vec<u32> = s
             .hash_entries(names::RSS_OWNER)
             .into_iter()
@@ -142,6 +144,8 @@ impl Rss {
         }
         // A process that exited gets a last row (unless hidden) and leaves
         // the table; a new child is seeded; a stranger is never listed.
+        // Names taken at exec, read before `forget` lets go of them.
+        let renamed = crate::process::follow::exec_names(s);
         let mut gone = Vec::new();
         let mut last = Vec::new();
         for (pid, v) in self.read(s)? {
@@ -176,7 +180,6 @@ impl Rss {
         // Those that left are counted in `exited`.
         let live = rows.iter().map(|(p, _)| *p).filter(|p| !gone.contains(p));
         self.seen.extend(live);
-        let renamed = crate::process::follow::exec_names(s);
         let pids: Vec<u32> = rows.iter().map(|(p, _)| *p).collect();
         let excluded = self.refresh_excluded(s, &pids)?;
         let cols = [
