@@ -83,7 +83,7 @@ fn drop_line_info(obj: &mut [u8]) -> anyhow::Result<()> {
 /// Compiles memleak's allocator shim (preload/memtrace_preload.c) into a
 /// shared object that memtrace embeds and writes out for `memleak -c`.
 /// The system C compiler (`$CC`, else `cc`): one file with no dependency
-/// but glibc, so no build system is needed around it.
+/// but glibc (libc and libm), so no build system is needed around it.
 fn preload() -> anyhow::Result<()> {
     let src = "preload/memtrace_preload.c";
     println!("cargo:rerun-if-changed={src}");
@@ -107,6 +107,8 @@ fn preload() -> anyhow::Result<()> {
         ])
         .arg(&out)
         .arg(src)
+        // log and expm1, for the sampling gaps and weights.
+        .arg("-lm")
         .status()
         .with_context(|| format!("running the C compiler `{cc}` for {src} (set CC to another)"))?;
     if !status.success() {

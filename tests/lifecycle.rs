@@ -119,3 +119,35 @@ fn the_hosts_mounts_are_left_alone() {
     assert!(!after.contains("/sys/kernel/btf"), "{after}");
     assert_eq!(before, after);
 }
+
+/// A run that ends before its `-c` command (here `-d`) ends the command as
+/// timeout(1) does, SIGTERM first, and says so; `--keep-command` leaves it
+/// running, and says so too. (The command ran on, untraced and unsaid.)
+#[test]
+fn a_command_outliving_the_run_is_ended_or_left_as_said() {
+    let started = std::time::Instant::now();
+    let out = run(&["brkstack", "-d", "1", "--json", "-c", "sleep 30"]);
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    assert!(started.elapsed() < Duration::from_secs(10));
+    assert!(out.stderr.contains("ending 'sleep 30'"), "{}", out.stderr);
+    let s = &json_of(&out.stdout, "summary")[0];
+    assert_eq!(s["command_ended_by_memtrace"], "SIGTERM", "{s}");
+    assert_eq!(s["command_status"], 128 + 15, "{s}");
+
+    // Its output away from memtrace's pipes, which it would hold open.
+    let out = run(&[
+        "brkstack",
+        "-d",
+        "1",
+        "--keep-command",
+        "-c",
+        "exec sleep 31.5 >/dev/null 2>&1",
+    ]);
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    assert!(out.stderr.contains("left running"), "{}", out.stderr);
+    let left = std::process::Command::new("pkill")
+        .args(["-f", "^sleep 31.5$"])
+        .status()
+        .unwrap();
+    assert!(left.success(), "the command did not outlive the run");
+}

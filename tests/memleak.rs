@@ -157,10 +157,11 @@ fn sampling_by_uprobe_and_uretprobe_keeps_big_blocks_exact_and_sees_every_free()
     sampled(&["--no-preload", "--no-uprobe-session"]);
 }
 
-/// Blocks grown by realloc under byte sampling: 2 KiB and 4 KiB calls are
-/// sampled by chance, 12 KiB ones always. Kept, exactly the last blocks are
-/// held; freed, nothing is: a block sampled at one call and released by a
-/// realloc that was not sampled must not stay behind.
+/// Blocks grown by realloc under byte sampling: 2 KiB, 4 KiB and 12 KiB
+/// calls are sampled by chance (12 KiB at 4K: 95%, weighed by 1/0.95).
+/// Kept, the last blocks are estimated within 3% (the estimate's standard
+/// error here is 0.5%); freed, nothing is held: a block sampled at one call
+/// and released by a realloc that was not sampled must not stay behind.
 fn realloc_under_sampling(extra: &[&str]) {
     const N: u64 = 2000;
     for keep in [1, 0] {
@@ -171,8 +172,17 @@ fn realloc_under_sampling(extra: &[&str]) {
         let out = run(&argv);
         assert_eq!(out.code, 0, "{}", out.stderr);
         let rows = json_of(&out.stdout, "memleak");
-        let want = if keep == 1 { (N, N * 12288) } else { (0, 0) };
-        assert_eq!(held(&rows, "realloc_churn"), want, "{}", out.stdout);
+        let (n, bytes) = held(&rows, "realloc_churn");
+        if keep == 1 {
+            let near = |got: u64, want: u64| got.abs_diff(want) * 100 <= want * 3;
+            assert!(
+                near(n, N) && near(bytes, N * 12288),
+                "{n} {bytes}: {}",
+                out.stdout
+            );
+        } else {
+            assert_eq!((n, bytes), (0, 0), "{}", out.stdout);
+        }
         assert_eq!(lost(&out.stdout, "missed_return"), 0, "{}", out.stdout);
         let summary = &json_of(&out.stdout, "summary")[0];
         assert!(
@@ -428,4 +438,77 @@ fn blocks_of_an_image_that_exec_d_away_are_not_held() {
     assert!(bash.is_empty(), "{bash:?}");
     let s = &json_of(&out.stdout, "summary")[0];
     assert!(s["blocks_gone_with_exec"].as_u64().unwrap() > 200, "{s}");
+}
+
+/// Byte sampling is unbiased: blocks of 51, 256 and 512 KiB kept under
+/// `--sample-bytes 512K` are estimated, on average over runs, within 5% of
+/// what is held (uniform gaps weighed by the interval said 411-434 MB of
+/// 524 MB for 256 KiB blocks, 33% low for 512 KiB). Block counts are such
+/// that the mean's standard error is about 1%: both through the shim and
+/// through the kernel programs (`--no-preload`).
+#[test]
+fn sampled_estimates_are_unbiased_across_block_sizes() {
+    const RUNS: u64 = 4;
+    for extra in [&[][..], &["--no-preload"][..]] {
+        for (size, k) in [
+            (51 << 10, 20_000u64),
+            (256 << 10, 2_000),
+            (512 << 10, 2_000),
+        ] {
+            let mut sum = 0u64;
+            for _ in 0..RUNS {
+                let cmd = format!("{} leak {k} {size} 0 0 0", workload_bin().display());
+                let mut argv = vec!["memleak", "--json", "--sample-bytes", "512K"];
+                argv.extend_from_slice(extra);
+                argv.extend_from_slice(&["-c", &cmd]);
+                let out = run(&argv);
+                assert_eq!(out.code, 0, "{}", out.stderr);
+                let rows = json_of(&out.stdout, "memleak");
+                let (_, bytes) = held(&rows, "leak_small_blocks");
+                sum += bytes;
+            }
+            let (mean, truth) = (sum / RUNS, k * size);
+            assert!(
+                mean.abs_diff(truth) * 100 <= truth * 5,
+                "{extra:?} {size}: mean {mean} vs {truth}"
+            );
+        }
+    }
+}
+
+/// A program whose allocator memleak cannot see (statically linked: the
+/// shim is not loaded into it, and its allocator is its own) is named at the
+/// end: an empty report is not "no leaks".
+#[test]
+fn a_process_whose_allocator_was_not_seen_is_named() {
+    let dir = std::env::temp_dir().join(format!("memtrace-static-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let src = dir.join("st.c");
+    let bin = dir.join("st");
+    std::fs::write(
+        &src,
+        "#include <stdlib.h>\nint main(void){for(int i=0;i<200;i++) if(!malloc(1000)) return 1; return 0;}\n",
+    )
+    .unwrap();
+    let built = std::process::Command::new(std::env::var("CC").unwrap_or("cc".into()))
+        .arg("-static")
+        .arg("-o")
+        .arg(&bin)
+        .arg(&src)
+        .status();
+    if !built.is_ok_and(|s| s.success()) {
+        skip(
+            "a_process_whose_allocator_was_not_seen_is_named",
+            "no C compiler with a static libc",
+        );
+        return;
+    }
+    let out = run(&["memleak", "-c", bin.to_str().unwrap()]);
+    let _ = std::fs::remove_dir_all(&dir);
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    assert!(
+        out.stderr.contains("no allocator calls seen from PID"),
+        "{}",
+        out.stderr
+    );
 }

@@ -62,7 +62,9 @@ pub struct MemleakConfig {
     /// Size bounds (`-z`, `-Z`); 0 for no upper bound.
     pub min_size: u64,
     pub max_size: u64,
-    /// `--sample-bytes`: 0 records every allocation.
+    /// `--sample-bytes N`: 0 records every allocation; else an allocation
+    /// of s bytes is kept with chance about 1 - e^(-s/N), weighted by the
+    /// inverse of that chance (see [`SAMPLE_G`]).
     pub sample_bytes: u64,
     /// Tracepoint field offsets: `sys_enter_mmap` len and flags,
     /// `sys_exit_mmap`/`sys_exit_*` ret, `sys_enter_munmap` addr.
@@ -155,14 +157,50 @@ pub struct AllocKey {
     pub origin: u32,
 }
 
+/// Sampling by the kernel programs (`-p`, `--no-preload`, anonymous mmaps):
+/// an allocation of s bytes, x = s/N, is kept with chance x g, g =
+/// (1 - e^(-y))/y at the top y of x's step of 1/`SAMPLE_STEP` (so just
+/// under 1 - e^(-x), the chance the shim's exponential gaps give), in 2^-32;
+/// at x of `SAMPLE_STEPS`/`SAMPLE_STEP` (16) or more, always. Its weight is
+/// the inverse of the chance actually used: unbiased whatever the table's
+/// precision.
+pub const SAMPLE_STEP: u64 = 64;
+pub const SAMPLE_STEPS: usize = 1024;
+/// g in 2^-24 (integers only: the kernel programs have no floating point).
+pub const SAMPLE_G: [u32; SAMPLE_STEPS] = sample_g();
+
+const fn sample_g() -> [u32; SAMPLE_STEPS] {
+    const ONE: u128 = 1 << 64;
+    let mut g = [0u32; SAMPLE_STEPS];
+    let mut i = 0;
+    while i < SAMPLE_STEPS {
+        // e^y, y = k/SAMPLE_STEP, by its series in 2^-64.
+        let k = i as u128 + 1;
+        let (mut term, mut e, mut n) = (ONE, ONE, 1u128);
+        while term != 0 {
+            term = term * k / (SAMPLE_STEP as u128 * n);
+            e += term;
+            n += 1;
+        }
+        // (1 - e^-y)/y = (e^y - 1)/(y e^y)
+        g[i] = ((((e - ONE) * SAMPLE_STEP as u128) << 24) / (k * e)) as u32;
+        i += 1;
+    }
+    g
+}
+
+/// One allocation, in the fixed point of weights (2^-16).
+pub const WEIGHT_ONE: u64 = 1 << 16;
+
 /// A live allocation.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
 pub struct AllocInfo {
     pub size: u64,
     pub ts_ns: u64,
-    /// What this allocation stands for: 1 and its size when exact; more
-    /// under `--sample-bytes` (an estimate).
+    /// What this allocation stands for: 1 and its size when exact; under
+    /// `--sample-bytes` the inverse of its chance of being sampled, the
+    /// count rounded up or down at random (right on average).
     pub weight: u64,
     pub weight_bytes: u64,
     pub stack: StackKey,

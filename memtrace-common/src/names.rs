@@ -161,7 +161,6 @@ maps! {
     ML_KALLOCS: AllocKey => AllocInfo, OnDemand;
     ML_KSTACKS: StackKey => AllocStats, OnDemand;
     ML_COUNTS: u32 => u64, OnDemand;
-    ML_SAMPLE: u32 => u64, OnDemand;
     ML_EXECS: u32 => u64, OnDemand;
     MMAP_COUNTS: u32 => MmapCount, OnDemand;
 }

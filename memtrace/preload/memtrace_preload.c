@@ -26,6 +26,7 @@
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <errno.h>
+#include <math.h>
 #include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -58,10 +59,14 @@ enum { ORIGIN_USER = 0, ORIGIN_MMAP = 1 };
 #define NOP __asm__ volatile(".byte 0x0f, 0x1f, 0x40, 0x00" ::: "memory")
 #define UNUSED __attribute__((unused))
 SITE void memtrace_alloc_site(UNUSED void *p, UNUSED size_t size, UNUSED void *old,
-                              UNUSED unsigned long skipped, UNUSED unsigned long origin) {
+                              UNUSED unsigned long skipped, UNUSED unsigned long origin,
+                              UNUSED unsigned long weight) {
   NOP;
 }
-SITE void memtrace_free_site(UNUSED void *p, UNUSED unsigned long origin) { NOP; }
+SITE void memtrace_free_site(UNUSED void *p, UNUSED unsigned long origin,
+                             UNUSED unsigned long skipped) {
+  NOP;
+}
 SITE void memtrace_table_full_site(UNUSED void *p) { NOP; }
 SITE void memtrace_hello_site(UNUSED unsigned long sample) { NOP; }
 
@@ -88,19 +93,39 @@ INLINE unsigned long sample_bytes(void) {
 __attribute__((constructor)) static void hello(void) { memtrace_hello_site(sample_bytes()); }
 
 /* Per thread: bytes left before the next sample, allocations not sampled
- * since the last one (reported with it), and a random state. */
+ * since the last report of them (with a free), and a random state (0 until
+ * the thread's first allocation draws its first gap). */
 static __thread long left __attribute__((tls_model("initial-exec")));
 static __thread unsigned long skipped __attribute__((tls_model("initial-exec")));
 static __thread uint64_t rng __attribute__((tls_model("initial-exec")));
 
-/* The next gap: uniform in [0, 2N), mean N, as the kernel side draws it. */
+/* The next gap in bytes: exponential with mean N (-N ln U, U in (0, 1]),
+ * as tcmalloc and jemalloc draw it. Memoryless, so an allocation of s bytes
+ * is sampled with probability 1 - e^(-s/N) whatever came before it. */
 static long gap(unsigned long n) {
   if (rng == 0)
     rng = (uintptr_t)&rng ^ __builtin_ia32_rdtsc() ^ 0x9e3779b97f4a7c15ull;
   rng ^= rng << 13;
   rng ^= rng >> 7;
   rng ^= rng << 17;
-  return (long)(rng % (2 * n));
+  double u = (double)((rng >> 11) + 1) * 0x1p-53;
+  return (long)(-(double)n * log(u));
+}
+
+/* What a sample of `size` stands for, in allocations, fixed point 1/65536:
+ * 1 / (1 - e^(-size/N)), the inverse of its chance (unbiased); the kernel
+ * side weighs its bytes as size times this. */
+static unsigned long weight(size_t size, unsigned long n) {
+  return (unsigned long)(65536.0 / -expm1(-(double)size / (double)n) + 0.5);
+}
+
+/* At exit: the allocations the exiting thread's sampling passed over and
+ * never reported (a process none of whose calls was sampled still shows
+ * its calls were seen). */
+__attribute__((destructor)) static void bye(void) {
+  if (skipped)
+    memtrace_free_site(NULL, ORIGIN_USER, skipped);
+  skipped = 0;
 }
 
 /* Addresses sampled and not yet freed: buckets of one cache line, an
@@ -208,28 +233,32 @@ INLINE void resolve(void) {
     r_;                                                                                            \
   })
 
-/* Whether an allocation of `size` is reported: always when exact. */
-INLINE int take(size_t size) {
+/* Whether an allocation of `size` is reported, and its weight (1 << 16
+ * when exact). The thread's first gap is drawn like the others. */
+INLINE int take(size_t size, unsigned long *w) {
   unsigned long n = sample_bytes();
+  *w = 1ul << 16;
   if (n == 0)
     return 1;
+  if (__builtin_expect(rng == 0, 0))
+    left = gap(n);
   left -= (long)size;
   if (left >= 0) {
     skipped++;
     return 0;
   }
   left = gap(n);
+  *w = weight(size, n);
   return 1;
 }
 
 /* A new block (and the old one it replaces), reported if taken. */
 INLINE void allocated(void *p, size_t size, void *old_reported) {
   int sampling = sample_bytes() != 0;
-  int report = p && take(size) && (!sampling || remember((uintptr_t)p));
-  if (report || old_reported) {
-    memtrace_alloc_site(report ? p : NULL, size, old_reported, skipped, ORIGIN_USER);
-    skipped = 0;
-  }
+  unsigned long w = 0;
+  int report = p && take(size, &w) && (!sampling || remember((uintptr_t)p));
+  if (report || old_reported)
+    memtrace_alloc_site(report ? p : NULL, size, old_reported, skipped, ORIGIN_USER, w);
 }
 
 /* Before a block goes back to glibc: reported if followed. Returns it when
@@ -249,8 +278,10 @@ EXPORT void *malloc(size_t n) {
 }
 
 EXPORT void free(void *p) {
-  if (releasing(p))
-    memtrace_free_site(p, ORIGIN_USER);
+  if (releasing(p)) {
+    memtrace_free_site(p, ORIGIN_USER, skipped);
+    skipped = 0;
+  }
   FORWARD((next.free(p), 0));
 }
 
@@ -325,7 +356,7 @@ EXPORT void *pvalloc(size_t n) {
 INLINE void *mapped(void *addr, size_t len, int prot, int flags, int fd, off_t off) {
   void *p = (void *)syscall(SYS_mmap, addr, len, prot, flags, fd, off);
   if (p != MAP_FAILED && (flags & MAP_ANONYMOUS) && !in_alloc)
-    memtrace_alloc_site(p, len, NULL, 0, ORIGIN_MMAP);
+    memtrace_alloc_site(p, len, NULL, 0, ORIGIN_MMAP, 1ul << 16);
   return p;
 }
 
@@ -338,6 +369,6 @@ EXPORT void *mmap64(void *addr, size_t len, int prot, int flags, int fd, off_t o
 
 EXPORT int munmap(void *addr, size_t len) {
   if (!in_alloc)
-    memtrace_free_site(addr, ORIGIN_MMAP);
+    memtrace_free_site(addr, ORIGIN_MMAP, 0);
   return (int)syscall(SYS_munmap, addr, len);
 }

@@ -49,6 +49,11 @@ pub struct Common {
     /// Stop after this long (e.g. 10, 10s, 500ms, 2m).
     #[arg(short = 'd', long = "duration", value_parser = parse_duration)]
     pub duration: Option<Duration>,
+    /// When memtrace ends before its -c command (-d, Ctrl-C, COUNT), leave
+    /// the command running, untraced, instead of ending it as timeout does
+    /// (SIGTERM, then SIGKILL 5 s later).
+    #[arg(long, requires = "command")]
+    pub keep_command: bool,
     /// Prefix lines with the time.
     #[arg(short = 'T', long = "timestamp")]
     pub timestamps: bool,

@@ -14,7 +14,7 @@ use memtrace_common::{
     loss,
     memleak::{
         counter, AllocInfo, AllocKey, AllocStats, MemleakConfig, PendingAlloc, PendingSlot,
-        PENDING_SLOTS,
+        PENDING_SLOTS, SAMPLE_G, SAMPLE_STEP, SAMPLE_STEPS, WEIGHT_ONE,
     },
     stacks::StackKey,
     TASK_COMM_LEN,
@@ -52,9 +52,9 @@ static ML_COUNTS: PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0);
 /// left are gone (userspace takes them out).
 #[map]
 static ML_EXECS: HashMap<u32, u64> = HashMap::with_max_entries(1, 0);
-/// Per CPU: bytes left before the next sampled allocation.
-#[map]
-static ML_SAMPLE: PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0);
+/// Sampling's chances by size (memtrace-common's table), read-only data.
+#[unsafe(no_mangle)]
+static ML_SAMPLE_G: [u32; SAMPLE_STEPS] = SAMPLE_G;
 
 /// The pending slot of thread `id` (pid_tgid), whoever holds it.
 #[inline(always)]
@@ -107,51 +107,55 @@ fn in_bounds(c: &MemleakConfig, size: u64) -> bool {
     true
 }
 
-/// What a sampled allocation of `size` stands for (allocations, bytes):
-/// one per N bytes allocated, so a block of N or more stands for itself.
+/// What an allocation of `size` sampled at weight `w` (the inverse of its
+/// chance, in 2^-16) stands for (allocations, bytes): the count is rounded
+/// up or down at random, so that it is right on average, and kept with the
+/// block, so that its free takes out what it put in.
 #[inline(always)]
-fn weight(c: &MemleakConfig, size: u64) -> (u64, u64) {
-    if c.sample_bytes == 0 || size >= c.sample_bytes {
-        (1, size)
-    } else {
-        (c.sample_bytes.div_ceil(size.max(1)), c.sample_bytes)
+fn weighed(size: u64, w: u64) -> (u64, u64) {
+    if w <= WEIGHT_ONE {
+        return (1, size);
     }
+    let up = (unsafe { bpf_get_prandom_u32() } as u64 & 0xffff) < (w & 0xffff);
+    ((w >> 16) + up as u64, (size * w + 0x8000) >> 16)
 }
 
-/// An allocation already sampled (by the preloaded shim): its weight, if
-/// in bounds.
+/// An allocation already sampled (by the preloaded shim, which weighed it):
+/// what it stands for, if in bounds.
 #[inline(always)]
-fn weigh(size: u64) -> Option<(u64, u64)> {
+fn weigh(size: u64, w: u64) -> Option<(u64, u64)> {
     let c = MEMLEAK_CFG.load();
-    in_bounds(&c, size).then(|| weight(&c, size))
+    in_bounds(&c, size).then(|| weighed(size, w))
 }
 
 /// Whether an allocation of `size` is recorded, and what it stands for
 /// (allocations, bytes): everything in bounds when exact; under
-/// `--sample-bytes N` about one per N bytes allocated, weighted by N.
+/// `--sample-bytes N` each with chance about 1 - e^(-size/N) (memtrace-common's
+/// SAMPLE_G), on its own, weighted by the inverse of the chance used.
 #[inline(always)]
 fn admit(size: u64) -> Option<(u64, u64)> {
     let c = MEMLEAK_CFG.load();
     if !in_bounds(&c, size) {
         return None;
     }
-    if c.sample_bytes == 0 {
+    // Never 0 below, so no division-by-zero path for the verifier to refuse.
+    let n = c.sample_bytes.max(1);
+    if c.sample_bytes == 0 || size >= SAMPLE_STEPS as u64 / SAMPLE_STEP * n {
         return Some((1, size));
     }
-    let left = ML_SAMPLE.get_ptr_mut(0)?;
-    unsafe {
-        if *left > size {
-            *left -= size;
-            bump(counter::UNSAMPLED);
-            return None;
-        }
-        // The next gap is uniform in [0, 2N): mean N, and no allocation
-        // pattern lines up with a fixed period.
-        let r = bpf_get_prandom_u32() as u64;
-        // Never 0, so no division-by-zero panic path for the verifier to refuse.
-        *left = r % (c.sample_bytes << 1).max(1);
+    let g = *ML_SAMPLE_G.get((size * SAMPLE_STEP / n) as usize)? as u64;
+    let num = size * g; // below 16 N 2^24
+    let p = if num >> 56 == 0 {
+        (num << 8) / n
+    } else {
+        (num / n) << 8
+    };
+    let p = p.clamp(1, 1 << 32);
+    if unsafe { bpf_get_prandom_u32() } as u64 >= p {
+        bump(counter::UNSAMPLED);
+        return None;
     }
-    Some(weight(&c, size))
+    Some(weighed(size, (1 << 48) / p))
 }
 
 /// Where live allocations and per-stack totals are kept.

@@ -1,6 +1,6 @@
 //! User mode through memleak's preloaded shim (memtrace/preload/): one
 //! probe site per reported call, at a nop the kernel emulates. The shim has already sampled, so an allocation
-//! reported here is recorded at its weight without drawing again.
+//! reported here is recorded at the weight it gives without drawing again.
 
 use aya_ebpf::{macros::uprobe, programs::ProbeContext};
 use memtrace_common::{loss, memleak::counter, memleak::origin};
@@ -8,9 +8,10 @@ use memtrace_common::{loss, memleak::counter, memleak::origin};
 use super::{add, bump, record_stacks, release, weigh, USER};
 use crate::helpers::{capture_stacks, count_loss, current_tgid, wanted, Stacks};
 
-/// `memtrace_alloc_site(p, size, old, skipped, origin)`: a new block (or
-/// none: p is 0 when only the old one is reported), the block it replaces
-/// (realloc), and the allocations the thread's sampling passed over since.
+/// `memtrace_alloc_site(p, size, old, skipped, origin, weight)`: a new block
+/// (or none: p is 0 when only the old one is reported), the block it
+/// replaces (realloc), and its weight (2^-16 allocations: 1/(1 - e^(-size/N))
+/// under sampling). The allocations passed over come with frees.
 #[uprobe]
 pub fn ml_preload_alloc(ctx: ProbeContext) -> u32 {
     let tgid = current_tgid();
@@ -18,7 +19,7 @@ pub fn ml_preload_alloc(ctx: ProbeContext) -> u32 {
         return 0;
     }
     let arg = |i| ctx.arg::<u64>(i).unwrap_or(0);
-    let (p, size, old, from) = (arg(0), arg(1), arg(2), arg(4));
+    let (p, size, old, from, w) = (arg(0), arg(1), arg(2), arg(4), arg(5));
     // The stacks first, before any other branch: with the in-kernel
     // unwinder, each path into it is one more walk of it for the verifier.
     let st = if p != 0 {
@@ -37,7 +38,7 @@ pub fn ml_preload_alloc(ctx: ProbeContext) -> u32 {
     let w = if mmap {
         super::admit(size)
     } else {
-        weigh(size)
+        weigh(size, w)
     };
     let from = if mmap { origin::MMAP } else { origin::USER };
     if let Some(w) = w {
@@ -46,8 +47,9 @@ pub fn ml_preload_alloc(ctx: ProbeContext) -> u32 {
     0
 }
 
-/// `memtrace_free_site(p, origin)`: a block about to go back (free,
-/// munmap). Under sampling only sampled blocks are reported.
+/// `memtrace_free_site(p, origin, skipped)`: a block about to go back (free,
+/// munmap), and the allocations the thread's sampling passed over since its
+/// last report. Under sampling only sampled blocks are reported.
 #[uprobe]
 pub fn ml_preload_free(ctx: ProbeContext) -> u32 {
     let tgid = current_tgid();

@@ -23,6 +23,9 @@ use super::{
 use crate::helpers::{count_loss, current_tgid, tp_field, wanted};
 
 const MAP_ANONYMOUS: u64 = 0x20;
+/// glibc's smallest mmap threshold (DEFAULT_MMAP_THRESHOLD_MIN): a call this
+/// big may map its block itself.
+const MMAP_FLOOR: u64 = 128 * 1024;
 
 #[inline(always)]
 pub(super) fn free_user(tgid: u32, addr: u64) {
@@ -82,11 +85,13 @@ fn alloc_enter(regs: *const pt_regs, shape: u64) -> bool {
     }
     let (n, bytes) = admit(size).unwrap_or((0, 0));
     // An old block that is not followed (most of them, when sampling) has
-    // nothing to release: its return need not be seen.
+    // nothing to release: its return need not be seen. A call left out
+    // that may map its block stays pending all the same, so that its mmap
+    // is the allocator's, not one more allocation of the program's.
     let frees_old = matches!(shape, shape::REALLOC | shape::REALLOCARRAY)
         && ptr != 0
         && tracked(USER, (id >> 32) as u32, ptr, origin::USER);
-    if n == 0 && !frees_old {
+    if n == 0 && !frees_old && size < MMAP_FLOOR {
         return false;
     }
     set_pending(

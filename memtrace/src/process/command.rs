@@ -8,7 +8,9 @@
 //! it, and the shell is traced from its first instruction with every
 //! process it starts; its exit status is the command's.
 
-use std::sync::mpsc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{mpsc, Arc};
+use std::time::Duration;
 
 use crate::error::{Error, Result};
 use crate::process::entrystop::EntryStops;
@@ -31,6 +33,94 @@ pub struct Traced {
     pub pid: u32,
     pub go: mpsc::Sender<SharedMaps>,
     pub exited: tokio::sync::oneshot::Receiver<i32>,
+    /// Set to leave the command running: the following thread detaches it
+    /// at its next stop.
+    leave: Arc<AtomicBool>,
+}
+
+/// Between SIGTERM and SIGKILL when memtrace ends before its command.
+pub const GRACE: Duration = Duration::from_secs(5);
+
+/// Sent for the exit status once the command is detached (`--keep-command`).
+const DETACHED: i32 = i32::MIN;
+
+/// How a command that outlived its trace was left.
+pub enum Ended {
+    /// It exited by itself meanwhile (a Ctrl-C reaches it too): its status.
+    Exited(i32),
+    /// Ended by memtrace's SIGTERM, or SIGKILL: its status.
+    Term(i32),
+    Kill(i32),
+    /// `--keep-command`.
+    Left,
+}
+
+impl Traced {
+    /// The end of a run that ends before its command: left running (`keep`),
+    /// or ended as timeout(1) ends one, SIGTERM to it and every process it
+    /// started, SIGKILL to those after `GRACE`. Said either way.
+    pub async fn end(&mut self, cmd: &str, keep: bool) -> Ended {
+        // A Ctrl-C at a terminal went to the command as well.
+        let short = Duration::from_millis(100);
+        if let Ok(st) = tokio::time::timeout(short, &mut self.exited).await {
+            return Ended::Exited(st.unwrap_or(-1));
+        }
+        if keep {
+            self.leave.store(true, Ordering::SeqCst);
+            // A stop for the following thread to detach each process at
+            // (suppressed), the processes the command started first.
+            let mut tree = crate::process::follow::descendants(self.pid);
+            tree.push(self.pid);
+            for &p in &tree {
+                // SAFETY: signals to the command's processes (ESRCH: gone).
+                unsafe { libc::kill(p as libc::pid_t, libc::SIGCONT) };
+            }
+            // Until it is detached, memtrace's exit would kill it.
+            return match tokio::time::timeout(short * 10, &mut self.exited).await {
+                Ok(Ok(DETACHED)) => {
+                    // The others' stops come with the command's.
+                    tokio::time::sleep(short).await;
+                    say!(
+                        "memtrace: '{cmd}' (pid {}) left running (--keep-command)",
+                        self.pid
+                    );
+                    Ended::Left
+                }
+                Ok(st) => Ended::Exited(st.unwrap_or(-1)),
+                Err(_) => {
+                    say!(
+                        "memtrace: '{cmd}' (pid {}) could not be detached: it ends with memtrace",
+                        self.pid
+                    );
+                    Ended::Kill(128 + libc::SIGKILL)
+                }
+            };
+        }
+        let mut tree = crate::process::follow::descendants(self.pid);
+        tree.push(self.pid);
+        let send = |sig| {
+            for &p in &tree {
+                // SAFETY: signals to the command's processes (ESRCH: gone).
+                unsafe { libc::kill(p as libc::pid_t, sig) };
+            }
+        };
+        say!(
+            "memtrace: ending '{cmd}' (pid {}), still running: SIGTERM, then SIGKILL after {} s \
+             (--keep-command leaves it running)",
+            self.pid,
+            GRACE.as_secs()
+        );
+        send(libc::SIGTERM);
+        if let Ok(st) = tokio::time::timeout(GRACE, &mut self.exited).await {
+            return Ended::Term(st.unwrap_or(-1));
+        }
+        say!(
+            "memtrace: '{cmd}' still running {} s after SIGTERM: SIGKILL",
+            GRACE.as_secs()
+        );
+        send(libc::SIGKILL);
+        Ended::Kill((&mut self.exited).await.unwrap_or(-1))
+    }
 }
 
 /// Whether `cmd` is plain words naming a program the shell can exec as
@@ -81,6 +171,7 @@ fn follow_tree(
     maps: &SharedMaps,
     exit_tx: tokio::sync::oneshot::Sender<i32>,
     mut stops: EntryStops,
+    leave: Arc<AtomicBool>,
 ) {
     let mut exit_tx = Some(exit_tx);
     let mut seen = std::collections::HashSet::from([pid]);
@@ -116,6 +207,23 @@ fn follow_tree(
         }
         let sig = libc::WSTOPSIG(status);
         let event = status >> 16;
+        if leave.load(Ordering::SeqCst) {
+            // --keep-command: every process of the command detached at its
+            // next stop, so that memtrace's exit kills none (EXITKILL);
+            // memtrace's SIGCONT is not delivered.
+            let pass = if event == 0 && sig != libc::SIGCONT && sig != libc::SIGTRAP {
+                sig
+            } else {
+                0
+            };
+            let _ = ptrace(libc::PTRACE_DETACH, w, pass as usize);
+            if w == pid {
+                if let Some(tx) = exit_tx.take() {
+                    let _ = tx.send(DETACHED);
+                }
+            }
+            continue;
+        }
         let mut deliver = 0;
         if event == libc::PTRACE_EVENT_EXEC {
             // The new image, with the one it replaced kept aside.
@@ -149,6 +257,8 @@ pub fn spawn_traced(cmd: &str, env: Vec<(String, String)>) -> Result<Traced> {
     let (pid_tx, pid_rx) = mpsc::channel::<std::result::Result<u32, String>>();
     let (go_tx, go_rx) = mpsc::channel::<SharedMaps>();
     let (exit_tx, exit_rx) = tokio::sync::oneshot::channel::<i32>();
+    let leave = Arc::new(AtomicBool::new(false));
+    let leave_tx = leave.clone();
     let cmd = cmd.to_string();
     // ptrace requests must come from the thread that forked the tracee.
     std::thread::spawn(move || {
@@ -235,13 +345,14 @@ pub fn spawn_traced(cmd: &str, env: Vec<(String, String)>) -> Result<Traced> {
             let _ = exit_tx.send(-1);
             return;
         }
-        follow_tree(pid, &maps, exit_tx, stops);
+        follow_tree(pid, &maps, exit_tx, stops, leave_tx);
     });
     match pid_rx.recv() {
         Ok(Ok(pid)) => Ok(Traced {
             pid,
             go: go_tx,
             exited: exit_rx,
+            leave,
         }),
         Ok(Err(e)) => Err(Error::Usage(e)),
         Err(_) => Err(Error::Runtime("command runner died".into())),

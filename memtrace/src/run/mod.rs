@@ -292,6 +292,18 @@ pub fn run(tool: &mut dyn Tool, common: &Common) -> Result<i32> {
     if !counted_out {
         tool.finish(&mut session, out.as_mut())?;
     }
+    // Ended before its command (-d, a signal, COUNT): the report above is
+    // the state then; the command is ended as timeout ends one, or left.
+    use crate::process::command::Ended;
+    let (status, ended_by) = match (status, traced.as_mut(), common.command.as_deref()) {
+        (None, Some(t), Some(cmd)) => match rt.block_on(t.end(cmd, common.keep_command)) {
+            Ended::Exited(s) => (Some(s), None),
+            Ended::Term(s) => (Some(s), Some("SIGTERM")),
+            Ended::Kill(s) => (Some(s), Some("SIGKILL")),
+            Ended::Left => (None, Some("left running")),
+        },
+        (s, _, _) => (s, None),
+    };
     // A run shorter than one housekeeping tick still warns of what it lost.
     if let Some(w) = crate::run::losses::warning(&session.losses(), &warned_loss) {
         say!("{w}");
@@ -300,6 +312,9 @@ pub fn run(tool: &mut dyn Tool, common: &Common) -> Result<i32> {
     // A report that could not be written has no summary: the error says why.
     output::check(out.as_ref())?;
     let mut extra = tool.summary_extra();
+    if let Some(how) = ended_by {
+        extra.push(("command_ended_by_memtrace", Value::from(how)));
+    }
     if let Some(d) = &session.dwarf {
         let u = d.unwinder.stats;
         let (files, bytes) = d.unwinder.held();
@@ -361,9 +376,10 @@ pub fn run(tool: &mut dyn Tool, common: &Common) -> Result<i32> {
     // Dropping the session detaches and unloads every program (as it does
     // when an error returns early).
     drop(session);
-    // A command's failure is the run's, as with strace and time.
+    // A command's failure is the run's, as with strace and time (not the
+    // signal memtrace ended it with).
     Ok(match (tool.exit_code(), status) {
-        (0, Some(s)) if s > 0 => s,
+        (0, Some(s)) if s > 0 && ended_by.is_none() => s,
         (code, _) => code,
     })
 }

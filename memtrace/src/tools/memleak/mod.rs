@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use memtrace_common::{
     memleak::{counter, MemleakConfig, PENDING_SLOTS},
-    names::{MEMLEAK_CFG, ML_COUNTS, ML_EXECS, ML_PENDING, ML_SAMPLE},
+    names::{MEMLEAK_CFG, ML_COUNTS, ML_EXECS, ML_PENDING},
     stack_mode,
 };
 
@@ -68,8 +68,10 @@ pub struct Args {
     /// Prefix of the allocator's function names (jemalloc `je_`, mimalloc `mi_`).
     #[arg(long, default_value = "")]
     pub symbol_prefix: String,
-    /// Record about one allocation per N bytes allocated, weighted: cheaper,
-    /// and the report is an estimate (marked ~).
+    /// Sample allocations, one per N bytes allocated on average (an
+    /// allocation of s bytes with chance 1 - e^(-s/N)), each weighted by the
+    /// inverse of its chance: cheaper, and the report is an unbiased
+    /// estimate (marked ~; its error is in the README).
     #[arg(long, value_parser = parse_size)]
     pub sample_bytes: Option<u64>,
     /// Add kernel stacks to user-mode stacks.
@@ -169,6 +171,21 @@ impl Memleak {
         } else {
             report::KERNEL
         }
+    }
+
+    /// No allocation, free or call passed over by sampling or bounds: the
+    /// allocator memleak probes was not the one the process used (or it
+    /// made no call).
+    fn saw_nothing(&self) -> bool {
+        [
+            counter::ALLOCS,
+            counter::FREES,
+            counter::FREE_UNKNOWN,
+            counter::UNSAMPLED,
+            counter::OUT_OF_BOUNDS,
+        ]
+        .iter()
+        .all(|&i| self.counts[i as usize] == 0)
     }
 
     fn read_counts(&mut self, s: &Session) -> Result<()> {
@@ -289,7 +306,6 @@ impl Tool for Memleak {
         k.loader.max_entries(t.allocs, allocs);
         k.loader.max_entries(t.stacks, self.args.max_stacks);
         k.loader.max_entries(ML_COUNTS, counter::NR);
-        k.loader.max_entries(ML_SAMPLE, 1);
         Ok(())
     }
 
@@ -333,6 +349,21 @@ impl Tool for Memleak {
                 "memtrace: memleak: warning: no process of the command loaded the allocator shim \
                  (a static or set-id program, or another libc): its allocations were not seen; \
                  run with --no-preload"
+            );
+        } else if let (true, Some(pid)) = (self.user && self.saw_nothing(), self.target) {
+            // An empty report is not "no leaks" when nothing could be seen.
+            let name = match &self.args.common.command {
+                Some(c) => c.clone(),
+                None => crate::process::proc::comm(pid).unwrap_or_default(),
+            };
+            let sampled = match self.args.sample_bytes {
+                Some(n) => format!(" (none sampled, one per {n} bytes on average)"),
+                None => String::new(),
+            };
+            say!(
+                "memtrace: memleak: no allocator calls seen from PID {pid} ({name}){sampled}: \
+                 the empty report is not \"no leaks\"; a static binary or another allocator \
+                 is named with -O (and --symbol-prefix)"
             );
         }
         Ok(())
