@@ -151,3 +151,32 @@ fn a_command_outliving_the_run_is_ended_or_left_as_said() {
         .unwrap();
     assert!(left.success(), "the command did not outlive the run");
 }
+
+/// Targets with nothing to trace are bad input, one line and exit 2 (they
+/// were accepted and printed an empty table): an empty command, a kernel
+/// thread (kthreadd is pid 2), a zombie.
+#[test]
+fn meaningless_targets_exit_2_with_one_line() {
+    for (args, want) in [
+        (&["faults", "-c", ""][..], "the command is empty"),
+        (&["faults", "-c", "  "][..], "the command is empty"),
+        (&["faults", "-p", "2"][..], "kernel thread"),
+    ] {
+        let out = run(args);
+        assert_eq!(out.code, 2, "{args:?}: {}", out.stderr);
+        assert!(out.stderr.contains(want), "{args:?}: {}", out.stderr);
+        assert_eq!(out.stderr.trim().lines().count(), 1, "{}", out.stderr);
+    }
+    // A child of ours that exited and is not waited for yet.
+    let mut z = std::process::Command::new("true").spawn().unwrap();
+    let stat = format!("/proc/{}/stat", z.id());
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while !std::fs::read_to_string(&stat).is_ok_and(|s| s.contains(") Z ")) {
+        assert!(std::time::Instant::now() < deadline, "no zombie");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let out = run(&["faults", "-p", &z.id().to_string()]);
+    let _ = z.wait();
+    assert_eq!(out.code, 2, "{}", out.stderr);
+    assert!(out.stderr.contains("zombie"), "{}", out.stderr);
+}

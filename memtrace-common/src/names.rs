@@ -17,7 +17,7 @@ use crate::{
     generic::{CountKey, CountVal, TpConfig},
     kunwind::{UnwindProc, UnwindRow},
     memcg::{MemcgLine, MemcgOffsets, MemcgProc},
-    memleak::{AllocInfo, AllocKey, AllocStats, MemleakConfig, PendingSlot},
+    memleak::{AllocInfo, AllocKey, AllocStats, MemleakConfig, PendingSlot, SAMPLE_STEPS},
     oom::{OomKprobeOffsets, OomTpOffsets},
     reclaim::{ProcReclaimKey, ProcReclaimVal, ReclaimConfig, ReclaimTotals},
     rss::{RssConfig, RssVal},
@@ -182,6 +182,8 @@ globals! {
     MMAP_SNOOP: MmapSnoopConfig;
     SHM_SNOOP: ShmSnoopConfig;
     MEMLEAK_CFG: MemleakConfig;
+    // Read-only: sampling's chances by size, compiled in from memleak.rs.
+    ML_SAMPLE_G: [u32; SAMPLE_STEPS];
     TOP_CFG: TopConfig;
     EXEMAPS_CFG: ExeMapsConfig;
 }

@@ -101,6 +101,19 @@ fn touch_fresh_pages(n: usize) {
     }
 }
 
+/// N children forked one after another, each running `f` and exiting.
+fn fork_one_after_another(n: usize, f: impl Fn()) {
+    for _ in 0..n {
+        let pid = unsafe { libc::fork() };
+        if pid == 0 {
+            f();
+            unsafe { libc::_exit(0) };
+        }
+        let mut st = 0;
+        unsafe { libc::waitpid(pid, &mut st, 0) };
+    }
+}
+
 fn arg<T: std::str::FromStr>(args: &[String], i: usize, default: T) -> T {
     args.get(i).and_then(|s| s.parse().ok()).unwrap_or(default)
 }
@@ -346,30 +359,14 @@ fn main() {
         // fork-touch-many N PAGES: N children forked one after another, each
         // touching PAGES fresh pages from one function and exiting.
         "fork-touch-many" => {
-            let (n, pages) = (arg(&args, 1, 100usize), arg(&args, 2, 16usize));
-            for _ in 0..n {
-                let pid = unsafe { libc::fork() };
-                if pid == 0 {
-                    touch_fresh_pages(pages);
-                    unsafe { libc::_exit(0) };
-                }
-                let mut st = 0;
-                unsafe { libc::waitpid(pid, &mut st, 0) };
-            }
+            let pages = arg(&args, 2, 16usize);
+            fork_one_after_another(arg(&args, 1, 100), || touch_fresh_pages(pages));
         }
         // fork-sbrk-many N CALLS: N children forked one after another, each
         // calling sbrk CALLS times from one function and exiting (churn).
         "fork-sbrk-many" => {
-            let (n, calls) = (arg(&args, 1, 100usize), arg(&args, 2, 5usize));
-            for _ in 0..n {
-                let pid = unsafe { libc::fork() };
-                if pid == 0 {
-                    grow_heap_with_sbrk(calls, 4096);
-                    unsafe { libc::_exit(0) };
-                }
-                let mut st = 0;
-                unsafe { libc::waitpid(pid, &mut st, 0) };
-            }
+            let calls = arg(&args, 2, 5usize);
+            fork_one_after_another(arg(&args, 1, 100), || grow_heap_with_sbrk(calls, 4096));
         }
         // reread PATH MIB ROUNDS: read a file again and again (reclaim tests).
         "reread" => {

@@ -89,6 +89,28 @@ pub fn exiting(pid: u32) -> bool {
     flags.is_none_or(|f| f & PF_EXITING != 0)
 }
 
+/// Why process `pid` has nothing a tool could trace, if so: a kernel thread
+/// (PF_KTHREAD: no user memory), a zombie (exited, waiting for its parent)
+/// or one already exiting. From /proc/PID/stat's state and flags.
+pub fn untraceable(pid: u32) -> Option<&'static str> {
+    const PF_EXITING: u64 = 0x4;
+    const PF_KTHREAD: u64 = 0x0020_0000;
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let (_, rest) = stat.rsplit_once(')')?;
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let state = fields.first()?;
+    let flags: u64 = fields.get(6)?.parse().ok()?;
+    if flags & PF_KTHREAD != 0 {
+        Some("a kernel thread: it has no user memory to trace")
+    } else if *state == "Z" || *state == "X" {
+        Some("a zombie: it has exited and waits for its parent")
+    } else if flags & PF_EXITING != 0 {
+        Some("exiting: it is tearing down its memory")
+    } else {
+        None
+    }
+}
+
 pub fn read_maps(pid: u32) -> Option<Vec<Mapping>> {
     std::fs::read(format!("/proc/{pid}/maps"))
         .ok()

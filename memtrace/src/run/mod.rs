@@ -199,6 +199,18 @@ pub fn run(tool: &mut dyn Tool, common: &Common) -> Result<i32> {
         Some(pid) => Some(pidfd_open(pid).ok_or(Error::NoSuchPid(pid))?),
         None => None,
     };
+    // A pid that exists but has nothing to trace is bad input too.
+    if let Some(why) = common.pid.and_then(crate::process::proc::untraceable) {
+        let pid = common.pid.unwrap_or_default();
+        return Err(Error::Usage(format!("-p {pid}: process {pid} is {why}")));
+    }
+    if common
+        .command
+        .as_deref()
+        .is_some_and(|c| c.trim().is_empty())
+    {
+        return Err(Error::Usage("-c: the command is empty".into()));
+    }
     let dest = output::destination(common.output.as_deref())?;
     let mut traced = match &common.command {
         Some(cmd) => Some(crate::process::command::spawn_traced(
@@ -214,6 +226,10 @@ pub fn run(tool: &mut dyn Tool, common: &Common) -> Result<i32> {
     let mut session = match attach(tool, common, target, follow) {
         Ok(s) => s,
         Err(e) => {
+            // A signal is seen by its receiver only once the runtime's
+            // driver has run: let it run, or a load that the signal cut
+            // short (a map or program call interrupted) reads as an error.
+            rt.block_on(async { tokio::time::sleep(std::time::Duration::from_millis(20)).await });
             let _guard = rt.enter();
             if signals.stop_pending() {
                 say!("memtrace: stopped by a signal during set-up; nothing was attached");
