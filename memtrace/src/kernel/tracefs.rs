@@ -32,7 +32,7 @@ pub fn root() -> Result<&'static Path, Error> {
 }
 
 fn mount(at: &Path) -> Result<(), String> {
-    let mounts = crate::process::proc::mounts();
+    let mounts = crate::kernel::mounts::mounts();
     if let Some((ty, _)) = mounts.iter().rev().find(|(_, p)| p == at) {
         return Err(if ty == "tracefs" {
             format!("tracefs is mounted at {} but cannot be read", at.display())

@@ -174,45 +174,9 @@ pub fn pids() -> Vec<u32> {
         .collect()
 }
 
-/// (filesystem type, mount point) of every mount memtrace can see, from
-/// /proc/self/mounts (octal escapes such as `\040` decoded).
-pub fn mounts() -> Vec<(String, std::path::PathBuf)> {
-    let text = std::fs::read_to_string("/proc/self/mounts").unwrap_or_default();
-    parse_mounts(&text)
-}
-
-pub fn parse_mounts(text: &str) -> Vec<(String, std::path::PathBuf)> {
-    let unescape = |s: &str| {
-        let b = s.as_bytes();
-        let mut out = Vec::with_capacity(b.len());
-        let mut i = 0;
-        while i < b.len() {
-            let oct = b
-                .get(i + 1..i + 4)
-                .filter(|o| o.iter().all(|c| (b'0'..=b'7').contains(c)));
-            match (b[i], oct) {
-                (b'\\', Some(o)) => {
-                    out.push(((o[0] - b'0') << 6) | ((o[1] - b'0') << 3) | (o[2] - b'0'));
-                    i += 4;
-                }
-                (c, _) => {
-                    out.push(c);
-                    i += 1;
-                }
-            }
-        }
-        std::path::PathBuf::from(
-            <std::ffi::OsString as std::os::unix::ffi::OsStringExt>::from_vec(out),
-        )
-    };
-    text.lines()
-        .filter_map(|l| {
-            let mut f = l.split_whitespace();
-            let (_, at, ty) = (f.next()?, f.next()?, f.next()?);
-            Some((ty.to_string(), unescape(at)))
-        })
-        .collect()
-}
+// Mounts are the kernel wing's (tracefs and cgroup filesystems are found
+// through them): parsed there, and read through here like any /proc file.
+pub use crate::kernel::mounts::{mounts, parse_mounts};
 
 pub fn mem_total_kb() -> Option<u64> {
     let s = std::fs::read_to_string("/proc/meminfo").ok()?;

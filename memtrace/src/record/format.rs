@@ -9,9 +9,9 @@ use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
-use super::fingerprint::{fingerprint, Frame};
 use crate::error::{Error, Result};
 use crate::output::{AllocFigures, StackReport};
+use crate::stacks::fingerprint::{fingerprint, Frame};
 use crate::stacks::symbolize::FrameStyle;
 
 /// What the header's `magic` says.

@@ -3,9 +3,7 @@
 
 pub mod annotate;
 pub mod args;
-pub mod buildid;
 pub mod diff;
-pub mod fingerprint;
 pub mod format;
 pub mod report;
 pub mod table;
@@ -14,7 +12,7 @@ mod writer;
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
-pub use fingerprint::fingerprint_text;
+pub use crate::stacks::fingerprint::fingerprint_text;
 pub use writer::Recorder;
 
 use crate::error::{Error, Result};

@@ -7,10 +7,10 @@ use std::path::Path;
 
 use super::annotate::Annotations;
 use super::args::{ReportArgs, ViewArgs};
-use super::fingerprint::fingerprint_text;
 use super::format::{Recording, Stack};
 use crate::error::{Error, Result};
 use crate::output::{self, fold, merge_stacks, Format, StackReport};
+use crate::stacks::fingerprint::fingerprint_text;
 use crate::stacks::symbolize::FrameStyle;
 
 /// One report of a recording: its kind, title and stacks.

@@ -8,10 +8,10 @@ use std::io::Write;
 use std::path::Path;
 use std::time::Instant;
 
-use super::fingerprint::Frame;
 use super::format::{self, Header, Item, Report, Stack, Trailer};
 use crate::error::{Error, Result};
 use crate::output::{Col, Hist, Printer, Rest, Row, StackReport, Summary, Value};
+use crate::stacks::fingerprint::Frame;
 use crate::stacks::symbolize::FrameStyle;
 
 /// Per-event stacks are summed and written this often (and at the end).
@@ -62,7 +62,7 @@ impl Recorder {
             per_pid,
         };
         format::write_start(&mut file, header).map_err(bad)?;
-        super::buildid::enable();
+        crate::stacks::buildid::enable();
         Ok(Recorder {
             inner,
             file,
@@ -84,7 +84,7 @@ impl Recorder {
         for s in &stacks {
             for m in s.user.iter().filter_map(|f| f.module.as_deref()) {
                 if self.modules.insert(m.to_string()) {
-                    if let Some(id) = super::buildid::of(m) {
+                    if let Some(id) = crate::stacks::buildid::of(m) {
                         build_ids.insert(m.to_string(), id);
                     }
                 }

@@ -2,6 +2,8 @@
 //! tables the kernel programs read, unwinding in memtrace, symbolization and
 //! the counts kept by stack.
 
+pub mod buildid;
+pub mod fingerprint;
 pub mod kept;
 pub mod ktables;
 pub mod symbolize;

@@ -114,6 +114,18 @@ fn libs(bin: &Path) -> Result<Vec<PathBuf>> {
     Ok(v)
 }
 
+/// The allocator shim the last build embedded (memtrace/build.rs writes it
+/// into the build script's out directory).
+fn newest_shim(release: &Path) -> Option<PathBuf> {
+    std::fs::read_dir(release.join("build"))
+        .ok()?
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().starts_with("memtrace-"))
+        .map(|e| e.path().join("out/memtrace_preload.so"))
+        .filter(|p| p.metadata().is_ok_and(|m| m.len() > 0))
+        .max_by_key(|p| p.metadata().and_then(|m| m.modified()).ok())
+}
+
 pub(super) fn initramfs(assets: &Assets, out: &Path) -> Result<()> {
     let qemu_root = &assets.qemu_root;
     let release = target_dir().join("release");
@@ -150,6 +162,10 @@ pub(super) fn initramfs(assets: &Assets, out: &Path) -> Result<()> {
             &std::fs::read(&p).with_context(|| format!("{}", p.display()))?,
         );
         shared.extend(libs(&p)?);
+    }
+    // memleak's shim, written out by memtrace at run time, links libm too.
+    if let Some(shim) = newest_shim(&release) {
+        shared.extend(libs(&shim)?);
     }
     for l in shared {
         // At the path ldd names, with the content of what it links to.

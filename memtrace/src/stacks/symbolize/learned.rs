@@ -70,7 +70,7 @@ impl MapsCache {
             }
             let f = Arc::new(f);
             let shown = fd_path(&f).unwrap_or_else(|| p.to_string_lossy().into_owned());
-            crate::record::buildid::saw(&shown, &f);
+            crate::stacks::buildid::saw(&shown, &f);
             self.files.insert(key, f.clone());
             return Some((f, shown));
         }

@@ -101,7 +101,7 @@ impl MapsCache {
             // Through the process's root: right inside containers too.
             if let Ok(f) = File::open(m.file_in(pid)).or_else(|_| File::open(&m.file)) {
                 let f = Arc::new(f);
-                crate::record::buildid::saw(&m.path, &f);
+                crate::stacks::buildid::saw(&m.path, &f);
                 self.files.insert(key, f);
             }
         }
