@@ -43,6 +43,8 @@ pub struct Kept<K, V> {
     /// Keys resolved so far.
     pub resolved_keys: u64,
     pub per_pid: bool,
+    /// Processes seen gone at the last `resolve_exited`.
+    gone_before: HashSet<u32>,
 }
 
 /// A stack as a report shows it.
@@ -93,7 +95,14 @@ impl<K: StackKeyed, V: Tally + Clone> Kept<K, V> {
             resolved: HashMap::new(),
             resolved_keys: 0,
             per_pid: false,
+            gone_before: HashSet::new(),
         }
+    }
+
+    /// Stacks resolved by what they show keep their process apart.
+    pub fn per_pid(mut self, per_pid: bool) -> Self {
+        self.per_pid = per_pid;
+        self
     }
 
     pub fn add(&mut self, k: K, v: &V) {
@@ -111,27 +120,49 @@ impl<K: StackKeyed, V: Tally + Clone> Kept<K, V> {
         if self.counts.len() <= self.max {
             return 0;
         }
-        self.resolve_exited(alive, |_, _| None)
+        self.settle(alive, |_, _| None, false)
     }
 
     /// Resolves the stacks of every process that has exited (`resolve`
-    /// symbolizes one, None where it cannot), now, while memtrace still
-    /// holds the process's maps (it lets go of exited processes' maps past
-    /// a few thousand): resolved counts join the row of what they show.
-    /// Those that cannot be resolved fold into their process's count once
-    /// over the bound. How many keys left the per-process counts.
+    /// symbolizes one, None where it cannot) while memtrace still holds the
+    /// process's maps (it lets go of exited processes' maps past a few
+    /// thousand), one call after it was first seen gone: the records about
+    /// its last mappings may still be on their way. Resolved counts join the
+    /// row of what they show; those that cannot be resolved fold into their
+    /// process's count once over the bound. How many keys left the
+    /// per-process counts.
     pub fn resolve_exited(
         &mut self,
         alive: impl Fn(u32) -> bool,
+        resolve: impl FnMut(&K, &V) -> Option<StackReport>,
+    ) -> usize {
+        self.settle(alive, resolve, true)
+    }
+
+    fn settle(
+        &mut self,
+        alive: impl Fn(u32) -> bool,
         mut resolve: impl FnMut(&K, &V) -> Option<StackReport>,
+        defer: bool,
     ) -> usize {
         let over = self.counts.len() > self.max;
         let mut seen: HashMap<u32, bool> = HashMap::new();
-        let gone: Vec<K> = self
+        let gone_now: HashSet<u32> = self
             .counts
             .keys()
             .filter(|k| k.folded().is_some())
-            .filter(|k| !*seen.entry(k.tgid()).or_insert_with(|| alive(k.tgid())))
+            .map(|k| k.tgid())
+            .filter(|p| !*seen.entry(*p).or_insert_with(|| alive(*p)))
+            .collect();
+        let ready = match defer {
+            true => gone_now.intersection(&self.gone_before).copied().collect(),
+            false => gone_now.clone(),
+        };
+        self.gone_before = gone_now;
+        let gone: Vec<K> = self
+            .counts
+            .keys()
+            .filter(|k| k.folded().is_some() && ready.contains(&k.tgid()))
             .cloned()
             .collect();
         let mut folded = 0;

@@ -68,10 +68,7 @@ impl Brkstack {
             calls: 0,
             seen: 0,
             drained: 0,
-            kept: Kept {
-                per_pid: a.common.per_pid,
-                ..Kept::new(a.max_kept)
-            },
+            kept: Kept::new(a.max_kept).per_pid(a.common.per_pid),
         })
     }
 }

@@ -105,10 +105,7 @@ impl Faults {
             slots: Slots::default(),
             total: 0,
             seen: 0,
-            kept: Kept {
-                per_pid: a.common.per_pid,
-                ..Kept::new(a.max_kept)
-            },
+            kept: Kept::new(a.max_kept).per_pid(a.common.per_pid),
             spill: spill::Spill::default(),
         })
     }
