@@ -31,6 +31,12 @@ pub fn fold(s: &StackReport) -> String {
     let mut parts = vec![clean(&s.comm)];
     parts.extend(s.user.iter().rev().map(|f| clean(f)));
     parts.extend(s.kernel.iter().rev().map(|f| clean(f)));
+    // A count without frames says why (a stack let go, a failed capture),
+    // as the text report does: never a faceless line.
+    if s.user.is_empty() && s.kernel.is_empty() {
+        let why = s.note.as_deref().unwrap_or("no stack");
+        parts.push(clean(&format!("[{why}]")));
+    }
     // Leaks weigh by the bytes they hold, as memleak flame graphs do.
     let weight = match (s.alloc, s.bytes) {
         (Some(a), Some(b)) if a.by_bytes => b,
@@ -88,5 +94,12 @@ mod tests {
             ..Default::default()
         };
         assert_eq!(fold(&s), "my_app;main+0x2;inner+0x1 3");
+        let lost = StackReport {
+            comm: "sh".into(),
+            count: 2,
+            note: Some("stack id no longer in the stack map".into()),
+            ..Default::default()
+        };
+        assert_eq!(fold(&lost), "sh;[stack_id_no_longer_in_the_stack_map] 2");
     }
 }

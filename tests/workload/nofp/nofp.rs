@@ -69,10 +69,16 @@ fn rust_heap_grow_outer(n: usize) {
 fn main() {
     // `touch N`: N page faults; otherwise `N`: N sbrk calls.
     if std::env::args().nth(1).as_deref() == Some("touch") {
-        let n = std::env::args().nth(2).and_then(|a| a.parse().ok()).unwrap_or(10);
+        let n = std::env::args()
+            .nth(2)
+            .and_then(|a| a.parse().ok())
+            .unwrap_or(10);
         rust_touch_outer(n);
         return;
     }
-    let n = std::env::args().nth(1).and_then(|a| a.parse().ok()).unwrap_or(10);
+    let n = std::env::args()
+        .nth(1)
+        .and_then(|a| a.parse().ok())
+        .unwrap_or(10);
     rust_heap_grow_outer(n);
 }
