@@ -80,5 +80,10 @@ fn main() {
         .nth(1)
         .and_then(|a| a.parse().ok())
         .unwrap_or(10);
+    // `N MS`: wait MS first, so a tracer that reads the new image's maps
+    // a while after the exec has them before the calls.
+    if let Some(ms) = std::env::args().nth(2).and_then(|a| a.parse().ok()) {
+        std::thread::sleep(std::time::Duration::from_millis(ms));
+    }
     rust_heap_grow_outer(n);
 }
