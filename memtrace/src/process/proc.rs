@@ -158,10 +158,18 @@ pub fn parent_of(pid: u32) -> Option<u32> {
 /// When `pid` started (field 22 of /proc/PID/stat, in clock ticks since
 /// boot): with the pid, a process's identity, since pids are reused.
 pub fn start_time(pid: u32) -> Option<u64> {
+    started_and_exiting(pid).map(|(t, _)| t)
+}
+
+/// `start_time` and whether it is exiting (PF_EXITING), from one read.
+pub fn started_and_exiting(pid: u32) -> Option<(u64, bool)> {
+    const PF_EXITING: u64 = 0x4;
     let stat = std::fs::read(format!("/proc/{pid}/stat")).ok()?;
     let close = stat.iter().rposition(|&b| b == b')')?;
     let rest = std::str::from_utf8(&stat[close + 1..]).ok()?;
-    rest.split_whitespace().nth(19)?.parse().ok()
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let flags: u64 = fields.get(6)?.parse().ok()?;
+    Some((fields.get(19)?.parse().ok()?, flags & PF_EXITING != 0))
 }
 
 /// Every process id in /proc now.

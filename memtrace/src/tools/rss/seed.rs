@@ -67,9 +67,10 @@ impl Born {
         match self.0.get(&pid) {
             // The target's last state is what the final report is for.
             Some(_) if pid == target => Fate::Ours,
-            Some(b) => match proc::start_time(pid) {
-                Some(t) if t == *b && !proc::exiting(pid) => Fate::Ours,
-                Some(t) => Fate::Gone { reused: t != *b },
+            // One read of /proc/PID/stat a row and interval.
+            Some(b) => match proc::started_and_exiting(pid) {
+                Some((t, false)) if t == *b => Fate::Ours,
+                Some((t, _)) => Fate::Gone { reused: t != *b },
                 None => Fate::Gone { reused: false },
             },
             None if followed || pid == target => Fate::New,
