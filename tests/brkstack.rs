@@ -96,8 +96,8 @@ fn stacks_cut_by_the_walk_are_counted() {
     let fp = &["--stack-mode", "fp"];
     let out = traced(&["rawbrk", &N.to_string(), "4096"], fp);
     assert_eq!(truncated(&out), 0, "{out}");
-    // 100 small frames: more than the 64 the walk keeps.
-    let out = traced(&["deepbrk", "100", &N.to_string()], fp);
+    // 200 small frames: more than the 128 the walk keeps.
+    let out = traced(&["deepbrk", "200", &N.to_string()], fp);
     let (calls, _) = totals(&out);
     assert!(calls > N, "{out}");
     assert_eq!(truncated(&out), calls, "{out}");

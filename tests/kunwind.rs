@@ -97,22 +97,22 @@ fn brk_stacks_unwound_in_the_kernel_pass_through_glibc() {
     assert_in_order(&user_frames(&loop_stacks[0]), &C_SBRK);
 }
 
-/// Deeper than the frames kept (64): the inner frames are kept, the stack
-/// ends with a mark saying it was cut, and the cut is counted; a shallower
+/// Deeper than the frames kept (128): the inner frames are kept, the stack
+/// ends with a mark saying it was cut, and the cut is counted; a 120-deep
 /// recursion is complete, every frame there.
 #[test]
 fn a_stack_deeper_than_the_limit_is_reported_truncated_not_wrong() {
     const N: u64 = 50;
-    let cmd = format!("{} deep 100 {N}", c_workload().display());
+    let cmd = format!("{} deep 200 {N}", c_workload().display());
     let (out, summary) = faults(&cmd, "kernel");
     let deep = in_(&out, "fault_stack", "pages_touch_inner");
     assert_eq!(count(&deep), N, "{out}");
     for s in &deep {
         let f = user_frames(s);
-        assert_eq!(f.len(), 64, "{f:#?}");
-        assert!(f[63].contains("truncated"), "{f:#?}");
+        assert_eq!(f.len(), 128, "{f:#?}");
+        assert!(f[127].contains("truncated"), "{f:#?}");
         assert!(
-            f[1..63].iter().all(|x| x.starts_with("deep_recurse")),
+            f[1..127].iter().all(|x| x.starts_with("deep_recurse")),
             "{f:#?}"
         );
     }
@@ -125,14 +125,14 @@ fn a_stack_deeper_than_the_limit_is_reported_truncated_not_wrong() {
         "{summary}"
     );
 
-    let cmd = format!("{} deep 20 {N}", c_workload().display());
+    let cmd = format!("{} deep 120 {N}", c_workload().display());
     let (out, _) = faults(&cmd, "kernel");
     let shallow = in_(&out, "fault_stack", "pages_touch_inner");
     assert_eq!(count(&shallow), N, "{out}");
     let f = user_frames(&shallow[0]);
     assert!(complete(&shallow[0]), "{f:#?}");
     let recursions = f.iter().filter(|x| x.starts_with("deep_recurse")).count();
-    assert_eq!(recursions, 20, "{f:#?}");
+    assert_eq!(recursions, 120, "{f:#?}");
     assert_in_order(&f, &["pages_touch_inner", "deep_recurse", "main", "_start"]);
 }
 
@@ -227,7 +227,7 @@ fn a_forked_childs_first_stacks_unwind_with_its_parents_table() {
         &user_frames(&child[0]),
         &["__brk", "sbrk", "grow_heap_with_sbrk", "main", "_start"],
     );
-    assert_eq!(summary["kunwind_no_table"], 0, "{summary}");
+    assert_eq!(summary["kunwind_fp_walked"], 0, "{summary}");
 }
 
 /// A process that execs mid-trace: the stacks taken before, in the image it
@@ -282,7 +282,7 @@ fn stacks_before_and_after_an_exec_each_unwind_in_their_own_image() {
         }),
         "{out}"
     );
-    assert_eq!(summary["kunwind_no_table"], 0, "{summary}");
+    assert_eq!(summary["kunwind_fp_walked"], 0, "{summary}");
 }
 
 /// The stack of the one `ty` row `pick` chooses, unwound by `unwinder`, and

@@ -422,8 +422,11 @@ fn dwarf_stacks_through_code_without_frame_pointers() {
 #[test]
 fn blocks_of_an_image_that_exec_d_away_are_not_held() {
     // bash allocates (its variables, the loop), then execs the workload.
+    // (`v$i=$i` alone is no assignment: bash forked 200 children to run
+    // it as a command, which failed, and their buffers stayed held at
+    // their exit; frame-pointer stacks hid that they were bash's.)
     let cmd = format!(
-        "bash -c 'for i in $(seq 200); do v$i=$i; done; exec {} {}'",
+        "bash -c 'for i in $(seq 200); do declare v$i=$i; done; exec {} {}'",
         workload_bin().display(),
         leak_args(0).join(" ")
     );

@@ -222,7 +222,7 @@ fn stack_of_a_victim_that_triggered_its_kill_is_its_own() {
     // exec (it starts after memtrace).
     let summary = victims_own_stack(&["--stack-mode", "dwarf", "--unwinder", "kernel"]);
     assert_eq!(summary["unwinder"], "kernel", "{summary}");
-    assert_eq!(summary["kunwind_no_table"], 0, "{summary}");
+    assert_eq!(summary["kunwind_fp_walked"], 0, "{summary}");
 }
 
 #[test]

@@ -79,9 +79,11 @@ fn auto_mode_unwinds_brk_with_dwarf() {
     assert_eq!(summary["stack_mode"], "dwarf", "{summary}");
     let loop_stacks = stacks_through(&out, "brk_stack", "heap_grow_outer");
     assert_in_order(&user_frames(&loop_stacks[0]), &["heap_grow_outer", "main"]);
-    // Page faults are too many to copy each stack: auto keeps frame pointers.
+    // Page faults, too many to copy each stack: auto unwinds them in the
+    // kernel.
     let (_, summary) = trace(&["faults", "--stacks", "--json", "-c", &cmd]);
-    assert_eq!(summary["stack_mode"], "fp", "{summary}");
+    assert_eq!(summary["stack_mode"], "dwarf", "{summary}");
+    assert_eq!(summary["unwinder"], "kernel", "{summary}");
 }
 
 /// `faults --stacks --stack-mode dwarf` on the C workload touching `n`

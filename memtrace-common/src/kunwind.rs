@@ -73,8 +73,9 @@ pub mod mark {
     pub const BASE: u64 = 0xffff_ffff_ffff_ff00;
     /// Deeper than the frames kept.
     pub const TRUNCATED: u64 = BASE + 1;
-    /// The pc is in no mapping memtrace has a table for yet (a library
-    /// mapped since the process's maps were read: they are read again).
+    /// Part of the stack met code memtrace had no table for yet (a process
+    /// or library not read yet: it is read now) and was walked by frame
+    /// pointers from there (`loss::TABLES_PENDING`).
     pub const NO_TABLE: u64 = BASE + 2;
     /// Code without unwind information, or a rule the rows cannot express.
     pub const NO_INFO: u64 = BASE + 3;
@@ -85,7 +86,9 @@ pub mod mark {
     pub fn note(ip: u64) -> Option<&'static str> {
         match ip {
             TRUNCATED => Some("truncated: deeper than the frames kept"),
-            NO_TABLE => Some("no unwind table for this code yet (mapped since its maps were read)"),
+            NO_TABLE => Some(
+                "frame pointers walked where unwind tables were not ready yet: callers may be missing",
+            ),
             NO_INFO => Some("code without usable unwind information"),
             READ_FAIL => Some("user stack read failed"),
             _ if ip >= BASE => Some("unwind stopped"),
@@ -106,7 +109,7 @@ pub mod stat {
     pub const NAMES: [&str; NR as usize] = [
         "kunwind_complete",
         "kunwind_truncated",
-        "kunwind_no_table",
+        "kunwind_fp_walked",
         "kunwind_no_info",
         "kunwind_read_fail",
     ];
@@ -133,3 +136,55 @@ pub struct RowCache {
 }
 
 pub const ROW_CACHE_SLOTS: u32 = 4096;
+
+/// A file's identity: its superblock's device (kernel `dev_t`, major << 20
+/// | minor) and inode.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct UnwindFileKey {
+    pub ino: u64,
+    pub dev: u32,
+    pub _pad: u32,
+}
+
+/// Loadable segments kept per file, to place a mapping's load bias.
+pub const MAX_FILE_SEGMENTS: usize = 4;
+
+/// A loadable segment: file offset, size in the file, stated address.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct FileSegment {
+    pub off: u64,
+    pub size: u64,
+    pub vaddr: u64,
+}
+
+/// A file's slice of `UNWIND_ROWS` by identity (`UNWIND_FILES`): code in no
+/// table of its process yet (a process started a moment ago, a library just
+/// loaded) still unwinds when another process's maps brought its file in.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct UnwindFile {
+    pub rows: u32,
+    pub nrows: u32,
+    pub nseg: u32,
+    pub _pad: u32,
+    pub segs: [FileSegment; MAX_FILE_SEGMENTS],
+}
+
+/// `UNWIND_VMA` global: what the program reads of the mapping the kernel
+/// finds for a pc (`bpf_find_vma`). `valid` 0: no such lookup (a kernel
+/// before 5.17, or offsets missing): such code is walked by frame pointers.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct VmaOffsets {
+    pub vm_start: u32,
+    pub vm_pgoff: u32,
+    pub vm_file: u32,
+    pub file_inode: u32,
+    pub inode_ino: u32,
+    pub inode_sb: u32,
+    pub sb_dev: u32,
+    pub page_shift: u32,
+    pub valid: u32,
+}

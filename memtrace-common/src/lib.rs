@@ -48,7 +48,11 @@ pub mod loss {
     /// Counted while the count map was full, without process or stack
     /// (faults): a degradation, not a loss.
     pub const SPILLED: u32 = 8;
-    pub const NR: u32 = 9;
+    /// A user stack unwound in the kernel met code whose unwind table was
+    /// not ready yet (a process seen for the first time) and was walked by
+    /// frame pointers from there: kept, maybe without some callers.
+    pub const TABLES_PENDING: u32 = 9;
+    pub const NR: u32 = 10;
     pub const NAMES: [&str; NR as usize] = [
         "ringbuf_full",
         "stack_fail",
@@ -59,6 +63,7 @@ pub mod loss {
         "map_busy",
         "missed_return",
         "count_spilled",
+        "tables_pending",
     ];
 }
 
@@ -197,6 +202,9 @@ mod pod {
     unsafe impl aya::Pod for super::stacks::UserStack {}
     unsafe impl aya::Pod for super::kunwind::UnwindRow {}
     unsafe impl aya::Pod for super::kunwind::UnwindProc {}
+    unsafe impl aya::Pod for super::kunwind::UnwindFileKey {}
+    unsafe impl aya::Pod for super::kunwind::UnwindFile {}
+    unsafe impl aya::Pod for super::kunwind::VmaOffsets {}
     unsafe impl aya::Pod for super::oom::OomTpOffsets {}
     unsafe impl aya::Pod for super::oom::OomKprobeOffsets {}
     unsafe impl aya::Pod for super::faults::FaultConfig {}

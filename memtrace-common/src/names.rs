@@ -15,7 +15,7 @@ use crate::{
     faults::{FaultConfig, FaultKey, FaultSlot, FaultVal},
     ffaults::{FfaultsConfig, FileKey},
     generic::{CountKey, CountVal, TpConfig},
-    kunwind::{UnwindProc, UnwindRow},
+    kunwind::{UnwindFile, UnwindFileKey, UnwindProc, UnwindRow, VmaOffsets},
     memcg::{MemcgLine, MemcgOffsets, MemcgProc},
     memleak::{AllocInfo, AllocKey, AllocStats, MemleakConfig, PendingSlot, SAMPLE_STEPS},
     oom::{OomKprobeOffsets, OomTpOffsets},
@@ -125,6 +125,8 @@ maps! {
     UNWIND_ROWS: u32 => UnwindRow, OnDemand;
     UNWIND_PROCS: u32 => UnwindProc, OnDemand;
     UNWIND_MISSES: u32 => u8, OnDemand;
+    UNWIND_FILES: UnwindFileKey => UnwindFile, OnDemand;
+    VMA_FOUND: () => (), Compiled;
     UNWIND_STATS: u32 => u64, Compiled;
     UNWIND_CACHE: () => (), OnDemand;
     FOLLOWED: u32 => u8, OnDemand;
@@ -169,6 +171,7 @@ globals! {
     FILTER: Filter;
     TASK: TaskOffsets;
     USTACK: UstackConfig;
+    UNWIND_VMA: VmaOffsets;
     WAKE_BYTES: u64;
     BRK_CFG: BrkConfig;
     FAULT_CFG: FaultConfig;
@@ -192,6 +195,7 @@ progs! {
     // Shared.
     FOLLOW_FORK = follow_fork,
     NAME_EXEC = name_exec,
+    UNWIND_EXIT = unwind_exit,
     EXEMAP_ENTER = exemap_enter,
     EXEMAP_EXIT = exemap_exit,
     EXEMAP_EXEC = exemap_exec,

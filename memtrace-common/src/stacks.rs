@@ -84,8 +84,9 @@ pub const USTACK_NOT_SAMPLED: i32 = -3;
 /// folded into one under memtrace's bound on kept counts.
 pub const USTACK_FOLDED: i32 = -4;
 
-/// Most user frames the in-kernel frame-pointer walk keeps.
-pub const MAX_UFRAMES: usize = 64;
+/// Most user frames a stack walked or unwound in the kernel keeps (a power
+/// of two: indexes are masked with it).
+pub const MAX_UFRAMES: usize = 128;
 
 /// A user stack walked by frame pointers in the kernel, stored once under a
 /// 31-bit id taken from its 64-bit hash (kept to detect id collisions).

@@ -252,8 +252,13 @@ INLINE int take(size_t size, unsigned long *w) {
   return 1;
 }
 
-/* A new block (and the old one it replaces), reported if taken. */
+/* A new block (and the old one it replaces), reported if taken. Not when
+ * the allocator made the call itself (a realloc built on malloc and free,
+ * which resolve to this shim): the outer call reports its result, and the
+ * inner block counted too would stay outstanding under the inner stack. */
 INLINE void allocated(void *p, size_t size, void *old_reported) {
+  if (in_alloc)
+    return;
   int sampling = sample_bytes() != 0;
   unsigned long w = 0;
   int report = p && take(size, &w) && (!sampling || remember((uintptr_t)p));
@@ -264,7 +269,7 @@ INLINE void allocated(void *p, size_t size, void *old_reported) {
 /* Before a block goes back to glibc: reported if followed. Returns it when
  * it was, for realloc. */
 INLINE void *releasing(void *p) {
-  if (!p)
+  if (!p || in_alloc)
     return NULL;
   if (sample_bytes() != 0 && !forget((uintptr_t)p))
     return NULL;

@@ -114,7 +114,8 @@ pub enum StackMode {
     /// program with tables built from it, or here from a copy of the top of
     /// the user stack (`--unwinder`).
     Dwarf,
-    /// dwarf where events are rare enough (or sampled), fp otherwise.
+    /// dwarf (`--unwinder auto`); fp only where this kernel refuses the
+    /// in-kernel unwinder and the events are too many to copy each stack.
     Auto,
 }
 
@@ -134,8 +135,9 @@ pub struct StackArgs {
     /// built from each file's .eh_frame (every event, nothing copied), or
     /// here, from a copy of the stack sent per event. auto: in the kernel,
     /// except with --sample and for rare events traced system-wide (brk,
-    /// mmap, OOM kills: a process's first events would come before its
-    /// table); copied wherever this kernel refuses the unwinder.
+    /// mmap, OOM kills: a process's first events come before its table, and
+    /// a copy is complete); where this kernel refuses the unwinder, copied
+    /// for rare events and frame pointers for the rest.
     #[arg(long, value_enum, default_value_t = Unwinder::Auto)]
     pub unwinder: Unwinder,
     /// dwarf in the kernel: bytes of locked kernel memory for unwind tables
@@ -161,20 +163,26 @@ pub fn parse_table_size(s: &str) -> Result<u32, String> {
 }
 
 impl StackArgs {
-    /// Whether to unwind with DWARF, given whether the tool's events are
-    /// rare enough to copy a stack for each.
-    pub fn dwarf(&self, rare: bool) -> bool {
+    /// Whether to unwind with DWARF (before this kernel had a say).
+    pub fn dwarf(&self) -> bool {
         match self.stack_mode {
             StackMode::Fp => false,
             StackMode::Dwarf => true,
-            StackMode::Auto => rare || self.sample > 1,
+            StackMode::Auto => true,
         }
+    }
+
+    /// What `auto` falls back to where this kernel refuses the in-kernel
+    /// unwinder: a copy per event for rare events, frame pointers for the
+    /// rest (a copy per fault costs microseconds).
+    pub fn refused_fallback_is_fp(&self, rare: bool) -> bool {
+        self.stack_mode == StackMode::Auto && !rare && self.sample == 1
     }
 
     /// Whether DWARF stacks are unwound in the kernel program (before this
     /// kernel had a say): every event, so never with `--sample`.
     pub fn in_kernel(&self, rare: bool, system_wide: bool) -> bool {
-        self.dwarf(rare)
+        self.dwarf()
             && self.sample == 1
             && match self.unwinder {
                 Unwinder::Kernel => true,

@@ -22,6 +22,7 @@ use super::{
     reads::{stack_top, user_regs},
     stacks::USTACK,
     unwind_rows::{le, row_for},
+    unwind_vma::row_by_vma,
     walk::{WalkScratch, WALK_SCRATCH, WINDOW},
     NO_PREALLOC,
 };
@@ -52,7 +53,8 @@ pub(super) fn inherit_table(parent: u32, child: u32) {
 
 /// A process that exec'd runs a new image: the old table would unwind its
 /// code wrongly. None until userspace has read the new maps (the first
-/// stack without one asks for it).
+/// stack without one asks for it). Also at every thread's exit: a process
+/// gone (or a thread a fork entered by its tid) holds no entry.
 #[inline(always)]
 pub(super) fn drop_table(tgid: u32) {
     let _ = UNWIND_PROCS.remove(&tgid);
@@ -141,6 +143,26 @@ pub struct Step {
     /// `ip` is where the thread was (the first frame, or one a signal
     /// interrupted), not a return address.
     exact: u64,
+    /// Some frame was walked by frame pointers: its code had no table yet.
+    pending: u64,
+    /// Some frame's code was in no table of the process.
+    miss: u64,
+}
+
+impl Step {
+    /// On to the caller's frame, in place: a new Step built and copied took
+    /// 64 bytes of the frame step's stack, where a kernel before about 6.13
+    /// allows 512 for the whole chain of calls (program, unwinder, step,
+    /// the mapping lookup's callback).
+    #[inline(always)]
+    fn next(&mut self, ip: u64, sp: u64, bp: u64, i: usize, exact: u64) {
+        self.ip = ip;
+        self.sp = sp;
+        self.bp = bp;
+        self.nr = i as u64 + 1;
+        self.end = mark::TRUNCATED;
+        self.exact = exact;
+    }
 }
 
 #[map]
@@ -156,16 +178,32 @@ extern "C" fn unwind_frame(index: u32, ctx: *mut c_void) -> i64 {
         st.end = end;
         1
     };
-    let Some(p) = (unsafe { w.proc_.as_ref() }) else {
-        return stop(st, mark::NO_TABLE);
-    };
     let i = (index as usize + 1) & (MAX_UFRAMES - 1);
     let (ip, sp, mut bp) = (st.ip, st.sp, st.bp);
     // A return address is just past its call: look up the call itself (a
     // call can be a function's last instruction).
     let pc = if st.exact != 0 { ip } else { ip - 1 };
-    let r = match row_for(p, w.tgid as u32, pc) {
+    let found = match unsafe { w.proc_.as_ref() } {
+        Some(p) => row_for(p, w.tgid as u32, pc),
+        None => Err(mark::NO_TABLE),
+    };
+    // Not in the process's table (yet): its file's rows by identity, and
+    // the process's maps are read so that it gets a table.
+    let found = match found {
+        Err(mark::NO_TABLE) => {
+            st.miss = 1;
+            row_by_vma(pc)
+        }
+        r => r,
+    };
+    let r = match found {
         Ok(r) => r,
+        // Tables not ready (a process or library not read yet): its frame
+        // pointers, rather than no stack at all.
+        Err(mark::NO_TABLE) => return fp_frame(w, st, i),
+        // The outermost frame without unwind information (ld.so's entry
+        // has none): a zero rbp marks it, as the ABI has it.
+        Err(mark::NO_INFO) if bp == 0 => return stop(st, 0),
         Err(e) => return stop(st, e),
     };
     let cfa = match r.kind {
@@ -182,6 +220,9 @@ extern "C" fn unwind_frame(index: u32, ctx: *mut c_void) -> i64 {
                 r.rbp_off,
             )
         }
+        // Between functions with unwind information: ld.so's entry, unless
+        // rbp is still the zero it starts with.
+        _ if bp == 0 => return stop(st, 0),
         _ => return stop(st, mark::NO_INFO),
     };
     let Some(ra) = w.copy.word(cfa.wrapping_sub(8)) else {
@@ -198,14 +239,34 @@ extern "C" fn unwind_frame(index: u32, ctx: *mut c_void) -> i64 {
         return stop(st, 0);
     }
     f.ips[i] = ra;
-    *st = Step {
-        ip: ra,
-        sp: cfa,
-        bp,
-        nr: i as u64 + 1,
-        end: mark::TRUNCATED,
-        exact: 0,
+    st.next(ra, cfa, bp, i, 0);
+    0
+}
+
+/// One frame by frame pointers, where the code has no table yet: the frame
+/// record [saved rbp, return address] at rbp, above sp. Stops (the stack
+/// marked as walked so) where there is no such record.
+#[inline(always)]
+fn fp_frame(w: &Walk, st: &mut Step, i: usize) -> i64 {
+    st.pending = 1;
+    st.end = mark::NO_TABLE;
+    let (sp, bp) = (st.sp, st.bp);
+    if bp & 7 != 0 || bp < sp {
+        return 1;
+    }
+    // One word at a time: a pair of Options left an unset register that
+    // the verifier refused to see stored.
+    let Some(ra) = w.copy.word(bp.wrapping_add(8)) else {
+        return 1;
     };
+    if ra == 0 {
+        return 1;
+    }
+    let Some(next) = w.copy.word(bp) else {
+        return 1;
+    };
+    unsafe { (*w.s).frames.ips[i] = ra };
+    st.next(ra, bp + 16, next, i, 0);
     0
 }
 
@@ -227,14 +288,7 @@ fn signal_frame(w: &Walk, st: &mut Step, i: usize, at: u64, rbp_off: i8) -> i64 
         return 1;
     }
     unsafe { (*w.s).frames.ips[i] = ip };
-    *st = Step {
-        ip,
-        sp,
-        bp,
-        nr: i as u64 + 1,
-        end: mark::TRUNCATED,
-        exact: 1,
-    };
+    st.next(ip, sp, bp, i, 1);
     0
 }
 
@@ -281,6 +335,8 @@ fn unwind_user_stack() -> (i32, u32) {
             nr: 1,
             end: mark::TRUNCATED,
             exact: 1,
+            pending: 0,
+            miss: 0,
         };
     }
     let mut w = Walk {
@@ -301,7 +357,24 @@ fn unwind_user_stack() -> (i32, u32) {
         )
     };
     let f = unsafe { &mut (*s).frames };
-    let (mut nr, end) = unsafe { ((*step).nr as usize, (*step).end) };
+    let (mut nr, mut end, pending, miss) = unsafe {
+        let st = &*step;
+        (st.nr as usize, st.end, st.pending != 0, st.miss != 0)
+    };
+    // Its maps are read (again): one record until they are.
+    if miss && UNWIND_MISSES.insert(&tgid, &1, BPF_NOEXIST as u64).is_ok() {
+        emit(&memtrace_common::kunwind::UnwindMiss {
+            kind: memtrace_common::kind::UNWIND_MISS,
+            tgid,
+        });
+    }
+    if pending {
+        count_loss(loss::TABLES_PENDING);
+        // Whole as far as frame pointers tell: said so at its end.
+        if end == 0 {
+            end = mark::NO_TABLE;
+        }
+    }
     let (what, end) = match end {
         0 => (stat::COMPLETE, 0),
         mark::TRUNCATED => (stat::TRUNCATED, mark::TRUNCATED),
@@ -321,12 +394,6 @@ fn unwind_user_stack() -> (i32, u32) {
         nr = at + 1;
         if end == mark::TRUNCATED {
             count_loss(loss::STACK_TRUNCATED);
-        }
-        if end == mark::NO_TABLE && UNWIND_MISSES.insert(&tgid, &1, BPF_NOEXIST as u64).is_ok() {
-            emit(&memtrace_common::kunwind::UnwindMiss {
-                kind: memtrace_common::kind::UNWIND_MISS,
-                tgid,
-            });
         }
     }
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;

@@ -16,6 +16,7 @@ mod rssstat;
 mod snoop;
 mod stacks;
 mod unwind_rows;
+mod unwind_vma;
 mod walk;
 
 pub use emit::{count_loss, emit};

@@ -2,7 +2,7 @@
 //! `--children`) and the names they take at exec.
 
 use aya_ebpf::{
-    helpers::bpf_get_current_comm,
+    helpers::{bpf_get_current_comm, bpf_get_current_pid_tgid},
     macros::{map, tracepoint},
     maps::LruHashMap,
     programs::TracePointContext,
@@ -22,6 +22,13 @@ pub fn follow_fork(ctx: TracePointContext) -> u32 {
     let f = FILTER.load();
     let parent = current_tgid();
     if f.tgid == 0 {
+        // System-wide, only unwinding in the kernel attaches this: every
+        // child starts with its parent's table.
+        if f.stacks & stack_mode::KUNWIND != 0 {
+            if let Ok(child) = unsafe { ctx.read_at::<u32>(f.fork_child_pid as usize) } {
+                inherit_table(parent, child);
+            }
+        }
         return 0;
     }
     if !(parent == f.tgid || unsafe { FOLLOWED.get(parent) }.is_some()) {
@@ -87,6 +94,18 @@ pub fn name_exec(_ctx: TracePointContext) -> u32 {
                 _pad: 0,
             });
         }
+    }
+    0
+}
+
+/// `sched:sched_process_exit`, with unwinding in the kernel: the exiting
+/// thread's table goes (the process's when it is the group leader; a
+/// thread's own when a fork gave it one). The table map stays as small as
+/// the live processes, however many come and go.
+#[tracepoint]
+pub fn unwind_exit(_ctx: TracePointContext) -> u32 {
+    if FILTER.load().stacks & stack_mode::KUNWIND != 0 {
+        drop_table(bpf_get_current_pid_tgid() as u32);
     }
     0
 }

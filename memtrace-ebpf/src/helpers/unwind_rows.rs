@@ -49,7 +49,7 @@ fn find_mapping(p: &UnwindProc, pc: u64) -> Option<&UnwindMapping> {
 /// The row for file-relative `rel` in `[first, first + n)`: the last one
 /// starting at or before it.
 #[inline(always)]
-fn find_row(first: u32, n: u32, rel: u64) -> Option<UnwindRow> {
+pub(super) fn find_row(first: u32, n: u32, rel: u64) -> Option<UnwindRow> {
     let (mut lo, mut n) = (first as u64, n as u64);
     let r0 = UNWIND_ROWS.get(lo as u32)?;
     if r0.pc as u64 > rel {

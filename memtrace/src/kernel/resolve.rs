@@ -1,7 +1,7 @@
 //! Offsets resolved as a set: a member or enumerator this kernel's BTF
 //! lacks is remembered and named, never turned into a read at offset 0.
 
-use memtrace_common::{snoop::FdFileOffsets, TaskOffsets};
+use memtrace_common::{kunwind::VmaOffsets, snoop::FdFileOffsets, TaskOffsets};
 
 use super::btf::{page_size, KernelBtf};
 use crate::error::Error;
@@ -50,6 +50,29 @@ impl KernelBtf {
             valid: 1,
         };
         r.done("the task and mm offsets", t)
+    }
+
+    /// What the in-kernel unwinder reads of the mapping `bpf_find_vma`
+    /// finds (the helper is there from 5.17).
+    pub fn vma_offsets(&self) -> Result<VmaOffsets, Error> {
+        if !self.has_func("bpf_find_vma") {
+            return Err(Error::NoBtf(
+                "this kernel has no bpf_find_vma (5.17+)".into(),
+            ));
+        }
+        let mut r = self.resolver();
+        let o = VmaOffsets {
+            vm_start: r.member("vm_area_struct", "vm_start"),
+            vm_pgoff: r.member("vm_area_struct", "vm_pgoff"),
+            vm_file: r.member("vm_area_struct", "vm_file"),
+            file_inode: r.member("file", "f_inode"),
+            inode_ino: r.member("inode", "i_ino"),
+            inode_sb: r.member("inode", "i_sb"),
+            sb_dev: r.member("super_block", "s_dev"),
+            page_shift: page_size().trailing_zeros(),
+            valid: 1,
+        };
+        r.done("the mapping offsets", o)
     }
 
     /// The offsets from a task's fd to its file's device and inode.

@@ -4,8 +4,8 @@
 
 use memtrace_common::{names, stack_mode, Filter};
 
-use crate::cli::{Common, StackMode};
-use crate::error::Result;
+use crate::cli::Common;
+use crate::error::{Error, Result};
 use crate::kernel::Format;
 use crate::run::tool::{Prep, Tool};
 use crate::session::{Loader, Session};
@@ -31,14 +31,8 @@ pub fn attach(
             // (-v adds the log's end, where it says why: the whole log of a
             // million instructions is megabytes).
             let why = crate::error::verifier_brief(&e.to_string(), common.verbose);
-            let auto = match tool.user_stacks() {
-                Some((a, _)) if a.stack_mode == StackMode::Auto => " (auto)",
-                _ => "",
-            };
-            say!(
-                "memtrace: user stacks: dwarf{auto}, copied and unwound here \
-                 (in-kernel unwinding could not be set up: {why})"
-            );
+            // The next line names the fallback.
+            say!("memtrace: in-kernel unwinding could not be set up: {why}");
             attach_with(tool, common, target, follow, true)
         }
         r => r,
@@ -68,11 +62,16 @@ pub(crate) fn attach_with(
         fork_child_pid: 0,
         myself: std::process::id(),
     };
-    if follow {
+    let dwarf = crate::stacks::ustack::setup(tool, &mut filter, &mut loader, copy_only)?;
+    // Forks are followed for --children, and with unwinding in the kernel
+    // for the child's table (its parent's, from its first event).
+    let kunwind = filter.stacks & stack_mode::KUNWIND != 0;
+    if follow || kunwind {
         filter.fork_child_pid = Format::load("sched", "sched_process_fork")?.offset("child_pid")?;
+    }
+    if follow {
         loader.max_entries(names::FOLLOWED, 8192);
     }
-    let dwarf = crate::stacks::ustack::setup(tool, &mut filter, &mut loader, copy_only)?;
     // The kernel's stack map: kernel stacks, and user stacks neither walked
     // in the program nor copied for unwinding.
     let user_by_kernel = filter.stacks & stack_mode::USER != 0
@@ -103,17 +102,16 @@ pub(crate) fn attach_with(
     session.dwarf = dwarf;
     session.filtered = target.is_some();
     session.walked_user_stacks = filter.stacks & stack_mode::WALK != 0;
-    if filter.stacks & stack_mode::KUNWIND != 0 {
-        let kt = crate::stacks::ktables::KTables::new(&mut session.bpf, common.verbose)?;
-        session.sym.maps.lock().unwrap().ktables = Some(kt);
-    }
     session.sym.style = match (common.addresses, common.lines) {
         (true, _) => FrameStyle::Addresses,
         (_, true) => FrameStyle::Lines,
         _ => FrameStyle::Function,
     };
-    if follow {
+    if follow || kunwind {
         session.attach(&crate::process::follow::fork_probe())?;
+    }
+    if kunwind {
+        session.attach(&crate::stacks::ktables::exit_probe())?;
     }
     if learn && crate::process::exemaps::attach(&mut session, common.verbose)? {
         let mut maps = session.sym.maps.lock().unwrap();
@@ -123,7 +121,7 @@ pub(crate) fn attach_with(
     // Execs of followed processes, for their maps, and with in-kernel
     // unwinding of any traced process, to let go of the old image's table
     // (the tool may attach the same program for names: once is enough).
-    if follow || filter.stacks & stack_mode::KUNWIND != 0 {
+    if follow || kunwind {
         let probes = tool.probes();
         let has_exec = probes
             .iter()
@@ -133,7 +131,32 @@ pub(crate) fn attach_with(
         }
     }
     for p in tool.probes() {
-        session.attach(&if common.floor { p.floor() } else { p })?;
+        let p = if common.floor { p.floor() } else { p };
+        if !kunwind || p.required {
+            session.attach(&p)?;
+            continue;
+        }
+        // An optional probe the verifier refused with the unwinder in
+        // (a program whose own stack leaves the unwinder too little on a
+        // kernel before about 6.13): the whole set-up is retried without
+        // it, rather than that probe's events going untraced.
+        match session.first_way(&p) {
+            Ok(_) => {}
+            Err(reasons) if reasons.contains("BPF_PROG_LOAD") => {
+                return Err(Error::Unsupported {
+                    what: p.what.to_string(),
+                    reasons,
+                })
+            }
+            Err(reasons) => say!("memtrace: warning: {} not traced: {reasons}", p.what),
+        }
+    }
+    // Takes the unwind maps out of the object: after every program is
+    // loaded (a uprobe session program is loaded at its attach, and finds
+    // its maps in the object by name).
+    if kunwind {
+        let kt = crate::stacks::ktables::KTables::new(&mut session.bpf, common.verbose)?;
+        session.sym.maps.lock().unwrap().ktables = Some(kt);
     }
     Ok(session)
 }

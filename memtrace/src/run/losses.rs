@@ -4,7 +4,7 @@
 /// Counters of events kept in a lesser form, not lost: a stack cut at the
 /// walk's bound is reported (truncated), a fault counted while the count
 /// map was full is reported without its process. Shown apart from losses.
-pub const DEGRADATIONS: [&str; 2] = ["stack_truncated", "count_spilled"];
+pub const DEGRADATIONS: [&str; 3] = ["stack_truncated", "count_spilled", "tables_pending"];
 
 pub fn is_degradation(reason: &str) -> bool {
     DEGRADATIONS.contains(&reason)
@@ -23,6 +23,7 @@ pub fn advice(reason: &str) -> &'static str {
         "stack_copy_fail" => "the user stack could not be read (not resident)",
         "read_fail" => "kernel memory reads failed (usually processes exiting meanwhile)",
         "stack_truncated" => "stacks deeper than the walk keeps were cut (counted, still reported)",
+        "tables_pending" => "stacks met code whose unwind tables were not built yet (a process just started) and were walked by frame pointers from there (still reported)",
         "map_busy" => "a new key could not be allocated where the event fired (an interrupt, or inside the allocator traced)",
         "missed_runs" => {
             "the kernel skipped memtrace's programs while another BPF program ran on that CPU"

@@ -118,6 +118,11 @@ pub fn run(tool: &mut dyn Tool, common: &Common) -> Result<i32> {
     };
     tool.on_start(&mut session)?;
     phases.mark("attached");
+    // System-wide, the running processes' unwind tables are built while
+    // events already count.
+    let has_tables = session.sym.maps.lock().unwrap().ktables.is_some();
+    let seeder = (target.is_none() && has_tables)
+        .then(|| crate::stacks::ktables::seed::Seeder::start(session.sym.maps.clone()));
     let format = if common.json {
         OutFormat::Json
     } else if tool.folded() {
@@ -201,6 +206,7 @@ pub fn run(tool: &mut dyn Tool, common: &Common) -> Result<i32> {
     out.flush();
     // A report that could not be written has no summary: the error says why.
     output::check(out.as_ref())?;
+    let seeded = seeder.map(|s| s.finish());
     let mut extra = tool.summary_extra();
     if let Some(how) = ended_by {
         extra.push(("command_ended_by_memtrace", Value::from(how)));
@@ -233,7 +239,7 @@ pub fn run(tool: &mut dyn Tool, common: &Common) -> Result<i32> {
     {
         extra.push(("stack_mode", Value::from("dwarf")));
         extra.push(("unwinder", Value::from("kernel")));
-        extra.extend(crate::stacks::ktables::summary(&session, &t));
+        extra.extend(crate::stacks::ktables::summary(&session, &t, seeded));
     } else if tool.user_stacks().is_some() {
         extra.push(("stack_mode", Value::from("fp")));
     }

@@ -130,7 +130,9 @@ pub fn load_session_prog(bpf: &Ebpf, name: &str) -> Result<OwnedFd, String> {
     attr.prog_name[..n].copy_from_slice(&name.as_bytes()[..n]);
     call_fd(BPF_PROG_LOAD, &attr).or_else(|e| {
         // Again with the verifier's log, for its last words.
-        let mut log = vec![0u8; 1 << 16];
+        // Large enough for the whole log of a refused program (a cut one
+        // ends mid-way, not with the reason).
+        let mut log = vec![0u8; 1 << 24];
         attr.log_level = 1;
         attr.log_size = log.len() as u32;
         attr.log_buf = log.as_mut_ptr() as u64;

@@ -139,6 +139,10 @@ int main(int argc, char **argv)
 		return 2;
 	}
 	int n = atoi(argv[2]);
+	/* For tracers that attach after it started: its work comes later. */
+	const char *delay = getenv("NOFP_DELAY_MS");
+	if (delay)
+		usleep(atoi(delay) * 1000);
 	if (!strcmp(argv[1], "sbrk"))
 		heap_grow_outer(n);
 	else if (!strcmp(argv[1], "touch"))

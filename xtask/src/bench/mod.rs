@@ -73,10 +73,16 @@ fn stack_costs(
         PAGES,
         &[
             none("untraced"),
-            cfg("memtrace faults --stacks (fp: auto)", Some(s(&[m, "faults", "--stacks"])), "Tracing"),
+            // System-wide, as a user runs it: the default is DWARF
+            // unwound in the kernel.
             cfg(
-                "memtrace faults --stacks --stack-mode dwarf (in the kernel)",
-                Some(s(&[m, "faults", "--stacks", "--stack-mode", "dwarf"])),
+                "memtrace faults --stacks (default: dwarf in the kernel)",
+                Some(s(&[m, "faults", "--stacks"])),
+                "Tracing",
+            ),
+            cfg(
+                "memtrace faults --stacks --stack-mode fp",
+                Some(s(&[m, "faults", "--stacks", "--stack-mode", "fp"])),
                 "Tracing",
             ),
             cfg(

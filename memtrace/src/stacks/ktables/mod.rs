@@ -5,6 +5,7 @@
 //! exec, and when the program meets code it has no table for).
 
 pub mod build;
+pub mod seed;
 
 use std::collections::HashMap;
 use std::fs::File;
@@ -13,13 +14,16 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use aya::maps::{HashMap as BpfHash, Map, MapData};
-use memtrace_common::kunwind::{UnwindMapping, UnwindProc, UnwindRow, MAX_UNWIND_MAPPINGS};
+use memtrace_common::kunwind::{
+    FileSegment, UnwindFile, UnwindFileKey, UnwindMapping, UnwindProc, UnwindRow,
+    MAX_FILE_SEGMENTS, MAX_UNWIND_MAPPINGS,
+};
 use memtrace_common::names;
 
 use crate::error::{Error, Result};
 use crate::process::proc::Mapping;
 
-type FileId = ((u32, u32), u64);
+pub type FileId = ((u32, u32), u64);
 
 /// A file's rows in the shared array, or why it has none.
 #[derive(Clone)]
@@ -46,6 +50,9 @@ pub struct TableStats {
     pub files_over_budget: u64,
     /// Executable mappings past the per-process limit.
     pub mappings_dropped: u64,
+    /// Files with rows the by-identity map had no room for (their code is
+    /// found through each process's table only).
+    pub files_unshared: u64,
     pub build_ms: f64,
 }
 
@@ -74,6 +81,8 @@ pub struct KTables {
     files: HashMap<FileId, Slice>,
     procs: BpfHash<MapData, u32, UnwindProc>,
     misses: BpfHash<MapData, u32, u8>,
+    /// Files with rows by identity, for code in no process's table yet.
+    by_file: BpfHash<MapData, UnwindFileKey, UnwindFile>,
     pushed: HashMap<u32, Vec<UnwindMapping>>,
     refreshed: HashMap<u32, Instant>,
     verbose: bool,
@@ -85,6 +94,13 @@ pub struct KTables {
 /// Bytes of locked kernel memory `--unwind-table-size` rows take.
 pub fn table_bytes(rows: u32) -> u64 {
     rows as u64 * std::mem::size_of::<UnwindRow>() as u64
+}
+
+/// Lets go of each process's table as it exits (`unwind_exit`).
+pub fn exit_probe() -> crate::session::attach::Probe {
+    crate::session::attach::Probe::new("process exits (unwind tables)")
+        .tracepoint(names::UNWIND_EXIT, "sched", "sched_process_exit")
+        .optional()
 }
 
 /// How often a process whose code had no table has its maps read again.
@@ -103,6 +119,8 @@ impl KTables {
             .map_err(|e| Error::Usage(format!("UNWIND_PROCS: {e}")))?;
         let misses = BpfHash::try_from(take(bpf, names::UNWIND_MISSES.name)?)
             .map_err(|e| Error::Usage(format!("UNWIND_MISSES: {e}")))?;
+        let by_file = BpfHash::try_from(take(bpf, names::UNWIND_FILES.name)?)
+            .map_err(|e| Error::Usage(format!("UNWIND_FILES: {e}")))?;
         let Map::Array(data) = &rows_map else {
             return Err(Error::Usage("UNWIND_ROWS is not an array".into()));
         };
@@ -134,6 +152,7 @@ impl KTables {
             files: HashMap::new(),
             procs,
             misses,
+            by_file,
             pushed: HashMap::new(),
             refreshed: HashMap::new(),
             verbose,
@@ -152,7 +171,37 @@ impl KTables {
             return s.clone();
         }
         let t0 = Instant::now();
-        let s = match build::file_rows(file) {
+        let built = build::file_rows(file);
+        self.place(id, path, built, t0)
+    }
+
+    /// Whether file `id` has been placed (with rows or without).
+    pub fn knows(&self, id: FileId) -> bool {
+        self.files.contains_key(&id)
+    }
+
+    /// Places rows built elsewhere (`seed`, outside the lock the event
+    /// loop takes) for file `id`, unless it was placed meanwhile.
+    pub fn place_built(
+        &mut self,
+        id: FileId,
+        path: &str,
+        built: Result<build::FileRows, build::NoRows>,
+        t0: Instant,
+    ) {
+        if !self.knows(id) {
+            self.place(id, path, built, t0);
+        }
+    }
+
+    fn place(
+        &mut self,
+        id: FileId,
+        path: &str,
+        built: Result<build::FileRows, build::NoRows>,
+        t0: Instant,
+    ) -> Slice {
+        let s = match built {
             Ok(t) if t.rows.len() > self.rows.len - self.used as usize => {
                 self.stats.files_over_budget += 1;
                 // Not only with -v: every stack through this file stops.
@@ -181,6 +230,7 @@ impl KTables {
                 self.stats.rows += t.rows.len() as u64;
                 self.stats.rows_unsupported += t.unsupported;
                 self.stats.files += 1;
+                self.share(id, first, t.rows.len() as u32, &t.segments);
                 Slice::Rows {
                     first,
                     n: t.rows.len() as u32,
@@ -211,6 +261,29 @@ impl KTables {
         }
         self.files.insert(id, s.clone());
         s
+    }
+
+    /// Puts file `id`'s rows where the program finds them by the file's
+    /// identity, for processes whose table does not hold it yet.
+    fn share(&mut self, id: FileId, rows: u32, nrows: u32, segments: &[(u64, u64, u64)]) {
+        let ((major, minor), ino) = id;
+        let mut f = UnwindFile {
+            rows,
+            nrows,
+            nseg: segments.len().min(MAX_FILE_SEGMENTS) as u32,
+            ..Default::default()
+        };
+        for (d, &(off, size, vaddr)) in f.segs.iter_mut().zip(segments) {
+            *d = FileSegment { off, size, vaddr };
+        }
+        let key = UnwindFileKey {
+            ino,
+            dev: major << 20 | minor,
+            _pad: 0,
+        };
+        if self.by_file.insert(key, f, 0).is_err() {
+            self.stats.files_unshared += 1;
+        }
     }
 
     /// Publishes `pid`'s executable mappings, compiling the files not seen
@@ -296,6 +369,13 @@ impl KTables {
             .collect()
     }
 
+    /// `pid`'s maps are about to be read again for a miss: what was pushed
+    /// may be gone from the kernel (a group leader's exit took it), so the
+    /// next update publishes whatever it finds.
+    pub fn missed_start(&mut self, pid: u32) {
+        self.pushed.remove(&pid);
+    }
+
     /// `pid`'s maps were read again: its next miss is reported anew.
     pub fn missed_done(&mut self, pid: u32) {
         self.refreshed.insert(pid, Instant::now());
@@ -323,6 +403,7 @@ fn bias(segments: &[(u64, u64, u64)], m: &Mapping) -> Option<u64> {
 pub fn summary(
     s: &crate::session::Session,
     t: &TableStats,
+    seeded: Option<seed::Seeded>,
 ) -> Vec<(&'static str, crate::output::Value)> {
     use crate::output::Value;
     use memtrace_common::kunwind::stat;
@@ -349,7 +430,20 @@ pub fn summary(
         ("unwind_files_no_info", Value::from(t.files_no_info)),
         ("unwind_files_over_budget", Value::from(t.files_over_budget)),
         ("unwind_mappings_dropped", Value::from(t.mappings_dropped)),
+        ("unwind_files_unshared", Value::from(t.files_unshared)),
         ("unwind_table_build_ms", Value::F(t.build_ms, 1)),
     ]);
+    // System-wide: the processes running at the start, read in the
+    // background.
+    if let Some(sd) = seeded {
+        v.extend([
+            ("unwind_running_processes", Value::from(sd.running)),
+            ("unwind_running_read", Value::from(sd.read)),
+            ("unwind_running_read_ms", Value::F(sd.ms, 0)),
+        ]);
+        if sd.cut_short {
+            v.push(("unwind_running_cut_short", Value::from(1u64)));
+        }
+    }
     v
 }

@@ -114,6 +114,9 @@ impl MapsCache {
             return;
         };
         for p in pids {
+            if let Some(kt) = self.ktables.as_mut() {
+                kt.missed_start(p);
+            }
             self.snapshot(p);
             if let Some(kt) = self.ktables.as_mut() {
                 kt.missed_done(p);

@@ -34,15 +34,16 @@ pub(crate) fn setup(
     let dwarf = match tool.user_stacks() {
         Some((args, rare)) => {
             let auto = args.stack_mode == crate::cli::StackMode::Auto;
-            let d = args.dwarf(rare);
-            // After a refusal the caller has said what it fell back to.
-            if auto && !d && !copy_only {
+            // The in-kernel unwinder refused: too many events to copy
+            // each one's stack.
+            let fp = copy_only && args.refused_fallback_is_fp(rare);
+            if fp {
                 say!(
-                    "memtrace: user stacks: fp (auto: too many events to copy each stack; \
-                     --stack-mode dwarf --sample N unwinds one in N through code without frame pointers)"
+                    "memtrace: user stacks: fp (auto, in-kernel unwinding refused: too many events to copy \
+                     each stack; --stack-mode dwarf --sample N unwinds one in N through code without frame pointers)"
                 );
             }
-            d.then_some((args, auto, args.in_kernel(rare, system_wide)))
+            (args.dwarf() && !fp).then_some((args, auto, args.in_kernel(rare, system_wide)))
         }
         None => None,
     };
@@ -90,6 +91,16 @@ pub(crate) fn setup(
         loader.max_entries(names::UNWIND_PROCS, 8192);
         loader.max_entries(names::UNWIND_MISSES, 8192);
         loader.max_entries(names::UNWIND_CACHE, ROW_CACHE_SLOTS);
+        loader.max_entries(names::UNWIND_FILES, 8192);
+        // Code in no table of its process yet found by its file (5.17+).
+        match btf.vma_offsets() {
+            Ok(v) => {
+                loader.global(names::UNWIND_VMA, &v);
+            }
+            Err(why) => say!(
+                "memtrace: user stacks: a process's first events, before its unwind table, walk frame pointers ({why})"
+            ),
+        }
         say!(
             "memtrace: user stacks: dwarf{}, unwound in the kernel (every event; unwind tables up to {}, --unwind-table-size)",
             if auto { " (auto)" } else { "" },
@@ -119,18 +130,17 @@ pub(crate) fn setup(
     };
     // Copied by choice (the caller said why after a refusal).
     let why = match args.unwinder {
+        Unwinder::Auto if copy_only => "; in-kernel unwinding refused",
         Unwinder::Auto if args.sample == 1 && system_wide => {
             "; system-wide, a process's first events would come before its unwind table"
         }
         _ => "",
     };
-    if !copy_only {
-        say!(
-            "memtrace: user stacks: dwarf{} ({} bytes of stack copied, {how}{why})",
-            if auto { " (auto)" } else { "" },
-            cfg.stack_bytes
-        );
-    }
+    say!(
+        "memtrace: user stacks: dwarf{}, copied and unwound here ({} bytes of stack copied, {how}{why})",
+        if auto { " (auto)" } else { "" },
+        cfg.stack_bytes
+    );
     Ok(Some(DwarfStacks::new(args.sample)))
 }
 

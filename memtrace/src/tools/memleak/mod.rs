@@ -151,8 +151,6 @@ impl Tool for Memleak {
     fn user_stacks(&self) -> Option<(&StackArgs, bool)> {
         self.user.then_some((&self.args.stacks, false))
     }
-    /// Its programs pass the verifier with the unwinder (a global function,
-    /// checked once). Asked for only: `auto` takes fp for memleak.
     fn top(&self) -> Option<usize> {
         self.args.top
     }

@@ -44,8 +44,9 @@ impl Tool for Stacks {
         stack_mode::USER
     }
     fn user_stacks(&self) -> Option<(&StackArgs, bool)> {
-        // Frame pointers walked in the kernel: nothing goes through the
-        // ring buffer, which this session does not drain.
+        // Unwound in the kernel (frame pointers where it refuses): nothing
+        // per event goes through the ring buffer, which this session does
+        // not drain.
         Some((&self.stack_args, false))
     }
     fn prepare(&mut self, k: &mut Prep) -> Result<()> {
@@ -70,11 +71,12 @@ impl Detail {
     pub fn open(pid: u32, comm: &str, common: &Common) -> Result<Detail> {
         let mut tool = Stacks {
             stack_args: StackArgs {
-                stack_mode: StackMode::Fp,
+                stack_mode: StackMode::Auto,
                 stack_size: 16384,
                 sample: 1,
-                unwinder: crate::cli::Unwinder::Copy,
-                unwind_table_size: 1 << 16,
+                unwinder: crate::cli::Unwinder::Kernel,
+                // 8 MiB: one process's files (glibc is ~40,000 rows).
+                unwind_table_size: 1 << 20,
             },
         };
         let mut common = common.clone();
@@ -92,6 +94,9 @@ impl Detail {
     /// The top stacks since it was opened, as text lines.
     pub fn lines(&mut self) -> Vec<String> {
         let s = &mut self.session;
+        // Libraries it loaded since: their tables (misses are read from
+        // their map, not from the undrained ring buffer).
+        s.sym.maps.lock().unwrap().refresh_missed();
         let mut out = Vec::new();
         let mut faults: HashMap<i32, u64> = HashMap::new();
         for map in [FAULTS, FAULTS_PERF] {

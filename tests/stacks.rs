@@ -1,0 +1,232 @@
+//! Complete user stacks by default (issue 34): no `--stack-mode`, and code
+//! built without frame pointers (C, C++, Python, glibc) is unwound with
+//! DWARF in the kernel, system-wide as well as with -p and -c: stacks
+//! through the faulting or allocating function to main and _start, with
+//! exact counts.
+
+mod common;
+
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use common::nofp::*;
+use common::*;
+
+/// The stacks of `ty` whose innermost frame is `f`, of processes named `comm`.
+fn innermost(stdout: &str, ty: &str, f: &str, comm: &str) -> Vec<serde_json::Value> {
+    json_of(stdout, ty)
+        .into_iter()
+        .filter(|s| s["comm"].as_str().is_some_and(|c| c == comm))
+        .filter(|s| user_frames(s).first().is_some_and(|x| x.contains(f)))
+        .collect()
+}
+
+/// Ran to its outermost frame, no mark of an early stop.
+fn complete(s: &serde_json::Value) -> bool {
+    let f = user_frames(s);
+    f.iter().all(|x| !x.starts_with('['))
+        && f.last().is_some_and(|x| x.starts_with("_start"))
+        && s["note"].is_null()
+}
+
+fn touch_frames() -> Vec<&'static str> {
+    let mut f = C_TOUCH.to_vec();
+    f.push("__libc_start_call_main");
+    f
+}
+
+/// The C workload, its work after `delay_ms`: started before or after the
+/// tracer attaches.
+fn nofp(args: &[&str], delay_ms: u64) -> std::process::Child {
+    Command::new(c_workload())
+        .args(args)
+        .env("NOFP_DELAY_MS", delay_ms.to_string())
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("spawn nofp-c")
+}
+
+/// The default asks for no stack mode: the summary says dwarf, unwound in
+/// the kernel.
+fn assert_default_unwinder(summary: &serde_json::Value) {
+    assert_eq!(summary["stack_mode"], "dwarf", "{summary}");
+    assert_eq!(summary["unwinder"], "kernel", "{summary}");
+}
+
+#[test]
+fn system_wide_by_default_a_process_started_after_attach_unwinds_to_start() {
+    const N: u64 = 3000;
+    let t = Tracer::start(&["faults", "--stacks", "--json", "-d", "6"]);
+    // Its tables come from its exec's and mmaps' records: its work after.
+    let mut w = nofp(&["touch", &N.to_string()], 700);
+    assert!(wait_child(&mut w, WAIT).success());
+    let out = t.wait(Duration::from_secs(30));
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    let summary = json_of(&out.stdout, "summary").pop().expect("a summary");
+    assert_default_unwinder(&summary);
+    let s = innermost(&out.stdout, "fault_stack", "pages_touch_inner", "nofp-c");
+    assert_eq!(
+        s.iter().map(|s| s["count"].as_u64().unwrap()).sum::<u64>(),
+        N,
+        "{}",
+        out.stdout
+    );
+    assert_eq!(s.len(), 1, "{s:#?}");
+    assert!(complete(&s[0]), "{s:#?}");
+    assert_in_order(&user_frames(&s[0]), &touch_frames());
+    // The processes running at the start were read in the background.
+    assert!(
+        summary["unwind_running_read"].as_u64().unwrap() > 0,
+        "{summary}"
+    );
+}
+
+#[test]
+fn system_wide_by_default_a_process_running_before_attach_unwinds_to_start() {
+    const N: u64 = 2000;
+    // Running (asleep) before memtrace starts: its table is built from the
+    // running processes' maps, not from its exec.
+    let mut w = nofp(&["touch", &N.to_string()], 2500);
+    let t = Tracer::start(&["faults", "--stacks", "--json", "-d", "6"]);
+    assert!(wait_child(&mut w, WAIT).success());
+    let out = t.wait(Duration::from_secs(30));
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    let s = innermost(&out.stdout, "fault_stack", "pages_touch_inner", "nofp-c");
+    assert_eq!(
+        s.iter().map(|s| s["count"].as_u64().unwrap()).sum::<u64>(),
+        N,
+        "{}",
+        out.stdout
+    );
+    assert!(s.iter().all(complete), "{s:#?}");
+    assert_in_order(&user_frames(&s[0]), &touch_frames());
+}
+
+#[test]
+fn with_pid_by_default_stacks_are_complete_with_exact_counts() {
+    const N: u64 = 2500;
+    let mut w = nofp(&["touch", &N.to_string()], 2000);
+    let pid = w.id().to_string();
+    let t = Tracer::start(&["faults", "--stacks", "--json", "-p", &pid]);
+    assert!(wait_child(&mut w, WAIT).success());
+    let out = t.wait(Duration::from_secs(30));
+    let summary = json_of(&out.stdout, "summary").pop().expect("a summary");
+    assert_default_unwinder(&summary);
+    let s = innermost(&out.stdout, "fault_stack", "pages_touch_inner", "nofp-c");
+    assert_eq!(
+        s.iter().map(|s| s["count"].as_u64().unwrap()).sum::<u64>(),
+        N,
+        "{}",
+        out.stdout
+    );
+    assert_eq!(s.len(), 1, "{s:#?}");
+    assert!(complete(&s[0]), "{s:#?}");
+}
+
+/// `count --by ustack` on brk gives brkstack's stacks and counts: both
+/// through glibc's sbrk (no frame pointers) to main, by default.
+#[test]
+fn count_by_ustack_equals_brkstack_through_glibc_by_default() {
+    const N: u64 = 40;
+    let cmd = format!("{} sbrk {N}", c_workload().display());
+    let (count_out, count_summary) = trace(&[
+        "count",
+        "syscalls:sys_enter_brk",
+        "--by",
+        "ustack",
+        "--json",
+        "-c",
+        &cmd,
+    ]);
+    let (brk_out, _) = trace(&["brkstack", "--json", "-c", &cmd]);
+    assert_default_unwinder(&count_summary);
+    let loop_of = |out: &str, ty: &str| -> (u64, Vec<String>) {
+        let s = through(out, ty, "heap_grow_outer");
+        assert_eq!(s.len(), 1, "{out}");
+        (s[0]["count"].as_u64().unwrap(), user_frames(&s[0]))
+    };
+    let (n_count, f_count) = loop_of(&count_out, "count_stack");
+    let (n_brk, f_brk) = loop_of(&brk_out, "brk_stack");
+    // The loop's N calls and glibc's first brk(0).
+    assert_eq!(n_count, N + 1, "{count_out}");
+    assert_eq!(n_count, n_brk);
+    assert_eq!(f_count, f_brk);
+    assert_in_order(&f_count, &C_SBRK);
+    assert!(
+        f_count.last().unwrap().starts_with("_start"),
+        "{f_count:#?}"
+    );
+}
+
+/// Python 3.11 as Debian builds it (no frame pointers): faults in the
+/// interpreter unwind through the eval loop to the interpreter's main.
+#[test]
+fn python_fault_stacks_reach_main_by_default() {
+    let py = "/usr/bin/python3";
+    if !std::path::Path::new(py).exists() {
+        return skip(
+            "python_fault_stacks_reach_main_by_default",
+            "no /usr/bin/python3",
+        );
+    }
+    let cmd = format!("{py} -c 'a = [bytearray(4096) for _ in range(20000)]'");
+    let (out, summary) = trace(&["faults", "--stacks", "--json", "-c", &cmd]);
+    assert_default_unwinder(&summary);
+    let stacks = json_of(&out, "fault_stack");
+    let total: u64 = stacks.iter().map(|s| s["count"].as_u64().unwrap()).sum();
+    let through_eval: u64 = stacks
+        .iter()
+        .filter(|s| {
+            let f = user_frames(s);
+            at(&f, "_PyEval_EvalFrameDefault").is_some() && complete(s)
+        })
+        .map(|s| s["count"].as_u64().unwrap())
+        .sum();
+    // Most of the faults are the list's pages, touched from bytecode.
+    assert!(through_eval * 2 > total, "{through_eval} of {total}: {out}");
+    let top = stacks
+        .iter()
+        .filter(|s| at(&user_frames(s), "_PyEval_EvalFrameDefault").is_some())
+        .max_by_key(|s| s["count"].as_u64())
+        .expect("a stack through the eval loop");
+    assert_in_order(
+        &user_frames(top),
+        &["_PyEval_EvalFrameDefault", "Py_RunMain", "main"],
+    );
+}
+
+/// C++ built without frame pointers: memleak's stacks, by default, name
+/// the function that called operator new, not operator new alone.
+#[test]
+fn cpp_memleak_stacks_name_the_caller_of_operator_new_by_default() {
+    if Command::new("c++").arg("--version").output().is_err() {
+        return skip(
+            "cpp_memleak_stacks_name_the_caller_of_operator_new_by_default",
+            "no C++ compiler",
+        );
+    }
+    let bin = build(
+        "nofp-cpp",
+        Command::new("c++")
+            .args([
+                "-O2",
+                "-g",
+                "-fomit-frame-pointer",
+                "-fno-optimize-sibling-calls",
+            ])
+            .arg(src("leak.cpp")),
+    );
+    const N: u64 = 300;
+    let cmd = format!("{} {N}", bin.display());
+    let (out, summary) = trace(&["memleak", "--json", "-c", &cmd]);
+    assert_default_unwinder(&summary);
+    let s = through(&out, "memleak", "cpp_leak_inner");
+    let n: u64 = s.iter().map(|s| s["count"].as_u64().unwrap()).sum();
+    assert_eq!(n, N, "{out}");
+    let f = user_frames(&s[0]);
+    assert_in_order(
+        &f,
+        &["operator new", "cpp_leak_inner", "cpp_leak_outer", "main"],
+    );
+    assert!(complete(&s[0]), "{f:#?}");
+}
