@@ -139,6 +139,15 @@ fn warning_at_75_percent_comes_before_the_oom_kill_and_names_the_grower() {
             .any(|f| f.as_str().unwrap().contains("allocate_and_touch_mib")),
         "{s}"
     );
+    // Whole by default (DWARF in the kernel): through glibc's memset,
+    // which has no frame pointer, to _start.
+    assert!(
+        frames
+            .last()
+            .and_then(|f| f.as_str())
+            .is_some_and(|f| f.starts_with("_start")),
+        "{s}"
+    );
     // The kill report: the victim and the run-up.
     let kills = json_of(&out.stdout, "memcg_oom");
     assert_eq!(kills.len(), 1, "{}", out.stdout);

@@ -230,3 +230,45 @@ fn cpp_memleak_stacks_name_the_caller_of_operator_new_by_default() {
     );
     assert!(complete(&s[0]), "{f:#?}");
 }
+
+/// A table too small for every file a run meets: the rows of files no live
+/// process maps any more (python's, once it exited) make room for the next
+/// (perl's), and every stack after that is still complete. 960K holds the
+/// shell, libc and ld.so with python (107,417 rows here), or with perl, but
+/// not with both.
+#[test]
+fn rows_of_files_no_process_maps_make_room_for_new_ones() {
+    const N: u64 = 500;
+    let py = "/usr/bin/python3";
+    if !std::path::Path::new(py).exists() || !std::path::Path::new("/usr/bin/perl").exists() {
+        return skip(
+            "rows_of_files_no_process_maps_make_room_for_new_ones",
+            "needs /usr/bin/python3 and /usr/bin/perl",
+        );
+    }
+    let cmd = format!(
+        "sh -c '{py} -c pass; /usr/bin/perl -e 1; {} touch {N}'",
+        c_workload().display()
+    );
+    let (out, summary) = dwarf(
+        "faults",
+        &["--stacks", "--unwind-table-size", "960K"],
+        "kernel",
+        &cmd,
+    );
+    assert!(
+        summary["unwind_files_evicted"].as_u64().unwrap() >= 1,
+        "{summary}"
+    );
+    assert_eq!(summary["unwind_files_over_budget"], 0, "{summary}");
+    let stacks = innermost(&out, "fault_stack", C_TOUCH[0], "nofp-c");
+    let n: u64 = stacks.iter().map(|s| s["count"].as_u64().unwrap()).sum();
+    assert_eq!(n, N, "{out}");
+    assert!(stacks.iter().all(complete), "{stacks:#?}");
+    // perl's own stacks, placed after the eviction, reach its main.
+    let perl: Vec<_> = json_of(&out, "fault_stack")
+        .into_iter()
+        .filter(|s| s["comm"] == "perl" && complete(s))
+        .collect();
+    assert!(!perl.is_empty(), "{out}");
+}

@@ -235,8 +235,17 @@ impl Snapshot {
         }
         self.procs
             .retain(|_, p| p.gone.is_none_or(|g| tick.saturating_sub(g) < keep));
-        self.learned
-            .retain(|_, (_, _, at)| tick.saturating_sub(*at) < 2);
+        // A name learned at exec holds while its process lives (its counts
+        // may be read ticks later: scrapes come back to back), then two
+        // ticks more; a pid reused after that is another process.
+        let procs = &self.procs;
+        self.learned.retain(|pid, (_, _, at)| {
+            if procs.get(pid).is_some_and(|p| p.gone.is_none()) || crate::process::proc::alive(*pid)
+            {
+                *at = tick;
+            }
+            tick.saturating_sub(*at) < 2
+        });
         if self.procs.len() > MAX_PROCS {
             let mut gone: Vec<(u64, u32)> = self
                 .procs

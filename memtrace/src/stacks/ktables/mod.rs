@@ -5,6 +5,8 @@
 //! exec, and when the program meets code it has no table for).
 
 pub mod build;
+mod files;
+mod rows;
 pub mod seed;
 
 use std::collections::HashMap;
@@ -15,13 +17,13 @@ use std::time::{Duration, Instant};
 
 use aya::maps::{HashMap as BpfHash, Map, MapData};
 use memtrace_common::kunwind::{
-    FileSegment, UnwindFile, UnwindFileKey, UnwindMapping, UnwindProc, UnwindRow,
-    MAX_FILE_SEGMENTS, MAX_UNWIND_MAPPINGS,
+    UnwindFile, UnwindFileKey, UnwindMapping, UnwindProc, UnwindRow, MAX_UNWIND_MAPPINGS,
 };
 use memtrace_common::names;
 
 use crate::error::{Error, Result};
 use crate::process::proc::Mapping;
+use rows::Rows;
 
 pub type FileId = ((u32, u32), u64);
 
@@ -53,29 +55,14 @@ pub struct TableStats {
     /// Files with rows the by-identity map had no room for (their code is
     /// found through each process's table only).
     pub files_unshared: u64,
+    /// Files whose rows went to make room (no live process's table held
+    /// them).
+    pub files_evicted: u64,
     pub build_ms: f64,
-}
-
-/// The shared row array, mapped into memtrace.
-struct Rows {
-    ptr: *mut UnwindRow,
-    len: usize,
-    bytes: usize,
-}
-
-// SAFETY: the mapping is owned by `Rows` and written only through `&mut`.
-unsafe impl Send for Rows {}
-
-impl Drop for Rows {
-    fn drop(&mut self) {
-        // SAFETY: mapped in `KTables::new` with this length.
-        unsafe { libc::munmap(self.ptr.cast(), self.bytes) };
-    }
 }
 
 pub struct KTables {
     rows: Rows,
-    used: u32,
     /// Generation of the last process table published.
     gen: u32,
     files: HashMap<FileId, Slice>,
@@ -84,11 +71,26 @@ pub struct KTables {
     /// Files with rows by identity, for code in no process's table yet.
     by_file: BpfHash<MapData, UnwindFileKey, UnwindFile>,
     pushed: HashMap<u32, Vec<UnwindMapping>>,
+    /// Files of the table being put together (`update`), kept from eviction.
+    pinned: std::collections::HashSet<FileId>,
     refreshed: HashMap<u32, Instant>,
     verbose: bool,
     pub stats: TableStats,
     /// Keeps the row array's map (and so the mapping) alive.
     _rows_map: Map,
+}
+
+/// Why a file that did not fit has no rows (tried again after an eviction).
+const TABLE_FULL: &str = "the unwind table is full (--unwind-table-size)";
+
+/// A file's identity as the kernel programs read it (`dev_t` is major << 20
+/// | minor there).
+fn file_key(((major, minor), ino): FileId) -> UnwindFileKey {
+    UnwindFileKey {
+        ino,
+        dev: major << 20 | minor,
+        _pad: 0,
+    }
 }
 
 /// Bytes of locked kernel memory `--unwind-table-size` rows take.
@@ -142,18 +144,15 @@ impl KTables {
             return Err(Error::Io(std::io::Error::last_os_error()));
         }
         Ok(KTables {
-            rows: Rows {
-                ptr: ptr.cast(),
-                len,
-                bytes,
-            },
-            used: 0,
+            // SAFETY: mapped just above, `bytes` long, `len` rows.
+            rows: unsafe { Rows::new(ptr.cast(), len as u32, bytes) },
             gen: 0,
             files: HashMap::new(),
             procs,
             misses,
             by_file,
             pushed: HashMap::new(),
+            pinned: Default::default(),
             refreshed: HashMap::new(),
             verbose,
             stats: TableStats {
@@ -164,132 +163,13 @@ impl KTables {
         })
     }
 
-    /// The rows of file `id`, compiled and copied into the array the first
-    /// time any process maps it.
-    fn slice(&mut self, id: FileId, path: &str, file: &File) -> Slice {
-        if let Some(s) = self.files.get(&id) {
-            return s.clone();
-        }
-        let t0 = Instant::now();
-        let built = build::file_rows(file);
-        self.place(id, path, built, t0)
-    }
-
-    /// Whether file `id` has been placed (with rows or without).
-    pub fn knows(&self, id: FileId) -> bool {
-        self.files.contains_key(&id)
-    }
-
-    /// Places rows built elsewhere (`seed`, outside the lock the event
-    /// loop takes) for file `id`, unless it was placed meanwhile.
-    pub fn place_built(
-        &mut self,
-        id: FileId,
-        path: &str,
-        built: Result<build::FileRows, build::NoRows>,
-        t0: Instant,
-    ) {
-        if !self.knows(id) {
-            self.place(id, path, built, t0);
-        }
-    }
-
-    fn place(
-        &mut self,
-        id: FileId,
-        path: &str,
-        built: Result<build::FileRows, build::NoRows>,
-        t0: Instant,
-    ) -> Slice {
-        let s = match built {
-            Ok(t) if t.rows.len() > self.rows.len - self.used as usize => {
-                self.stats.files_over_budget += 1;
-                // Not only with -v: every stack through this file stops.
-                say!(
-                    "memtrace: warning: {path} ({} rows) does not fit what is left of the unwind table: stacks stop in its code (raise --unwind-table-size)",
-                    t.rows.len()
-                );
-                Slice::None("the unwind table is full (--unwind-table-size)")
-            }
-            Ok(t) if t.rows.is_empty() => {
-                self.stats.files_no_info += 1;
-                Slice::None("no unwind rows")
-            }
-            Ok(t) => {
-                let first = self.used;
-                // SAFETY: in bounds (checked above); the programs read rows
-                // only through slices published after this copy.
-                unsafe {
-                    std::ptr::copy_nonoverlapping(
-                        t.rows.as_ptr(),
-                        self.rows.ptr.add(first as usize),
-                        t.rows.len(),
-                    )
-                };
-                self.used += t.rows.len() as u32;
-                self.stats.rows += t.rows.len() as u64;
-                self.stats.rows_unsupported += t.unsupported;
-                self.stats.files += 1;
-                self.share(id, first, t.rows.len() as u32, &t.segments);
-                Slice::Rows {
-                    first,
-                    n: t.rows.len() as u32,
-                    segments: Arc::new(t.segments),
-                }
-            }
-            Err(e) => {
-                self.stats.files_no_info += 1;
-                Slice::None(match e {
-                    build::NoRows::NotElf => "not an ELF file",
-                    build::NoRows::NoEhFrame => "no .eh_frame",
-                    build::NoRows::Bad => ".eh_frame could not be parsed",
-                    build::NoRows::TooBig => "too large for the unwind table's format",
-                })
-            }
-        };
-        self.stats.build_ms += t0.elapsed().as_secs_f64() * 1e3;
-        if self.verbose {
-            match &s {
-                Slice::Rows { n, .. } => say!(
-                    "memtrace: unwind table: {path}: {n} rows ({:.1} ms)",
-                    t0.elapsed().as_secs_f64() * 1e3
-                ),
-                Slice::None(why) => {
-                    say!("memtrace: unwind table: {path}: none ({why}): stacks stop in its code")
-                }
-            }
-        }
-        self.files.insert(id, s.clone());
-        s
-    }
-
-    /// Puts file `id`'s rows where the program finds them by the file's
-    /// identity, for processes whose table does not hold it yet.
-    fn share(&mut self, id: FileId, rows: u32, nrows: u32, segments: &[(u64, u64, u64)]) {
-        let ((major, minor), ino) = id;
-        let mut f = UnwindFile {
-            rows,
-            nrows,
-            nseg: segments.len().min(MAX_FILE_SEGMENTS) as u32,
-            ..Default::default()
-        };
-        for (d, &(off, size, vaddr)) in f.segs.iter_mut().zip(segments) {
-            *d = FileSegment { off, size, vaddr };
-        }
-        let key = UnwindFileKey {
-            ino,
-            dev: major << 20 | minor,
-            _pad: 0,
-        };
-        if self.by_file.insert(key, f, 0).is_err() {
-            self.stats.files_unshared += 1;
-        }
-    }
-
     /// Publishes `pid`'s executable mappings, compiling the files not seen
     /// yet. `files` are the open handles MapsCache keeps.
     pub fn update(&mut self, pid: u32, maps: &[Mapping], files: &HashMap<FileId, Arc<File>>) {
         let mut entries = Vec::new();
+        // The files of this table are not in the kernel yet: an eviction
+        // to place a later one must not take theirs.
+        self.pinned.clear();
         // User addresses only ([vsyscall] is in the kernel's half): the
         // program's search compares them as signed numbers.
         for m in maps
@@ -301,6 +181,7 @@ impl KTables {
                 Some(f) if m.inode != 0 => self.slice(id, &m.path, f),
                 _ => Slice::None("not a file"),
             };
+            self.pinned.insert(id);
             let (bias, rows, nrows) = match slice {
                 Slice::Rows { first, n, segments } => match bias(&segments, m) {
                     Some(b) => (b, first, n),
@@ -431,6 +312,7 @@ pub fn summary(
         ("unwind_files_over_budget", Value::from(t.files_over_budget)),
         ("unwind_mappings_dropped", Value::from(t.mappings_dropped)),
         ("unwind_files_unshared", Value::from(t.files_unshared)),
+        ("unwind_files_evicted", Value::from(t.files_evicted)),
         ("unwind_table_build_ms", Value::F(t.build_ms, 1)),
     ]);
     // System-wide: the processes running at the start, read in the
