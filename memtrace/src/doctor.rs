@@ -216,11 +216,18 @@ fn unwind_row(tool: &str) -> Row {
             };
             let mib =
                 |rows: u64| crate::stacks::ktables::table_bytes(rows as u32) as f64 / 1048576.0;
+            // How a process's first events, before its table, are unwound.
+            let first = match crate::kernel::KernelBtf::shared().map(|b| b.vma_offsets()) {
+                Ok(Ok(_)) => "by their files' tables (bpf_find_vma)".to_string(),
+                Ok(Err(e)) => format!("by frame pointers ({e})"),
+                Err(e) => format!("by frame pointers ({e})"),
+            };
             yes(
                 true,
                 format!(
                     "tables: {:.0} MiB budget (--unwind-table-size); memtrace's own {} files \
-                     take {:.1} MiB, built in {:.0} ms; {} files left out",
+                     take {:.1} MiB, built in {:.0} ms; {} files left out; a new process's \
+                     first events unwound {first}",
                     mib(st.capacity_rows),
                     st.files,
                     mib(st.rows),

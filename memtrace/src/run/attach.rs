@@ -5,7 +5,7 @@
 use memtrace_common::{names, stack_mode, Filter};
 
 use crate::cli::Common;
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::kernel::Format;
 use crate::run::tool::{Prep, Tool};
 use crate::session::{Loader, Session};
@@ -132,23 +132,10 @@ pub(crate) fn attach_with(
     }
     for p in tool.probes() {
         let p = if common.floor { p.floor() } else { p };
-        if !kunwind || p.required {
+        if kunwind {
+            session.attach_unless_refused(&p)?;
+        } else {
             session.attach(&p)?;
-            continue;
-        }
-        // An optional probe the verifier refused with the unwinder in
-        // (a program whose own stack leaves the unwinder too little on a
-        // kernel before about 6.13): the whole set-up is retried without
-        // it, rather than that probe's events going untraced.
-        match session.first_way(&p) {
-            Ok(_) => {}
-            Err(reasons) if reasons.contains("BPF_PROG_LOAD") => {
-                return Err(Error::Unsupported {
-                    what: p.what.to_string(),
-                    reasons,
-                })
-            }
-            Err(reasons) => say!("memtrace: warning: {} not traced: {reasons}", p.what),
         }
     }
     // Takes the unwind maps out of the object: after every program is

@@ -19,12 +19,29 @@ impl Session {
     /// Attaches `probe` by the first of its ways that works here. Returns the
     /// way used, or `None` for an optional probe nothing could attach.
     pub fn attach(&mut self, probe: &Probe) -> Result<Option<Way>> {
+        self.attach_or(probe, false)
+    }
+
+    /// As `attach`, but an optional probe the verifier refused is an error
+    /// too: with the in-kernel unwinder in, its caller retries the whole
+    /// set-up without it (a program whose own stack leaves the unwinder too
+    /// little on a kernel before about 6.13) rather than leave the probe
+    /// untraced.
+    pub fn attach_unless_refused(&mut self, probe: &Probe) -> Result<Option<Way>> {
+        self.attach_or(probe, true)
+    }
+
+    fn attach_or(&mut self, probe: &Probe, refused_fails: bool) -> Result<Option<Way>> {
         match self.first_way(probe) {
             Ok(way) => Ok(Some(way)),
-            Err(reasons) if probe.required => Err(Error::Unsupported {
-                what: probe.what.to_string(),
-                reasons,
-            }),
+            Err(reasons)
+                if probe.required || (refused_fails && reasons.contains("BPF_PROG_LOAD")) =>
+            {
+                Err(Error::Unsupported {
+                    what: probe.what.to_string(),
+                    reasons,
+                })
+            }
             Err(reasons) => {
                 say!("memtrace: warning: {} not traced: {reasons}", probe.what);
                 Ok(None)
