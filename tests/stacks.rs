@@ -272,3 +272,40 @@ fn rows_of_files_no_process_maps_make_room_for_new_ones() {
         .collect();
     assert!(!perl.is_empty(), "{out}");
 }
+
+/// Python system-wide, started after attach: its faults, once its tables
+/// are in (it waits a moment first), unwind through the eval loop to main.
+#[test]
+fn system_wide_python_stacks_reach_main_by_default() {
+    let py = "/usr/bin/python3";
+    if !std::path::Path::new(py).exists() {
+        return skip(
+            "system_wide_python_stacks_reach_main_by_default",
+            "no /usr/bin/python3",
+        );
+    }
+    let t = Tracer::start(&["faults", "--stacks", "--json", "-d", "6"]);
+    let mut p = Command::new(py)
+        .args([
+            "-c",
+            "import time; time.sleep(0.7); a = [bytearray(4096) for _ in range(20000)]",
+        ])
+        .spawn()
+        .expect("spawn python3");
+    assert!(wait_child(&mut p, WAIT).success());
+    let out = t.wait(Duration::from_secs(30));
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    let stacks: Vec<_> = json_of(&out.stdout, "fault_stack")
+        .into_iter()
+        .filter(|s| s["comm"] == "python3")
+        .collect();
+    let total: u64 = stacks.iter().map(|s| s["count"].as_u64().unwrap()).sum();
+    let through_eval: u64 = stacks
+        .iter()
+        .filter(|s| at(&user_frames(s), "_PyEval_EvalFrameDefault").is_some() && complete(s))
+        .map(|s| s["count"].as_u64().unwrap())
+        .sum();
+    // 20,000 bytearrays of a page: most of its faults, complete.
+    assert!(through_eval >= 10_000, "{through_eval} of {total}");
+    assert!(through_eval * 2 > total, "{through_eval} of {total}");
+}
