@@ -29,6 +29,14 @@ fn complete(s: &serde_json::Value) -> bool {
         && s["note"].is_null()
 }
 
+/// The C workload's touch-loop stacks, which must count its `n` faults.
+fn touch_stacks(stdout: &str, n: u64) -> Vec<serde_json::Value> {
+    let s = innermost(stdout, "fault_stack", "pages_touch_inner", "nofp-c");
+    let counted: u64 = s.iter().map(|s| s["count"].as_u64().unwrap()).sum();
+    assert_eq!(counted, n, "{stdout}");
+    s
+}
+
 fn touch_frames() -> Vec<&'static str> {
     let mut f = C_TOUCH.to_vec();
     f.push("__libc_start_call_main");
@@ -64,13 +72,7 @@ fn system_wide_by_default_a_process_started_after_attach_unwinds_to_start() {
     assert_eq!(out.code, 0, "{}", out.stderr);
     let summary = json_of(&out.stdout, "summary").pop().expect("a summary");
     assert_default_unwinder(&summary);
-    let s = innermost(&out.stdout, "fault_stack", "pages_touch_inner", "nofp-c");
-    assert_eq!(
-        s.iter().map(|s| s["count"].as_u64().unwrap()).sum::<u64>(),
-        N,
-        "{}",
-        out.stdout
-    );
+    let s = touch_stacks(&out.stdout, N);
     assert_eq!(s.len(), 1, "{s:#?}");
     assert!(complete(&s[0]), "{s:#?}");
     assert_in_order(&user_frames(&s[0]), &touch_frames());
@@ -91,13 +93,7 @@ fn system_wide_by_default_a_process_running_before_attach_unwinds_to_start() {
     assert!(wait_child(&mut w, WAIT).success());
     let out = t.wait(Duration::from_secs(30));
     assert_eq!(out.code, 0, "{}", out.stderr);
-    let s = innermost(&out.stdout, "fault_stack", "pages_touch_inner", "nofp-c");
-    assert_eq!(
-        s.iter().map(|s| s["count"].as_u64().unwrap()).sum::<u64>(),
-        N,
-        "{}",
-        out.stdout
-    );
+    let s = touch_stacks(&out.stdout, N);
     assert!(s.iter().all(complete), "{s:#?}");
     assert_in_order(&user_frames(&s[0]), &touch_frames());
 }
@@ -112,13 +108,7 @@ fn with_pid_by_default_stacks_are_complete_with_exact_counts() {
     let out = t.wait(Duration::from_secs(30));
     let summary = json_of(&out.stdout, "summary").pop().expect("a summary");
     assert_default_unwinder(&summary);
-    let s = innermost(&out.stdout, "fault_stack", "pages_touch_inner", "nofp-c");
-    assert_eq!(
-        s.iter().map(|s| s["count"].as_u64().unwrap()).sum::<u64>(),
-        N,
-        "{}",
-        out.stdout
-    );
+    let s = touch_stacks(&out.stdout, N);
     assert_eq!(s.len(), 1, "{s:#?}");
     assert!(complete(&s[0]), "{s:#?}");
 }
