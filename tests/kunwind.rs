@@ -136,7 +136,7 @@ fn a_stack_deeper_than_the_limit_is_reported_truncated_not_wrong() {
     assert_in_order(&f, &["pages_touch_inner", "deep_recurse", "main", "_start"]);
 }
 
-/// A table bound (`--unwind-table-size`, 64K: 8,192 rows) too small for
+/// A table bound (`--unwind-table-size`, 64K: 16,384 rows) too small for
 /// glibc (about 28k rows): glibc is left out and counted, and each stack
 /// goes as far as the files that fit, then says why it stopped. Every
 /// frame of the program is still there and every fault counted.

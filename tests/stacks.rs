@@ -223,9 +223,9 @@ fn cpp_memleak_stacks_name_the_caller_of_operator_new_by_default() {
 
 /// A table too small for every file a run meets: the rows of files no live
 /// process maps any more (python's, once it exited) make room for the next
-/// (perl's), and every stack after that is still complete. 960K holds the
-/// shell, libc and ld.so with python (107,417 rows here), or with perl, but
-/// not with both.
+/// (perl's), and every stack after that is still complete. 480K holds the
+/// shell, libc and ld.so with python and its libraries (430K here: rows
+/// are 4 bytes), or with perl (133K), but not with both.
 #[test]
 fn rows_of_files_no_process_maps_make_room_for_new_ones() {
     const N: u64 = 500;
@@ -242,7 +242,7 @@ fn rows_of_files_no_process_maps_make_room_for_new_ones() {
     );
     let (out, summary) = dwarf(
         "faults",
-        &["--stacks", "--unwind-table-size", "960K"],
+        &["--stacks", "--unwind-table-size", "480K"],
         "kernel",
         &cmd,
     );

@@ -4,18 +4,34 @@
 //! small table of its executable mappings; the program looks both up frame
 //! by frame.
 
-/// One unwind rule from `pc` (relative to the file's stated addresses) up to
-/// the next row's. 8 bytes: a large binary has hundreds of thousands.
+/// How to step from a frame to its caller: one of the few rules a file's
+/// code uses. Rows name rules by index into `UNWIND_RULES`, each rule kept
+/// once however many rows and files use it (a few thousand on a host).
 #[repr(C)]
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct UnwindRow {
-    pub pc: u32,
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct UnwindRule {
     /// `row::RSP`, `row::RBP`: CFA = register + `cfa_off`. `row::PLT`: the
     /// threshold of the PLT's CFA expression. `row::SIGNAL`: see there.
     pub cfa_off: i16,
     /// The caller's rbp is saved at CFA + 8 * `rbp_off`; 0: rbp unchanged.
     pub rbp_off: i8,
     pub kind: u8,
+}
+
+/// A file's slice of `UNWIND_ROWS` (4-byte words), by 64 KiB page of its
+/// stated addresses so that a row needs only the low 16 bits of its pc:
+/// `[first page, pages, page starts (pages + 1, relative to the slice),
+/// rows]`. A row is `pc & 0xffff` << 16 | rule index, sorted within its
+/// page, and every page starts with a row at 0 (the rule in force there).
+pub mod slice {
+    pub const FIRST_PAGE: u32 = 0;
+    pub const PAGES: u32 = 1;
+    pub const STARTS: u32 = 2;
+    pub const PAGE_SHIFT: u32 = 16;
+    /// Rule index 0: no unwind information.
+    pub const RULE_NONE: u16 = 0;
+    /// Rules kept (the index is 16 bits).
+    pub const MAX_RULES: u32 = 1 << 16;
 }
 
 pub mod row {
@@ -36,8 +52,9 @@ pub mod row {
 }
 
 /// An executable mapping of a process: `[start, end)`, file-relative pc =
-/// pc - `bias`, rows `[rows, rows + nrows)` of `UNWIND_ROWS` (none: no
-/// unwind information, e.g. JIT code or a file without `.eh_frame`).
+/// pc - `bias`, its file's slice `[rows, rows + nrows)` of `UNWIND_ROWS`
+/// (`slice`; none: no unwind information, e.g. JIT code or a file without
+/// `.eh_frame`).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct UnwindMapping {
@@ -52,10 +69,9 @@ pub struct UnwindMapping {
 pub const MAX_UNWIND_MAPPINGS: usize = 128;
 /// Binary-search steps over a process's mappings: log2(MAX_UNWIND_MAPPINGS) + 1.
 pub const MAPPING_STEPS: usize = 8;
-/// Rows one file may have, so that the program's search is bounded.
-pub const MAX_FILE_ROWS: u32 = 1 << 22;
-/// Binary-search steps over one file's rows: log2(MAX_FILE_ROWS) + 1.
-pub const ROW_STEPS: usize = 23;
+/// Binary-search steps over one page's rows (at most 1 << 16 of them):
+/// log2 + 1.
+pub const ROW_STEPS: usize = 17;
 
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
@@ -132,7 +148,7 @@ pub struct RowCache {
     pub pc: u64,
     pub tgid: u32,
     pub gen: u32,
-    pub row: UnwindRow,
+    pub rule: UnwindRule,
 }
 
 pub const ROW_CACHE_SLOTS: u32 = 4096;

@@ -200,7 +200,7 @@ mod pod {
     unsafe impl aya::Pod for super::TaskOffsets {}
     unsafe impl aya::Pod for super::stacks::UstackConfig {}
     unsafe impl aya::Pod for super::stacks::UserStack {}
-    unsafe impl aya::Pod for super::kunwind::UnwindRow {}
+    unsafe impl aya::Pod for super::kunwind::UnwindRule {}
     unsafe impl aya::Pod for super::kunwind::UnwindProc {}
     unsafe impl aya::Pod for super::kunwind::UnwindFileKey {}
     unsafe impl aya::Pod for super::kunwind::UnwindFile {}

@@ -15,7 +15,7 @@ use crate::{
     faults::{FaultConfig, FaultKey, FaultSlot, FaultVal},
     ffaults::{FfaultsConfig, FileKey},
     generic::{CountKey, CountVal, TpConfig},
-    kunwind::{UnwindFile, UnwindFileKey, UnwindProc, UnwindRow, VmaOffsets},
+    kunwind::{UnwindFile, UnwindFileKey, UnwindProc, UnwindRule, VmaOffsets},
     memcg::{MemcgLine, MemcgOffsets, MemcgProc},
     memleak::{AllocInfo, AllocKey, AllocStats, MemleakConfig, PendingSlot, SAMPLE_STEPS},
     oom::{OomKprobeOffsets, OomTpOffsets},
@@ -122,7 +122,8 @@ maps! {
     SAMPLE_SCRATCH: () => (), OnDemand;
     STACKS: u32 => (), OnDemand;
     USTACKS: u32 => UserStack, OnDemand;
-    UNWIND_ROWS: u32 => UnwindRow, OnDemand;
+    UNWIND_ROWS: u32 => u64, OnDemand;
+    UNWIND_RULES: u32 => UnwindRule, OnDemand;
     UNWIND_PROCS: u32 => UnwindProc, OnDemand;
     UNWIND_MISSES: u32 => u8, OnDemand;
     UNWIND_FILES: UnwindFileKey => UnwindFile, OnDemand;

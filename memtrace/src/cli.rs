@@ -141,7 +141,8 @@ pub struct StackArgs {
     #[arg(long, value_enum, default_value_t = Unwinder::Auto)]
     pub unwinder: Unwinder,
     /// dwarf in the kernel: bytes of locked kernel memory for unwind tables
-    /// (8 bytes a row; files that do not fit are left out, counted).
+    /// (4 bytes a row, each rule kept once; files that do not fit are left
+    /// out, counted).
     #[arg(long, default_value = "32M", value_parser = parse_table_size)]
     pub unwind_table_size: u32,
 }
@@ -154,7 +155,8 @@ pub enum Unwinder {
     Copy,
 }
 
-/// `--unwind-table-size`, in rows of 8 bytes.
+/// `--unwind-table-size`, in 8-byte entries of the row array (two rows or
+/// page starts each).
 pub fn parse_table_size(s: &str) -> Result<u32, String> {
     match parse_size(s) {
         Ok(n) if (64 << 10..=1 << 30).contains(&n) => Ok((n / 8) as u32),

@@ -214,8 +214,7 @@ fn unwind_row(tool: &str) -> Row {
             let Some(st) = maps.ktables.as_ref().map(|k| k.stats) else {
                 return yes(false, "not set up");
             };
-            let mib =
-                |rows: u64| crate::stacks::ktables::table_bytes(rows as u32) as f64 / 1048576.0;
+            let mib = |words: u64| crate::stacks::ktables::table_bytes(words) as f64 / 1048576.0;
             // How a process's first events, before its table, are unwound.
             let first = match crate::kernel::KernelBtf::shared().map(|b| b.vma_offsets()) {
                 Ok(Ok(_)) => "by their files' tables (bpf_find_vma)".to_string(),
@@ -226,11 +225,13 @@ fn unwind_row(tool: &str) -> Row {
                 true,
                 format!(
                     "tables: {:.0} MiB budget (--unwind-table-size); memtrace's own {} files \
-                     take {:.1} MiB, built in {:.0} ms; {} files left out; a new process's \
-                     first events unwound {first}",
-                    mib(st.capacity_rows),
+                     take {:.1} MiB ({} rows naming {} distinct rules), built in {:.0} ms; {} \
+                     files left out; a new process's first events unwound {first}",
+                    mib(st.capacity_words),
                     st.files,
-                    mib(st.rows),
+                    mib(st.words),
+                    st.rows,
+                    st.rules,
                     st.build_ms,
                     st.files_over_budget + st.files_no_info
                 ),

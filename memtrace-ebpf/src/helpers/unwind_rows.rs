@@ -8,14 +8,19 @@ use aya_ebpf::{
     maps::{Array, PerCpuArray},
 };
 use memtrace_common::kunwind::{
-    mark, RowCache, UnwindMapping, UnwindProc, UnwindRow, MAPPING_STEPS, MAX_UNWIND_MAPPINGS,
-    ROW_CACHE_SLOTS, ROW_STEPS,
+    mark, slice, RowCache, UnwindMapping, UnwindProc, UnwindRule, MAPPING_STEPS,
+    MAX_UNWIND_MAPPINGS, ROW_CACHE_SLOTS, ROW_STEPS,
 };
 
-/// Every file's rows, each file a slice; userspace sizes it
-/// (`--unwind-table-size`) and writes it through a memory mapping.
+/// Every file's slice (`kunwind::slice`), in 4-byte words, two to an entry
+/// (an array's entries are 8 bytes apart whatever their size); userspace
+/// sizes it (`--unwind-table-size`) and writes it through a memory mapping.
 #[map]
-static UNWIND_ROWS: Array<UnwindRow> = Array::with_max_entries(1, BPF_F_MMAPABLE);
+static UNWIND_ROWS: Array<u64> = Array::with_max_entries(1, BPF_F_MMAPABLE);
+
+/// The rules rows name, each once; written by userspace like the rows.
+#[map]
+static UNWIND_RULES: Array<UnwindRule> = Array::with_max_entries(1, BPF_F_MMAPABLE);
 
 /// Rows found lately on this CPU (`RowCache`); userspace sizes it.
 #[map]
@@ -46,27 +51,39 @@ fn find_mapping(p: &UnwindProc, pc: u64) -> Option<&UnwindMapping> {
     (m.start <= pc && pc < m.end).then_some(m)
 }
 
-/// The row for file-relative `rel` in `[first, first + n)`: the last one
-/// starting at or before it.
+/// Word `i` of the row array: little-endian, the even one is the low half.
 #[inline(always)]
-pub(super) fn find_row(first: u32, n: u32, rel: u64) -> Option<UnwindRow> {
-    let (mut lo, mut n) = (first as u64, n as u64);
-    let r0 = UNWIND_ROWS.get(lo as u32)?;
-    if r0.pc as u64 > rel {
+fn word(i: u64) -> Option<u64> {
+    UNWIND_ROWS
+        .get((i >> 1) as u32)
+        .map(|e| (*e >> ((i & 1) << 5)) & 0xffff_ffff)
+}
+
+/// The rule for file-relative `rel` in the file slice at `s`: its page's
+/// rows searched for the last one starting at or before it.
+#[inline(always)]
+pub(super) fn find_rule(s: u32, rel: u64) -> Option<UnwindRule> {
+    let s = s as u64;
+    let first_page = word(s + slice::FIRST_PAGE as u64)?;
+    let pages = word(s + slice::PAGES as u64)?;
+    let page = (rel >> slice::PAGE_SHIFT).checked_sub(first_page)?;
+    if page >= pages {
         return None;
     }
+    let at = s + slice::STARTS as u64 + page;
+    let (first, end) = (word(at)?, word(at + 1)?);
+    let key = rel & 0xffff;
+    let (mut lo, mut n) = (s + first, end.checked_sub(first)?);
     // Fixed steps (a half of 0 changes nothing): an early exit would give
-    // the verifier one more path per step.
+    // the verifier one more path per step. A page's first row is at 0.
     for _ in 0..ROW_STEPS {
         let half = n >> 1;
-        let pc = match UNWIND_ROWS.get((lo + half) as u32) {
-            Some(r) => r.pc as u64,
-            None => u64::MAX,
-        };
-        lo += half * le(pc, rel);
+        let pc = word(lo + half).map_or(u64::MAX, |w| w >> 16);
+        lo += half * le(pc, key);
         n -= half;
     }
-    UNWIND_ROWS.get(lo as u32).copied()
+    let rule = word(lo)? & 0xffff;
+    UNWIND_RULES.get(rule as u32).copied()
 }
 
 /// The row for `pc` in process `p` (`tgid`): from this CPU's cache of rows
@@ -75,7 +92,7 @@ pub(super) fn find_row(first: u32, n: u32, rel: u64) -> Option<UnwindRow> {
 /// row made the verifier's states differ at every frame, and it gave up.
 /// Err: the mark to end the stack with.
 #[inline(always)]
-pub(super) fn row_for(p: &UnwindProc, tgid: u32, pc: u64) -> Result<UnwindRow, u64> {
+pub(super) fn row_for(p: &UnwindProc, tgid: u32, pc: u64) -> Result<UnwindRule, u64> {
     let slot = ((pc ^ (pc >> 13)).wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 52) as u32
         & (ROW_CACHE_SLOTS - 1);
     let c = UNWIND_CACHE.get_ptr_mut(slot).ok_or(mark::NO_INFO)?;
@@ -86,15 +103,15 @@ pub(super) fn row_for(p: &UnwindProc, tgid: u32, pc: u64) -> Result<UnwindRow, u
         if m.nrows == 0 || rel > u32::MAX as u64 {
             return Err(mark::NO_INFO);
         }
-        let row = find_row(m.rows, m.nrows, rel).ok_or(mark::NO_INFO)?;
+        let rule = find_rule(m.rows, rel).ok_or(mark::NO_INFO)?;
         unsafe {
             *c = RowCache {
                 pc,
                 tgid,
                 gen: p.gen,
-                row,
+                rule,
             }
         };
     }
-    Ok(unsafe { (*c).row })
+    Ok(unsafe { (*c).rule })
 }

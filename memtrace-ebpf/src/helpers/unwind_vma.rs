@@ -12,12 +12,12 @@ use aya_ebpf::{
     Global,
 };
 use memtrace_common::kunwind::{
-    mark, UnwindFile, UnwindFileKey, UnwindRow, VmaOffsets, MAX_FILE_SEGMENTS,
+    mark, UnwindFile, UnwindFileKey, UnwindRule, VmaOffsets, MAX_FILE_SEGMENTS,
 };
 
 use super::{
     reads::{read, read0},
-    unwind_rows::find_row,
+    unwind_rows::find_rule,
 };
 
 #[unsafe(no_mangle)]
@@ -80,7 +80,7 @@ extern "C" fn on_vma(_task: *mut c_void, vma: *mut c_void, ctx: *mut c_void) -> 
 /// The row for `pc` through the mapping the kernel has for it. Err:
 /// `mark::NO_TABLE` where the file has no rows (yet), else why not.
 #[inline(always)]
-pub(super) fn row_by_vma(pc: u64) -> Result<UnwindRow, u64> {
+pub(super) fn row_by_vma(pc: u64) -> Result<UnwindRule, u64> {
     let o = UNWIND_VMA.load();
     if o.valid == 0 {
         return Err(mark::NO_TABLE);
@@ -126,5 +126,5 @@ pub(super) fn row_by_vma(pc: u64) -> Result<UnwindRow, u64> {
     if t.nrows == 0 || rel > u32::MAX as u64 {
         return Err(mark::NO_INFO);
     }
-    find_row(t.rows, t.nrows, rel).ok_or(mark::NO_INFO)
+    find_rule(t.rows, rel).ok_or(mark::NO_INFO)
 }

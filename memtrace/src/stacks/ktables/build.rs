@@ -12,13 +12,21 @@ use gimli::{
     BaseAddresses, CfaRule, CieOrFde, EhFrame, LittleEndian, Register, RegisterRule, UnwindContext,
     UnwindSection, X86_64,
 };
-use memtrace_common::kunwind::{row, UnwindRow, MAX_FILE_ROWS};
+use memtrace_common::kunwind::{row, UnwindRule};
 use object::{Object, ObjectSection};
+
+/// The rule in force from `pc` (relative to the file's stated addresses) up
+/// to the next row's.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Row {
+    pub pc: u32,
+    pub rule: UnwindRule,
+}
 
 /// Rows of one file, sorted, with what the rows could not express.
 #[derive(Debug, Default)]
 pub struct FileRows {
-    pub rows: Vec<UnwindRow>,
+    pub rows: Vec<Row>,
     /// Rows whose rule is not expressible (expressions other than the PLT's
     /// and signal frames', offsets out of range).
     pub unsupported: u64,
@@ -171,7 +179,7 @@ pub fn file_rows(file: &File) -> Result<FileRows, NoRows> {
         ..Default::default()
     };
     // (start, end, row) per CFI row, sorted and gaps filled after.
-    let mut spans: Vec<(u64, u64, UnwindRow)> = Vec::new();
+    let mut spans: Vec<(u64, u64, Row)> = Vec::new();
     let mut entries = eh.entries(&bases);
     while let Some(entry) = entries.next().map_err(|_| NoRows::Bad)? {
         let CieOrFde::Fde(partial) = entry else {
@@ -201,11 +209,13 @@ pub fn file_rows(file: &File) -> Result<FileRows, NoRows> {
             spans.push((
                 start,
                 end,
-                UnwindRow {
+                Row {
                     pc: start as u32,
-                    cfa_off,
-                    rbp_off,
-                    kind,
+                    rule: UnwindRule {
+                        cfa_off,
+                        rbp_off,
+                        kind,
+                    },
                 },
             ));
         }
@@ -218,7 +228,7 @@ pub fn file_rows(file: &File) -> Result<FileRows, NoRows> {
         if start > last_end && last_end != 0 {
             push(
                 &mut out.rows,
-                UnwindRow {
+                Row {
                     pc: last_end as u32,
                     ..Default::default()
                 },
@@ -230,24 +240,20 @@ pub fn file_rows(file: &File) -> Result<FileRows, NoRows> {
     if last_end != 0 {
         push(
             &mut out.rows,
-            UnwindRow {
+            Row {
                 pc: last_end as u32,
                 ..Default::default()
             },
         );
-    }
-    if out.rows.len() > MAX_FILE_ROWS as usize {
-        return Err(NoRows::TooBig);
     }
     Ok(out)
 }
 
 /// Appends `r` unless it only repeats the previous rule (most rows do, past
 /// a function's prologue). A row at the previous one's pc replaces it.
-fn push(rows: &mut Vec<UnwindRow>, r: UnwindRow) {
+fn push(rows: &mut Vec<Row>, r: Row) {
     if let Some(last) = rows.last_mut() {
-        let same = (last.kind, last.cfa_off, last.rbp_off) == (r.kind, r.cfa_off, r.rbp_off);
-        if same {
+        if last.rule == r.rule {
             return;
         }
         if last.pc == r.pc {
@@ -291,9 +297,13 @@ mod tests {
         );
         assert!(!t.segments.is_empty());
         // __restore_rt: the kernel's signal frame, its registers at rsp.
-        let sig: Vec<_> = t.rows.iter().filter(|r| r.kind == row::SIGNAL).collect();
+        let sig: Vec<_> = t
+            .rows
+            .iter()
+            .filter(|r| r.rule.kind == row::SIGNAL)
+            .collect();
         assert_eq!(sig.len(), 1, "{sig:?}");
-        assert_eq!((sig[0].cfa_off, sig[0].rbp_off), (160, 15));
+        assert_eq!((sig[0].rule.cfa_off, sig[0].rule.rbp_off), (160, 15));
     }
 
     #[test]

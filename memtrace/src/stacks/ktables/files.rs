@@ -54,27 +54,36 @@ impl KTables {
                 Slice::None("no unwind rows")
             }
             Ok(t) => {
-                let first = match self.rows.place(&t.rows) {
-                    Some(f) => Some(f),
-                    // Full: the rows no live process's table refers to go.
-                    None => {
-                        self.evict();
-                        self.rows.place(&t.rows)
-                    }
+                let rules = &mut self.rules;
+                let words = super::slice::encode(&t.rows, |r| rules.index(r));
+                let first = match &words {
+                    None => None,
+                    Some(w) => match self.rows.place(w) {
+                        Some(f) => Some(f),
+                        // Full: the rows no live process's table refers to go.
+                        None => {
+                            self.evict();
+                            self.rows.place(w)
+                        }
+                    },
                 };
-                match first {
-                    Some(first) => {
+                match (first, words) {
+                    (Some(first), Some(w)) => {
+                        let n = w.len() as u32;
+                        self.stats.words += n as u64;
                         self.stats.rows += t.rows.len() as u64;
+                        self.stats.rules = self.rules.count();
                         self.stats.rows_unsupported += t.unsupported;
                         self.stats.files += 1;
-                        self.share(id, first, t.rows.len() as u32, &t.segments);
+                        self.share(id, first, n, &t.segments);
                         Slice::Rows {
                             first,
-                            n: t.rows.len() as u32,
+                            n,
+                            rows: t.rows.len() as u32,
                             segments: Arc::new(t.segments),
                         }
                     }
-                    None => {
+                    _ => {
                         self.stats.files_over_budget += 1;
                         // Not only with -v: every stack through this file stops.
                         say!(
@@ -98,8 +107,9 @@ impl KTables {
         self.stats.build_ms += t0.elapsed().as_secs_f64() * 1e3;
         if self.verbose {
             match &s {
-                Slice::Rows { n, .. } => say!(
-                    "memtrace: unwind table: {path}: {n} rows ({:.1} ms)",
+                Slice::Rows { n, rows, .. } => say!(
+                    "memtrace: unwind table: {path}: {rows} rows in {:.1} KiB ({:.1} ms)",
+                    super::table_bytes(*n as u64) as f64 / 1024.0,
                     t0.elapsed().as_secs_f64() * 1e3
                 ),
                 Slice::None(why) => {
@@ -124,26 +134,24 @@ impl KTables {
                 }
             }
         }
-        let gone: Vec<(FileId, Option<(u32, u32)>)> = self
+        let gone: Vec<FileId> = self
             .files
             .iter()
             .filter_map(|(id, s)| match s {
                 _ if self.pinned.contains(id) => None,
-                Slice::Rows { first, n, .. } if !held.contains(first) => {
-                    Some((*id, Some((*first, *n))))
-                }
-                Slice::None(TABLE_FULL) => Some((*id, None)),
+                Slice::Rows { first, .. } if !held.contains(first) => Some(*id),
+                Slice::None(TABLE_FULL) => Some(*id),
                 _ => None,
             })
             .collect();
-        for (id, rows) in gone {
-            self.files.remove(&id);
-            let Some((first, n)) = rows else {
+        for id in gone {
+            let Some(Slice::Rows { first, n, rows, .. }) = self.files.remove(&id) else {
                 continue;
             };
             let _ = self.by_file.remove(&file_key(id));
             self.rows.release(first, n);
-            self.stats.rows -= n as u64;
+            self.stats.words -= n as u64;
+            self.stats.rows -= rows as u64;
             self.stats.files -= 1;
             self.stats.files_evicted += 1;
         }

@@ -8,6 +8,7 @@ pub mod build;
 mod files;
 mod rows;
 pub mod seed;
+mod slice;
 
 use std::collections::HashMap;
 use std::fs::File;
@@ -17,13 +18,14 @@ use std::time::{Duration, Instant};
 
 use aya::maps::{HashMap as BpfHash, Map, MapData};
 use memtrace_common::kunwind::{
-    UnwindFile, UnwindFileKey, UnwindMapping, UnwindProc, UnwindRow, MAX_UNWIND_MAPPINGS,
+    UnwindFile, UnwindFileKey, UnwindMapping, UnwindProc, MAX_UNWIND_MAPPINGS,
 };
 use memtrace_common::names;
 
 use crate::error::{Error, Result};
 use crate::process::proc::Mapping;
 use rows::Rows;
+use slice::Rules;
 
 pub type FileId = ((u32, u32), u64);
 
@@ -31,8 +33,10 @@ pub type FileId = ((u32, u32), u64);
 #[derive(Clone)]
 enum Slice {
     Rows {
+        /// The slice: `n` words from `first`, holding `rows` rows.
         first: u32,
         n: u32,
+        rows: u32,
         segments: Arc<Vec<(u64, u64, u64)>>,
     },
     None(&'static str),
@@ -41,8 +45,12 @@ enum Slice {
 /// What the tables hold and what they left out, for the summary and `-v`.
 #[derive(Debug, Default, Clone, Copy)]
 pub struct TableStats {
-    pub capacity_rows: u64,
+    /// 4-byte words of the row array, and those in use.
+    pub capacity_words: u64,
+    pub words: u64,
+    /// Rows in use, and the distinct rules they name.
     pub rows: u64,
+    pub rules: u64,
     pub files: u64,
     /// Rows whose rule the table cannot express (an unwind stops there).
     pub rows_unsupported: u64,
@@ -63,6 +71,7 @@ pub struct TableStats {
 
 pub struct KTables {
     rows: Rows,
+    rules: Rules,
     /// Generation of the last process table published.
     gen: u32,
     files: HashMap<FileId, Slice>,
@@ -76,8 +85,9 @@ pub struct KTables {
     refreshed: HashMap<u32, Instant>,
     verbose: bool,
     pub stats: TableStats,
-    /// Keeps the row array's map (and so the mapping) alive.
+    /// Keep the arrays' maps (and so their mappings) alive.
     _rows_map: Map,
+    _rules_map: Map,
 }
 
 /// Why a file that did not fit has no rows (tried again after an eviction).
@@ -93,9 +103,35 @@ fn file_key(((major, minor), ino): FileId) -> UnwindFileKey {
     }
 }
 
-/// Bytes of locked kernel memory `--unwind-table-size` rows take.
-pub fn table_bytes(rows: u32) -> u64 {
-    rows as u64 * std::mem::size_of::<UnwindRow>() as u64
+/// Bytes of locked kernel memory `words` rows (and headers) take.
+pub fn table_bytes(words: u64) -> u64 {
+    words * 4
+}
+
+/// Maps a BPF_F_MMAPABLE array shared and writable: (address, entries,
+/// bytes mapped). Its entries are 8 bytes apart, whatever their size.
+fn map_array(map: &Map, name: &str) -> Result<(*mut u64, u32, usize)> {
+    let Map::Array(data) = map else {
+        return Err(Error::Usage(format!("{name} is not an array")));
+    };
+    let len = data.info().map(|i| i.max_entries()).unwrap_or(0) as usize;
+    let page = crate::kernel::btf::page_size() as usize;
+    let bytes = (len * 8).div_ceil(page) * page;
+    // SAFETY: a shared mapping of a BPF_F_MMAPABLE array of `len` entries.
+    let ptr = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            bytes,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED,
+            data.fd().as_fd().as_raw_fd(),
+            0,
+        )
+    };
+    if ptr == libc::MAP_FAILED {
+        return Err(Error::Io(std::io::Error::last_os_error()));
+    }
+    Ok((ptr.cast(), len as u32, bytes))
 }
 
 /// Lets go of each process's table as it exits (`unwind_exit`).
@@ -123,29 +159,17 @@ impl KTables {
             .map_err(|e| Error::Usage(format!("UNWIND_MISSES: {e}")))?;
         let by_file = BpfHash::try_from(take(bpf, names::UNWIND_FILES.name)?)
             .map_err(|e| Error::Usage(format!("UNWIND_FILES: {e}")))?;
-        let Map::Array(data) = &rows_map else {
-            return Err(Error::Usage("UNWIND_ROWS is not an array".into()));
-        };
-        let len = data.info().map(|i| i.max_entries()).unwrap_or(0) as usize;
-        let page = crate::kernel::btf::page_size() as usize;
-        let bytes = (len * std::mem::size_of::<UnwindRow>()).div_ceil(page) * page;
-        // SAFETY: a shared mapping of a BPF_F_MMAPABLE array of `len` rows.
-        let ptr = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                bytes,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED,
-                data.fd().as_fd().as_raw_fd(),
-                0,
-            )
-        };
-        if ptr == libc::MAP_FAILED {
-            return Err(Error::Io(std::io::Error::last_os_error()));
-        }
+        let rules_map = take(bpf, names::UNWIND_RULES.name)?;
+        let (ptr, len, bytes) = map_array(&rows_map, names::UNWIND_ROWS.name)?;
+        // SAFETY: mapped just above, `bytes` long, two words an entry,
+        // owned here.
+        let rows = unsafe { Rows::new(ptr.cast(), 2 * len, bytes) };
+        let (rptr, rlen, rbytes) = map_array(&rules_map, names::UNWIND_RULES.name)?;
+        // SAFETY: as above; a new array is zeroed.
+        let rules = unsafe { Rules::new(rptr, rlen, rbytes) };
         Ok(KTables {
-            // SAFETY: mapped just above, `bytes` long, `len` rows.
-            rows: unsafe { Rows::new(ptr.cast(), len as u32, bytes) },
+            rows,
+            rules,
             gen: 0,
             files: HashMap::new(),
             procs,
@@ -156,10 +180,11 @@ impl KTables {
             refreshed: HashMap::new(),
             verbose,
             stats: TableStats {
-                capacity_rows: len as u64,
+                capacity_words: 2 * len as u64,
                 ..Default::default()
             },
             _rows_map: rows_map,
+            _rules_map: rules_map,
         })
     }
 
@@ -183,7 +208,9 @@ impl KTables {
             };
             self.pinned.insert(id);
             let (bias, rows, nrows) = match slice {
-                Slice::Rows { first, n, segments } => match bias(&segments, m) {
+                Slice::Rows {
+                    first, n, segments, ..
+                } => match bias(&segments, m) {
                     Some(b) => (b, first, n),
                     None => (0, 0, 0),
                 },
@@ -300,12 +327,11 @@ pub fn summary(
     v.extend([
         (
             "unwind_table_bytes",
-            Value::from(table_bytes(t.capacity_rows as u32)),
+            Value::from(table_bytes(t.capacity_words)),
         ),
-        (
-            "unwind_table_used_bytes",
-            Value::from(table_bytes(t.rows as u32)),
-        ),
+        ("unwind_table_used_bytes", Value::from(table_bytes(t.words))),
+        ("unwind_rows", Value::from(t.rows)),
+        ("unwind_rules", Value::from(t.rules)),
         ("unwind_table_files", Value::from(t.files)),
         ("unwind_rows_unsupported", Value::from(t.rows_unsupported)),
         ("unwind_files_no_info", Value::from(t.files_no_info)),

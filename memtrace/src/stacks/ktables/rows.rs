@@ -1,11 +1,10 @@
-//! The shared row array, mapped into memtrace, and which of its rows are
-//! free: files' slices are placed first-fit, and a file's rows go back when
-//! no live process's table refers to them (evicted to make room).
-
-use memtrace_common::kunwind::UnwindRow;
+//! The shared row array (4-byte words), mapped into memtrace, and which of
+//! its words are free: files' slices are placed first-fit, and a file's
+//! slice goes back when no live process's table refers to it (evicted to
+//! make room).
 
 pub(super) struct Rows {
-    ptr: *mut UnwindRow,
+    ptr: *mut u32,
     bytes: usize,
     /// Free extents (first, n), sorted by first, never adjacent.
     free: Vec<(u32, u32)>,
@@ -23,9 +22,9 @@ impl Drop for Rows {
 
 impl Rows {
     /// # Safety
-    /// `ptr` is a shared mapping of `bytes` bytes holding `len` rows, owned
+    /// `ptr` is a shared mapping of `bytes` bytes holding `len` words, owned
     /// from here on.
-    pub(super) unsafe fn new(ptr: *mut UnwindRow, len: u32, bytes: usize) -> Rows {
+    pub(super) unsafe fn new(ptr: *mut u32, len: u32, bytes: usize) -> Rows {
         Rows {
             ptr,
             bytes,
@@ -41,7 +40,7 @@ impl Rows {
 
     /// Copies `rows` into the first free extent that holds them; None when
     /// none does.
-    pub(super) fn place(&mut self, rows: &[UnwindRow]) -> Option<u32> {
+    pub(super) fn place(&mut self, rows: &[u32]) -> Option<u32> {
         let n = u32::try_from(rows.len()).ok()?;
         let i = self.free.iter().position(|&(_, len)| len >= n)?;
         let (first, len) = self.free[i];
@@ -82,8 +81,8 @@ impl Rows {
 mod tests {
     use super::*;
 
-    fn rows(len: u32) -> (Rows, Vec<UnwindRow>) {
-        let mut mem = vec![UnwindRow::default(); len as usize];
+    fn rows(len: u32) -> (Rows, Vec<u32>) {
+        let mut mem = vec![0u32; len as usize];
         let r = Rows {
             ptr: mem.as_mut_ptr(),
             bytes: 0,
@@ -95,15 +94,15 @@ mod tests {
     #[test]
     fn released_rows_are_placed_again_and_merge_with_their_neighbours() {
         let (mut r, mem) = rows(100);
-        let a = r.place(&[UnwindRow::default(); 40]).unwrap();
-        let b = r.place(&[UnwindRow::default(); 40]).unwrap();
+        let a = r.place(&[0u32; 40]).unwrap();
+        let b = r.place(&[0u32; 40]).unwrap();
         assert_eq!((a, b), (0, 40));
-        assert!(r.place(&[UnwindRow::default(); 30]).is_none());
+        assert!(r.place(&[0u32; 30]).is_none());
         r.release(a, 40);
         r.release(b, 40);
         // One extent again: the whole array.
         assert_eq!(r.free, vec![(0, 100)]);
-        assert_eq!(r.place(&[UnwindRow::default(); 100]), Some(0));
+        assert_eq!(r.place(&[0u32; 100]), Some(0));
         assert_eq!(r.free_rows(), 0);
         // Not unmapped: the test owns the memory.
         std::mem::forget(r);

@@ -3,7 +3,7 @@
 //! kernel program), and what the kernel programs need for it.
 
 use memtrace_common::{
-    kunwind::ROW_CACHE_SLOTS,
+    kunwind::{slice, ROW_CACHE_SLOTS},
     names, stack_mode,
     stacks::{UstackConfig, STACK_SAMPLE_HDR},
     Filter,
@@ -88,6 +88,7 @@ pub(crate) fn setup(
         loader.global(names::USTACK, &cfg);
         loader.max_entries(names::USTACKS, 16384);
         loader.max_entries(names::UNWIND_ROWS, args.unwind_table_size);
+        loader.max_entries(names::UNWIND_RULES, slice::MAX_RULES);
         loader.max_entries(names::UNWIND_PROCS, 8192);
         loader.max_entries(names::UNWIND_MISSES, 8192);
         loader.max_entries(names::UNWIND_CACHE, ROW_CACHE_SLOTS);
@@ -104,7 +105,9 @@ pub(crate) fn setup(
         say!(
             "memtrace: user stacks: dwarf{}, unwound in the kernel (every event; unwind tables up to {}, --unwind-table-size)",
             if auto { " (auto)" } else { "" },
-            crate::output::human(crate::stacks::ktables::table_bytes(args.unwind_table_size))
+            crate::output::human(crate::stacks::ktables::table_bytes(
+                2 * args.unwind_table_size as u64
+            ))
         );
         return Ok(None);
     }
