@@ -80,13 +80,21 @@ fn drop_line_info(obj: &mut [u8]) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Compiles memleak's allocator shim (preload/memtrace_preload.c) into a
-/// shared object that memtrace embeds and writes out for `memleak -c`.
-/// The system C compiler (`$CC`, else `cc`): one file with no dependency
-/// but glibc (libc and libm), so no build system is needed around it.
+/// Compiles memleak's allocator shim (preload/*.c) into a shared object
+/// that memtrace embeds and writes out for `memleak -c`. The system C
+/// compiler (`$CC`, else `cc`): three files with no dependency but glibc
+/// (libc and libm), so no build system is needed around them.
 fn preload() -> anyhow::Result<()> {
-    let src = "preload/memtrace_preload.c";
-    println!("cargo:rerun-if-changed={src}");
+    let srcs = [
+        "preload/memtrace_preload.c",
+        "preload/compose.c",
+        "preload/cxx.c",
+        "preload/shim.h",
+    ];
+    for s in srcs {
+        println!("cargo:rerun-if-changed={s}");
+    }
+    let src = srcs[0];
     println!("cargo:rerun-if-env-changed=CC");
     let out = std::path::PathBuf::from(std::env::var("OUT_DIR")?).join("memtrace_preload.so");
     let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
@@ -106,7 +114,7 @@ fn preload() -> anyhow::Result<()> {
             "-o",
         ])
         .arg(&out)
-        .arg(src)
+        .args(&srcs[..3])
         // log and expm1, for the sampling gaps and weights.
         .arg("-lm")
         .status()

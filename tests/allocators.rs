@@ -1,7 +1,9 @@
 //! `memtrace memleak` on a program linked with an allocator of its own (as
 //! redis-server is with jemalloc): with `-c` the preloaded shim hands its
 //! calls to that allocator, not glibc's; with `-p` the probes go into that
-//! allocator, not libc's. Both report its leaks exactly.
+//! allocator, not libc's. Both report its leaks exactly. And the ways a
+//! program reaches past a preload (dlsym in a library's handle, exec with
+//! an environment of its own) still reach the shim.
 
 mod common;
 
@@ -121,4 +123,107 @@ fn a_program_with_its_own_allocator_keeps_it_under_the_shim() {
     assert_exact(&out.stdout);
     let summary = &json_of(&out.stdout, "summary")[0];
     assert_eq!(summary["lost"]["map_full"], 0, "{summary}");
+}
+
+/// `LD_PRELOAD=lib prog` in the command line replaces the shim's
+/// LD_PRELOAD for prog: the shim in the shell puts itself back first, and
+/// forwards to the preloaded allocator. Before, prog ran without the shim
+/// and its leaks were not seen at all.
+#[test]
+fn the_command_s_own_ld_preload_runs_beside_the_shim() {
+    let prog = own_allocator_program();
+    let lib = prog.with_file_name("libownalloc.so");
+    let cmd = format!(
+        "LD_PRELOAD={} {} {K} {SIZE} {N}",
+        lib.display(),
+        prog.display()
+    );
+    let out = run(&["memleak", "--json", "--top", "50", "-c", &cmd]);
+    assert_eq!(out.code, 0, "{}\n{}", out.stdout, out.stderr);
+    assert_exact(&out.stdout);
+}
+
+/// Python's ctypes finds malloc with dlsym in libc's own handle, past the
+/// preload: the shim's dlsym hands it the shim's malloc. 2,000 blocks of
+/// 3,000 bytes, half freed, the rest held when python ends (os._exit).
+#[test]
+fn ctypes_calls_to_libc_s_malloc_are_seen_through_the_shim() {
+    let py = "/usr/bin/python3";
+    if !Path::new(py).exists() {
+        return skip(
+            "ctypes_calls_to_libc_s_malloc_are_seen_through_the_shim",
+            "no /usr/bin/python3",
+        );
+    }
+    let code = "import ctypes, os; libc = ctypes.CDLL('libc.so.6'); \
+                libc.malloc.restype = ctypes.c_void_p; libc.free.argtypes = [ctypes.c_void_p]; \
+                ps = [libc.malloc(3000) for _ in range(2000)]; \
+                [libc.free(p) for p in ps[:1000]]; os._exit(0)";
+    let cmd = format!("{py} -c \"{code}\"");
+    let out = run(&["memleak", "--json", "-c", &cmd]);
+    assert_eq!(out.code, 0, "{}\n{}", out.stdout, out.stderr);
+    // Called from libffi's ffi_call on ctypes' behalf.
+    assert_eq!(
+        held(&out.stdout, "ffi_call"),
+        (1000, 3_000_000),
+        "{}",
+        out.stdout
+    );
+}
+
+/// The shim's dlsym passes RTLD_NEXT lookups on as a tail call, so glibc
+/// still resolves them from the program's place, not the shim's.
+#[test]
+fn rtld_next_from_the_program_is_resolved_from_the_program() {
+    let prog = Path::new(env!("CARGO_TARGET_TMPDIR")).join("rtld-next");
+    cc(&["-O2", src("next.c").to_str().unwrap()], &prog);
+    let out = run(&["memleak", "-c", prog.to_str().unwrap()]);
+    assert_eq!(out.code, 0, "{}\n{}", out.stdout, out.stderr);
+    assert!(out.stdout.contains("rtld-next same"), "{}", out.stdout);
+}
+
+/// C++ `new` on a program linked with jemalloc, which defines operator new
+/// and delete itself and serves them without calling its malloc: under
+/// `-c` the shim's operator new takes them, under `-p` jemalloc's are
+/// probed. Both see every block, with the calling function in the stack.
+#[test]
+fn cpp_new_served_by_jemalloc_is_seen_with_and_without_the_shim() {
+    let je = Path::new("/usr/lib/x86_64-linux-gnu/libjemalloc.so.2");
+    let have_cxx = Command::new("c++").arg("--version").output().is_ok();
+    if !je.exists() || !have_cxx {
+        return skip(
+            "cpp_new_served_by_jemalloc_is_seen_with_and_without_the_shim",
+            "needs libjemalloc.so.2 (apt libjemalloc2) and a C++ compiler",
+        );
+    }
+    let prog = Path::new(env!("CARGO_TARGET_TMPDIR")).join("cxx-jemalloc");
+    let st = status_within(
+        Command::new("c++")
+            .args(["-O2", "-g"])
+            .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/workload/nofp/leak.cpp"))
+            .arg(je)
+            .arg("-o")
+            .arg(&prog),
+        std::time::Duration::from_secs(120),
+    );
+    assert!(st.success(), "building {} failed", prog.display());
+    const NEW: u64 = 300;
+    // Blob is 200 bytes.
+    let want = (NEW, NEW * 200);
+    let cmd = format!("{} {NEW}", prog.display());
+    let out = run(&["memleak", "--json", "-c", &cmd]);
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    assert_eq!(held(&out.stdout, "cpp_leak_inner"), want, "{}", out.stdout);
+    let mut p = Command::new(&prog)
+        .args([NEW.to_string(), "1500".into()])
+        .spawn()
+        .expect("spawn the C++ program");
+    // Its libraries mapped (it waits 1.5 s before its first new).
+    std::thread::sleep(std::time::Duration::from_millis(400));
+    let t = Tracer::start(&["memleak", "-v", "--json", "-p", &p.id().to_string()]);
+    assert!(wait_child(&mut p, std::time::Duration::from_secs(30)).success());
+    let out = t.wait(std::time::Duration::from_secs(30));
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    assert!(out.stderr.contains("_Znwm"), "{}", out.stderr);
+    assert_eq!(held(&out.stdout, "cpp_leak_inner"), want, "{}", out.stdout);
 }

@@ -148,35 +148,82 @@ fn count_by_ustack_equals_brkstack_through_glibc_by_default() {
     );
 }
 
-/// Python 3.11 as Debian builds it (no frame pointers): faults in the
-/// interpreter unwind through the eval loop to the interpreter's main.
-#[test]
-fn python_fault_stacks_reach_main_by_default() {
-    let py = "/usr/bin/python3";
-    if !std::path::Path::new(py).exists() {
-        return skip(
-            "python_fault_stacks_reach_main_by_default",
-            "no /usr/bin/python3",
-        );
+const PY: &str = "/usr/bin/python3";
+
+/// How a test points the tracer at its program.
+#[derive(Clone, Copy)]
+enum Target {
+    Cmd,
+    Pid,
+    SystemWide,
+}
+
+/// Whether Debian's python3 (built without frame pointers) is here; a skip
+/// names `test` where not.
+fn python3(test: &str) -> bool {
+    let here = std::path::Path::new(PY).exists();
+    if !here {
+        skip(test, "no /usr/bin/python3");
     }
-    let cmd = format!("{py} -c 'a = [bytearray(4096) for _ in range(20000)]'");
-    let (out, summary) = trace(&["faults", "--stacks", "--json", "-c", &cmd]);
-    assert_default_unwinder(&summary);
-    let stacks = json_of(&out, "fault_stack");
+    here
+}
+
+/// Python filling a list with 20,000 one-page bytearrays, traced by
+/// `faults --stacks` as `target` says: its fault stacks. With -p and
+/// system-wide it waits `wait_ms` first (for the tracer, and for its own
+/// tables to be read).
+fn python_fault_stacks(target: Target, wait_ms: u64) -> Vec<serde_json::Value> {
+    let code = format!(
+        "import time; time.sleep({}); a = [bytearray(4096) for _ in range(20000)]",
+        wait_ms as f64 / 1000.0
+    );
+    let stdout = match target {
+        Target::Cmd => {
+            let cmd = format!("{PY} -c '{code}'");
+            let (out, summary) = trace(&["faults", "--stacks", "--json", "-c", &cmd]);
+            assert_default_unwinder(&summary);
+            out
+        }
+        Target::Pid | Target::SystemWide => {
+            let mut p = Command::new(PY)
+                .args(["-c", &code])
+                .spawn()
+                .expect("spawn python3");
+            let pid = p.id().to_string();
+            let t = match target {
+                Target::Pid => Tracer::start(&["faults", "--stacks", "--json", "-p", &pid]),
+                _ => Tracer::start(&["faults", "--stacks", "--json", "-d", "6"]),
+            };
+            assert!(wait_child(&mut p, WAIT).success());
+            let out = t.wait(Duration::from_secs(30));
+            assert_eq!(out.code, 0, "{}", out.stderr);
+            let summary = json_of(&out.stdout, "summary").pop().expect("a summary");
+            assert_default_unwinder(&summary);
+            out.stdout
+        }
+    };
+    json_of(&stdout, "fault_stack")
+        .into_iter()
+        .filter(|s| s["comm"] == "python3")
+        .collect()
+}
+
+/// Most of python's faults (the list's pages, touched from bytecode) are
+/// complete stacks through the eval loop, the largest of them through
+/// Py_RunMain to main.
+fn assert_through_the_eval_loop(stacks: &[serde_json::Value]) {
     let total: u64 = stacks.iter().map(|s| s["count"].as_u64().unwrap()).sum();
+    let eval = |s: &&serde_json::Value| at(&user_frames(s), "_PyEval_EvalFrameDefault").is_some();
     let through_eval: u64 = stacks
         .iter()
-        .filter(|s| {
-            let f = user_frames(s);
-            at(&f, "_PyEval_EvalFrameDefault").is_some() && complete(s)
-        })
+        .filter(|s| eval(s) && complete(s))
         .map(|s| s["count"].as_u64().unwrap())
         .sum();
-    // Most of the faults are the list's pages, touched from bytecode.
-    assert!(through_eval * 2 > total, "{through_eval} of {total}: {out}");
+    assert!(through_eval >= 10_000, "{through_eval} of {total}");
+    assert!(through_eval * 2 > total, "{through_eval} of {total}");
     let top = stacks
         .iter()
-        .filter(|s| at(&user_frames(s), "_PyEval_EvalFrameDefault").is_some())
+        .filter(eval)
         .max_by_key(|s| s["count"].as_u64())
         .expect("a stack through the eval loop");
     assert_in_order(
@@ -185,17 +232,37 @@ fn python_fault_stacks_reach_main_by_default() {
     );
 }
 
-/// C++ built without frame pointers: memleak's stacks, by default, name
-/// the function that called operator new, not operator new alone.
 #[test]
-fn cpp_memleak_stacks_name_the_caller_of_operator_new_by_default() {
-    if Command::new("c++").arg("--version").output().is_err() {
-        return skip(
-            "cpp_memleak_stacks_name_the_caller_of_operator_new_by_default",
-            "no C++ compiler",
-        );
+fn python_fault_stacks_reach_main_by_default() {
+    if python3("python_fault_stacks_reach_main_by_default") {
+        assert_through_the_eval_loop(&python_fault_stacks(Target::Cmd, 0));
     }
-    let bin = build(
+}
+
+#[test]
+fn python_fault_stacks_with_pid_reach_main_by_default() {
+    if python3("python_fault_stacks_with_pid_reach_main_by_default") {
+        assert_through_the_eval_loop(&python_fault_stacks(Target::Pid, 1500));
+    }
+}
+
+/// Python system-wide, started after attach: its faults, once its tables
+/// are in (it waits a moment first), unwind through the eval loop to main.
+#[test]
+fn system_wide_python_stacks_reach_main_by_default() {
+    if python3("system_wide_python_stacks_reach_main_by_default") {
+        assert_through_the_eval_loop(&python_fault_stacks(Target::SystemWide, 700));
+    }
+}
+
+/// The C++ workload (`leak.cpp`) built without frame pointers, None where
+/// there is no C++ compiler (a skip names `test`).
+fn cpp_workload(test: &str) -> Option<std::path::PathBuf> {
+    if Command::new("c++").arg("--version").output().is_err() {
+        skip(test, "no C++ compiler");
+        return None;
+    }
+    Some(build(
         "nofp-cpp",
         Command::new("c++")
             .args([
@@ -205,20 +272,76 @@ fn cpp_memleak_stacks_name_the_caller_of_operator_new_by_default() {
                 "-fno-optimize-sibling-calls",
             ])
             .arg(src("leak.cpp")),
-    );
+    ))
+}
+
+/// C++ built without frame pointers: memleak's stacks, by default, name
+/// the function that called operator new, not operator new alone, with
+/// exact counts, under `-c` (the shim) and `-p` (uprobes on glibc).
+#[test]
+fn cpp_memleak_stacks_name_the_caller_of_operator_new_by_default() {
+    let Some(bin) = cpp_workload("cpp_memleak_stacks_name_the_caller_of_operator_new_by_default")
+    else {
+        return;
+    };
     const N: u64 = 300;
     let cmd = format!("{} {N}", bin.display());
-    let (out, summary) = trace(&["memleak", "--json", "-c", &cmd]);
+    let (by_cmd, summary) = trace(&["memleak", "--json", "-c", &cmd]);
     assert_default_unwinder(&summary);
-    let s = through(&out, "memleak", "cpp_leak_inner");
+    let mut p = Command::new(&bin)
+        .args([N.to_string(), "1500".into()])
+        .spawn()
+        .expect("spawn the C++ workload");
+    let t = Tracer::start(&["memleak", "--json", "-p", &p.id().to_string()]);
+    assert!(wait_child(&mut p, WAIT).success());
+    let by_pid = t.wait(Duration::from_secs(30));
+    assert_eq!(by_pid.code, 0, "{}", by_pid.stderr);
+    // The shim serves operator new itself (its frames are dropped): the
+    // stack starts at the caller. Through uprobes on malloc, at libstdc++'s
+    // operator new, then the caller.
+    for (out, first) in [
+        (&by_cmd, "cpp_leak_inner"),
+        (&by_pid.stdout, "operator new"),
+    ] {
+        let s = through(out, "memleak", "cpp_leak_inner");
+        let n: u64 = s.iter().map(|s| s["count"].as_u64().unwrap()).sum();
+        assert_eq!(n, N, "{out}");
+        let f = user_frames(&s[0]);
+        assert!(f[0].starts_with(first), "{f:#?}");
+        assert_in_order(&f, &["cpp_leak_inner", "cpp_leak_outer", "main"]);
+        assert!(complete(&s[0]), "{f:#?}");
+    }
+}
+
+/// The same C++ program traced system-wide, started after attach: the
+/// faults of the blocks it fills unwind through libstdc++'s operator new
+/// or its own frames to main.
+#[test]
+fn system_wide_cpp_fault_stacks_reach_main_by_default() {
+    let Some(bin) = cpp_workload("system_wide_cpp_fault_stacks_reach_main_by_default") else {
+        return;
+    };
+    let t = Tracer::start(&["faults", "--stacks", "--json", "-d", "5"]);
+    // 20,000 blocks of 200 bytes: about a thousand fresh heap pages,
+    // touched from cpp_leak_inner (Blob's zeroing is inlined there).
+    let mut p = Command::new(&bin)
+        .args(["20000", "700"])
+        .spawn()
+        .expect("spawn the C++ workload");
+    assert!(wait_child(&mut p, WAIT).success());
+    let out = t.wait(Duration::from_secs(30));
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    let s: Vec<_> = json_of(&out.stdout, "fault_stack")
+        .into_iter()
+        .filter(|s| s["comm"] == "nofp-cpp" && at(&user_frames(s), "cpp_leak_inner").is_some())
+        .collect();
     let n: u64 = s.iter().map(|s| s["count"].as_u64().unwrap()).sum();
-    assert_eq!(n, N, "{out}");
-    let f = user_frames(&s[0]);
+    assert!(n >= 900, "{n}: {}", out.stdout);
+    assert!(s.iter().all(complete), "{s:#?}");
     assert_in_order(
-        &f,
-        &["operator new", "cpp_leak_inner", "cpp_leak_outer", "main"],
+        &user_frames(&s[0]),
+        &["cpp_leak_inner", "cpp_leak_outer", "main"],
     );
-    assert!(complete(&s[0]), "{f:#?}");
 }
 
 /// A table too small for every file a run meets: the rows of files no live
@@ -261,41 +384,4 @@ fn rows_of_files_no_process_maps_make_room_for_new_ones() {
         .filter(|s| s["comm"] == "perl" && complete(s))
         .collect();
     assert!(!perl.is_empty(), "{out}");
-}
-
-/// Python system-wide, started after attach: its faults, once its tables
-/// are in (it waits a moment first), unwind through the eval loop to main.
-#[test]
-fn system_wide_python_stacks_reach_main_by_default() {
-    let py = "/usr/bin/python3";
-    if !std::path::Path::new(py).exists() {
-        return skip(
-            "system_wide_python_stacks_reach_main_by_default",
-            "no /usr/bin/python3",
-        );
-    }
-    let t = Tracer::start(&["faults", "--stacks", "--json", "-d", "6"]);
-    let mut p = Command::new(py)
-        .args([
-            "-c",
-            "import time; time.sleep(0.7); a = [bytearray(4096) for _ in range(20000)]",
-        ])
-        .spawn()
-        .expect("spawn python3");
-    assert!(wait_child(&mut p, WAIT).success());
-    let out = t.wait(Duration::from_secs(30));
-    assert_eq!(out.code, 0, "{}", out.stderr);
-    let stacks: Vec<_> = json_of(&out.stdout, "fault_stack")
-        .into_iter()
-        .filter(|s| s["comm"] == "python3")
-        .collect();
-    let total: u64 = stacks.iter().map(|s| s["count"].as_u64().unwrap()).sum();
-    let through_eval: u64 = stacks
-        .iter()
-        .filter(|s| at(&user_frames(s), "_PyEval_EvalFrameDefault").is_some() && complete(s))
-        .map(|s| s["count"].as_u64().unwrap())
-        .sum();
-    // 20,000 bytearrays of a page: most of its faults, complete.
-    assert!(through_eval >= 10_000, "{through_eval} of {total}");
-    assert!(through_eval * 2 > total, "{through_eval} of {total}");
 }

@@ -22,6 +22,9 @@
  * else defines them. Forwarding to glibc regardless handed the program
  * glibc's blocks and its allocator's other functions (malloc_usable_size,
  * mallctl) jemalloc's: redis-server crashed at start.
+ *
+ * compose.c closes the ways a program reaches past a preload (dlsym in a
+ * library's handle, exec with an environment of its own).
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
@@ -43,10 +46,7 @@ extern void *__libc_memalign(size_t, size_t);
 extern void *__libc_valloc(size_t);
 extern void *__libc_pvalloc(size_t);
 
-/* Weak, and glibc's oldest version: before 2.34 dlsym is libdl's, which the
- * program may not load; then the shim forwards to glibc as it always did. */
-#pragma weak dlsym
-__asm__(".symver dlsym,dlsym@GLIBC_2.2.5");
+#include "shim.h"
 
 #define EXPORT __attribute__((visibility("default")))
 #define SITE __attribute__((noinline, used)) EXPORT
@@ -195,11 +195,13 @@ static __attribute__((noinline)) void resolve_slow(void) {
   if (busy)
     return; /* dlsym's own calls (none when it succeeds) go to glibc */
   busy = 1;
-  void *m = dlsym ? dlsym(RTLD_NEXT, "malloc") : NULL;
+  /* Before glibc 2.34 without libdl: glibc's, as the shim always did. */
+  dlsym_fn dl = memtrace_real_dlsym();
+  void *m = dl ? dl(RTLD_NEXT, "malloc") : NULL;
   if (m && m != (void *)__libc_malloc) {
 #define NEXT(f)                                                                                    \
   do {                                                                                             \
-    void *s = dlsym(RTLD_NEXT, #f);                                                                \
+    void *s = dl(RTLD_NEXT, #f);                                                                   \
     if (s)                                                                                         \
       __builtin_memcpy(&next.f, &s, sizeof s);                                                     \
   } while (0)

@@ -51,39 +51,42 @@ fn find_mapping(p: &UnwindProc, pc: u64) -> Option<&UnwindMapping> {
     (m.start <= pc && pc < m.end).then_some(m)
 }
 
-/// Word `i` of the row array: little-endian, the even one is the low half.
+/// Word `i` of the row array (little-endian: the even one is the low
+/// half), 0 where there is none.
 #[inline(always)]
-fn word(i: u64) -> Option<u64> {
-    UNWIND_ROWS
-        .get((i >> 1) as u32)
-        .map(|e| (*e >> ((i & 1) << 5)) & 0xffff_ffff)
+fn word(i: u64) -> u64 {
+    match UNWIND_ROWS.get((i >> 1) as u32) {
+        Some(e) => (*e >> ((i & 1) << 5)) & 0xffff_ffff,
+        None => 0,
+    }
 }
 
 /// The rule for file-relative `rel` in the file slice at `s`: its page's
-/// rows searched for the last one starting at or before it.
+/// rows searched for the last one starting at or before it. Straight-line
+/// (a failed read gives 0, which ends in the checks below): an early
+/// return per read left a 6.1 verifier reading a stack slot one path had
+/// not written.
 #[inline(always)]
 pub(super) fn find_rule(s: u32, rel: u64) -> Option<UnwindRule> {
     let s = s as u64;
-    let first_page = word(s + slice::FIRST_PAGE as u64)?;
-    let pages = word(s + slice::PAGES as u64)?;
-    let page = (rel >> slice::PAGE_SHIFT).checked_sub(first_page)?;
-    if page >= pages {
+    let page = (rel >> slice::PAGE_SHIFT).wrapping_sub(word(s + slice::FIRST_PAGE as u64));
+    let pages = word(s + slice::PAGES as u64);
+    let at = s + slice::STARTS as u64 + (page & 0xffff);
+    let first = word(at);
+    let n = word(at + 1).saturating_sub(first);
+    if page >= pages || n == 0 {
         return None;
     }
-    let at = s + slice::STARTS as u64 + page;
-    let (first, end) = (word(at)?, word(at + 1)?);
     let key = rel & 0xffff;
-    let (mut lo, mut n) = (s + first, end.checked_sub(first)?);
+    let (mut lo, mut n) = (s + first, n);
     // Fixed steps (a half of 0 changes nothing): an early exit would give
     // the verifier one more path per step. A page's first row is at 0.
     for _ in 0..ROW_STEPS {
         let half = n >> 1;
-        let pc = word(lo + half).map_or(u64::MAX, |w| w >> 16);
-        lo += half * le(pc, key);
+        lo += half * le(word(lo + half) >> 16, key);
         n -= half;
     }
-    let rule = word(lo)? & 0xffff;
-    UNWIND_RULES.get(rule as u32).copied()
+    UNWIND_RULES.get((word(lo) & 0xffff) as u32).copied()
 }
 
 /// The row for `pc` in process `p` (`tgid`): from this CPU's cache of rows

@@ -34,22 +34,33 @@ pub struct Library {
 /// The first mapped object of `pid` (or of memtrace itself) whose file name
 /// `matches`.
 pub fn mapped_library(pid: Option<u32>, matches: impl Fn(&str) -> bool) -> Option<Library> {
+    mapped_libraries(pid, matches).into_iter().next()
+}
+
+/// Every file mapped by `pid` (memtrace itself for None) whose name
+/// `matches`, in address order, each once.
+pub fn mapped_libraries(pid: Option<u32>, matches: impl Fn(&str) -> bool) -> Vec<Library> {
     let maps = match pid {
-        Some(p) => crate::process::proc::read_maps(p)?,
-        None => crate::process::proc::parse_maps_bytes(&std::fs::read("/proc/self/maps").ok()?),
+        Some(p) => crate::process::proc::read_maps(p),
+        None => std::fs::read("/proc/self/maps")
+            .ok()
+            .map(|b| crate::process::proc::parse_maps_bytes(&b)),
     };
-    let m = maps.into_iter().find(|m| {
-        let name = m.path.rsplit('/').next().unwrap_or("");
-        m.path.starts_with('/') && matches(name)
-    })?;
-    let path = match pid {
-        Some(p) => m.file_in(p),
-        None => m.file.clone(),
-    };
-    Some(Library {
-        path,
-        shown: m.path,
-    })
+    let mut seen = std::collections::HashSet::new();
+    maps.unwrap_or_default()
+        .into_iter()
+        .filter(|m| {
+            let name = m.path.rsplit('/').next().unwrap_or("");
+            m.path.starts_with('/') && matches(name) && seen.insert(m.path.clone())
+        })
+        .map(|m| Library {
+            path: match pid {
+                Some(p) => m.file_in(p),
+                None => m.file.clone(),
+            },
+            shown: m.path,
+        })
+        .collect()
 }
 
 /// Whether a file name is a C library's: `libc.so.6`, `libc-2.31.so`, musl's

@@ -1,7 +1,9 @@
 // Leaks N objects through two named functions, built without frame
 // pointers: memleak's stacks must pass operator new (libstdc++, no frame
-// pointers either) to reach them. Held until the tracer reports.
+// pointers either) to reach them. Held until the tracer reports. An
+// optional second argument waits that many ms first (for -p).
 #include <cstdlib>
+#include <unistd.h>
 #include <vector>
 
 struct Blob {
@@ -26,6 +28,8 @@ __attribute__((noinline)) void cpp_leak_outer(int n)
 int main(int argc, char **argv)
 {
 	int n = argc > 1 ? atoi(argv[1]) : 100;
+	if (argc > 2)
+		usleep(atoi(argv[2]) * 1000);
 	kept = new std::vector<Blob *>();
 	kept->reserve(n);
 	cpp_leak_outer(n);

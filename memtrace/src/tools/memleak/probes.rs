@@ -16,7 +16,9 @@ use super::Args;
 use crate::error::{Error, Result};
 use crate::kernel::Format;
 use crate::session::attach::Probe;
-use crate::session::uprobe::{is_libc, mapped_library, placement, Library, Placement, Symbols};
+use crate::session::uprobe::{
+    is_libc, mapped_libraries, mapped_library, placement, Library, Placement, Symbols,
+};
 
 /// Allocation functions with how they take their arguments, and the
 /// argument registers the entry program reads for that shape.
@@ -30,6 +32,37 @@ const ALLOCATORS: &[(&str, u64)] = &[
     ("memalign", shape::ALIGNED),
     ("valloc", shape::SIZE),
     ("pvalloc", shape::PVALLOC),
+];
+
+/// C++'s operator new variants (plain, array; nothrow; aligned), size
+/// first: probed where the allocator's object defines them (jemalloc,
+/// tcmalloc serve them without calling their malloc). libstdc++'s call
+/// malloc, which is probed already: they are not.
+const CXX_NEW: &[&str] = &[
+    "_Znwm",
+    "_Znam",
+    "_ZnwmRKSt9nothrow_t",
+    "_ZnamRKSt9nothrow_t",
+    "_ZnwmSt11align_val_t",
+    "_ZnamSt11align_val_t",
+    "_ZnwmSt11align_val_tRKSt9nothrow_t",
+    "_ZnamSt11align_val_tRKSt9nothrow_t",
+];
+
+/// operator delete variants, the block first: each a free.
+const CXX_DELETE: &[&str] = &[
+    "_ZdlPv",
+    "_ZdaPv",
+    "_ZdlPvm",
+    "_ZdaPvm",
+    "_ZdlPvRKSt9nothrow_t",
+    "_ZdaPvRKSt9nothrow_t",
+    "_ZdlPvSt11align_val_t",
+    "_ZdaPvSt11align_val_t",
+    "_ZdlPvmSt11align_val_t",
+    "_ZdaPvmSt11align_val_t",
+    "_ZdlPvSt11align_val_tRKSt9nothrow_t",
+    "_ZdaPvSt11align_val_tRKSt9nothrow_t",
 ];
 
 fn args_read(sh: u64) -> &'static [Register] {
@@ -57,8 +90,11 @@ fn object(a: &Args, target: Option<u32>) -> Result<(Library, Symbols)> {
     let pid = if a.common.pid.is_some() { target } else { None };
     // A program linked with another allocator calls its malloc, not libc's
     // (redis-server and jemalloc): probing libc would see next to nothing.
-    if let Some(lib) = pid.and_then(|p| mapped_library(Some(p), is_other_allocator)) {
-        let name = format!("{}malloc", a.symbol_prefix);
+    // The first that defines malloc (a program named "...alloc..." is not
+    // one).
+    let name = format!("{}malloc", a.symbol_prefix);
+    let candidates = pid.map_or_else(Vec::new, |p| mapped_libraries(Some(p), is_other_allocator));
+    for lib in candidates {
         if let Some(syms) = Symbols::open(&lib.path)
             .ok()
             .filter(|s| s.function(&name).is_some())
@@ -119,10 +155,18 @@ pub fn user(
     let mut seen = std::collections::HashSet::new();
     let mut points = Vec::new();
     let prefix = &a.symbol_prefix;
-    for &(f, sh) in ALLOCATORS {
-        let name = format!("{prefix}{f}");
+    let cxx: Vec<(String, u64)> = CXX_NEW
+        .iter()
+        .filter(|_| !is_libc(&lib.shown))
+        .filter(|f| syms.function(f).is_some())
+        .map(|f| (f.to_string(), shape::SIZE))
+        .collect();
+    let c = ALLOCATORS
+        .iter()
+        .map(|&(f, sh)| (format!("{prefix}{f}"), sh));
+    for (name, sh) in c.chain(cxx.iter().cloned()) {
         let Some(func) = syms.function(&name) else {
-            if f == "malloc" {
+            if name == format!("{prefix}malloc") {
                 return Err(Error::Usage(format!(
                     "{}: no function {name} (is it the allocator? -O and --symbol-prefix choose)",
                     lib.shown
@@ -158,10 +202,27 @@ pub fn user(
     said.push(describe(&free, at.offset, at.emulated));
     probes.push(Probe::new(format!("{free} calls")).uprobe(
         ML_FREE,
-        path,
+        path.clone(),
         func.file_offset + at.offset,
         pid,
     ));
+    let mut freed = std::collections::HashSet::from([func.file_offset]);
+    for name in CXX_DELETE.iter().filter(|_| !cxx.is_empty()) {
+        let Some(func) = syms.function(name) else {
+            continue;
+        };
+        if !freed.insert(func.file_offset) {
+            continue;
+        }
+        let at = place(a, &func.code, &[Register::RDI], false);
+        said.push(describe(name, at.offset, at.emulated));
+        probes.push(Probe::new(format!("{name} calls")).uprobe(
+            ML_FREE,
+            path.clone(),
+            func.file_offset + at.offset,
+            pid,
+        ));
+    }
     said.insert(0, format!("allocator in {}", lib.shown));
 
     let enter = Format::load("syscalls", "sys_enter_mmap")?;
