@@ -16,6 +16,10 @@ pub struct FaultConfig {
     /// Non-zero: a new count takes the faulting task's memory cgroup
     /// (`top`, `serve`), read through TASK's offsets.
     pub memcg: u32,
+    /// By stack: slots in `FAULT_SLOTS` minus one where a fault the full
+    /// count map could not take is counted by process (0: none; then it
+    /// is counted in `FAULT_SPILL` only).
+    pub spill_mask: u32,
 }
 
 /// One process's fault counts on one CPU, in the direct-mapped slot

@@ -84,6 +84,10 @@ pub const USTACK_NOT_SAMPLED: i32 = -3;
 /// folded into one under memtrace's bound on kept counts.
 pub const USTACK_FOLDED: i32 = -4;
 
+/// A user stack id meaning: counted while the count map was full, by
+/// process, without its stacks (faults' spill slots).
+pub const USTACK_SPILLED: i32 = -5;
+
 /// Most user frames a stack walked or unwound in the kernel keeps (a power
 /// of two: indexes are masked with it).
 pub const MAX_UFRAMES: usize = 128;

@@ -31,6 +31,7 @@ static FAULT_CFG: Global<FaultConfig> = Global::new(FaultConfig {
     tp_error_code: 0,
     slot_mask: 0,
     memcg: 0,
+    spill_mask: 0,
 });
 
 /// Count-by-process slots (see `FaultSlot`); a colliding process falls back
@@ -70,7 +71,8 @@ fn count_in_slot(tgid: u32, kernel_mode: u32, mask: u32) -> bool {
 
 /// Faults counted, by mode, while the count map was full between two of
 /// memtrace's drains (a burst of new processes while memtrace waits for a
-/// CPU): kept without process or stack rather than lost.
+/// CPU) and no spill slot could take them: kept without process or stack
+/// rather than lost.
 #[map]
 static FAULT_SPILL: PerCpuArray<u64> = PerCpuArray::with_max_entries(2, 0);
 
@@ -130,10 +132,18 @@ fn count<C: StackIdContext>(
         comm: bpf_get_current_comm().unwrap_or([0; TASK_COMM_LEN]),
     };
     if map.insert(&key, &v, 0).is_err() {
+        count_loss(loss::SPILLED);
+        // Still by process where a slot can take it.
+        if slots
+            && cfg.spill_mask != 0
+            && tgid != 0
+            && count_in_slot(tgid, kernel_mode, cfg.spill_mask)
+        {
+            return;
+        }
         if let Some(p) = FAULT_SPILL.get_ptr_mut(kernel_mode & 1) {
             unsafe { *p += 1 };
         }
-        count_loss(loss::SPILLED);
     }
 }
 

@@ -5,7 +5,7 @@
 use memtrace_common::{
     kunwind::mark,
     names, stack_mode,
-    stacks::{UserStack, USTACK_FOLDED, USTACK_IN_SAMPLE, USTACK_NOT_SAMPLED},
+    stacks::{UserStack, USTACK_FOLDED, USTACK_IN_SAMPLE, USTACK_NOT_SAMPLED, USTACK_SPILLED},
 };
 
 use crate::output::StackReport;
@@ -16,6 +16,9 @@ pub(crate) use setup::setup;
 
 /// The frames shown for the folded stacks of an exited process.
 pub const FOLDED: &str = "[stacks of this exited process folded: memtrace's bound on kept counts]";
+
+/// The frame of a process's counts taken while the count map was full.
+pub const SPILLED: &str = "[count map full: stacks not kept (raise --keys)]";
 
 /// A stack id as the kernel programs store it in keys and records: an id in
 /// a stack map, or one of the negative sentinels.
@@ -32,6 +35,8 @@ pub enum StackRef {
     NotSampled,
     /// An exited process's stacks folded into one count (long runs).
     Folded,
+    /// Counted by process while the count map was full.
+    Spilled,
 }
 
 impl StackRef {
@@ -40,6 +45,7 @@ impl StackRef {
             USTACK_IN_SAMPLE => StackRef::InSample,
             USTACK_NOT_SAMPLED => StackRef::NotSampled,
             USTACK_FOLDED => StackRef::Folded,
+            USTACK_SPILLED => StackRef::Spilled,
             i if i >= 0 => StackRef::Id(i as u32),
             _ => StackRef::Failed,
         }
@@ -84,6 +90,7 @@ impl Session {
         match StackRef::from_raw(id) {
             StackRef::NotSampled => vec!["[not sampled (--sample)]".into()],
             StackRef::Folded => vec![FOLDED.into()],
+            StackRef::Spilled => vec![SPILLED.into()],
             StackRef::InSample => {
                 let Some((ips, end)) = self.dwarf.as_mut().and_then(|d| d.take_last(pid, tid))
                 else {

@@ -7,6 +7,7 @@ use memtrace_common::{
     faults::{FaultConfig, FaultKey},
     names::{EXEC_NAMES, FAULTS, FAULTS_PERF, FAULT_SLOTS, FAULT_SLOT_FREE},
     stack_mode,
+    stacks::USTACK_SPILLED,
 };
 
 use crate::cli::IntervalArgs;
@@ -60,11 +61,16 @@ pub struct Args {
     #[arg(long, hide = true, default_value_t = crate::stacks::kept::MAX_KEPT)]
     pub max_kept: usize,
     /// Keys of the kernel's count map (default 16384, 65536 by stack,
-    /// 262144 by mapping; allocated as used).
-    /// Tests shrink it to show that long runs never fill it.
-    #[arg(long, hide = true)]
+    /// 262144 by mapping; allocated as used). Faults it has no room for
+    /// are still counted, by process ("[count map full...]" rows).
+    #[arg(long, value_name = "N")]
     pub keys: Option<u32>,
 }
+
+/// Per-CPU slots for faults counted by process while the count map is
+/// full (by stack): a process whose slot another holds goes to the one
+/// faceless row.
+const SPILL_SLOTS: u32 = 4096;
 
 pub fn probes() -> Vec<Probe> {
     let mut p = crate::probes::counters::fault_probes();
@@ -74,8 +80,11 @@ pub fn probes() -> Vec<Probe> {
 
 pub struct Faults {
     args: Args,
-    /// Whether the count-by-process slots are in use.
+    /// Whether the count-by-process slots are in use: for every fault
+    /// (`slotted`), or by stack for those the full count map could not
+    /// take (`spill_slots`).
     slotted: bool,
+    spill_slots: bool,
     slots: Slots,
     total: u64,
     /// Everything counted, for the final report in interval mode.
@@ -102,6 +111,7 @@ impl Faults {
         Ok(Faults {
             args: a.clone(),
             slotted: false,
+            spill_slots: false,
             slots: Slots::default(),
             total: 0,
             seen: 0,
@@ -130,14 +140,15 @@ impl Faults {
             .into_iter()
             .map(|(k, v)| (k, v.count, comm(&v.comm)))
             .collect();
-        if self.slotted {
+        if self.slotted || self.spill_slots {
             self.slots.read(s)?;
+            let ustack = if self.spill_slots { USTACK_SPILLED } else { -1 };
             for (tgid, (counts, comm)) in &self.slots.pending {
                 for (mode, c) in counts.iter().enumerate().filter(|(_, c)| **c > 0) {
                     let key = FaultKey {
                         tgid: *tgid,
                         kernel_mode: mode as u16,
-                        ustack: -1,
+                        ustack,
                         kstack: -1,
                         ..Default::default()
                     };
@@ -212,10 +223,12 @@ impl Faults {
                     None => v
                         .into_iter()
                         .map(|((pid, u, k), (c, n))| {
-                            let spilled = pid == 0 && n == spill::NAME;
+                            let faceless = pid == 0 && n == spill::NAME;
                             let mut r = stack_report(s, pid, n, (u, k), mode, c, None);
-                            if spilled {
+                            if faceless {
                                 r.note = Some(spill::NOTE.into());
+                            } else if u == USTACK_SPILLED {
+                                r.note = Some(spill::NOTE_BY_PROCESS.into());
                             }
                             r
                         })
@@ -316,10 +329,16 @@ impl Tool for Faults {
             16_384
         });
         self.slotted = self.mode() == 0 && !self.args.by_mapping && self.args.slots != 0;
+        // By stack, faults the full map cannot take stay by process.
+        self.spill_slots = self.mode() != 0 && !self.args.by_mapping;
         if self.slotted {
             cfg.slot_mask = self.args.slots - 1;
             k.loader.max_entries(FAULT_SLOTS, self.args.slots);
             k.loader.max_entries(FAULT_SLOT_FREE, self.args.slots);
+        } else if self.spill_slots {
+            cfg.spill_mask = SPILL_SLOTS - 1;
+            k.loader.max_entries(FAULT_SLOTS, SPILL_SLOTS);
+            k.loader.max_entries(FAULT_SLOT_FREE, SPILL_SLOTS);
         }
         k.loader.max_entries(EXEC_NAMES, 4096);
         crate::probes::counters::prepare_faults(k, cfg, size)?;

@@ -1,7 +1,10 @@
-//! Faults the kernel counted while its count map was full (`FAULT_SPILL`):
-//! a burst of new processes between two drains, while memtrace waited for
-//! a CPU. They are reported on a line of their own, without process or
-//! stack, and said in the summary as `count_spilled` (a degradation).
+//! Faults the kernel counted while its count map was full: a burst of new
+//! processes between two drains, while memtrace waited for a CPU. By
+//! stack, each process's are counted in a slot of its own and reported as
+//! one row of that process without its stacks (`USTACK_SPILLED`); those
+//! of a process whose slot another held (`FAULT_SPILL`) on a line of their
+//! own, without process or stack. Both are said in the summary as
+//! `count_spilled` (a degradation).
 
 use memtrace_common::{faults::FaultKey, names::FAULT_SPILL};
 
@@ -10,7 +13,8 @@ use crate::session::Session;
 
 /// The name on their line.
 pub const NAME: &str = "[count map full]";
-pub const NOTE: &str = "counted while the count map was full: no process or stack";
+pub const NOTE: &str = "counted while the count map was full: no process or stack (raise --keys)";
+pub const NOTE_BY_PROCESS: &str = "counted while the count map was full: no stack (raise --keys)";
 
 #[derive(Default)]
 pub struct Spill {
