@@ -479,36 +479,60 @@ fn sampled_estimates_are_unbiased_across_block_sizes() {
     }
 }
 
-/// A program whose allocator memleak cannot see (statically linked: the
-/// shim is not loaded into it, and its allocator is its own) is named at the
-/// end: an empty report is not "no leaks".
+/// A statically linked program: the shim cannot be loaded into it, so its
+/// own allocator (in the executable) is probed, and its leaks are exact.
+/// Stripped, it has no malloc symbol: memleak says at start that its heap
+/// cannot be seen, and names the process at the end (an empty report is
+/// not "no leaks").
 #[test]
-fn a_process_whose_allocator_was_not_seen_is_named() {
+fn a_static_program_s_own_allocator_is_probed_or_named_when_stripped() {
     let dir = std::env::temp_dir().join(format!("memtrace-static-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let src = dir.join("st.c");
-    let bin = dir.join("st");
     std::fs::write(
         &src,
-        "#include <stdlib.h>\nint main(void){for(int i=0;i<200;i++) if(!malloc(1000)) return 1; return 0;}\n",
+        "#include <stdlib.h>\n__attribute__((noinline)) void *leak_static(void){return malloc(1000);}\n\
+         int main(void){for(int i=0;i<200;i++) if(!leak_static()) return 1; return 0;}\n",
     )
     .unwrap();
-    let built = std::process::Command::new(std::env::var("CC").unwrap_or("cc".into()))
-        .arg("-static")
-        .arg("-o")
-        .arg(&bin)
-        .arg(&src)
-        .status();
-    if !built.is_ok_and(|s| s.success()) {
-        skip(
-            "a_process_whose_allocator_was_not_seen_is_named",
+    let build = |name: &str, extra: &[&str]| {
+        let bin = dir.join(name);
+        let built = std::process::Command::new(std::env::var("CC").unwrap_or("cc".into()))
+            .args(["-static", "-O1", "-g"])
+            .args(extra)
+            .arg("-o")
+            .arg(&bin)
+            .arg(&src)
+            .status();
+        built.is_ok_and(|s| s.success()).then_some(bin)
+    };
+    let (Some(bin), Some(stripped)) = (build("st", &[]), build("st-stripped", &["-s"])) else {
+        let _ = std::fs::remove_dir_all(&dir);
+        return skip(
+            "a_static_program_s_own_allocator_is_probed_or_named_when_stripped",
             "no C compiler with a static libc",
         );
-        return;
-    }
-    let out = run(&["memleak", "-c", bin.to_str().unwrap()]);
+    };
+    let out = run(&["memleak", "--json", "-c", bin.to_str().unwrap()]);
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    assert!(
+        out.stderr
+            .contains("is statically linked: probing its own allocator"),
+        "{}",
+        out.stderr
+    );
+    assert_eq!(
+        held(&json_of(&out.stdout, "memleak"), "leak_static"),
+        (200, 200_000)
+    );
+    let out = run(&["memleak", "-c", stripped.to_str().unwrap()]);
     let _ = std::fs::remove_dir_all(&dir);
     assert_eq!(out.code, 0, "{}", out.stderr);
+    assert!(
+        out.stderr.contains("its heap cannot be seen"),
+        "{}",
+        out.stderr
+    );
     assert!(
         out.stderr.contains("no allocator calls seen from PID"),
         "{}",

@@ -59,6 +59,11 @@ pub fn unusable(a: &Args) -> Option<String> {
     }
 }
 
+/// Whether `path` is an ELF executable without an interpreter (static).
+pub fn is_static(path: &Path) -> bool {
+    matches!(interpreter(path), Interp::Static)
+}
+
 enum Interp {
     Static,
     Other(String),

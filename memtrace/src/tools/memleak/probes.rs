@@ -75,17 +75,68 @@ fn args_read(sh: u64) -> &'static [Register] {
     }
 }
 
-/// The allocator's object and its symbols: `-O`, or the libc the process
-/// maps (for a `-c` command not started yet, the one memtrace maps: the
-/// same file).
-fn object(a: &Args, target: Option<u32>) -> Result<(Library, Symbols)> {
+/// Where the allocator is.
+enum Object {
+    /// `-O`, libc, or an allocator library the process maps: its C++
+    /// operators are probed where it defines them (not libc's, which call
+    /// malloc).
+    Library(Library, Symbols),
+    /// A static executable's own allocator (its operator new, libstdc++'s,
+    /// calls malloc: not probed).
+    Static(Library, Symbols),
+    /// A static executable without a malloc symbol (stripped): named.
+    Stripped(String),
+}
+
+/// The target's executable when it is statically linked: -p's, or a simple
+/// -c command's program (read before it starts).
+fn static_executable(a: &Args, target: Option<u32>) -> Option<Library> {
+    let lib = match (a.common.pid, a.common.command.as_deref()) {
+        (Some(_), _) => {
+            let pid = target?;
+            let exe = std::fs::read_link(format!("/proc/{pid}/exe")).ok()?;
+            Library {
+                path: format!("/proc/{pid}/exe").into(),
+                shown: exe.display().to_string(),
+            }
+        }
+        (None, Some(cmd)) if crate::process::command::is_simple(cmd) => {
+            let path = crate::process::command::program_path(cmd.split_whitespace().next()?)?;
+            Library {
+                shown: path.display().to_string(),
+                path,
+            }
+        }
+        _ => return None,
+    };
+    super::preload::is_static(&lib.path).then_some(lib)
+}
+
+/// The allocator's object and its symbols: `-O`, a static executable's
+/// own, or the libc the process maps (for a `-c` command not started yet,
+/// the one memtrace maps: the same file).
+fn object(a: &Args, target: Option<u32>) -> Result<Object> {
     if let Some(p) = &a.object {
         let lib = Library {
             path: p.clone(),
             shown: p.display().to_string(),
         };
         let syms = Symbols::open(&lib.path)?;
-        return Ok((lib, syms));
+        return Ok(Object::Library(lib, syms));
+    }
+    if let Some(lib) = static_executable(a, target) {
+        let syms = Symbols::open(&lib.path)?;
+        if syms
+            .function(&format!("{}malloc", a.symbol_prefix))
+            .is_none()
+        {
+            return Ok(Object::Stripped(lib.shown));
+        }
+        say!(
+            "memtrace: memleak: {} is statically linked: probing its own allocator",
+            lib.shown
+        );
+        return Ok(Object::Static(lib, syms));
     }
     let pid = if a.common.pid.is_some() { target } else { None };
     // A program linked with another allocator calls its malloc, not libc's
@@ -104,7 +155,7 @@ fn object(a: &Args, target: Option<u32>) -> Result<(Library, Symbols)> {
                 pid.unwrap_or(0),
                 lib.shown
             );
-            return Ok((lib, syms));
+            return Ok(Object::Library(lib, syms));
         }
     }
     let lib = mapped_library(pid, is_libc).ok_or_else(|| {
@@ -114,7 +165,7 @@ fn object(a: &Args, target: Option<u32>) -> Result<(Library, Symbols)> {
         ))
     })?;
     let syms = Symbols::open(&lib.path)?;
-    Ok((lib, syms))
+    Ok(Object::Library(lib, syms))
 }
 
 /// Libraries that may be an allocator a program links instead of its C
@@ -130,7 +181,18 @@ pub fn user(
     target: Option<u32>,
     cfg: &mut MemleakConfig,
 ) -> Result<(Vec<Probe>, Vec<String>)> {
-    let (lib, syms) = object(a, target)?;
+    let (lib, syms, cxx_ok) = match object(a, target)? {
+        Object::Library(lib, syms) => (lib, syms, true),
+        Object::Static(lib, syms) => (lib, syms, false),
+        Object::Stripped(exe) => {
+            say!(
+                "memtrace: memleak: warning: {exe} is statically linked and stripped (no malloc \
+                 symbol): its heap cannot be seen; only its anonymous mmaps are traced"
+            );
+            let said = vec![format!("{exe}: static and stripped: anonymous mmaps only")];
+            return Ok((mmap_probes(cfg)?, said));
+        }
+    };
     // One process unless its children are followed: then the breakpoints go
     // into every process mapping the object (the kernel filters by mm), and
     // the programs keep the followed ones.
@@ -157,7 +219,7 @@ pub fn user(
     let prefix = &a.symbol_prefix;
     let cxx: Vec<(String, u64)> = CXX_NEW
         .iter()
-        .filter(|_| !is_libc(&lib.shown))
+        .filter(|_| cxx_ok && !is_libc(&lib.shown))
         .filter(|f| syms.function(f).is_some())
         .map(|f| (f.to_string(), shape::SIZE))
         .collect();
@@ -224,7 +286,13 @@ pub fn user(
         ));
     }
     said.insert(0, format!("allocator in {}", lib.shown));
+    probes.extend(mmap_probes(cfg)?);
+    Ok((probes, said))
+}
 
+/// Anonymous mmaps and munmaps, and execs.
+fn mmap_probes(cfg: &mut MemleakConfig) -> Result<Vec<Probe>> {
+    let mut probes = Vec::new();
     let enter = Format::load("syscalls", "sys_enter_mmap")?;
     cfg.mmap_len = enter.offset("len")?;
     cfg.mmap_flags = enter.offset("flags")?;
@@ -238,7 +306,7 @@ pub fn user(
     probes.push(Probe::new("mmap returns").tracepoint(ML_MMAP_EXIT, "syscalls", "sys_exit_mmap"));
     probes.push(Probe::new("munmap calls").tracepoint(ML_MUNMAP, "syscalls", "sys_enter_munmap"));
     probes.push(execs());
-    Ok((probes, said))
+    Ok(probes)
 }
 
 /// Execs of followed processes: the blocks of the image left behind are gone.
