@@ -87,6 +87,21 @@ static FAULTS: PerCpuHashMap<FaultKey, FaultVal> =
 #[map]
 static FAULTS_PERF: PerCpuHashMap<FaultKey, FaultVal> = PerCpuHashMap::with_max_entries(16384, 0);
 
+/// A fault the full count map could not take: by process in a spill slot
+/// where one is free, else in `FAULT_SPILL`. A function of its own: inlined,
+/// its stack joined the program's, which with the in-kernel unwinder's
+/// went past the 512 bytes a kernel before 6.13 allows.
+#[inline(never)]
+fn spill(tgid: u32, kernel_mode: u32, mask: u32) {
+    count_loss(loss::SPILLED);
+    if mask != 0 && tgid != 0 && count_in_slot(tgid, kernel_mode, mask) {
+        return;
+    }
+    if let Some(p) = FAULT_SPILL.get_ptr_mut(kernel_mode & 1) {
+        unsafe { *p += 1 };
+    }
+}
+
 #[inline(always)]
 fn count<C: StackIdContext>(
     ctx: &C,
@@ -132,18 +147,7 @@ fn count<C: StackIdContext>(
         comm: bpf_get_current_comm().unwrap_or([0; TASK_COMM_LEN]),
     };
     if map.insert(&key, &v, 0).is_err() {
-        count_loss(loss::SPILLED);
-        // Still by process where a slot can take it.
-        if slots
-            && cfg.spill_mask != 0
-            && tgid != 0
-            && count_in_slot(tgid, kernel_mode, cfg.spill_mask)
-        {
-            return;
-        }
-        if let Some(p) = FAULT_SPILL.get_ptr_mut(kernel_mode & 1) {
-            unsafe { *p += 1 };
-        }
+        spill(tgid, kernel_mode, if slots { cfg.spill_mask } else { 0 });
     }
 }
 

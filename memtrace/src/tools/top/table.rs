@@ -140,6 +140,43 @@ pub fn row(s: &Snapshot, p: &Proc) -> Row {
     ])
 }
 
+/// The column a sort key sorts by.
+fn sort_column(k: SortKey) -> usize {
+    match k {
+        SortKey::Pid => 0,
+        SortKey::Name => 1,
+        SortKey::Anon => 2,
+        SortKey::File => 3,
+        SortKey::Shmem => 4,
+        SortKey::Faults => 5,
+        SortKey::Kfaults => 6,
+        SortKey::Ffaults => 7,
+        SortKey::Brk => 8,
+        SortKey::Mmap => 10,
+        SortKey::Reclaim => 12,
+    }
+}
+
+/// The columns that fit `width` terminal cells, each as wide as its widest
+/// cell (`need`, header included) and one apart: a number is never cut.
+/// PID, COMM and the sort column always; the others in order while they
+/// fit, whole or not at all (the caller says how many were left out).
+pub fn fit(need: &[usize], width: usize, sort: SortKey) -> Vec<usize> {
+    let must = [0, 1, sort_column(sort)];
+    let mut used: usize = must.iter().map(|&i| need[i] + 1).sum();
+    let mut shown: Vec<usize> = Vec::new();
+    for (i, &n) in need.iter().enumerate() {
+        if must.contains(&i) {
+            shown.push(i);
+        } else if used + n + 1 <= width {
+            used += n + 1;
+            shown.push(i);
+        }
+    }
+    shown.dedup();
+    shown
+}
+
 /// The help line: each sort key, the one in force marked.
 pub fn keys_line(current: SortKey) -> String {
     let keys: Vec<String> = SortKey::KEYS
@@ -159,6 +196,22 @@ pub fn keys_line(current: SortKey) -> String {
 mod tests {
     use super::*;
     use crate::probes::snapshot::Figures;
+
+    #[test]
+    fn narrow_terminals_drop_whole_columns_and_keep_the_sort_column() {
+        // 14 columns: PID 7, COMM 15, ANON_KB 9 wide, the rest 9.
+        let mut need = vec![7, 15, 9];
+        need.extend([9; 11]);
+        // Everything fits in 200 cells.
+        assert_eq!(fit(&need, 200, SortKey::Anon).len(), 14);
+        // 80 cells: PID, COMM, then as many whole columns as fit (24 + 10
+        // a column: five), in order; sorted by mmap, MMAP/s stays.
+        let f = fit(&need, 80, SortKey::Mmap);
+        assert_eq!(f, vec![0, 1, 2, 3, 4, 5, 10]);
+        assert!(f.iter().map(|&i| need[i] + 1).sum::<usize>() <= 80);
+        // Narrower than the three that must stay: they stay.
+        assert_eq!(fit(&need, 20, SortKey::Reclaim), vec![0, 1, 12]);
+    }
 
     fn snap() -> Snapshot {
         let mut s = Snapshot::new(2);

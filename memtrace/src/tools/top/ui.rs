@@ -106,22 +106,44 @@ impl Screen {
         let Some(term) = self.term.as_mut() else {
             return Ok(());
         };
-        let height = term.size().map_err(io)?.height as usize;
+        let size = term.size().map_err(io)?;
+        let height = size.height as usize;
         let procs = table::select(snap, sort, filter, height.saturating_sub(5).max(1));
         self.shown = procs.iter().map(|p| p.pid).collect();
         self.selected = self.selected.min(self.shown.len().saturating_sub(1));
-        let rows: Vec<Row> = procs
+        let cells: Vec<Vec<String>> = procs
             .iter()
-            .map(|p| Row::new(table::row(snap, p).0.iter().map(text).collect::<Vec<_>>()))
+            .map(|p| table::row(snap, p).0.iter().map(text).collect())
             .collect();
-        let widths: Vec<Constraint> = table::COLS
+        // Each column as wide as its widest cell: on a narrow terminal whole
+        // columns go, never digits of a number (205,700 shown as 2057).
+        let need: Vec<usize> = table::COLS
             .iter()
-            .map(|c| Constraint::Length(c.width.max(c.header.len()) as u16))
+            .enumerate()
+            .map(|(i, c)| {
+                let widest = cells.iter().map(|r| r[i].chars().count()).max();
+                widest.unwrap_or(0).max(c.header.len()).max(c.width)
+            })
             .collect();
-        let header = Row::new(table::COLS.iter().map(|c| c.header))
+        let cols = table::fit(&need, size.width as usize, sort);
+        let hidden = table::COLS.len() - cols.len();
+        let rows: Vec<Row> = cells
+            .iter()
+            .map(|r| Row::new(cols.iter().map(|&i| r[i].clone()).collect::<Vec<_>>()))
+            .collect();
+        // The last column shown (CGROUP when it fits) takes what is left.
+        let widths: Vec<Constraint> = cols
+            .iter()
+            .enumerate()
+            .map(|(n, &i)| match n + 1 == cols.len() {
+                true => Constraint::Min(need[i] as u16),
+                false => Constraint::Length(need[i] as u16),
+            })
+            .collect();
+        let header = Row::new(cols.iter().map(|&i| table::COLS[i].header))
             .style(Style::default().add_modifier(Modifier::REVERSED));
         let status = format!(
-            "memtrace top  {}  {} processes  every {:.1}s  sort: {}  filter: {}{}",
+            "memtrace top  {}  {} processes  every {:.1}s  sort: {}  filter: {}{}{}",
             crate::output::clock(),
             snap.procs.len(),
             snap.elapsed.as_secs_f64(),
@@ -132,6 +154,10 @@ impl Screen {
                 clean(&filter.0)
             },
             if self.editing { "_" } else { "" },
+            match hidden {
+                0 => String::new(),
+                n => format!("  ({n} columns hidden: widen the terminal)"),
+            },
         );
         let ooms: Vec<Line> = snap
             .recent_ooms
