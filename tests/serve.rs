@@ -314,3 +314,48 @@ fn short_lived_processes_keep_their_exec_name_and_cgroup() {
     let out = t.interrupt();
     assert_eq!(out.code, 0, "{}", out.stderr);
 }
+
+/// A client sending a byte a second, and a hundred idle connections, never
+/// hold up a scrape: each connection has its own thread and a deadline for
+/// its whole request (one byte a second kept /metrics from answering at
+/// all when connections were served one at a time with a timeout per read).
+#[test]
+fn slow_and_idle_clients_do_not_hold_up_a_scrape() {
+    let port = free_port();
+    let t = serve(port, &[]);
+    settle(port, |m| m.contains("memtrace_"));
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let trickle = {
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            let mut c = TcpStream::connect(("127.0.0.1", port)).unwrap();
+            for b in b"GET /metrics HTTP/1.1\r\n".iter().cycle() {
+                if stop.load(std::sync::atomic::Ordering::Relaxed) || c.write_all(&[*b]).is_err() {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(300));
+            }
+        })
+    };
+    let idle: Vec<TcpStream> = (0..100)
+        .map(|_| TcpStream::connect(("127.0.0.1", port)).unwrap())
+        .collect();
+    std::thread::sleep(Duration::from_millis(500));
+    // With both holding their connections, a scrape is answered at once.
+    for _ in 0..3 {
+        let t0 = Instant::now();
+        scrape(port);
+        assert!(t0.elapsed() < Duration::from_secs(1), "{:?}", t0.elapsed());
+    }
+    // The idle ones are let go at their deadline (5 s for the request).
+    let mut c = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let t0 = Instant::now();
+    let mut s = String::new();
+    let _ = c.read_to_string(&mut s);
+    assert!(t0.elapsed() < Duration::from_secs(7), "{:?}", t0.elapsed());
+    drop(idle);
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let _ = trickle.join();
+    t.interrupt();
+}

@@ -168,7 +168,7 @@ pub fn fit(need: &[usize], width: usize, sort: SortKey) -> Vec<usize> {
     for (i, &n) in need.iter().enumerate() {
         if must.contains(&i) {
             shown.push(i);
-        } else if used + n + 1 <= width {
+        } else if used + n < width {
             used += n + 1;
             shown.push(i);
         }

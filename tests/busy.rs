@@ -1,0 +1,62 @@
+//! `-p` on a busy host: a churn of other processes faulting, exec'ing and
+//! exiting, and another memtrace tracing the whole host beside it. The
+//! target's counts stay exact and its losses are its own: runs the kernel
+//! skipped elsewhere on the host are not the target's (`host_missed_runs`,
+//! shown apart), and nothing of the churn is counted.
+
+mod common;
+
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use common::*;
+
+#[test]
+fn a_pid_run_on_a_busy_host_counts_exactly_and_loses_nothing_of_its_target() {
+    const N: u64 = 5000;
+    let w = workload_bin();
+    // Two shells starting faulting processes one after another.
+    let churn = format!("while :; do {} touch 3000; done", w.display());
+    let mut busy: Vec<_> = (0..2)
+        .map(|_| {
+            Command::new("sh")
+                .args(["-c", &churn])
+                .stdout(Stdio::null())
+                .spawn()
+                .expect("spawn the churn")
+        })
+        .collect();
+    // And the whole host traced by stack at the same time.
+    let host = Tracer::start(&["faults", "--stacks", "--json", "-d", "8"]);
+    std::thread::sleep(Duration::from_millis(500));
+    let base = trace_workload(&["touch", "0"], &[&["faults"]]).remove(0);
+    let out = trace_workload(&["touch", &N.to_string()], &[&["faults"]]).remove(0);
+    for b in busy.iter_mut() {
+        let _ = b.kill();
+        let _ = b.wait();
+    }
+    let host = host.wait(Duration::from_secs(30));
+    assert_eq!(host.code, 0, "{}", host.stderr);
+    let user = |s: &str| -> u64 {
+        json_of(s, "faults")
+            .iter()
+            .map(|r| r["user"].as_u64().unwrap())
+            .sum()
+    };
+    let (got, base) = (user(&out), user(&base));
+    assert!(
+        got >= N && got <= N + base + 2,
+        "got {got}, expected {N} + baseline {base}: {out}"
+    );
+    let s = &json_of(&out, "summary")[0];
+    assert_eq!(s["lost_total"], 0, "{s}");
+    // Only the target's process is in the table.
+    assert_eq!(json_of(&out, "faults").len(), 1, "{out}");
+    // The host-wide run saw the churn.
+    let churned: u64 = json_of(&host.stdout, "fault_stack")
+        .iter()
+        .filter(|r| r["comm"] == "memtrace-worklo")
+        .map(|r| r["count"].as_u64().unwrap())
+        .sum();
+    assert!(churned > 3 * 3000, "{churned}");
+}
