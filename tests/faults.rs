@@ -424,3 +424,48 @@ fn a_command_starting_more_children_than_the_followed_set_holds() {
         .sum();
     assert!(work >= 2000, "the workload started last: {work}");
 }
+
+/// System-wide, processes that live a millisecond are gone before their
+/// maps are read: the addresses no file placed (different in every process)
+/// become one frame, so their stacks merge into a few rows per name. Each
+/// one was a row of its own, and on a churning host the rows and memtrace's
+/// memory grew without bound (1 GiB a minute in the soak).
+#[test]
+fn stacks_of_processes_gone_before_their_maps_were_read_merge() {
+    let t = Tracer::start(&[
+        "faults",
+        "--stacks",
+        "--stack-mode",
+        "fp",
+        "--json",
+        "-d",
+        "5",
+    ]);
+    std::thread::sleep(Duration::from_millis(500));
+    let st = std::process::Command::new("sh")
+        .args(["-c", "for i in $(seq 300); do /bin/true; done"])
+        .status()
+        .unwrap();
+    assert!(st.success());
+    let out = t.wait(Duration::from_secs(30));
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    let rows: Vec<_> = json_of(&out.stdout, "fault_stack")
+        .into_iter()
+        .filter(|r| r["comm"] == "true")
+        .collect();
+    let processes: u64 = rows
+        .iter()
+        .map(|r| r["processes"].as_u64().unwrap())
+        .max()
+        .unwrap_or(0);
+    assert!(processes >= 100, "{}", out.stdout);
+    // About 80 call sites in ld.so's and libc's start-up; each process's
+    // raw addresses made a few rows of their own (over 600).
+    assert!(rows.len() < 200, "{} rows for 300 processes", rows.len());
+    let raw = |f: &String| f.starts_with("0x7") && f.ends_with("[unknown]");
+    assert!(
+        rows.iter().all(|r| !user_frames(r).iter().any(raw)),
+        "{}",
+        out.stdout
+    );
+}

@@ -39,7 +39,7 @@ pub struct Kept<K, V> {
     pub max: usize,
     /// Stacks of exited processes, symbolized: by (pid with `--per-pid`,
     /// else 0; name; user frames; kernel frames; note).
-    pub resolved: HashMap<Shown, (StackReport, HashSet<u32>)>,
+    pub resolved: HashMap<Shown, (StackReport, Pids)>,
     /// Keys resolved so far.
     pub resolved_keys: u64,
     pub per_pid: bool,
@@ -49,6 +49,41 @@ pub struct Kept<K, V> {
 
 /// A stack as a report shows it.
 pub type Shown = (u32, String, Vec<String>, Vec<String>, Option<String>);
+
+/// The frame of the rows of exited processes' stacks past the bound on
+/// rows kept (a churn of processes with stacks no two of which are alike).
+pub const ROWS_FULL: &str = "[stacks past memtrace's bound on kept rows]";
+
+/// The processes a row counts: each once, up to a bound, then each new one
+/// counted (a churn of processes brings new pids only, but for reuse).
+#[derive(Clone, Debug, Default)]
+pub struct Pids {
+    pub set: HashSet<u32>,
+    pub more: usize,
+}
+
+/// Pids kept per row.
+const MAX_PIDS: usize = 1 << 14;
+
+/// Rows of exited processes' stacks kept (past it, one row per name).
+const MAX_ROWS: usize = 1 << 16;
+
+impl Pids {
+    fn one(pid: u32) -> Pids {
+        Pids {
+            set: [pid].into(),
+            more: 0,
+        }
+    }
+
+    fn insert(&mut self, pid: u32) {
+        if self.set.len() < MAX_PIDS {
+            self.set.insert(pid);
+        } else if !self.set.contains(&pid) {
+            self.more += 1;
+        }
+    }
+}
 
 impl<K, V> Kept<K, V> {
     /// `stacks_folded` (and `stacks_resolved`) for the summary, when any were.
@@ -65,14 +100,14 @@ impl<K, V> Kept<K, V> {
 
     /// The resolved stacks, emptied with `clear` (interval reports).
     pub fn resolved_reports(&mut self, clear: bool) -> Vec<StackReport> {
-        let rows: Vec<(StackReport, HashSet<u32>)> = match clear {
+        let rows: Vec<(StackReport, Pids)> = match clear {
             true => std::mem::take(&mut self.resolved).into_values().collect(),
             false => self.resolved.values().cloned().collect(),
         };
         rows.into_iter()
             .map(|(mut r, pids)| {
-                r.processes = pids.len();
-                r.pids = pids.into_iter().filter(|p| *p != r.pid).collect();
+                r.processes = pids.set.len() + pids.more;
+                r.pids = pids.set.into_iter().filter(|p| *p != r.pid).collect();
                 r
             })
             .collect()
@@ -171,7 +206,7 @@ impl<K: StackKeyed, V: Tally + Clone> Kept<K, V> {
             let (Some(v), Some(to)) = (self.counts.remove(k), k.folded()) else {
                 continue;
             };
-            let Some(r) = resolve(k, &v) else {
+            let Some(mut r) = resolve(k, &v) else {
                 match over {
                     true => {
                         self.add(to, &v);
@@ -184,13 +219,26 @@ impl<K: StackKeyed, V: Tally + Clone> Kept<K, V> {
                 continue;
             };
             let pid = if self.per_pid { r.pid } else { 0 };
-            let key = (
+            // Addresses no file placed (the process was gone before its
+            // maps were read) differ from process to process and say
+            // nothing: one frame for them, so such stacks merge.
+            r.user = crate::stacks::symbolize::placeless(std::mem::take(&mut r.user));
+            let mut key = (
                 pid,
                 r.comm.clone(),
                 r.user.clone(),
                 r.kernel.clone(),
                 r.note.clone(),
             );
+            // Rows stay bounded however many distinct stacks (or, with
+            // --per-pid, processes) a churn brings: past the bound, one row
+            // per name.
+            if self.resolved.len() >= MAX_ROWS && !self.resolved.contains_key(&key) {
+                r.user = vec![ROWS_FULL.into()];
+                r.kernel.clear();
+                r.note = None;
+                key = (0, r.comm.clone(), r.user.clone(), Vec::new(), None);
+            }
             // A process counts once per row, whatever its call sites and
             // however late its last counts were drained.
             match self.resolved.get_mut(&key) {
@@ -204,7 +252,7 @@ impl<K: StackKeyed, V: Tally + Clone> Kept<K, V> {
                 }
                 None => {
                     let pid = r.pid;
-                    self.resolved.insert(key, (r, [pid].into()));
+                    self.resolved.insert(key, (r, Pids::one(pid)));
                 }
             }
             self.resolved_keys += 1;

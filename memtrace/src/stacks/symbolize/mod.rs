@@ -278,6 +278,29 @@ pub const NOT_A_FILE: [&str; 3] = [
     "process exited before its maps were read",
 ];
 
+/// The frame that stands for addresses no file placed in an exited
+/// process's stack.
+pub const NOT_PLACED: &str = "[code not placed: the process was gone before its maps were read]";
+
+/// `frames` with each run of addresses no file placed ("0x7f.. [unknown]")
+/// as one `NOT_PLACED` frame: they differ from process to process (ASLR)
+/// and, once the process is gone, can never be placed.
+pub fn placeless(frames: Vec<String>) -> Vec<String> {
+    let mut out: Vec<String> = Vec::with_capacity(frames.len());
+    for f in frames {
+        let unplaced = f.starts_with("0x")
+            && [NOT_A_FILE[0], NOT_A_FILE[2]]
+                .iter()
+                .any(|m| f.ends_with(&format!("[{m}]")));
+        if !unplaced {
+            out.push(f);
+        } else if out.last().is_none_or(|l| l != NOT_PLACED) {
+            out.push(NOT_PLACED.into());
+        }
+    }
+    out
+}
+
 fn module_name(path: &str) -> &str {
     path.rsplit('/').next().unwrap_or(path)
 }

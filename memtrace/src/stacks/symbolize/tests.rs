@@ -66,3 +66,29 @@ fn symbolizes_own_function_after_normalizing() {
     let f = s.user(pid, &[addr]);
     assert!(f[0].contains("marker_function_for_symbolizer"), "{f:?}");
 }
+
+#[test]
+fn unplaced_addresses_become_one_frame_and_placed_ones_stay() {
+    let f = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+    let a = placeless(f(&[
+        "0x7f40ba8497c9 [unknown]",
+        "0x7f40ba848b78 [unknown]",
+        "main [true]",
+        "0x7f00 [process exited before its maps were read]",
+        "0x1234 [anonymous]",
+        "0x4c46 [libc.so.6]",
+    ]));
+    assert_eq!(
+        a,
+        f(&[
+            NOT_PLACED,
+            "main [true]",
+            NOT_PLACED,
+            "0x1234 [anonymous]",
+            "0x4c46 [libc.so.6]"
+        ])
+    );
+    // Two processes' stacks at different addresses are one.
+    let b = placeless(f(&["0x7f6decde8df9 [unknown]", "0x7f6decdea0c5 [unknown]"]));
+    assert_eq!(b, f(&[NOT_PLACED]));
+}
