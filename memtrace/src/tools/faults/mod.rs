@@ -140,7 +140,14 @@ impl Faults {
             .into_iter()
             .map(|(k, v)| (k, v.count, comm(&v.comm)))
             .collect();
-        if self.slotted || self.spill_slots {
+        // The spill slots are read only once anything spilled: 4,096
+        // per-CPU slots at every drain took a tenth of memtrace's CPU.
+        let spilled = || {
+            s.degraded()
+                .iter()
+                .any(|(r, n)| *r == "count_spilled" && *n > 0)
+        };
+        if self.slotted || (self.spill_slots && spilled()) {
             self.slots.read(s)?;
             let ustack = if self.spill_slots { USTACK_SPILLED } else { -1 };
             for (tgid, (counts, comm)) in &self.slots.pending {
