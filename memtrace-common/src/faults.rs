@@ -41,7 +41,9 @@ pub struct FaultSlot {
 pub struct FaultKey {
     pub tgid: u32,
     /// 0: the fault was taken in user mode, 1: in kernel mode.
-    pub kernel_mode: u16,
+    pub kernel_mode: u8,
+    /// The count generation (see `Generational`).
+    pub gen: u8,
     /// 16 more bits of a walked user stack's hash (see `StackKey`): the key
     /// stays 24 bytes, which every fault hashes.
     pub ustack_check: u16,

@@ -24,6 +24,9 @@ pub struct FileKey {
     /// Kernel `dev_t` (major << 20 | minor).
     pub dev: u32,
     pub ino: u64,
+    /// The count generation (see `Generational`); 0 outside the count map.
+    pub gen: u32,
+    pub _pad: u32,
 }
 
 /// Sent once per new (process, file) so userspace can name the file while the

@@ -85,6 +85,9 @@ pub struct CountKey {
     pub kstack: i32,
     /// More bits of a walked user stack's hash (see `StackKey`).
     pub ustack_check: u32,
+    /// The count generation (see `Generational`).
+    pub gen: u32,
+    pub _pad: u32,
     pub cgroup: u64,
     pub fields: [u64; MAX_KEY_FIELDS],
     pub comm: [u8; TASK_COMM_LEN],

@@ -191,6 +191,64 @@ pub struct TaskOffsets {
     pub valid: u32,
 }
 
+/// A count map's key that carries the count generation (`COUNT_GEN`):
+/// userspace takes one generation's keys while programs add to the other's.
+pub trait Generational: Copy {
+    fn gen(&self) -> u32;
+    /// The key with its generation cleared, to merge both generations.
+    fn without_gen(self) -> Self;
+}
+
+impl Generational for faults::FaultKey {
+    fn gen(&self) -> u32 {
+        self.gen as u32
+    }
+    fn without_gen(mut self) -> Self {
+        self.gen = 0;
+        self
+    }
+}
+
+impl Generational for stacks::StackKey {
+    fn gen(&self) -> u32 {
+        self.gen
+    }
+    fn without_gen(mut self) -> Self {
+        self.gen = 0;
+        self
+    }
+}
+
+impl Generational for ffaults::FileKey {
+    fn gen(&self) -> u32 {
+        self.gen
+    }
+    fn without_gen(mut self) -> Self {
+        self.gen = 0;
+        self
+    }
+}
+
+impl Generational for reclaim::ProcReclaimKey {
+    fn gen(&self) -> u32 {
+        self.gen
+    }
+    fn without_gen(mut self) -> Self {
+        self.gen = 0;
+        self
+    }
+}
+
+impl Generational for generic::CountKey {
+    fn gen(&self) -> u32 {
+        self.gen
+    }
+    fn without_gen(mut self) -> Self {
+        self.gen = 0;
+        self
+    }
+}
+
 #[cfg(feature = "user")]
 mod pod {
     // SAFETY: all of these are repr(C) plain data without padding-sensitive invariants.

@@ -114,6 +114,7 @@ maps! {
     // Shared by every tool.
     EVENTS: () => (), Compiled;
     LOSSES: u32 => u64, Compiled;
+    COUNT_GEN: u32 => u32, Compiled;
     BUSY: u32 => u32, Compiled;
     SAMPLE_TICK: u32 => u32, Compiled;
     WALK_SCRATCH: () => (), Compiled;

@@ -45,6 +45,8 @@ pub const KIND_MEMCG: u32 = 2;
 pub struct ProcReclaimKey {
     pub tgid: u32,
     pub kind: u32,
+    /// The count generation (see `Generational`).
+    pub gen: u32,
 }
 
 #[repr(C)]

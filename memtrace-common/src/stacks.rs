@@ -21,6 +21,8 @@ pub struct StackKey {
     /// id never share a key, so a count is never merged into another
     /// stack's (the id alone is checked only when a key is new).
     pub ustack_check: u32,
+    /// The count generation (see `Generational`).
+    pub gen: u32,
 }
 
 #[repr(C)]

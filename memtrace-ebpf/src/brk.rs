@@ -17,8 +17,8 @@ use memtrace_common::{
 };
 
 use crate::helpers::{
-    bump_by_stack, capture_stacks, count_loss, current_mm_u64, current_tgid, tp_field, wanted,
-    Stacks, NO_PREALLOC, TASK,
+    bump_by_stack, capture_stacks, count_gen, count_loss, current_mm_u64, current_tgid, tp_field,
+    wanted, Stacks, NO_PREALLOC, TASK,
 };
 
 #[unsafe(no_mangle)]
@@ -49,6 +49,7 @@ pub fn brk_enter(ctx: TracePointContext) -> u32 {
         ustack: st.user,
         kstack: st.kern,
         ustack_check: st.user_check,
+        gen: count_gen(),
     };
     let set_user =
         |k: &mut StackKey, st: &Stacks| (k.ustack, k.ustack_check) = (st.user, st.user_check);

@@ -20,8 +20,8 @@ use memtrace_common::{
 };
 
 use crate::helpers::{
-    bump_by_stack, capture_stacks, capturing, count_loss, current_task, current_tgid, memcg_id,
-    tp_field, wanted, Stacks, FILTER, NO_PREALLOC,
+    bump_by_stack, capture_stacks, capturing, count_gen, count_loss, current_task, current_tgid,
+    memcg_id, tp_field, wanted, Stacks, FILTER, NO_PREALLOC,
 };
 
 #[unsafe(no_mangle)]
@@ -124,7 +124,8 @@ fn count<C: StackIdContext>(
     let mut st = capture_stacks(ctx, addr, kernel_mode);
     let mut key = FaultKey {
         tgid,
-        kernel_mode: kernel_mode as u16,
+        kernel_mode: kernel_mode as u8,
+        gen: count_gen() as u8,
         ustack_check: st.user_check as u16,
         ustack: st.user,
         kstack: st.kern,

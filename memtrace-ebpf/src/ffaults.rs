@@ -15,7 +15,7 @@ use memtrace_common::{
     kind, loss, TASK_COMM_LEN,
 };
 
-use crate::helpers::{count_loss, current_tgid, emit, read, wanted, NO_PREALLOC};
+use crate::helpers::{count_gen, count_loss, current_tgid, emit, read, wanted, NO_PREALLOC};
 
 #[unsafe(no_mangle)]
 static FFAULT_CFG: Global<FfaultsConfig> = Global::new(FfaultsConfig {
@@ -39,7 +39,13 @@ static FILES_SEEN: HashMap<FileKey, u8> = HashMap::with_max_entries(16384, NO_PR
 
 #[inline(always)]
 fn count(tgid: u32, dev: u32, ino: u64) {
-    let key = FileKey { tgid, dev, ino };
+    let key = FileKey {
+        tgid,
+        dev,
+        ino,
+        gen: count_gen(),
+        _pad: 0,
+    };
     // Per-CPU values: no other CPU writes this slot, so a plain add is exact.
     if let Some(v) = FILE_FAULTS.get_ptr_mut(&key) {
         unsafe { *v += 1 };
@@ -49,7 +55,9 @@ fn count(tgid: u32, dev: u32, ino: u64) {
         count_loss(loss::MAP_FULL);
         return;
     }
-    // First fault on this CPU; announce the file once across all CPUs.
+    // First fault on this CPU; announce the file once across all CPUs
+    // (whatever the generation).
+    let key = FileKey { gen: 0, ..key };
     if FILES_SEEN.insert(&key, &1u8, BPF_NOEXIST as u64).is_ok() {
         emit(&FileSeen {
             kind: kind::FILE_SEEN,

@@ -23,8 +23,8 @@ use memtrace_common::{
 };
 
 use crate::helpers::{
-    bump_by_stack, capture_stacks, count_loss, current_tgid, emit, stack_ids, wanted, Stacks,
-    NO_PREALLOC,
+    bump_by_stack, capture_stacks, count_gen, count_loss, current_tgid, emit, stack_ids, wanted,
+    Stacks, NO_PREALLOC,
 };
 
 /// errno of a map insert into a full map.
@@ -146,6 +146,7 @@ fn count(ctx: &TracePointContext, index: u32) -> u32 {
         ustack: st.user,
         kstack: st.kern,
         ustack_check: st.user_check,
+        gen: count_gen(),
         ..Default::default()
     };
     if cfg.by & by::PID != 0 {

@@ -19,7 +19,8 @@ use memtrace_common::{
 };
 
 use crate::helpers::{
-    count_loss, current_task, current_tgid, emit, memcg_id, tp_field, wanted, NO_PREALLOC,
+    count_gen, count_loss, current_task, current_tgid, emit, memcg_id, tp_field, wanted,
+    NO_PREALLOC,
 };
 
 #[unsafe(no_mangle)]
@@ -110,7 +111,11 @@ pub fn reclaim_end(ctx: TracePointContext) -> u32 {
     }
     let tgid = current_tgid();
     if cfg.per_process != 0 {
-        let key = ProcReclaimKey { tgid, kind: kind_ };
+        let key = ProcReclaimKey {
+            tgid,
+            kind: kind_,
+            gen: count_gen(),
+        };
         add_stall(&PROC_RECLAIM, &key, lat, pages);
     }
     if cfg.per_memcg != 0 {

@@ -7,6 +7,7 @@ mod emit;
 mod exemaps;
 mod filter;
 mod floor;
+mod generation;
 mod kunwind;
 mod process;
 mod reads;
@@ -21,6 +22,7 @@ mod walk;
 
 pub use emit::{count_loss, emit};
 pub use filter::{current_tgid, wanted, FILTER};
+pub use generation::count_gen;
 pub use reads::{
     css_cgroup_id, current_mm_u64, current_task, fd_file, memcg_id, read, read0, tp_field, TASK,
 };

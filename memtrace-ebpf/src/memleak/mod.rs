@@ -207,6 +207,7 @@ fn record_stacks(
         ustack: st.user,
         kstack: st.kern,
         ustack_check: st.user_check,
+        gen: 0,
     };
     let (n, bytes) = weight;
     let set_user =

@@ -5,6 +5,7 @@ pub mod btf;
 pub mod caps;
 pub mod cgroupid;
 pub mod feature;
+pub mod grace;
 pub mod mounts;
 pub mod resolve;
 pub mod tracefs;

@@ -5,6 +5,7 @@
 pub mod attach;
 mod cookie;
 mod engine;
+mod generations;
 mod loader;
 mod maps;
 mod misses;
@@ -59,6 +60,8 @@ pub struct Session {
     /// The programs filter by process (`-p`, `-c`): runs the kernel skipped
     /// are then not known to be the target's (it skips before the filter).
     pub filtered: bool,
+    /// Count generations (`generations`).
+    gens: generations::Generations,
 }
 
 /// An error and its causes on one line.
@@ -101,6 +104,7 @@ impl Session {
             counted_at_end: None,
             filtered: false,
             read_fails: std::cell::Cell::new(0),
+            gens: Default::default(),
         })
     }
 

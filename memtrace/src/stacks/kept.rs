@@ -279,7 +279,7 @@ impl StackKeyed for StackKey {
                 tgid: self.tgid,
                 ustack: USTACK_FOLDED,
                 kstack: -1,
-                ustack_check: 0,
+                ..Default::default()
             },
         )
     }
@@ -309,6 +309,7 @@ mod tests {
             ustack,
             kstack: -1,
             ustack_check: 7,
+            gen: 0,
         }
     }
 
@@ -337,6 +338,7 @@ mod tests {
             ustack: USTACK_FOLDED,
             kstack: -1,
             ustack_check: 0,
+            gen: 0,
         }];
         assert_eq!((folded.count, folded.bytes), (15, 150));
         assert_eq!(k.counts[&key(2, -1)].count, 1);

@@ -112,7 +112,7 @@ impl Tool for Brkstack {
     }
 
     fn report(&mut self, s: &mut Session, out: &mut dyn Printer, clear: bool) -> Result<()> {
-        let mut v = s.read_folded(BRK_STACKS, clear)?;
+        let mut v = s.read_counts(BRK_STACKS, clear)?;
         if !self.kept.counts.is_empty() {
             let mut all = Kept::new(self.kept.max);
             all.counts = if clear {
@@ -160,7 +160,7 @@ impl Tool for Brkstack {
     }
 
     fn drain(&mut self, s: &mut Session) -> Result<usize> {
-        let v = s.read_folded(BRK_STACKS, true)?;
+        let v = s.read_counts(BRK_STACKS, true)?;
         let n = v.len();
         for (k, val) in v {
             self.drained += val.count;

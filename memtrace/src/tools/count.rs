@@ -306,7 +306,7 @@ impl Tool for Count {
     }
 
     fn report(&mut self, s: &mut Session, out: &mut dyn Printer, clear: bool) -> Result<()> {
-        let read = s.read_folded(COUNTS, clear)?;
+        let read = s.read_counts(COUNTS, clear)?;
         let n: u64 = read.iter().map(|(_, val)| val.count).sum();
         let drained: u64 = self.kept.values().map(|c| c.count).sum();
         // What was drained is in this report too; a report that does not
@@ -368,7 +368,7 @@ impl Tool for Count {
     }
 
     fn drain(&mut self, s: &mut Session) -> Result<usize> {
-        Ok(self.kept.add(s.read_folded(COUNTS, true)?))
+        Ok(self.kept.add(s.read_counts(COUNTS, true)?))
     }
 
     fn events(&self) -> u64 {

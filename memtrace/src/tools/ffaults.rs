@@ -67,7 +67,7 @@ impl Ffaults {
     }
 
     fn report_files(&mut self, s: &mut Session, out: &mut dyn Printer, clear: bool) -> Result<()> {
-        let raw = s.read_folded(FILE_FAULTS, clear)?;
+        let raw = s.read_counts(FILE_FAULTS, clear)?;
         let n: u64 = raw.iter().map(|(_, c)| c).sum();
         // A report that does not clear (SIGUSR1) shows counts that the next
         // one shows again: they are the summary's only until then.

@@ -96,7 +96,7 @@ impl Vmscan {
     }
 
     fn per_process(&self, s: &mut Session, out: &mut dyn Printer) -> Result<()> {
-        let mut v = s.read_folded(PROC_RECLAIM, true)?;
+        let mut v = s.read_counts(PROC_RECLAIM, true)?;
         if v.is_empty() {
             return Ok(());
         }

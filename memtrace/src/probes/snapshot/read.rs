@@ -122,8 +122,9 @@ impl Counters {
     /// events it counted (every view's event total).
     pub fn read(&self, s: &mut Session, snap: &mut Snapshot) -> Result<u64> {
         snap.begin();
-        let mut faults = s.read_folded(FAULTS, true)?;
-        faults.extend(s.read_folded(FAULTS_PERF, true)?);
+        let gen = s.next_generation()?;
+        let mut faults = s.take_counts(FAULTS, gen)?;
+        faults.extend(s.take_counts(FAULTS_PERF, gen)?);
         for (k, v) in faults {
             // A process gone before /proc could say its group keeps the one
             // the kernel saw it in (a live one's /proc group is newer: it
@@ -139,12 +140,12 @@ impl Counters {
                 p.last.faults_kernel += v.count;
             }
         }
-        for (k, v) in s.read_folded(BRK_STACKS, true)? {
+        for (k, v) in s.take_counts(BRK_STACKS, gen)? {
             let p = snap.proc_mut(k.tgid, &comm(&v.comm));
             p.last.brk_calls += v.count;
             p.last.brk_bytes += v.bytes;
         }
-        for (k, n) in s.read_folded(FILE_FAULTS, true)? {
+        for (k, n) in s.take_counts(FILE_FAULTS, gen)? {
             snap.proc_mut(k.tgid, "").last.file_faults += n;
         }
         for (tgid, v) in s.read_folded(MMAP_COUNTS, true)? {
@@ -152,7 +153,7 @@ impl Counters {
             p.last.mmap_calls += v.calls;
             p.last.mmap_bytes += v.bytes;
         }
-        for (k, v) in s.read_folded(PROC_RECLAIM, true)? {
+        for (k, v) in s.take_counts(PROC_RECLAIM, gen)? {
             snap.proc_mut(k.tgid, &comm(&v.comm)).last.reclaim_ns += v.ns;
         }
         let mut gone = Vec::new();

@@ -37,6 +37,7 @@ mod tests {
             ustack: 12,
             kstack: 40,
             page: 0x1000,
+            gen: 1,
         };
         let f = k.folded().unwrap();
         assert_eq!(

@@ -134,8 +134,16 @@ impl Faults {
     /// Reads (and with `clear`, empties) the per-CPU counters.
     fn collect(&mut self, s: &mut Session, clear: bool) -> Result<Vec<(FaultKey, u64, String)>> {
         // One of the two maps is used, depending on how the probe attached.
-        let mut raw = s.read_folded(FAULTS, clear)?;
-        raw.extend(s.read_folded(FAULTS_PERF, clear)?);
+        let raw = if clear {
+            let gen = s.next_generation()?;
+            let mut r = s.take_counts(FAULTS, gen)?;
+            r.extend(s.take_counts(FAULTS_PERF, gen)?);
+            r
+        } else {
+            let mut r = s.read_counts(FAULTS, false)?;
+            r.extend(s.read_counts(FAULTS_PERF, false)?);
+            r
+        };
         let mut out: Vec<(FaultKey, u64, String)> = raw
             .into_iter()
             .map(|(k, v)| (k, v.count, comm(&v.comm)))
@@ -154,7 +162,7 @@ impl Faults {
                 for (mode, c) in counts.iter().enumerate().filter(|(_, c)| **c > 0) {
                     let key = FaultKey {
                         tgid: *tgid,
-                        kernel_mode: mode as u16,
+                        kernel_mode: mode as u8,
                         ustack,
                         kstack: -1,
                         ..Default::default()

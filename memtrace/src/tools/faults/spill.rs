@@ -35,7 +35,7 @@ impl Spill {
             if n > 0 {
                 let key = FaultKey {
                     tgid: 0,
-                    kernel_mode: mode as u16,
+                    kernel_mode: mode as u8,
                     ustack: -1,
                     kstack: -1,
                     ..Default::default()
