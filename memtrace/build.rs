@@ -82,13 +82,14 @@ fn drop_line_info(obj: &mut [u8]) -> anyhow::Result<()> {
 
 /// Compiles memleak's allocator shim (preload/*.c) into a shared object
 /// that memtrace embeds and writes out for `memleak -c`. The system C
-/// compiler (`$CC`, else `cc`): three files with no dependency but glibc
+/// compiler (`$CC`, else `cc`): four files with no dependency but glibc
 /// (libc and libm), so no build system is needed around them.
 fn preload() -> anyhow::Result<()> {
     let srcs = [
         "preload/memtrace_preload.c",
         "preload/compose.c",
         "preload/cxx.c",
+        "preload/jemalloc.c",
         "preload/shim.h",
     ];
     for s in srcs {
@@ -114,7 +115,7 @@ fn preload() -> anyhow::Result<()> {
             "-o",
         ])
         .arg(&out)
-        .args(&srcs[..3])
+        .args(&srcs[..4])
         // log and expm1, for the sampling gaps and weights.
         .arg("-lm")
         .status()

@@ -227,3 +227,54 @@ fn cpp_new_served_by_jemalloc_is_seen_with_and_without_the_shim() {
     assert!(out.stderr.contains("_Znwm"), "{}", out.stderr);
     assert_eq!(held(&out.stdout, "cpp_leak_inner"), want, "{}", out.stdout);
 }
+
+/// jemalloc's own API (mallocx, rallocx, xallocx, dallocx, sdallocx) on a
+/// program linked with jemalloc: under `-c` the shim's versions take the
+/// calls, under `-p` jemalloc's are probed. Both hold exactly the blocks
+/// the program kept, in the function that made them.
+#[test]
+fn jemalloc_s_own_api_is_seen_with_and_without_the_shim() {
+    let je = Path::new("/usr/lib/x86_64-linux-gnu/libjemalloc.so.2");
+    if !je.exists() {
+        return skip(
+            "jemalloc_s_own_api_is_seen_with_and_without_the_shim",
+            "needs libjemalloc.so.2 (apt libjemalloc2)",
+        );
+    }
+    let prog = Path::new(env!("CARGO_TARGET_TMPDIR")).join("jeapi");
+    cc(
+        &[
+            "-O2",
+            "-g",
+            "-fno-omit-frame-pointer",
+            src("jeapi.c").to_str().unwrap(),
+            je.to_str().unwrap(),
+        ],
+        &prog,
+    );
+    const BLOCKS: u64 = 400;
+    const SIZE: u64 = 1000;
+    let want = (BLOCKS / 2, BLOCKS / 4 * (2 * SIZE + SIZE));
+    let cmd = format!("{} {BLOCKS} {SIZE}", prog.display());
+    let out = run(&["memleak", "--json", "-c", &cmd]);
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    assert_eq!(held(&out.stdout, "je_leak_here"), want, "{}", out.stdout);
+    let mut p = Command::new(&prog)
+        .args([BLOCKS.to_string(), SIZE.to_string(), "1500".into()])
+        .spawn()
+        .expect("spawn the jemalloc program");
+    std::thread::sleep(std::time::Duration::from_millis(400));
+    let t = Tracer::start(&["memleak", "-v", "--json", "-p", &p.id().to_string()]);
+    assert!(wait_child(&mut p, std::time::Duration::from_secs(30)).success());
+    let out = t.wait(std::time::Duration::from_secs(30));
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    for f in [
+        "mallocx",
+        "rallocx",
+        "sdallocx",
+        "xallocx: in-place resizes not traced",
+    ] {
+        assert!(out.stderr.contains(f), "{f}: {}", out.stderr);
+    }
+    assert_eq!(held(&out.stdout, "je_leak_here"), want, "{}", out.stdout);
+}

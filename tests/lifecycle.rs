@@ -180,3 +180,51 @@ fn meaningless_targets_exit_2_with_one_line() {
     assert_eq!(out.code, 2, "{}", out.stderr);
     assert!(out.stderr.contains("zombie"), "{}", out.stderr);
 }
+
+/// Whether this process has CAP_SYS_RESOURCE (lowering an OOM score needs it).
+fn sys_resource() -> bool {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap();
+    let eff = status
+        .lines()
+        .find_map(|l| l.strip_prefix("CapEff:"))
+        .map(|v| u64::from_str_radix(v.trim(), 16).unwrap())
+        .unwrap();
+    eff & (1 << 24) != 0
+}
+
+/// memtrace runs at oom_score_adj -1000 (the OOM killer it reports passes
+/// it over) and says so, or says it cannot (no CAP_SYS_RESOURCE, as on
+/// this project's CI host); its -c command keeps the score memtrace
+/// started with; `--oom-score-adj` sets another (raising needs no
+/// capability).
+#[test]
+fn memtrace_is_spared_by_the_oom_killer_and_its_command_is_not() {
+    let ours = std::fs::read_to_string("/proc/self/oom_score_adj").unwrap();
+    let ours = ours.trim();
+    let report = std::env::temp_dir().join(format!("memtrace-oomadj-{}", std::process::id()));
+    // $PPID in the shell is memtrace, which spawned it.
+    let cmd = "cat /proc/self/oom_score_adj; cat /proc/$PPID/oom_score_adj";
+    let spared = sys_resource();
+    let (adj, said) = match spared {
+        true => (
+            "-1000",
+            "oom_score_adj -1000: the OOM killer passes memtrace over",
+        ),
+        false => (ours, "lowering it needs CAP_SYS_RESOURCE"),
+    };
+    for (extra, memtrace_adj, said) in [
+        (&[][..], adj, Some(said)),
+        (&["--oom-score-adj", "300"][..], "300", None),
+    ] {
+        let mut args = vec!["faults", "-c", cmd, "--output", report.to_str().unwrap()];
+        args.extend(extra);
+        let out = run(&args);
+        assert_eq!(out.code, 0, "{}", out.stderr);
+        let lines: Vec<&str> = out.stdout.lines().collect();
+        assert_eq!(lines, [ours, memtrace_adj], "{extra:?}: {}", out.stderr);
+        if let Some(said) = said {
+            assert!(out.stderr.contains(said), "{}", out.stderr);
+        }
+    }
+    let _ = std::fs::remove_file(report);
+}

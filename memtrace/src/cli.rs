@@ -64,6 +64,13 @@ pub struct Common {
     /// command's own output then stays apart from it.
     #[arg(long, value_name = "FILE")]
     pub output: Option<std::path::PathBuf>,
+    /// memtrace's own OOM score adjustment for the run: at -1000 the OOM
+    /// killer it reports never picks it. A -c command keeps the score
+    /// memtrace started with.
+    #[arg(long, default_value_t = -1000, value_name = "N",
+          value_parser = clap::value_parser!(i32).range(-1000..=1000),
+          allow_negative_numbers = true)]
+    pub oom_score_adj: i32,
     /// Say how each probe was attached, and show kernel-side diagnostics.
     #[arg(short = 'v', long)]
     pub verbose: bool,

@@ -253,7 +253,13 @@ fn follow_tree(
 
 /// Starts `cmd` (with `env` added to memtrace's environment) stopped
 /// before its first instruction.
-pub fn spawn_traced(cmd: &str, env: Vec<(String, String)>) -> Result<Traced> {
+/// `oom_score_adj`: the score the command gets back (memtrace's own was
+/// changed for the run).
+pub fn spawn_traced(
+    cmd: &str,
+    env: Vec<(String, String)>,
+    oom_score_adj: Option<Vec<u8>>,
+) -> Result<Traced> {
     let (pid_tx, pid_rx) = mpsc::channel::<std::result::Result<u32, String>>();
     let (go_tx, go_rx) = mpsc::channel::<SharedMaps>();
     let (exit_tx, exit_rx) = tokio::sync::oneshot::channel::<i32>();
@@ -273,7 +279,10 @@ pub fn spawn_traced(cmd: &str, env: Vec<(String, String)>) -> Result<Traced> {
         c.envs(env);
         // SAFETY: ptrace(TRACEME) is async-signal-safe.
         unsafe {
-            c.pre_exec(|| {
+            c.pre_exec(move || {
+                if let Some(adj) = &oom_score_adj {
+                    restore_oom_score_adj(adj);
+                }
                 if libc::ptrace(libc::PTRACE_TRACEME, 0, 0, 0) < 0 {
                     return Err(std::io::Error::last_os_error());
                 }
@@ -356,6 +365,21 @@ pub fn spawn_traced(cmd: &str, env: Vec<(String, String)>) -> Result<Traced> {
         }),
         Ok(Err(e)) => Err(Error::Usage(e)),
         Err(_) => Err(Error::Runtime("command runner died".into())),
+    }
+}
+
+/// Writes `original` back as this process's score: async-signal-safe, for
+/// a forked child before it execs (the buffer was made before the fork).
+fn restore_oom_score_adj(original: &[u8]) {
+    const CPATH: &[u8] = b"/proc/self/oom_score_adj\0";
+    // SAFETY: open/write/close on a NUL-terminated constant path and a
+    // buffer that outlives the calls.
+    unsafe {
+        let fd = libc::open(CPATH.as_ptr() as *const libc::c_char, libc::O_WRONLY);
+        if fd >= 0 {
+            libc::write(fd, original.as_ptr() as *const libc::c_void, original.len());
+            libc::close(fd);
+        }
     }
 }
 

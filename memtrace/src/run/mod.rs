@@ -5,6 +5,7 @@
 mod attach;
 mod events;
 pub mod losses;
+mod oomadj;
 pub mod tool;
 
 pub use attach::attach;
@@ -86,10 +87,12 @@ pub fn run(tool: &mut dyn Tool, common: &Common) -> Result<i32> {
         return Err(Error::Usage("-c: the command is empty".into()));
     }
     let dest = output::destination(common.output.as_deref())?;
+    let protection = oomadj::apply(common.oom_score_adj);
     let mut traced = match &common.command {
         Some(cmd) => Some(crate::process::command::spawn_traced(
             cmd,
             tool.command_env(),
+            protection.original.clone(),
         )?),
         None => None,
     };
@@ -163,6 +166,9 @@ pub fn run(tool: &mut dyn Tool, common: &Common) -> Result<i32> {
     if let Some(p) = common.pid {
         session.sym.maps.lock().unwrap().snapshot(p);
         phases.mark("target's maps read (and unwind tables built)");
+    }
+    if !protection.said.is_empty() {
+        say!("{}", protection.said);
     }
     say!("Tracing {}{scope}... Hit Ctrl-C to end.", tool.what());
     let mut exited = None;

@@ -4,6 +4,7 @@
 //! allocators by the kmem tracepoints and kernel stacks.
 
 mod args;
+mod entries;
 mod execs;
 mod exited;
 mod preload;

@@ -12,6 +12,7 @@ use memtrace_common::{
     },
 };
 
+use super::entries::{args_read, ALLOCATORS, CXX_DELETE, CXX_NEW, JE_ALLOC, JE_FREE};
 use super::Args;
 use crate::error::{Error, Result};
 use crate::kernel::Format;
@@ -19,61 +20,6 @@ use crate::session::attach::Probe;
 use crate::session::uprobe::{
     is_libc, mapped_libraries, mapped_library, placement, Library, Placement, Symbols,
 };
-
-/// Allocation functions with how they take their arguments, and the
-/// argument registers the entry program reads for that shape.
-const ALLOCATORS: &[(&str, u64)] = &[
-    ("malloc", shape::SIZE),
-    ("calloc", shape::CALLOC),
-    ("realloc", shape::REALLOC),
-    ("reallocarray", shape::REALLOCARRAY),
-    ("posix_memalign", shape::POSIX_MEMALIGN),
-    ("aligned_alloc", shape::ALIGNED),
-    ("memalign", shape::ALIGNED),
-    ("valloc", shape::SIZE),
-    ("pvalloc", shape::PVALLOC),
-];
-
-/// C++'s operator new variants (plain, array; nothrow; aligned), size
-/// first: probed where the allocator's object defines them (jemalloc,
-/// tcmalloc serve them without calling their malloc). libstdc++'s call
-/// malloc, which is probed already: they are not.
-const CXX_NEW: &[&str] = &[
-    "_Znwm",
-    "_Znam",
-    "_ZnwmRKSt9nothrow_t",
-    "_ZnamRKSt9nothrow_t",
-    "_ZnwmSt11align_val_t",
-    "_ZnamSt11align_val_t",
-    "_ZnwmSt11align_val_tRKSt9nothrow_t",
-    "_ZnamSt11align_val_tRKSt9nothrow_t",
-];
-
-/// operator delete variants, the block first: each a free.
-const CXX_DELETE: &[&str] = &[
-    "_ZdlPv",
-    "_ZdaPv",
-    "_ZdlPvm",
-    "_ZdaPvm",
-    "_ZdlPvRKSt9nothrow_t",
-    "_ZdaPvRKSt9nothrow_t",
-    "_ZdlPvSt11align_val_t",
-    "_ZdaPvSt11align_val_t",
-    "_ZdlPvmSt11align_val_t",
-    "_ZdaPvmSt11align_val_t",
-    "_ZdlPvSt11align_val_tRKSt9nothrow_t",
-    "_ZdaPvSt11align_val_tRKSt9nothrow_t",
-];
-
-fn args_read(sh: u64) -> &'static [Register] {
-    match sh {
-        shape::CALLOC | shape::REALLOC => &[Register::RDI, Register::RSI],
-        shape::REALLOCARRAY => &[Register::RDI, Register::RSI, Register::RDX],
-        shape::ALIGNED => &[Register::RSI],
-        shape::POSIX_MEMALIGN => &[Register::RDI, Register::RDX],
-        _ => &[Register::RDI],
-    }
-}
 
 /// Where the allocator is.
 enum Object {
@@ -223,10 +169,21 @@ pub fn user(
         .filter(|f| syms.function(f).is_some())
         .map(|f| (f.to_string(), shape::SIZE))
         .collect();
+    // Not libc's: it has none, and a symbol prefix names jemalloc's own.
+    let je: Vec<(String, u64)> = JE_ALLOC
+        .iter()
+        .map(|&(f, sh)| (format!("{prefix}{f}"), sh))
+        .filter(|(f, _)| !is_libc(&lib.shown) && syms.function(f).is_some())
+        .collect();
+    if !je.is_empty() && syms.function(&format!("{prefix}xallocx")).is_some() {
+        said.push(format!(
+            "{prefix}xallocx: in-place resizes not traced (a resized block keeps its size)"
+        ));
+    }
     let c = ALLOCATORS
         .iter()
         .map(|&(f, sh)| (format!("{prefix}{f}"), sh));
-    for (name, sh) in c.chain(cxx.iter().cloned()) {
+    for (name, sh) in c.chain(cxx.iter().cloned()).chain(je.iter().cloned()) {
         let Some(func) = syms.function(&name) else {
             if name == format!("{prefix}malloc") {
                 return Err(Error::Usage(format!(
@@ -269,7 +226,16 @@ pub fn user(
         pid,
     ));
     let mut freed = std::collections::HashSet::from([func.file_offset]);
-    for name in CXX_DELETE.iter().filter(|_| !cxx.is_empty()) {
+    let je_free = JE_FREE
+        .iter()
+        .filter(|_| !je.is_empty())
+        .map(|f| format!("{prefix}{f}"));
+    let cxx_delete = CXX_DELETE
+        .iter()
+        .filter(|_| !cxx.is_empty())
+        .map(|f| f.to_string());
+    for name in cxx_delete.chain(je_free) {
+        let name = name.as_str();
         let Some(func) = syms.function(name) else {
             continue;
         };
