@@ -359,3 +359,48 @@ fn slow_and_idle_clients_do_not_hold_up_a_scrape() {
     let _ = trickle.join();
     t.interrupt();
 }
+
+/// Once attached, serve holds no capability (effective, permitted or
+/// bounding) and no_new_privs is set: it reads what network clients send.
+/// A process name with an ESC in it is a label with the byte written out,
+/// never sent raw to whatever shows the page.
+#[test]
+fn serve_drops_its_capabilities_and_writes_out_control_bytes() {
+    let port = free_port();
+    let t = serve(port, &["--max-series", "10000"]);
+    let _ = settle(port, |m| m.contains("memtrace_page_faults_total{"));
+    let status = std::fs::read_to_string(format!("/proc/{}/status", t.pid())).unwrap();
+    let field = |name: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(name))
+            .unwrap_or_else(|| panic!("{name} missing: {status}"))
+            .trim()
+            .to_string()
+    };
+    for cap in ["CapEff:", "CapPrm:", "CapBnd:", "CapAmb:"] {
+        assert_eq!(field(cap), "0000000000000000", "{cap}\n{status}");
+    }
+    assert_eq!(field("NoNewPrivs:"), "1", "{status}");
+    // Its threads too (the HTTP ones start after the drop).
+    for task in std::fs::read_dir(format!("/proc/{}/task", t.pid())).unwrap() {
+        let st = std::fs::read_to_string(task.unwrap().path().join("status")).unwrap_or_default();
+        let eff = st.lines().find_map(|l| l.strip_prefix("CapEff:"));
+        assert!(eff.is_none_or(|e| e.trim() == "0000000000000000"), "{st}");
+    }
+    let dir = std::env::temp_dir().join(format!("memtrace-esc-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let named = dir.join("mt\u{1b}esc");
+    std::fs::copy(workload_bin(), &named).unwrap();
+    let st = Command::new(&named)
+        .args(["touch", "300"])
+        .stdout(Stdio::null())
+        .status()
+        .unwrap();
+    assert!(st.success());
+    let text = settle(port, |m| m.contains("mt\\\\x1besc"));
+    assert!(!text.contains('\u{1b}'), "a raw ESC in the page");
+    let out = t.interrupt();
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    let _ = std::fs::remove_dir_all(dir);
+}

@@ -12,23 +12,26 @@ const CAP_SYS_ADMIN: u32 = 21;
 const CAP_PERFMON: u32 = 38;
 const CAP_BPF: u32 = 39;
 
+/// capget/capset's header and data, _LINUX_CAPABILITY_VERSION_3: 64 bits
+/// in two 32-bit words.
+#[repr(C)]
+struct Header {
+    version: u32,
+    pid: i32,
+}
+#[repr(C)]
+#[derive(Default, Clone, Copy)]
+struct Data {
+    effective: u32,
+    permitted: u32,
+    inheritable: u32,
+}
+const VERSION_3: u32 = 0x2008_0522;
+
 /// The effective capability set of this process, as a bit mask.
 fn effective() -> std::io::Result<u64> {
-    // _LINUX_CAPABILITY_VERSION_3: 64 bits in two 32-bit words.
-    #[repr(C)]
-    struct Header {
-        version: u32,
-        pid: i32,
-    }
-    #[repr(C)]
-    #[derive(Default, Clone, Copy)]
-    struct Data {
-        effective: u32,
-        permitted: u32,
-        inheritable: u32,
-    }
     let mut h = Header {
-        version: 0x2008_0522,
+        version: VERSION_3,
         pid: 0,
     };
     let mut d = [Data::default(); 2];
@@ -38,6 +41,35 @@ fn effective() -> std::io::Result<u64> {
         return Err(std::io::Error::last_os_error());
     }
     Ok(d[0].effective as u64 | (d[1].effective as u64) << 32)
+}
+
+/// Gives up every capability (effective, permitted, inheritable, the
+/// bounding set) and sets no_new_privs: for a tool that has loaded and
+/// attached everything and keeps only descriptors, before it reads what a
+/// network client sends. The calling thread's: threads it starts after
+/// inherit them.
+pub fn drop_all() -> std::io::Result<()> {
+    // SAFETY: prctl with integer arguments only.
+    if unsafe { libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // Needs CAP_SETPCAP, so before the rest; a capability this kernel
+    // does not know is EINVAL, and nothing to drop.
+    for c in 0..=last_cap() {
+        // SAFETY: as above.
+        unsafe { libc::prctl(libc::PR_CAPBSET_DROP, c as libc::c_ulong, 0, 0, 0) };
+    }
+    let mut h = Header {
+        version: VERSION_3,
+        pid: 0,
+    };
+    let d = [Data::default(); 2];
+    // SAFETY: the header and two data words are what capset v3 reads.
+    let r = unsafe { libc::syscall(libc::SYS_capset, &mut h, d.as_ptr()) };
+    if r != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
 }
 
 /// Whether this process has CAP_SYS_RESOURCE: without it the kernel takes

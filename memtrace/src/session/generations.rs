@@ -16,10 +16,19 @@ use crate::error::{Error, Result};
 use crate::kernel::grace::GracePeriod;
 
 /// The generation programs count in, and what waits out running programs.
-#[derive(Default)]
 pub struct Generations {
     current: u32,
-    grace: Option<GracePeriod>,
+    grace: GracePeriod,
+}
+
+impl Generations {
+    /// Its maps are made with the others (a tool that drops its
+    /// capabilities after attaching could not make them later).
+    pub fn new() -> Result<Generations> {
+        let grace = GracePeriod::new()
+            .map_err(|e| Error::Runtime(format!("creating a map to wait on: {e}")))?;
+        Ok(Generations { current: 0, grace })
+    }
 }
 
 impl Session {
@@ -28,13 +37,8 @@ impl Session {
     pub fn next_generation(&mut self) -> Result<u32> {
         let old = self.gens.current;
         self.set_array(names::COUNT_GEN, 0, old ^ 1)?;
-        if self.gens.grace.is_none() {
-            let g = GracePeriod::new()
-                .map_err(|e| Error::Runtime(format!("creating a map to wait on: {e}")))?;
-            self.gens.grace = Some(g);
-        }
-        let grace = self.gens.grace.as_ref().expect("created above");
-        grace
+        self.gens
+            .grace
             .wait()
             .map_err(|e| Error::Runtime(format!("waiting for running programs: {e}")))?;
         self.gens.current = old ^ 1;

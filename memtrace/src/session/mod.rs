@@ -104,7 +104,7 @@ impl Session {
             counted_at_end: None,
             filtered: false,
             read_fails: std::cell::Cell::new(0),
-            gens: Default::default(),
+            gens: generations::Generations::new()?,
         })
     }
 

@@ -57,7 +57,22 @@ impl State {
 fn l(pairs: &[(&str, &str)]) -> Labels {
     pairs
         .iter()
-        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .map(|(k, v)| (k.to_string(), visible(v)))
+        .collect()
+}
+
+/// A label value with its control characters written out (`\x1b`): the
+/// encoder escapes only newline, quote and backslash, and a process name
+/// with an ESC in it reached terminals reading the page.
+fn visible(v: &str) -> String {
+    if !v.chars().any(|c| c.is_control()) {
+        return v.to_string();
+    }
+    v.chars()
+        .map(|c| match c {
+            c if c.is_control() => format!("\\x{:02x}", c as u32),
+            c => c.to_string(),
+        })
         .collect()
 }
 
@@ -252,4 +267,16 @@ pub fn render(sv: &Serve, s: &Session) -> String {
     // Writing to a String cannot fail.
     let _ = encode(&mut out, &reg);
     out
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn control_characters_in_label_values_are_written_out() {
+        assert_eq!(
+            super::visible("a\x1b[31mb\n\u{7f}"),
+            "a\\x1b[31mb\\x0a\\x7f"
+        );
+        assert_eq!(super::visible("bash"), "bash");
+    }
 }

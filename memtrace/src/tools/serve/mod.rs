@@ -135,6 +135,11 @@ impl Tool for Serve {
             self.snap.seed_from_proc();
         }
         self.refresh(s);
+        // Everything is loaded and attached: what reads network input
+        // holds no capability (the event loop needs only its descriptors).
+        if let Err(e) = crate::kernel::caps::drop_all() {
+            say!("memtrace: serve: warning: could not drop capabilities: {e}");
+        }
         if let Some(l) = self.listener.take() {
             http::spawn(l, self.page.clone());
         }
