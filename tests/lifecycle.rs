@@ -228,3 +228,30 @@ fn memtrace_is_spared_by_the_oom_killer_and_its_command_is_not() {
     }
     let _ = std::fs::remove_file(report);
 }
+
+/// Started with stdout closed, memtrace says the report would be lost, in
+/// one line, exit 1 (it was written to nowhere, exit 0); with --output the
+/// report goes to the file.
+#[test]
+fn a_closed_stdout_is_an_error_unless_the_report_goes_to_a_file() {
+    let bin = memtrace_bin();
+    let file = std::env::temp_dir().join(format!("memtrace-closed-{}", std::process::id()));
+    let closed = |extra: &str| {
+        std::process::Command::new("sh")
+            .arg("-c")
+            .arg(format!("exec {} faults -c true {extra} >&-", bin.display()))
+            .output()
+            .unwrap()
+    };
+    let out = closed("");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("stdout is closed"), "{stderr}");
+    assert_eq!(stderr.trim().lines().count(), 1, "{stderr}");
+    let out = closed(&format!("--output {}", file.display()));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    let report = std::fs::read_to_string(&file).unwrap();
+    assert!(report.contains("true"), "{report}");
+    let _ = std::fs::remove_file(file);
+}

@@ -323,7 +323,10 @@ pub enum Format {
 pub fn destination(path: Option<&std::path::Path>) -> crate::error::Result<Box<dyn Write>> {
     const BUF: usize = 1 << 16;
     Ok(match path {
-        None => Box::new(std::io::BufWriter::with_capacity(BUF, std::io::stdout())),
+        None => {
+            stdout_open()?;
+            Box::new(std::io::BufWriter::with_capacity(BUF, std::io::stdout()))
+        }
         Some(p) => {
             let f = std::fs::File::create(p).map_err(|e| {
                 crate::error::Error::Usage(format!("--output {}: {e}", p.display()))
@@ -331,6 +334,34 @@ pub fn destination(path: Option<&std::path::Path>) -> crate::error::Result<Box<d
             Box::new(std::io::BufWriter::with_capacity(BUF, f))
         }
     })
+}
+
+static STDOUT_CLOSED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Notes whether memtrace was started with stdout closed. Rust's runtime
+/// opens /dev/null read-write on a standard descriptor a program starts
+/// without (so nothing else takes its number); a shell's `>/dev/null`
+/// opens it write-only. The report then has nowhere to go (`destination`).
+pub fn note_closed_stdout() {
+    let null = std::fs::read_link("/proc/self/fd/1").is_ok_and(|p| p == *"/dev/null");
+    if !null {
+        return;
+    }
+    // SAFETY: fcntl with plain arguments.
+    let flags = unsafe { libc::fcntl(1, libc::F_GETFL) };
+    if flags >= 0 && flags & libc::O_ACCMODE == libc::O_RDWR {
+        STDOUT_CLOSED.store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+/// An error when memtrace was started with stdout closed.
+pub fn stdout_open() -> crate::error::Result<()> {
+    match STDOUT_CLOSED.load(std::sync::atomic::Ordering::Relaxed) {
+        true => Err(crate::error::Error::Output(std::io::Error::other(
+            "stdout is closed, and the report would be lost (--output FILE writes it to a file)",
+        ))),
+        false => Ok(()),
+    }
 }
 
 pub fn printer(format: Format, timestamps: bool, out: Box<dyn Write>) -> Box<dyn Printer> {

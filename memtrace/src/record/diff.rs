@@ -125,6 +125,7 @@ pub fn run(a: &DiffArgs) -> Result<i32> {
     if let Some(n) = a.top {
         shown.truncate(n);
     }
+    crate::output::stdout_open()?;
     let mut w = std::io::BufWriter::new(std::io::stdout().lock());
     let r = if a.json {
         json_lines(&mut w, &shown, notes.as_ref())

@@ -120,6 +120,7 @@ pub fn run(a: &ReportArgs) -> Result<i32> {
         (_, true) => Format::Folded,
         _ => Format::Text,
     };
+    output::stdout_open()?;
     let stdout = std::io::BufWriter::new(std::io::stdout());
     let mut out = output::printer(format, false, Box::new(stdout));
     let groups = if a.sum { summed(&rec) } else { each(&rec) };

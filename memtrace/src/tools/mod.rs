@@ -81,6 +81,7 @@ tools! {
 }
 
 pub fn dispatch(cli: crate::cli::Cli) -> Result<i32> {
+    crate::output::note_closed_stdout();
     match cli.cmd {
         crate::cli::Command::Tool(t) => {
             let (mut tool, common) = t.build()?;

@@ -63,7 +63,9 @@ fn l(pairs: &[(&str, &str)]) -> Labels {
 
 /// A label value with its control characters written out (`\x1b`): the
 /// encoder escapes only newline, quote and backslash, and a process name
-/// with an ESC in it reached terminals reading the page.
+/// with an ESC in it reached terminals reading the page. Unlike text
+/// output (`output::escape_controls`) backslashes stay single: cgroup
+/// paths have them (systemd's `\x2d`) and a label is matched to its path.
 fn visible(v: &str) -> String {
     if !v.chars().any(|c| c.is_control()) {
         return v.to_string();
