@@ -324,3 +324,48 @@ fn a_binary_path_that_is_not_utf8_still_symbolizes() {
     // The loop's 30 calls and the brk(0) before them.
     assert_eq!(named, 31, "{}", out.stdout);
 }
+
+/// Not root, with CAP_BPF and CAP_PERFMON only: tracefs (root's, 0700)
+/// cannot be read, and the one line says who cannot read it and the ways
+/// to let memtrace in, one of which (CAP_DAC_READ_SEARCH) then works.
+#[test]
+fn an_unreadable_tracefs_names_the_fixes() {
+    use std::os::unix::fs::MetadataExt;
+    let readable =
+        std::fs::metadata("/sys/kernel/tracing").is_ok_and(|m| m.mode() & 0o005 == 0o005);
+    if Command::new("setpriv").arg("--version").output().is_err() || readable {
+        skip(
+            "an_unreadable_tracefs_names_the_fixes",
+            "needs setpriv and a tracefs others cannot read",
+        );
+        return;
+    }
+    let as_nobody = |caps: &str| {
+        let o = Command::new("setpriv")
+            .args(["--reuid=65534", "--regid=65534", "--clear-groups"])
+            .args([
+                format!("--inh-caps={caps}"),
+                format!("--ambient-caps={caps}"),
+            ])
+            .arg(memtrace_bin())
+            .args(["faults", "-d", "300ms"])
+            .output()
+            .unwrap();
+        (
+            o.status.code(),
+            String::from_utf8_lossy(&o.stderr).into_owned(),
+        )
+    };
+    let (code, stderr) = as_nobody("+bpf,+perfmon");
+    assert_eq!(code, Some(2), "{stderr}");
+    assert_eq!(stderr.trim().lines().count(), 1, "{stderr}");
+    for says in [
+        "uid 65534 cannot read it",
+        "CAP_DAC_READ_SEARCH",
+        "mode=0755",
+    ] {
+        assert!(stderr.contains(says), "{says}: {stderr}");
+    }
+    let (code, stderr) = as_nobody("+bpf,+perfmon,+dac_read_search");
+    assert_eq!(code, Some(0), "{stderr}");
+}

@@ -35,7 +35,7 @@ fn mount(at: &Path) -> Result<(), String> {
     let mounts = crate::kernel::mounts::mounts();
     if let Some((ty, _)) = mounts.iter().rev().find(|(_, p)| p == at) {
         return Err(if ty == "tracefs" {
-            format!("tracefs is mounted at {} but cannot be read", at.display())
+            unreadable(at)
         } else {
             format!(
                 "{} has a {ty} filesystem mounted on it: memtrace does not mount tracefs over it",
@@ -70,6 +70,26 @@ fn mount(at: &Path) -> Result<(), String> {
         at.display()
     );
     Ok(())
+}
+
+/// Why a mounted tracefs cannot be read, and the ways to let memtrace in:
+/// it is root's, mode 0700 on most distributions, and CAP_BPF with
+/// CAP_PERFMON do not open files.
+fn unreadable(at: &Path) -> String {
+    use std::os::unix::fs::MetadataExt;
+    // SAFETY: getuid cannot fail.
+    let uid = unsafe { libc::getuid() };
+    let owner = match std::fs::metadata(at) {
+        Ok(m) => format!(" (owner uid {}, mode {:04o})", m.uid(), m.mode() & 0o7777),
+        Err(_) => String::new(),
+    };
+    format!(
+        "tracefs is mounted at {} but uid {uid} cannot read it{owner}: run memtrace as root \
+         (uid 0, with CAP_BPF and CAP_PERFMON), grant it CAP_DAC_READ_SEARCH, or make \
+         tracefs readable (mount -o remount,mode=0755 {})",
+        at.display(),
+        at.display()
+    )
 }
 
 pub fn exists(category: &str, name: &str) -> bool {
