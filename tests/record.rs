@@ -199,3 +199,18 @@ fn bad_input_is_one_line_and_exit_2() {
         assert!(out.stdout.is_empty(), "{args:?}: {}", out.stdout);
     }
 }
+
+/// A flame graph that cannot be written: to a full device it is a failure
+/// at run time (exit 1, as the README says of output), to a directory that
+/// does not exist bad input (exit 2); one line each.
+#[test]
+fn svg_write_failures_exit_as_the_readme_says() {
+    let d = scratch("svgfail");
+    record(&d, "t.rec", &w("rawbrk 10 4096"), &[]);
+    for (to, code) in [("/dev/full", 1), ("/nonexistent-dir/x.svg", 2)] {
+        let out = mt(&d, &["report", "t.rec", "--svg", to]);
+        assert_eq!(out.code, code, "{to}: {}", out.stderr);
+        assert_eq!(out.stderr.trim().lines().count(), 1, "{}", out.stderr);
+        assert!(out.stderr.contains("cannot write"), "{}", out.stderr);
+    }
+}

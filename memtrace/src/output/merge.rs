@@ -35,9 +35,10 @@ pub fn merge_stacks(stacks: &[StackReport], per_pid: bool) -> Vec<StackReport> {
                 if s.count > top[i] {
                     (m.pid, top[i]) = (s.pid, s.count);
                 }
-                m.count += s.count;
+                // Saturating: recorded counts come from a file.
+                m.count = m.count.saturating_add(s.count);
                 m.bytes = match (m.bytes, s.bytes) {
-                    (Some(a), Some(b)) => Some(a + b),
+                    (Some(a), Some(b)) => Some(a.saturating_add(b)),
                     (a, b) => a.or(b),
                 };
                 if let (Some(a), Some(b)) = (&mut m.alloc, &s.alloc) {
@@ -159,5 +160,13 @@ mod tests {
         let apart = merge_stacks(&all, true);
         let counts: Vec<u64> = apart.iter().map(|s| s.count).collect();
         assert_eq!(counts, [11, 7, 5, 1]);
+    }
+
+    #[test]
+    fn sums_near_the_top_of_u64_saturate_instead_of_wrapping() {
+        let mut big = r(1, u64::MAX - 1, &["palloc [postgres]"]);
+        big.bytes = Some(u64::MAX - 1);
+        let m = merge_stacks(&[big, r(2, 5, &["palloc [postgres]"])], false);
+        assert_eq!((m[0].count, m[0].bytes), (u64::MAX, Some(u64::MAX)));
     }
 }

@@ -147,11 +147,13 @@ pub struct AllocFigures {
 }
 
 impl AllocFigures {
+    /// Saturating: a record's counts are read from a file, and a sum that
+    /// wrapped would show a small number for a huge one.
     pub fn add(&mut self, o: &AllocFigures) {
-        self.allocs += o.allocs;
-        self.bytes += o.bytes;
-        self.frees += o.frees;
-        self.freed_bytes += o.freed_bytes;
+        self.allocs = self.allocs.saturating_add(o.allocs);
+        self.bytes = self.bytes.saturating_add(o.bytes);
+        self.frees = self.frees.saturating_add(o.frees);
+        self.freed_bytes = self.freed_bytes.saturating_add(o.freed_bytes);
     }
 }
 

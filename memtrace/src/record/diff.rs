@@ -50,9 +50,10 @@ fn totals(rec: &Recording, a: &DiffArgs) -> BTreeMap<String, (Side, StackReport)
             let e = out
                 .entry(id)
                 .or_insert_with(|| (Side::default(), s.clone()));
-            e.0.count += s.count;
+            // Saturating: the counts come from files.
+            e.0.count = e.0.count.saturating_add(s.count);
             e.0.bytes = match (e.0.bytes, s.bytes) {
-                (Some(x), Some(y)) => Some(x + y),
+                (Some(x), Some(y)) => Some(x.saturating_add(y)),
                 (x, y) => x.or(y),
             };
         }

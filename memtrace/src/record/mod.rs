@@ -106,6 +106,20 @@ pub fn annotate(cmd: &AnnotateCmd) -> Result<i32> {
     }
 }
 
+/// A file memtrace was asked to write and could not: a path it cannot
+/// create is bad input (exit 2); a write that failed (a full disk) is a
+/// failure at run time (exit 1), as for the report itself.
+pub fn write_error(path: &Path, e: std::io::Error) -> Error {
+    use std::io::ErrorKind::*;
+    let what = format!("cannot write {}: {e}", path.display());
+    match e.kind() {
+        NotFound | PermissionDenied | IsADirectory | NotADirectory | ReadOnlyFilesystem => {
+            Error::Usage(what)
+        }
+        _ => Error::Runtime(what),
+    }
+}
+
 /// Writes the database whole, through a file renamed over the old one: an
 /// interrupted write leaves the previous version.
 fn save(db: &Annotations, path: &Path) -> Result<()> {
@@ -115,7 +129,7 @@ fn save(db: &Annotations, path: &Path) -> Result<()> {
         .and_then(|n| n.to_str())
         .unwrap_or(DEFAULT_FILE);
     let tmp = path.with_file_name(format!(".{name}.tmp"));
-    let bad = |e: std::io::Error| Error::Usage(format!("cannot write {}: {e}", path.display()));
+    let bad = |e: std::io::Error| write_error(path, e);
     std::fs::write(&tmp, db.render()).map_err(bad)?;
     std::fs::rename(&tmp, path).map_err(bad)
 }

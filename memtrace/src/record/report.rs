@@ -190,8 +190,7 @@ pub fn write_svg(
 ) -> Result<()> {
     let mut buf = Vec::new();
     render(&mut buf).map_err(|e| Error::Runtime(format!("flame graph of {what}: {e}")))?;
-    std::fs::write(path, buf)
-        .map_err(|e| Error::Usage(format!("cannot write {}: {e}", path.display())))?;
+    std::fs::write(path, buf).map_err(|e| super::write_error(path, e))?;
     Ok(())
 }
 
