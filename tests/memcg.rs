@@ -22,7 +22,7 @@ fn memcg_here(test: &str) -> bool {
 struct Child(std::path::PathBuf);
 
 impl Child {
-    fn new(cg: &Memcg, name: &str) -> Child {
+    fn new(cg: &Memcg, name: impl AsRef<std::path::Path>) -> Child {
         let p = cg.path.join(name);
         std::fs::create_dir_all(&p).expect("create child memcg");
         Child(p)
@@ -225,4 +225,45 @@ fn pressure_warning_on_a_group_without_memory_pressure_says_why() {
         out.stderr
     );
     assert!(out.stdout.contains(&path), "{}", out.stdout);
+}
+
+/// Group names are bytes: one that is not UTF-8 is a group like any other,
+/// for `--cgroup PID` of a process in it (which failed with "stream did not
+/// contain valid UTF-8") and in the table of limited groups (which left it
+/// out), shown with `\xNN` for those bytes.
+#[test]
+fn a_group_named_with_bytes_that_are_not_utf8_is_shown_escaped() {
+    use std::os::unix::ffi::OsStrExt;
+    if !memcg_here("a_group_named_with_bytes_that_are_not_utf8_is_shown_escaped") {
+        return;
+    }
+    let cg = Memcg::new("bytes", "1G");
+    let limit = match cg.version {
+        CgroupVersion::V1 => "memory.limit_in_bytes",
+        CgroupVersion::V2 => {
+            // The child is a memory cgroup of its own only so.
+            let _ = std::fs::write(cg.path.join("cgroup.subtree_control"), "+memory");
+            "memory.max"
+        }
+    };
+    let kid = Child::new(&cg, std::ffi::OsStr::from_bytes(b"caf\xe9"));
+    std::fs::write(kid.0.join(limit), "500M").unwrap();
+    let mut p = std::process::Command::new("sleep")
+        .arg("30")
+        .spawn()
+        .unwrap();
+    std::fs::write(kid.0.join("cgroup.procs"), p.id().to_string()).unwrap();
+    let shown = format!("/{}/caf\\xe9", cg.name);
+    let pid = p.id().to_string();
+    for args in [&["--cgroup", &pid][..], &[][..]] {
+        let mut all = vec!["memcg", "-d", "300ms", "--json"];
+        all.extend(args);
+        let out = run_with(&all, WAIT);
+        assert_eq!(out.code, 0, "{args:?}: {}", out.stderr);
+        let rows = json_of(&out.stdout, "memcg_sample");
+        let r = sample_of(&rows, &shown);
+        assert_eq!(r["limit_kb"], 500 * 1024, "{r}");
+    }
+    let _ = p.kill();
+    let _ = p.wait();
 }

@@ -297,7 +297,7 @@ impl Snapshot {
 /// The memory cgroup path of `pid`: in the v1 memory hierarchy where one
 /// is mounted (hybrid hosts), else in the v2 hierarchy.
 pub fn cgroup_of(pid: u32) -> String {
-    let Ok(text) = std::fs::read_to_string(format!("/proc/{pid}/cgroup")) else {
+    let Ok(text) = std::fs::read(format!("/proc/{pid}/cgroup")) else {
         return String::new();
     };
     let (v1, v2) = crate::process::cgroup::parse_proc_cgroup(&text);

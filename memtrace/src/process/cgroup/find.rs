@@ -2,7 +2,7 @@
 
 use std::path::{Path, PathBuf};
 
-use super::{parse_proc_cgroup, Group, Version};
+use super::{proc_cgroup_paths, Group, Version};
 use crate::kernel::cgroupid::memory_roots;
 
 /// The memory hierarchies mounted here: v1's memory controller, and v2's
@@ -27,11 +27,7 @@ pub fn hierarchies() -> Vec<(PathBuf, Version)> {
 pub fn limited_groups() -> Vec<Group> {
     let mut out = Vec::new();
     for (root, version) in hierarchies() {
-        let top = Group {
-            root,
-            path: "/".into(),
-            version,
-        };
+        let top = Group::in_hierarchy(root, "/".into(), version);
         out.extend(
             top.with_descendants()
                 .into_iter()
@@ -49,20 +45,16 @@ pub fn resolve(arg: &str) -> Result<Group, String> {
         return Err("no memory cgroup hierarchy is mounted".into());
     }
     if let Ok(pid) = arg.parse::<u32>() {
-        let text = std::fs::read_to_string(format!("/proc/{pid}/cgroup"))
+        let text = std::fs::read(format!("/proc/{pid}/cgroup"))
             .map_err(|e| format!("process {pid}: {e}"))?;
-        let (v1, v2) = parse_proc_cgroup(&text);
+        let (v1, v2) = proc_cgroup_paths(&text);
         for (root, version) in &hier {
             let path = match version {
                 Version::V1 => v1.clone(),
                 Version::V2 => v2.clone(),
             };
             if let Some(path) = path {
-                return Ok(Group {
-                    root: root.clone(),
-                    path,
-                    version: *version,
-                });
+                return Ok(Group::in_hierarchy(root.clone(), path, *version));
             }
         }
         return Err(format!("process {pid} is in no memory cgroup"));
@@ -76,23 +68,7 @@ pub fn resolve(arg: &str) -> Result<Group, String> {
             }
             Err(_) => continue,
         };
-        let g = Group {
-            root: root.clone(),
-            path: format!("/{}", rel.to_string_lossy()).replace("//", "/"),
-            version: *version,
-        };
-        let g = Group {
-            path: g.path.trim_end_matches('/').to_string(),
-            ..g
-        };
-        let g = if g.path.is_empty() {
-            Group {
-                path: "/".into(),
-                ..g
-            }
-        } else {
-            g
-        };
+        let g = Group::in_hierarchy(root.clone(), rel.into_os_string(), *version);
         if g.dir().is_dir() {
             return Ok(g);
         }

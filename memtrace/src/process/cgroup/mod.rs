@@ -4,8 +4,10 @@
 //! over the files' text; `Group` reads the files.
 
 use std::collections::HashMap;
+use std::ffi::{OsStr, OsString};
+use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::os::unix::fs::MetadataExt;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 mod find;
 pub mod notify;
@@ -137,29 +139,57 @@ pub fn parse_psi(text: &str) -> Option<Psi> {
     })
 }
 
-/// The memory cgroup paths of a process in /proc/PID/cgroup: (v1, v2).
-pub fn parse_proc_cgroup(text: &str) -> (Option<String>, Option<String>) {
+/// The memory cgroup paths of a process in /proc/PID/cgroup: (v1, v2),
+/// as shown (bytes that are not UTF-8 written `\xNN`).
+pub fn parse_proc_cgroup(text: &[u8]) -> (Option<String>, Option<String>) {
+    let (v1, v2) = proc_cgroup_paths(text);
+    (v1.map(|p| shown(&p)), v2.map(|p| shown(&p)))
+}
+
+/// The memory cgroup paths of a process in /proc/PID/cgroup, as the kernel
+/// has them: a group's name is any bytes but '/' and NUL.
+pub(super) fn proc_cgroup_paths(text: &[u8]) -> (Option<OsString>, Option<OsString>) {
     let (mut v1, mut v2) = (None, None);
-    for l in text.lines() {
-        let mut f = l.splitn(3, ':');
+    for l in text.split(|&b| b == b'\n') {
+        let mut f = l.splitn(3, |&b| b == b':');
         let (Some(_), Some(ctl), Some(path)) = (f.next(), f.next(), f.next()) else {
             continue;
         };
+        let path = OsString::from_vec(path.to_vec());
         if ctl.is_empty() {
-            v2 = Some(path.to_string());
-        } else if ctl.split(',').any(|c| c == "memory") {
-            v1 = Some(path.to_string());
+            v2 = Some(path);
+        } else if ctl.split(|&b| b == b',').any(|c| c == b"memory") {
+            v1 = Some(path);
         }
     }
     (v1, v2)
+}
+
+/// A path as text: as it is when it is UTF-8, else with each byte that is
+/// not written `\xNN` (group names are bytes; shown, never dropped).
+pub fn shown(raw: &OsStr) -> String {
+    let bytes = raw.as_bytes();
+    if let Ok(s) = std::str::from_utf8(bytes) {
+        return s.to_string();
+    }
+    let mut out = String::with_capacity(bytes.len() + 8);
+    for chunk in bytes.utf8_chunks() {
+        out.push_str(chunk.valid());
+        for b in chunk.invalid() {
+            out.push_str(&format!("\\x{b:02x}"));
+        }
+    }
+    out
 }
 
 /// A memory cgroup: its hierarchy's mount point and its path inside it.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct Group {
     pub root: PathBuf,
-    /// "/" for the root, "/a/b" below it.
+    /// "/" for the root, "/a/b" below it, as shown (`shown`).
     pub path: String,
+    /// The path as the kernel has it: what opens its files.
+    raw: OsString,
     pub version: Version,
 }
 
@@ -171,15 +201,28 @@ impl Group {
         } else {
             Version::V2
         };
+        Group::in_hierarchy(root, path.into(), version)
+    }
+
+    /// The group at the kernel's path `raw` ("/", "/a/b") under `root`.
+    pub fn in_hierarchy(root: PathBuf, raw: OsString, version: Version) -> Group {
+        // Trailing and doubled slashes dropped.
+        let mut raw: PathBuf = Path::new("/").join(raw).components().collect();
+        if raw.as_os_str().is_empty() {
+            raw = PathBuf::from("/");
+        }
+        let raw = raw.into_os_string();
         Group {
             root,
-            path,
+            path: shown(&raw),
+            raw,
             version,
         }
     }
 
     pub fn dir(&self) -> PathBuf {
-        self.root.join(self.path.trim_start_matches('/'))
+        let rel = Path::new(&self.raw);
+        self.root.join(rel.strip_prefix("/").unwrap_or(rel))
     }
 
     fn read(&self, file: &str) -> Option<String> {
@@ -199,15 +242,12 @@ impl Group {
         if self.is_root() {
             return None;
         }
-        let cut = self.path.rfind('/').unwrap_or(0);
-        Some(Group {
-            path: if cut == 0 {
-                "/".into()
-            } else {
-                self.path[..cut].into()
-            },
-            ..self.clone()
-        })
+        let up = Path::new(&self.raw).parent().unwrap_or(Path::new("/"));
+        Some(Group::in_hierarchy(
+            self.root.clone(),
+            up.as_os_str().to_owned(),
+            self.version,
+        ))
     }
 
     /// The group whose memory this one's processes are charged to: itself,
@@ -314,13 +354,12 @@ impl Group {
             };
             for e in rd.flatten() {
                 if e.file_type().is_ok_and(|t| t.is_dir()) {
-                    let name = e.file_name().to_string_lossy().into_owned();
-                    let path = if g.is_root() {
-                        format!("/{name}")
-                    } else {
-                        format!("{}/{name}", g.path)
-                    };
-                    out.push(Group { path, ..g.clone() });
+                    let raw = Path::new(&g.raw).join(e.file_name());
+                    out.push(Group::in_hierarchy(
+                        g.root.clone(),
+                        raw.into_os_string(),
+                        g.version,
+                    ));
                 }
             }
         }

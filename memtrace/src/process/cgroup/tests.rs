@@ -114,23 +114,39 @@ fn psi_avg10() {
 
 #[test]
 fn proc_cgroup_memory_paths() {
-    let (v1, v2) = parse_proc_cgroup(data!("proc-self-cgroup"));
+    let (v1, v2) = parse_proc_cgroup(data!("proc-self-cgroup").as_bytes());
     assert_eq!(
         v1.as_deref(),
         Some("/process_api/483424b265ec84216c86d71bba4397c1")
     );
     assert_eq!(v2.as_deref(), Some("/"));
-    let (v1, v2) = parse_proc_cgroup("0::/user.slice/app.scope\n");
+    let (v1, v2) = parse_proc_cgroup(b"0::/user.slice/app.scope\n");
     assert_eq!((v1, v2.as_deref()), (None, Some("/user.slice/app.scope")));
+}
+
+/// Group names are bytes: one that is not UTF-8 is shown with `\xNN` for
+/// those bytes, and its files are opened by the bytes themselves.
+#[test]
+fn names_that_are_not_utf8_are_shown_escaped_and_opened_as_bytes() {
+    use std::os::unix::ffi::OsStrExt;
+    let (v1, v2) = parse_proc_cgroup(b"4:memory:/caf\xe9/x\n0::/\n");
+    assert_eq!(
+        (v1.as_deref(), v2.as_deref()),
+        (Some("/caf\\xe9/x"), Some("/"))
+    );
+    let raw = std::ffi::OsStr::from_bytes(b"/caf\xe9/x").to_owned();
+    let g = Group::in_hierarchy("/sys/fs/cgroup/memory".into(), raw, Version::V1);
+    assert_eq!(g.path, "/caf\\xe9/x");
+    assert_eq!(
+        g.dir().as_os_str().as_bytes(),
+        b"/sys/fs/cgroup/memory/caf\xe9/x"
+    );
+    assert_eq!(g.parent().unwrap().path, "/caf\\xe9");
 }
 
 #[test]
 fn parents_up_to_the_root() {
-    let g = Group {
-        root: "/sys/fs/cgroup/memory".into(),
-        path: "/a/b".into(),
-        version: Version::V1,
-    };
+    let g = Group::in_hierarchy("/sys/fs/cgroup/memory".into(), "/a/b".into(), Version::V1);
     let p = g.parent().unwrap();
     assert_eq!(p.path, "/a");
     assert_eq!(p.parent().unwrap().path, "/");
