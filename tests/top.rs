@@ -40,6 +40,15 @@ fn refreshes_show_the_fault_and_brk_rates_of_a_paced_workload() {
         // A page each.
         within("brk KiB", r["brk_kb_s"].as_f64().unwrap(), BRKS * 4.0, 0.10);
         assert_eq!(r["comm"], "memtrace-worklo");
+        // Each fault a fresh page it keeps: resident memory grows by them,
+        // and the heap's pages when touched.
+        let rss = r["rss_kb_s"].as_f64().unwrap();
+        assert!(
+            rss >= FAULTS * 4.0 * 0.8 && rss <= (FAULTS + BRKS) * 4.0 * 1.2,
+            "RSS growth {rss} KiB/s: {r}"
+        );
+        // The OOM killer's score of a live process is a number.
+        assert!(r["oom_score"].as_u64().is_some(), "{r}");
     }
     // Only the traced process is shown.
     assert!(json_of(&out.stdout, "top").iter().all(|r| r["pid"] == pid));
@@ -48,7 +57,8 @@ fn refreshes_show_the_fault_and_brk_rates_of_a_paced_workload() {
 #[test]
 fn plain_text_when_stdout_is_not_a_terminal_and_count_ends_it() {
     let started = Instant::now();
-    let out = run(&["top", "-i", "300ms", "-n", "3", "--top", "5"]);
+    // -d is the refresh delay, as procps top has it.
+    let out = run(&["top", "-d", "300ms", "-n", "3", "--top", "5"]);
     assert_eq!(out.code, 0, "{}", out.stderr);
     let headers = out
         .stdout
@@ -57,6 +67,16 @@ fn plain_text_when_stdout_is_not_a_terminal_and_count_ends_it() {
         .count();
     assert_eq!(headers, 3, "{}", out.stdout);
     assert!(out.stdout.contains("sorted by faults"), "{}", out.stdout);
+    // The host's memory on every refresh: available, swap, pressure.
+    let heads = out.stdout.lines().filter(|l| l.contains(" top: ")).count();
+    let mem = out
+        .stdout
+        .lines()
+        .filter(|l| {
+            l.contains("mem available ") && l.contains(" swap used ") && l.contains(" pressure ")
+        })
+        .count();
+    assert_eq!((heads, mem), (3, 3), "{}", out.stdout);
     assert!(started.elapsed() < Duration::from_secs(30));
     // No terminal escapes in plain text.
     assert!(!out.stdout.contains('\x1b'), "{:?}", out.stdout);

@@ -193,6 +193,44 @@ pub fn mem_total_kb() -> Option<u64> {
         .and_then(|v| v.split_whitespace().next()?.parse().ok())
 }
 
+/// The OOM killer's score of `pid` (/proc/PID/oom_score: its badness,
+/// oom_score_adj included), if it is still there.
+pub fn oom_score(pid: u32) -> Option<u32> {
+    std::fs::read_to_string(format!("/proc/{pid}/oom_score"))
+        .ok()?
+        .trim()
+        .parse()
+        .ok()
+}
+
+/// The host's memory at a glance: available, swap used, and memory
+/// pressure (PSI some/full avg10, where the kernel has it).
+pub fn memory_line() -> String {
+    let info = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
+    let kb = |key: &str| -> Option<u64> {
+        info.lines()
+            .find_map(|l| l.strip_prefix(key))
+            .and_then(|v| v.split_whitespace().next()?.parse().ok())
+    };
+    let mib = |k: Option<u64>| k.map_or("-".to_string(), |k| format!("{}", k >> 10));
+    let swap_used = kb("SwapTotal:")
+        .zip(kb("SwapFree:"))
+        .map(|(t, f)| t.saturating_sub(f));
+    let psi = std::fs::read_to_string("/proc/pressure/memory")
+        .ok()
+        .and_then(|t| crate::process::cgroup::parse_psi(&t))
+        .map_or("-".to_string(), |p| {
+            format!("some {:.2} full {:.2}", p.some_avg10, p.full_avg10)
+        });
+    format!(
+        "mem available {} of {} MiB  swap used {} of {} MiB  pressure {psi}",
+        mib(kb("MemAvailable:")),
+        mib(kb("MemTotal:")),
+        mib(swap_used),
+        mib(kb("SwapTotal:")),
+    )
+}
+
 /// /proc/loadavg as the kernel writes it.
 pub fn loadavg() -> String {
     std::fs::read_to_string("/proc/loadavg")

@@ -75,6 +75,8 @@ tools! {
     /// One line per event of any tracepoint, fields decoded from its format.
     Trace => trace::Trace,
     /// Live table of memory activity by process: RSS, faults, brk, mmap, reclaim, OOM kills.
+    // -d is procps top's refresh delay here; the run's length is --duration.
+    #[command(mut_arg("duration", |a| a.short(None)))]
     Top => top::Top,
     /// Keep the counters attached and serve them to Prometheus on /metrics.
     Serve => serve::Serve,

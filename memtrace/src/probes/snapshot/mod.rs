@@ -66,6 +66,11 @@ pub struct Proc {
     pub last: Figures,
     /// RSS counters in bytes (`rss::FILE`, `ANON`, `SWAP`, `SHMEM`).
     pub rss: [i64; NR],
+    /// How much its resident memory (file, anon, shmem) changed in the last
+    /// interval, in bytes; 0 in the interval it was first read in.
+    pub rss_growth: i64,
+    /// Whether its RSS was read before.
+    pub rss_read: bool,
     /// The interval it was found gone in.
     pub gone: Option<u64>,
 }
@@ -79,6 +84,10 @@ impl Proc {
     }
     pub fn rss_shmem(&self) -> u64 {
         self.rss[SHMEM].max(0) as u64
+    }
+    /// Resident bytes: file, anon and shmem (swap is not resident).
+    pub fn resident(&self) -> i64 {
+        self.rss[FILE] + self.rss[ANON] + self.rss[SHMEM]
     }
 }
 
@@ -198,6 +207,11 @@ impl Snapshot {
         v as f64 / self.elapsed.as_secs_f64().max(1e-3)
     }
 
+    /// `rate` of a change that may be negative.
+    pub fn rate_signed(&self, v: i64) -> f64 {
+        v as f64 / self.elapsed.as_secs_f64().max(1e-3)
+    }
+
     pub fn oom(&mut self, k: OomKill) {
         self.ooms += 1;
         if self.recent_ooms.len() == RECENT_OOMS {
@@ -220,6 +234,7 @@ impl Snapshot {
         self.tick += 1;
         for p in self.procs.values_mut() {
             p.last = Figures::default();
+            p.rss_growth = 0;
         }
     }
 

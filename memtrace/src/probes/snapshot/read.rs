@@ -161,7 +161,13 @@ impl Counters {
             if !crate::process::proc::alive(tgid) {
                 gone.push(tgid);
             }
-            snap.proc_mut(tgid, &comm(&v.comm)).rss = v.bytes;
+            let p = snap.proc_mut(tgid, &comm(&v.comm));
+            let before = p.resident();
+            p.rss = v.bytes;
+            if p.rss_read {
+                p.rss_growth = p.resident() - before;
+            }
+            p.rss_read = true;
         }
         // The kernel keeps an entry per process ever seen: the gone ones
         // are dropped here, or the maps would fill under churn.

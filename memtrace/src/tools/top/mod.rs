@@ -26,6 +26,11 @@ pub struct Args {
     pub common: crate::cli::Common,
     #[command(flatten)]
     pub interval: IntervalArgs,
+    /// Refresh every SECS, as procps top's -d (the run's length is
+    /// --duration).
+    #[arg(short = 'd', value_name = "SECS", value_parser = crate::cli::parse_duration,
+          conflicts_with_all = ["interval", "interval_pos"])]
+    pub delay: Option<Duration>,
     /// Stop after this many refreshes (as --count).
     #[arg(short = 'n', conflicts_with_all = ["count", "count_pos"])]
     pub iterations: Option<u64>,
@@ -63,6 +68,9 @@ pub struct Top {
 impl Top {
     pub fn new(a: &Args) -> Result<Self> {
         let mut interval = a.interval.clone();
+        if a.delay.is_some() {
+            interval.interval = a.delay;
+        }
         if a.iterations.is_some() {
             interval.count = a.iterations;
         }
@@ -108,10 +116,11 @@ impl Top {
         let procs = table::select(&self.snap, self.sort, &self.filter, self.args.top);
         let rows: Vec<Row> = procs.iter().map(|p| table::row(&self.snap, p)).collect();
         let title = format!(
-            "{} top: {} processes, sorted by {}",
+            "{} top: {} processes, sorted by {}; {}",
             clock(),
             self.snap.procs.len(),
-            self.sort.label()
+            self.sort.label(),
+            crate::process::proc::memory_line()
         );
         out.table("top", &title, &table::COLS, &rows);
     }

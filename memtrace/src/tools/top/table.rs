@@ -45,12 +45,13 @@ impl SortKey {
     }
 }
 
-pub const COLS: [Col; 14] = [
+pub const COLS: [Col; 16] = [
     Col::num("pid", "PID", 7),
     Col::text("comm", "COMM", 15),
     Col::num("rss_anon_kb", "ANON_KB", 9),
     Col::num("rss_file_kb", "FILE_KB", 9),
     Col::num("rss_shmem_kb", "SHMEM_KB", 8),
+    Col::num("rss_kb_s", "RSS_KB/s", 9),
     Col::num("faults_user_s", "FLT/s", 9),
     Col::num("faults_kernel_s", "KFLT/s", 8),
     Col::num("file_faults_s", "FFLT/s", 8),
@@ -59,6 +60,7 @@ pub const COLS: [Col; 14] = [
     Col::num("mmap_s", "MMAP/s", 8),
     Col::num("mmap_kb_s", "MMAP_KB/s", 9),
     Col::num("reclaim_ms_s", "RECLms/s", 8),
+    Col::num("oom_score", "OOM", 4),
     Col::text("cgroup", "CGROUP", 6),
 ];
 
@@ -128,6 +130,7 @@ pub fn row(s: &Snapshot, p: &Proc) -> Row {
         (p.rss_anon() >> 10).into(),
         (p.rss_file() >> 10).into(),
         (p.rss_shmem() >> 10).into(),
+        Value::F(s.rate_signed(p.rss_growth) / 1024.0, 1),
         rate(l.faults_user),
         rate(l.faults_kernel),
         rate(l.file_faults),
@@ -136,6 +139,10 @@ pub fn row(s: &Snapshot, p: &Proc) -> Row {
         rate(l.mmap_calls),
         kb_rate(l.mmap_bytes),
         Value::F(s.rate(l.reclaim_ns) / 1e6, 2),
+        match p.gone {
+            None => crate::process::proc::oom_score(p.pid).map_or(Value::S("-".into()), Into::into),
+            Some(_) => Value::S("-".into()),
+        },
         p.cgroup.clone().into(),
     ])
 }
@@ -148,12 +155,12 @@ fn sort_column(k: SortKey) -> usize {
         SortKey::Anon => 2,
         SortKey::File => 3,
         SortKey::Shmem => 4,
-        SortKey::Faults => 5,
-        SortKey::Kfaults => 6,
-        SortKey::Ffaults => 7,
-        SortKey::Brk => 8,
-        SortKey::Mmap => 10,
-        SortKey::Reclaim => 12,
+        SortKey::Faults => 6,
+        SortKey::Kfaults => 7,
+        SortKey::Ffaults => 8,
+        SortKey::Brk => 9,
+        SortKey::Mmap => 11,
+        SortKey::Reclaim => 13,
     }
 }
 
@@ -199,18 +206,18 @@ mod tests {
 
     #[test]
     fn narrow_terminals_drop_whole_columns_and_keep_the_sort_column() {
-        // 14 columns: PID 7, COMM 15, ANON_KB 9 wide, the rest 9.
+        // 16 columns: PID 7, COMM 15, ANON_KB 9 wide, the rest 9.
         let mut need = vec![7, 15, 9];
-        need.extend([9; 11]);
+        need.extend([9; 13]);
         // Everything fits in 200 cells.
-        assert_eq!(fit(&need, 200, SortKey::Anon).len(), 14);
+        assert_eq!(fit(&need, 200, SortKey::Anon).len(), 16);
         // 80 cells: PID, COMM, then as many whole columns as fit (24 + 10
         // a column: five), in order; sorted by mmap, MMAP/s stays.
         let f = fit(&need, 80, SortKey::Mmap);
-        assert_eq!(f, vec![0, 1, 2, 3, 4, 5, 10]);
+        assert_eq!(f, vec![0, 1, 2, 3, 4, 5, 11]);
         assert!(f.iter().map(|&i| need[i] + 1).sum::<usize>() <= 80);
         // Narrower than the three that must stay: they stay.
-        assert_eq!(fit(&need, 20, SortKey::Reclaim), vec![0, 1, 12]);
+        assert_eq!(fit(&need, 20, SortKey::Reclaim), vec![0, 1, 13]);
     }
 
     fn snap() -> Snapshot {

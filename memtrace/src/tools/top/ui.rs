@@ -108,7 +108,7 @@ impl Screen {
         };
         let size = term.size().map_err(io)?;
         let height = size.height as usize;
-        let procs = table::select(snap, sort, filter, height.saturating_sub(5).max(1));
+        let procs = table::select(snap, sort, filter, height.saturating_sub(6).max(1));
         self.shown = procs.iter().map(|p| p.pid).collect();
         self.selected = self.selected.min(self.shown.len().saturating_sub(1));
         let cells: Vec<Vec<String>> = procs
@@ -198,10 +198,12 @@ impl Screen {
                 }
                 d
             });
+        let memory = crate::process::proc::memory_line();
         let keys = table::keys_line(sort);
         let mut state = TableState::default().with_selected(Some(self.selected));
         term.draw(|f| {
-            let [top, oom, body, foot] = Layout::vertical([
+            let [top, mem, oom, body, foot] = Layout::vertical([
+                Constraint::Length(1),
                 Constraint::Length(1),
                 Constraint::Length(ooms.len() as u16),
                 Constraint::Min(1),
@@ -209,6 +211,7 @@ impl Screen {
             ])
             .areas(f.area());
             f.render_widget(Paragraph::new(status), top);
+            f.render_widget(Paragraph::new(memory.as_str()), mem);
             f.render_widget(Paragraph::new(ooms), oom);
             let t = Table::new(rows, widths)
                 .header(header)
