@@ -44,7 +44,7 @@ fn refreshes_show_the_fault_and_brk_rates_of_a_paced_workload() {
         // and the heap's pages when touched.
         let rss = r["rss_kb_s"].as_f64().unwrap();
         assert!(
-            rss >= FAULTS * 4.0 * 0.8 && rss <= (FAULTS + BRKS) * 4.0 * 1.2,
+            (FAULTS * 4.0 * 0.8..=(FAULTS + BRKS) * 4.0 * 1.2).contains(&rss),
             "RSS growth {rss} KiB/s: {r}"
         );
         // The OOM killer's score of a live process is a number.
