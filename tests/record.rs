@@ -170,6 +170,17 @@ fn a_record_cut_short_reads_to_its_last_whole_item_and_says_so() {
     );
     let ok = mt(&d, &["report", "t.rec"]);
     assert!(!ok.stderr.contains("truncated"), "{}", ok.stderr);
+    // A byte changed inside the report item (the middle of the file, the
+    // trailer after it): an error saying where, exit 1, not a cut.
+    let mut bad = whole.clone();
+    let mid = whole.len() / 2;
+    bad[mid] ^= 0x20;
+    std::fs::write(d.join("bad.rec"), &bad).unwrap();
+    let rep = mt(&d, &["report", "bad.rec"]);
+    assert_eq!(rep.code, 1, "{}", rep.stderr);
+    assert_eq!(rep.stderr.trim().lines().count(), 1, "{}", rep.stderr);
+    assert!(rep.stderr.contains("bad.rec: the "), "{}", rep.stderr);
+    assert!(rep.stderr.contains("damaged"), "{}", rep.stderr);
 }
 
 #[test]

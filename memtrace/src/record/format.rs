@@ -1,7 +1,9 @@
 //! The record file: a CBOR sequence (RFC 8742) of self-describing items,
 //! a header, one item per report the tool printed, and a trailer. Each item
 //! is written whole and flushed, so a file cut short (memtrace killed, disk
-//! full) reads up to its last complete item.
+//! full) reads up to its last complete item. From version 2 every item
+//! after the header is framed with its CRC-32 (`frame`): damage in the
+//! middle is an error, not a cut.
 
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Write};
@@ -9,6 +11,7 @@ use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
+use super::frame::Next;
 use crate::error::{Error, Result};
 use crate::output::{AllocFigures, StackReport};
 use crate::stacks::fingerprint::{fingerprint, Frame};
@@ -17,7 +20,7 @@ use crate::stacks::symbolize::FrameStyle;
 /// What the header's `magic` says.
 pub const MAGIC: &str = "memtrace-record";
 /// Bumped when a reader of the previous version could misread the file.
-pub const VERSION: u32 = 1;
+pub const VERSION: u32 = 2;
 /// CBOR's "self-described CBOR" tag (55799), first in the file: `file(1)`
 /// and CBOR tools see what it is; memtrace checks it before anything else.
 const SELF_DESCRIBED: [u8; 3] = [0xd9, 0xd9, 0xf7];
@@ -164,11 +167,11 @@ pub fn write_start(w: &mut dyn Write, h: Header) -> std::io::Result<()> {
     w.flush()
 }
 
-/// One item, written with one write and flushed.
+/// One item, framed with its checksum, written with one write and flushed.
 pub fn write_item(w: &mut dyn Write, item: &Item) -> std::io::Result<()> {
     let mut buf = Vec::new();
     encode(item, &mut buf)?;
-    w.write_all(&buf)?;
+    w.write_all(&super::frame::framed(&buf))?;
     w.flush()
 }
 
@@ -221,22 +224,41 @@ impl Recording {
             trailer: None,
             build_ids: BTreeMap::new(),
         };
+        let damaged = |what: String| Error::Runtime(format!("{name}: {what}"));
+        // Past the 3 magic bytes and the header.
+        let mut at = 0u64;
         loop {
-            // A clean end between items, or one cut short inside an item.
-            if r.fill_buf().map(|b| b.is_empty()).unwrap_or(true) {
-                break;
-            }
-            match ciborium::from_reader::<Item, _>(&mut r) {
-                Ok(Item::Report(rep)) => {
+            let item = if rec.header.version >= 2 {
+                match super::frame::next(&mut r, &mut at) {
+                    Next::End | Next::Cut => break,
+                    Next::Damaged(what) => return Err(damaged(what)),
+                    Next::Item(bytes) => match ciborium::from_reader::<Item, _>(&bytes[..]) {
+                        Ok(item) => item,
+                        Err(e) => return Err(damaged(format!("an item is not readable: {e}"))),
+                    },
+                }
+            } else {
+                // Version 1: items unframed; a clean end between items, or
+                // one cut short inside an item.
+                if r.fill_buf().map(|b| b.is_empty()).unwrap_or(true) {
+                    break;
+                }
+                match ciborium::from_reader::<Item, _>(&mut r) {
+                    Ok(item) => item,
+                    Err(_) => break,
+                }
+            };
+            match item {
+                Item::Report(rep) => {
                     rec.build_ids.extend(rep.build_ids.clone());
                     rec.reports.push(rep);
                 }
-                Ok(Item::Table(t)) => rec.tables.push(t),
-                Ok(Item::Trailer(t)) => {
+                Item::Table(t) => rec.tables.push(t),
+                Item::Trailer(t) => {
                     rec.trailer = Some(t);
                     break;
                 }
-                Ok(Item::Header(_)) | Err(_) => break,
+                Item::Header(_) => break,
             }
         }
         Ok(rec)
@@ -328,6 +350,18 @@ mod tests {
                 "f: truncated after 2 records (the run was cut short)"
             );
         }
+    }
+
+    #[test]
+    fn damage_in_the_middle_is_an_error_that_says_where() {
+        let mut f = file(3, true);
+        let two = file(2, false).len();
+        // A byte inside the third report.
+        f[two + 20] ^= 0x40;
+        let e = Recording::read(&f[..], "f").unwrap_err();
+        assert!(e.to_string().starts_with("f: the item at byte"), "{e}");
+        assert!(e.to_string().contains("checksum"), "{e}");
+        assert_eq!(e.exit_code(), 1);
     }
 
     #[test]

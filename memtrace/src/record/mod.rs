@@ -5,6 +5,7 @@ pub mod annotate;
 pub mod args;
 pub mod diff;
 pub mod format;
+mod frame;
 pub mod report;
 pub mod table;
 mod writer;
