@@ -142,6 +142,16 @@ pub(crate) async fn event_loop(
     let mut last_progress = started;
     let mut counted_out = false;
     loop {
+        // A stop comes first. On a churning host some branch is always
+        // ready and each round takes a while, so the loop never yielded:
+        // the runtime's driver, which sees signals, ran only once the task
+        // had spent its cooperative budget (19.5 s and 34 s from Ctrl-C to
+        // exit). Yielding lets it run, and select! picks among ready
+        // branches at random: the stop is checked before.
+        tokio::task::yield_now().await;
+        if sig.stop_pending() || tokio::time::Instant::now() >= deadline {
+            break;
+        }
         tokio::select! {
             guard = rb.readable_mut() => {
                 let mut guard = guard?;
