@@ -102,6 +102,15 @@ impl StackStore {
     pub fn kept(&self) -> usize {
         self.kept.len()
     }
+
+    /// Marks a stack as in use (counts of a live process still name it),
+    /// so the bound lets others go first: counts of long-lived processes
+    /// otherwise lost their stacks by the final report on a churning host.
+    pub fn touch(&self, id: u32) {
+        if let Some(k) = self.kept.get(&id) {
+            k.used.set(self.now());
+        }
+    }
 }
 
 impl Session {

@@ -405,6 +405,9 @@ impl Tool for Faults {
         let live: std::collections::HashSet<u32> =
             self.kept.counts.keys().map(|k| k.tgid).collect();
         self.first_kept.retain(|p, _| live.contains(p));
+        for k in self.kept.counts.keys().filter(|k| k.ustack >= 0) {
+            s.stacks.touch(k.ustack as u32);
+        }
         Ok(n)
     }
 

@@ -142,9 +142,14 @@ impl Screen {
             .collect();
         let header = Row::new(cols.iter().map(|&i| table::COLS[i].header))
             .style(Style::default().add_modifier(Modifier::REVERSED));
+        // What is hidden first: a narrow terminal cuts the line's end.
         let status = format!(
-            "memtrace top  {}  {} processes  every {:.1}s  sort: {}  filter: {}{}{}",
+            "memtrace top  {}{}  {} processes  every {:.1}s  sort: {}  filter: {}{}",
             crate::output::clock(),
+            match hidden {
+                0 => String::new(),
+                n => format!("  ({n} columns hidden: widen the terminal)"),
+            },
             snap.procs.len(),
             snap.elapsed.as_secs_f64(),
             sort.label(),
@@ -154,10 +159,6 @@ impl Screen {
                 clean(&filter.0)
             },
             if self.editing { "_" } else { "" },
-            match hidden {
-                0 => String::new(),
-                n => format!("  ({n} columns hidden: widen the terminal)"),
-            },
         );
         let ooms: Vec<Line> = snap
             .recent_ooms
