@@ -369,3 +369,29 @@ fn an_unreadable_tracefs_names_the_fixes() {
     let (code, stderr) = as_nobody("+bpf,+perfmon,+dac_read_search");
     assert_eq!(code, Some(0), "{stderr}");
 }
+
+/// A binary in a directory whose name holds a newline symbolizes under
+/// `-p`: /proc/PID/maps writes the newline as `\012`, and the file was
+/// looked for under that name (its frames were bare offsets).
+#[test]
+fn a_binary_path_with_a_newline_still_symbolizes() {
+    let dir = std::env::temp_dir().join(format!("memtrace-new\nline-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let bin = dir.join("workload");
+    std::fs::copy(workload_bin(), &bin).unwrap();
+    let mut w = Workload::start_from(bin.as_os_str(), &["rawbrk", "30", "4096", "300"], |_| {});
+    let pid = w.pid.to_string();
+    let t = Tracer::start(&["brkstack", "-p", &pid, "--json", "--stack-mode", "fp"]);
+    w.go();
+    assert!(w.wait().success());
+    let out = t.wait(Duration::from_secs(20));
+    std::fs::remove_dir_all(&dir).unwrap();
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    let named = json_of(&out.stdout, "brk_stack")
+        .iter()
+        .filter(|s| user_frames(s)[0].contains("grow_heap_with_raw_brk"))
+        .map(|s| s["count"].as_u64().unwrap())
+        .sum::<u64>();
+    // The loop's 30 calls and the brk(0) before them.
+    assert_eq!(named, 31, "{}", out.stdout);
+}

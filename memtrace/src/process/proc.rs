@@ -44,6 +44,10 @@ pub fn parse_maps_bytes(text: &[u8]) -> Vec<Mapping> {
             continue;
         }
         let path = &rest[rest.iter().position(|&b| b != b' ').unwrap_or(rest.len())..];
+        // The kernel writes a newline in a path as `\012` (the line's end
+        // is a newline): the file is opened by its real name.
+        let path = unescape_newlines(path);
+        let path = &path[..];
         let [range, perms, off, dev, ino] = fields;
         let Some((s, e)) = range.split_once('-') else {
             continue;
@@ -72,6 +76,27 @@ pub fn parse_maps_bytes(text: &[u8]) -> Vec<Mapping> {
         });
     }
     out
+}
+
+/// A maps path with the kernel's `\012` (its escape for a newline, the
+/// only byte it escapes there) turned back into the byte.
+fn unescape_newlines(path: &[u8]) -> std::borrow::Cow<'_, [u8]> {
+    const ESC: &[u8] = b"\\012";
+    if !path.windows(ESC.len()).any(|w| w == ESC) {
+        return std::borrow::Cow::Borrowed(path);
+    }
+    let mut out = Vec::with_capacity(path.len());
+    let mut i = 0;
+    while i < path.len() {
+        if path[i..].starts_with(ESC) {
+            out.push(b'\n');
+            i += ESC.len();
+        } else {
+            out.push(path[i]);
+            i += 1;
+        }
+    }
+    std::borrow::Cow::Owned(out)
 }
 
 /// Whether `pid` is gone or tearing down its memory (PF_EXITING, in the

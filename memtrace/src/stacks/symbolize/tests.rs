@@ -54,6 +54,16 @@ fn a_path_that_is_not_utf8_keeps_its_bytes_and_the_other_maps() {
     assert_eq!(m[1].path, "/usr/lib/libc.so.6");
 }
 
+/// The kernel writes a newline in a maps path as `\012`: the file is the
+/// one with the newline.
+#[test]
+fn a_path_with_a_newline_is_the_file_with_the_newline() {
+    use std::os::unix::ffi::OsStrExt;
+    let t = b"1000-2000 r-xp 00000000 fe:01 7 /tmp/new\\012line/bin\n";
+    let m = crate::process::proc::parse_maps_bytes(t);
+    assert_eq!(m[0].file.as_os_str().as_bytes(), b"/tmp/new\nline/bin");
+}
+
 #[test]
 fn symbolizes_own_function_after_normalizing() {
     #[inline(never)]
