@@ -48,6 +48,37 @@ pub struct ProgLoad {
     pub attach_prog_fd: u32,
 }
 
+/// The attribute of the `BPF_MAP_*_ELEM` commands.
+#[repr(C)]
+pub struct ElemAttr {
+    pub map_fd: u32,
+    pub _pad: u32,
+    pub key: u64,
+    pub value: u64,
+    pub flags: u64,
+}
+
+/// bpf(2) with `attr` for a command that returns 0 or an error.
+///
+/// # Safety
+/// Every pointer in `attr` must be valid for what `cmd` reads and writes
+/// through it (for an element command: the map's key and value sizes).
+pub unsafe fn call<T>(cmd: libc::c_long, attr: &T) -> io::Result<()> {
+    // SAFETY: the caller vouches for the pointers; attr is `size_of::<T>()`.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_bpf,
+            cmd,
+            attr as *const T,
+            std::mem::size_of::<T>(),
+        )
+    };
+    if r < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
 /// bpf(2) with `attr` for a command that returns a new descriptor.
 pub fn call_fd<T>(cmd: libc::c_long, attr: &T) -> io::Result<OwnedFd> {
     // SAFETY: attr is a valid bpf_attr prefix of the size passed; every

@@ -27,16 +27,6 @@ struct MapCreate {
     inner_map_fd: u32,
 }
 
-/// `BPF_MAP_UPDATE_ELEM`'s attribute.
-#[repr(C)]
-struct ElemAttr {
-    map_fd: u32,
-    _pad: u32,
-    key: u64,
-    value: u64,
-    flags: u64,
-}
-
 /// A one-slot array of maps, and the map its slot is set to.
 pub struct GracePeriod {
     outer: OwnedFd,
@@ -65,27 +55,16 @@ impl GracePeriod {
     pub fn wait(&self) -> io::Result<()> {
         let key = 0u32;
         let fd = self.inner.as_raw_fd() as u32;
-        let attr = ElemAttr {
+        let attr = bpfsys::ElemAttr {
             map_fd: self.outer.as_raw_fd() as u32,
             _pad: 0,
             key: &key as *const u32 as u64,
             value: &fd as *const u32 as u64,
             flags: 0,
         };
-        // SAFETY: attr is BPF_MAP_UPDATE_ELEM's attribute; key and value
-        // point at 4-byte locals the size the outer map was created with,
-        // alive for the call.
-        let r = unsafe {
-            libc::syscall(
-                libc::SYS_bpf,
-                BPF_MAP_UPDATE_ELEM,
-                &attr as *const ElemAttr,
-                std::mem::size_of::<ElemAttr>(),
-            )
-        };
-        if r < 0 {
-            return Err(io::Error::last_os_error());
-        }
+        // SAFETY: key and value point at 4-byte locals, the sizes the outer
+        // map was created with, alive for the call.
+        unsafe { bpfsys::call(BPF_MAP_UPDATE_ELEM, &attr) }?;
         Ok(())
     }
 }

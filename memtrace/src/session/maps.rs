@@ -21,19 +21,11 @@ pub(super) fn take<K: Pod, V: Pod>(
     key: &K,
     cpus: usize,
 ) -> std::io::Result<Option<Vec<V>>> {
-    #[repr(C)]
-    struct ElemAttr {
-        map_fd: u32,
-        _pad: u32,
-        key: u64,
-        value: u64,
-        flags: u64,
-    }
     const BPF_MAP_LOOKUP_AND_DELETE_ELEM: libc::c_long = 21;
     // Per-CPU values come 8-byte aligned, one per possible CPU.
     let stride = std::mem::size_of::<V>().div_ceil(8) * 8;
     let mut buf = vec![0u64; stride / 8 * cpus];
-    let attr = ElemAttr {
+    let attr = crate::kernel::bpfsys::ElemAttr {
         map_fd: fd as u32,
         _pad: 0,
         key: key as *const K as u64,
@@ -42,16 +34,7 @@ pub(super) fn take<K: Pod, V: Pod>(
     };
     // SAFETY: attr points at a live key and a buffer of the size the
     // kernel writes for this map.
-    let r = unsafe {
-        libc::syscall(
-            libc::SYS_bpf,
-            BPF_MAP_LOOKUP_AND_DELETE_ELEM,
-            &attr as *const ElemAttr,
-            std::mem::size_of::<ElemAttr>(),
-        )
-    };
-    if r < 0 {
-        let e = std::io::Error::last_os_error();
+    if let Err(e) = unsafe { crate::kernel::bpfsys::call(BPF_MAP_LOOKUP_AND_DELETE_ELEM, &attr) } {
         return match e.raw_os_error() {
             Some(libc::ENOENT) => Ok(None),
             _ => Err(e),
