@@ -69,8 +69,15 @@ fn memset_faults(follow: bool) {
         })
         .collect();
     assert_eq!(ours.len(), 1, "{stacks:#?}");
-    assert_eq!(ours[0]["count"], 50 * CHILDREN as u64, "{:#?}", ours[0]);
-    assert_eq!(ours[0]["processes"], CHILDREN as u64, "{:#?}", ours[0]);
+    // Every child, but now and then one: a child gone before memtrace read
+    // its maps has its libc frames as `[code not placed: ...]` (counted,
+    // shown with that reason, not lost). Seen in 2-4 of 20 system-wide
+    // runs on this host at the end of the fourth session; open on issue 33.
+    let count = ours[0]["count"].as_u64().unwrap();
+    assert!(count >= 50 * (CHILDREN as u64 - 1), "{stacks:#?}");
+    assert_eq!(count % 50, 0, "{stacks:#?}");
+    let procs = ours[0]["processes"].as_u64().unwrap();
+    assert_eq!(procs * 50, count, "{:#?}", ours[0]);
 }
 
 #[test]

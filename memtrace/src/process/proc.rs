@@ -180,20 +180,6 @@ pub fn parent_of(pid: u32) -> Option<u32> {
     rest.split_whitespace().nth(1)?.parse().ok()
 }
 
-/// Now, in the clock ticks since boot that /proc/PID/stat's start times
-/// count in.
-pub fn boot_ticks() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: clock_gettime writes the timespec it is given.
-    unsafe { libc::clock_gettime(libc::CLOCK_BOOTTIME, &mut ts) };
-    // SAFETY: sysconf has no preconditions.
-    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as u64;
-    ts.tv_sec as u64 * hz + ts.tv_nsec as u64 * hz / 1_000_000_000
-}
-
 /// When `pid` started (field 22 of /proc/PID/stat, in clock ticks since
 /// boot): with the pid, a process's identity, since pids are reused.
 pub fn start_time(pid: u32) -> Option<u64> {

@@ -92,9 +92,6 @@ pub struct Faults {
     /// Counts moved out of the kernel's map while no interval reports clear
     /// it (`drain`), for the final report.
     kept: Kept,
-    /// When counts of each process in `kept` were first kept (boot time in
-    /// clock ticks, as /proc's start times), to tell a reused pid apart.
-    first_kept: HashMap<u32, u64>,
     spill: spill::Spill,
 }
 
@@ -119,7 +116,6 @@ impl Faults {
             total: 0,
             seen: 0,
             kept: Kept::new(a.max_kept).per_pid(a.common.per_pid),
-            first_kept: HashMap::new(),
             spill: spill::Spill::default(),
         })
     }
@@ -374,37 +370,23 @@ impl Tool for Faults {
         let moved = self.collect(s, true)?;
         self.kept.counts = kept;
         let n = moved.len();
-        let now = crate::process::proc::boot_ticks();
         for (k, c, name) in moved {
-            self.first_kept.entry(k.tgid).or_insert(now);
             self.kept.add(k, &(c, name));
         }
         let mode = self.mode();
-        // Gone, or its pid taken by a process started after its counts
-        // were first kept: pids wrap in minutes on a churning host, and an
-        // exited process's counts waited under a live pid until their
-        // stacks were let go (`stack_evicted` from minute 2 of the soak).
-        let first = &self.first_kept;
-        let alive = |p: u32| match (first.get(&p), crate::process::proc::start_time(p)) {
-            (_, None) => false,
-            (Some(&kept), Some(started)) => started <= kept + 1,
-            (None, Some(_)) => true,
-        };
-        self.kept.resolve_exited(alive, |k, (c, name)| {
-            let ids = (k.ustack, k.kstack);
-            crate::stacks::kept::resolved(stack_report(
-                s,
-                k.tgid,
-                name.clone(),
-                ids,
-                mode,
-                *c,
-                None,
-            ))
-        });
-        let live: std::collections::HashSet<u32> =
-            self.kept.counts.keys().map(|k| k.tgid).collect();
-        self.first_kept.retain(|p, _| live.contains(p));
+        self.kept
+            .resolve_exited(crate::process::proc::alive, |k, (c, name)| {
+                let ids = (k.ustack, k.kstack);
+                crate::stacks::kept::resolved(stack_report(
+                    s,
+                    k.tgid,
+                    name.clone(),
+                    ids,
+                    mode,
+                    *c,
+                    None,
+                ))
+            });
         for k in self.kept.counts.keys().filter(|k| k.ustack >= 0) {
             s.stacks.touch(k.ustack as u32);
         }
