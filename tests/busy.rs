@@ -11,30 +11,47 @@ use std::time::Duration;
 
 use common::*;
 
+/// Two shells running `script` in a loop; stopped when dropped.
+struct Churn(Vec<std::process::Child>);
+
+impl Churn {
+    fn start(script: &str) -> Churn {
+        let loop_ = format!("while :; do {script}; done");
+        Churn(
+            (0..2)
+                .map(|_| {
+                    Command::new("sh")
+                        .args(["-c", &loop_])
+                        .stdout(Stdio::null())
+                        .spawn()
+                        .expect("spawn the churn")
+                })
+                .collect(),
+        )
+    }
+}
+
+impl Drop for Churn {
+    fn drop(&mut self) {
+        for b in self.0.iter_mut() {
+            let _ = b.kill();
+            let _ = b.wait();
+        }
+    }
+}
+
 #[test]
 fn a_pid_run_on_a_busy_host_counts_exactly_and_loses_nothing_of_its_target() {
     const N: u64 = 5000;
     let w = workload_bin();
     // Two shells starting faulting processes one after another.
-    let churn = format!("while :; do {} touch 3000; done", w.display());
-    let mut busy: Vec<_> = (0..2)
-        .map(|_| {
-            Command::new("sh")
-                .args(["-c", &churn])
-                .stdout(Stdio::null())
-                .spawn()
-                .expect("spawn the churn")
-        })
-        .collect();
+    let busy = Churn::start(&format!("{} touch 3000", w.display()));
     // And the whole host traced by stack at the same time.
     let host = Tracer::start(&["faults", "--stacks", "--json", "-d", "8"]);
     std::thread::sleep(Duration::from_millis(500));
     let base = trace_workload(&["touch", "0"], &[&["faults"]]).remove(0);
     let out = trace_workload(&["touch", &N.to_string()], &[&["faults"]]).remove(0);
-    for b in busy.iter_mut() {
-        let _ = b.kill();
-        let _ = b.wait();
-    }
+    drop(busy);
     let host = host.wait(Duration::from_secs(30));
     assert_eq!(host.code, 0, "{}", host.stderr);
     let user = |s: &str| -> u64 {
@@ -70,29 +87,17 @@ fn a_pid_run_on_a_busy_host_counts_exactly_and_loses_nothing_of_its_target() {
 fn ctrl_c_ends_a_host_wide_stack_run_on_a_churning_host_promptly() {
     let w = workload_bin();
     // Short processes with many stacks each (an interpreter's start).
-    let churn = format!(
-        "while :; do {} touch 50; python3 -c 'x=[0]*100000' 2>/dev/null || true; done",
+    let busy = Churn::start(&format!(
+        "{} touch 50; python3 -c 'x=[0]*100000' 2>/dev/null || true",
         w.display()
-    );
-    let mut busy: Vec<_> = (0..2)
-        .map(|_| {
-            Command::new("sh")
-                .args(["-c", &churn])
-                .stdout(Stdio::null())
-                .spawn()
-                .expect("spawn the churn")
-        })
-        .collect();
+    ));
     let host = Tracer::start(&["faults", "--stacks", "--json"]);
     std::thread::sleep(Duration::from_secs(8));
     let asked = std::time::Instant::now();
     host.signal(libc::SIGINT);
     let out = host.wait(Duration::from_secs(60));
     let took = asked.elapsed();
-    for b in busy.iter_mut() {
-        let _ = b.kill();
-        let _ = b.wait();
-    }
+    drop(busy);
     assert_eq!(out.code, 0, "{}", out.stderr);
     assert!(
         took < Duration::from_secs(6),

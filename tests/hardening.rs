@@ -305,7 +305,14 @@ fn a_binary_path_that_is_not_utf8_still_symbolizes() {
     let at = raw.iter().position(|&b| b == 0xc3).unwrap();
     raw.splice(at..at + 2, [0xe9]);
     let dir = std::path::PathBuf::from(std::ffi::OsStr::from_bytes(&raw));
-    std::fs::create_dir_all(&dir).unwrap();
+    // The loop's 30 calls and the brk(0) before them.
+    assert_eq!(brk_calls_named_in_a_copy_at(&dir), 31);
+}
+
+/// brkstack -p on a copy of the workload in `dir` (removed after): its
+/// brk calls whose innermost frame names the function that makes them.
+fn brk_calls_named_in_a_copy_at(dir: &std::path::Path) -> u64 {
+    std::fs::create_dir_all(dir).unwrap();
     let bin = dir.join("workload");
     std::fs::copy(workload_bin(), &bin).unwrap();
     let mut w = Workload::start_from(bin.as_os_str(), &["rawbrk", "30", "4096", "300"], |_| {});
@@ -314,15 +321,13 @@ fn a_binary_path_that_is_not_utf8_still_symbolizes() {
     w.go();
     assert!(w.wait().success());
     let out = t.wait(Duration::from_secs(20));
-    std::fs::remove_dir_all(&dir).unwrap();
+    std::fs::remove_dir_all(dir).unwrap();
     assert_eq!(out.code, 0, "{}", out.stderr);
-    let named = json_of(&out.stdout, "brk_stack")
+    json_of(&out.stdout, "brk_stack")
         .iter()
         .filter(|s| user_frames(s)[0].contains("grow_heap_with_raw_brk"))
         .map(|s| s["count"].as_u64().unwrap())
-        .sum::<u64>();
-    // The loop's 30 calls and the brk(0) before them.
-    assert_eq!(named, 31, "{}", out.stdout);
+        .sum::<u64>()
 }
 
 /// Not root, with CAP_BPF and CAP_PERFMON only: tracefs (root's, 0700)
@@ -376,22 +381,6 @@ fn an_unreadable_tracefs_names_the_fixes() {
 #[test]
 fn a_binary_path_with_a_newline_still_symbolizes() {
     let dir = std::env::temp_dir().join(format!("memtrace-new\nline-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let bin = dir.join("workload");
-    std::fs::copy(workload_bin(), &bin).unwrap();
-    let mut w = Workload::start_from(bin.as_os_str(), &["rawbrk", "30", "4096", "300"], |_| {});
-    let pid = w.pid.to_string();
-    let t = Tracer::start(&["brkstack", "-p", &pid, "--json", "--stack-mode", "fp"]);
-    w.go();
-    assert!(w.wait().success());
-    let out = t.wait(Duration::from_secs(20));
-    std::fs::remove_dir_all(&dir).unwrap();
-    assert_eq!(out.code, 0, "{}", out.stderr);
-    let named = json_of(&out.stdout, "brk_stack")
-        .iter()
-        .filter(|s| user_frames(s)[0].contains("grow_heap_with_raw_brk"))
-        .map(|s| s["count"].as_u64().unwrap())
-        .sum::<u64>();
     // The loop's 30 calls and the brk(0) before them.
-    assert_eq!(named, 31, "{}", out.stdout);
+    assert_eq!(brk_calls_named_in_a_copy_at(&dir), 31);
 }

@@ -138,17 +138,21 @@ fn first_row_pid(screen: &str) -> Option<u32> {
     lines.next()?.split_whitespace().next()?.parse().ok()
 }
 
-#[test]
-fn full_screen_sorts_opens_stacks_and_quits_on_q_detached() {
-    let has_tmux = Command::new("tmux")
+/// Whether tmux is installed; skips `test` (saying why) if not.
+fn tmux_here(test: &str) -> bool {
+    let has = Command::new("tmux")
         .arg("-V")
         .output()
         .is_ok_and(|o| o.status.success());
-    if !has_tmux {
-        skip(
-            "full_screen_sorts_opens_stacks_and_quits_on_q_detached",
-            "tmux is not installed",
-        );
+    if !has {
+        skip(test, "tmux is not installed");
+    }
+    has
+}
+
+#[test]
+fn full_screen_sorts_opens_stacks_and_quits_on_q_detached() {
+    if !tmux_here("full_screen_sorts_opens_stacks_and_quits_on_q_detached") {
         return;
     }
     let before = settled_programs();
@@ -219,15 +223,7 @@ fn full_screen_sorts_opens_stacks_and_quits_on_q_detached() {
 /// as `2057` when columns were cut to their width).
 #[test]
 fn a_narrow_terminal_drops_columns_and_never_cuts_a_number() {
-    let has_tmux = Command::new("tmux")
-        .arg("-V")
-        .output()
-        .is_ok_and(|o| o.status.success());
-    if !has_tmux {
-        skip(
-            "a_narrow_terminal_drops_columns_and_never_cuts_a_number",
-            "tmux is not installed",
-        );
+    if !tmux_here("a_narrow_terminal_drops_columns_and_never_cuts_a_number") {
         return;
     }
     // 4,000 fresh pages a second, kept: 16 MB a second of anon memory.

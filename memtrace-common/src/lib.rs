@@ -199,55 +199,28 @@ pub trait Generational: Copy {
     fn without_gen(self) -> Self;
 }
 
-impl Generational for faults::FaultKey {
-    fn gen(&self) -> u32 {
-        self.gen as u32
-    }
-    fn without_gen(mut self) -> Self {
-        self.gen = 0;
-        self
-    }
+/// Keys whose `gen` field is the generation.
+macro_rules! generational {
+    ($($key:ty),*) => {$(
+        impl Generational for $key {
+            fn gen(&self) -> u32 {
+                self.gen as u32
+            }
+            fn without_gen(mut self) -> Self {
+                self.gen = 0;
+                self
+            }
+        }
+    )*};
 }
 
-impl Generational for stacks::StackKey {
-    fn gen(&self) -> u32 {
-        self.gen
-    }
-    fn without_gen(mut self) -> Self {
-        self.gen = 0;
-        self
-    }
-}
-
-impl Generational for ffaults::FileKey {
-    fn gen(&self) -> u32 {
-        self.gen
-    }
-    fn without_gen(mut self) -> Self {
-        self.gen = 0;
-        self
-    }
-}
-
-impl Generational for reclaim::ProcReclaimKey {
-    fn gen(&self) -> u32 {
-        self.gen
-    }
-    fn without_gen(mut self) -> Self {
-        self.gen = 0;
-        self
-    }
-}
-
-impl Generational for generic::CountKey {
-    fn gen(&self) -> u32 {
-        self.gen
-    }
-    fn without_gen(mut self) -> Self {
-        self.gen = 0;
-        self
-    }
-}
+generational!(
+    faults::FaultKey,
+    stacks::StackKey,
+    ffaults::FileKey,
+    reclaim::ProcReclaimKey,
+    generic::CountKey
+);
 
 #[cfg(feature = "user")]
 mod pod {

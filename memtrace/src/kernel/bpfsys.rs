@@ -58,12 +58,12 @@ pub struct ElemAttr {
     pub flags: u64,
 }
 
-/// bpf(2) with `attr` for a command that returns 0 or an error.
+/// bpf(2) with `attr`: what the kernel returned.
 ///
 /// # Safety
 /// Every pointer in `attr` must be valid for what `cmd` reads and writes
 /// through it (for an element command: the map's key and value sizes).
-pub unsafe fn call<T>(cmd: libc::c_long, attr: &T) -> io::Result<()> {
+unsafe fn raw<T>(cmd: libc::c_long, attr: &T) -> io::Result<i64> {
     // SAFETY: the caller vouches for the pointers; attr is `size_of::<T>()`.
     let r = unsafe {
         libc::syscall(
@@ -76,24 +76,23 @@ pub unsafe fn call<T>(cmd: libc::c_long, attr: &T) -> io::Result<()> {
     if r < 0 {
         return Err(io::Error::last_os_error());
     }
-    Ok(())
+    Ok(r)
+}
+
+/// bpf(2) with `attr` for a command that returns 0 or an error.
+///
+/// # Safety
+/// As `raw`.
+pub unsafe fn call<T>(cmd: libc::c_long, attr: &T) -> io::Result<()> {
+    // SAFETY: passed on from the caller.
+    unsafe { raw(cmd, attr) }.map(|_| ())
 }
 
 /// bpf(2) with `attr` for a command that returns a new descriptor.
 pub fn call_fd<T>(cmd: libc::c_long, attr: &T) -> io::Result<OwnedFd> {
     // SAFETY: attr is a valid bpf_attr prefix of the size passed; every
     // pointer in it outlives the call.
-    let r = unsafe {
-        libc::syscall(
-            libc::SYS_bpf,
-            cmd,
-            attr as *const T,
-            std::mem::size_of::<T>(),
-        )
-    };
-    if r < 0 {
-        return Err(io::Error::last_os_error());
-    }
+    let r = unsafe { raw(cmd, attr) }?;
     // SAFETY: the syscall returned a new descriptor that nothing else owns.
     Ok(unsafe { OwnedFd::from_raw_fd(r as i32) })
 }
