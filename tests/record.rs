@@ -225,3 +225,67 @@ fn svg_write_failures_exit_as_the_readme_says() {
         assert!(out.stderr.contains("cannot write"), "{}", out.stderr);
     }
 }
+
+/// A CBOR head (RFC 8949 3.1), for framing a hand-made item.
+fn cbor_head(major: u8, v: u64, out: &mut Vec<u8>) {
+    out.push(major << 5 | 27);
+    out.extend(v.to_be_bytes());
+}
+
+/// A record whose one report is a million empty frames (4 bytes each in
+/// the file, about a hundred in memory): refused with one line and exit
+/// 1, in bounded memory (it took 779 MiB for 62 MB before it was bounded).
+#[test]
+fn a_record_of_tiny_items_is_refused_in_bounded_memory() {
+    use ciborium::Value as V;
+    let d = scratch("hostile");
+    record(&d, "t.rec", &w("rawbrk 4 4096"), &[]);
+    let real = std::fs::read(d.join("t.rec")).unwrap();
+    // The magic and header of a real record, then the hostile item.
+    let mut cur = std::io::Cursor::new(&real[3..]);
+    let _: V = ciborium::from_reader(&mut cur).unwrap();
+    let mut file = real[..3 + cur.position() as usize].to_vec();
+    let t = |s: &str| V::Text(s.into());
+    let frame = V::Map(vec![(t("f"), t(""))]);
+    let stack = V::Map(vec![
+        (t("pid"), V::Integer(1.into())),
+        (t("comm"), t("x")),
+        (t("count"), V::Integer(1.into())),
+        (t("processes"), V::Integer(1.into())),
+        (t("kernel"), V::Array(vec![])),
+        (t("user"), V::Array(vec![frame; 1_000_000])),
+    ]);
+    let report = V::Map(vec![
+        (t("type"), t("report")),
+        (t("seq"), V::Integer(0.into())),
+        (t("at"), V::Float(0.0)),
+        (t("kind"), t("brkstack")),
+        (t("title"), t("t")),
+        (t("stacks"), V::Array(vec![stack])),
+    ]);
+    let mut item = Vec::new();
+    ciborium::into_writer(&report, &mut item).unwrap();
+    file.push(0x82);
+    cbor_head(0, crc32fast::hash(&item) as u64, &mut file);
+    cbor_head(2, item.len() as u64, &mut file);
+    file.extend(&item);
+    std::fs::write(d.join("h.rec"), &file).unwrap();
+    let mb = file.len() as f64 / (1 << 20) as f64;
+    let rep = mt(&d, &["report", "h.rec"]);
+    assert_eq!(rep.code, 1, "{}", rep.stderr);
+    assert_eq!(rep.stderr.trim().lines().count(), 1, "{}", rep.stderr);
+    assert!(rep.stderr.contains("per byte of file"), "{}", rep.stderr);
+    // The largest child so far (memtrace runs of a few MiB each): the
+    // allowance is 16 bytes a byte of file and 16 MiB, twice that with
+    // the slack of growing lists.
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    unsafe { libc::getrusage(libc::RUSAGE_CHILDREN, &mut ru) };
+    let peak_mb = ru.ru_maxrss as f64 / 1024.0;
+    assert!(
+        peak_mb < 2.0 * (16.0 * mb + 16.0) + 30.0,
+        "{peak_mb:.0} MiB for a {mb:.1} MB file"
+    );
+    // Big enough to mean something: at 96 bytes a frame in memory, past
+    // the allowance with room to spare.
+    assert!(mb > 3.5, "{mb}");
+}

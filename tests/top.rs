@@ -217,10 +217,10 @@ fn full_screen_sorts_opens_stacks_and_quits_on_q_detached() {
     assert_programs_back_to(before);
 }
 
-/// At 80 columns the table leaves whole columns out and says so, and a
-/// number is never cut: a process with tens of megabytes of anonymous
-/// memory shows all its digits, as /proc says them (205,700 kB was shown
-/// as `2057` when columns were cut to their width).
+/// At 80 columns the table gives numbers units and leaves whole columns
+/// out, and says so; a number is never cut: a process with tens of
+/// megabytes of anonymous memory shows them as /proc says (205,700 kB was
+/// shown as `2057` when columns were cut to their width).
 #[test]
 fn a_narrow_terminal_drops_columns_and_never_cuts_a_number() {
     if !tmux_here("a_narrow_terminal_drops_columns_and_never_cuts_a_number") {
@@ -250,15 +250,30 @@ fn a_narrow_terminal_drops_columns_and_never_cuts_a_number() {
         .status()
         .unwrap();
     assert!(st.success());
-    // Its row once it holds more than 30 MB.
+    // Its row once it holds more than 30 MB: whole kilobytes under ANON_KB,
+    // or with a unit (K, M, G: binary) under ANON.
     let anon_of = |p: &str| -> Option<u64> {
         let row = p
             .lines()
             .find(|l| l.split_whitespace().next() == Some(&w.pid.to_string()))?;
-        row.split_whitespace().nth(2)?.parse().ok()
+        let cell = row.split_whitespace().nth(2)?;
+        let (num, kb) = match cell.char_indices().last()? {
+            (i, 'K') => (&cell[..i], 1.0),
+            (i, 'M') => (&cell[..i], 1024.0),
+            (i, 'G') => (&cell[..i], 1024.0 * 1024.0),
+            _ => (cell, 1.0),
+        };
+        let header = p.lines().find(|l| l.contains(" ANON"))?;
+        let with_unit = cell.ends_with(['K', 'M', 'G']);
+        // The header says which: no unit on a KB column, no bare number
+        // on a column whose header lost its _KB.
+        if with_unit == header.contains("ANON_KB") {
+            return None;
+        }
+        Some((num.parse::<f64>().ok()? * kb) as u64)
     };
     let screen = wait_pane(&t, "its row past 30 MB", |p| {
-        p.contains("ANON_KB") && anon_of(p).is_some_and(|kb| kb > 30_000)
+        anon_of(p).is_some_and(|kb| kb > 30_000)
     });
     let shown = anon_of(&screen).unwrap();
     let status = std::fs::read_to_string(format!("/proc/{}/status", w.pid)).unwrap();

@@ -11,6 +11,7 @@ use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
+use super::budget;
 use super::frame::Next;
 use crate::error::{Error, Result};
 use crate::output::{AllocFigures, StackReport};
@@ -32,6 +33,7 @@ pub struct Header {
     pub memtrace: String,
     pub tool: String,
     /// The command line after `memtrace`.
+    #[serde(deserialize_with = "budget::list")]
     pub args: Vec<String>,
     pub kernel: String,
     pub host: String,
@@ -50,7 +52,9 @@ pub struct Stack {
     pub count: u64,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub bytes: Option<u64>,
+    #[serde(deserialize_with = "budget::list")]
     pub user: Vec<Frame>,
+    #[serde(deserialize_with = "budget::list")]
     pub kernel: Vec<Frame>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub note: Option<String>,
@@ -69,9 +73,14 @@ pub struct Report {
     pub at: f64,
     pub kind: String,
     pub title: String,
+    #[serde(deserialize_with = "budget::list")]
     pub stacks: Vec<Stack>,
     /// Build ids (hex) of the modules first named in this item.
-    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    #[serde(
+        default,
+        skip_serializing_if = "BTreeMap::is_empty",
+        deserialize_with = "budget::map"
+    )]
     pub build_ids: BTreeMap<String, String>,
 }
 
@@ -80,6 +89,7 @@ pub struct Trailer {
     pub reports: u64,
     pub duration_s: f64,
     pub events: u64,
+    #[serde(deserialize_with = "budget::list")]
     pub lost: Vec<(String, u64)>,
     #[serde(default)]
     pub command_status: Option<i32>,
@@ -179,6 +189,33 @@ fn encode(item: &Item, buf: &mut Vec<u8>) -> std::io::Result<()> {
     ciborium::into_writer(item, buf).map_err(|e| std::io::Error::other(e.to_string()))
 }
 
+/// The tag of an item, read past everything else without keeping it.
+#[derive(Deserialize)]
+struct Tag {
+    #[serde(rename = "type")]
+    kind: String,
+}
+
+/// An item decoded by its tag, in two passes: serde's tagged enums first
+/// copy the whole item into a generic tree, many times its size, before
+/// the budget sees an element of it.
+fn typed(bytes: &[u8]) -> std::result::Result<Item, String> {
+    fn de<T: serde::de::DeserializeOwned>(b: &[u8]) -> std::result::Result<T, String> {
+        ciborium::from_reader(budget::Counted(b)).map_err(|e| match e {
+            ciborium::de::Error::Semantic(_, m) => m,
+            e => format!("{e:?}"),
+        })
+    }
+    let tag: Tag = ciborium::from_reader(bytes).map_err(|e| format!("{e:?}"))?;
+    match tag.kind.as_str() {
+        "report" => de(bytes).map(Item::Report),
+        "table" => de(bytes).map(Item::Table),
+        "trailer" => de(bytes).map(Item::Trailer),
+        "header" => de(bytes).map(Item::Header),
+        other => Err(format!("an item of unknown type {other:?}")),
+    }
+}
+
 /// A record file read back.
 #[derive(Debug, Clone)]
 pub struct Recording {
@@ -201,13 +238,14 @@ impl Recording {
     }
 
     pub fn read(mut r: impl BufRead, name: &str) -> Result<Recording> {
+        budget::start();
         let not_ours = || Error::Usage(format!("{name} is not a memtrace record file"));
         let mut magic = [0u8; 3];
         r.read_exact(&mut magic).map_err(|_| not_ours())?;
         if magic != SELF_DESCRIBED {
             return Err(not_ours());
         }
-        let header = match ciborium::from_reader::<Item, _>(&mut r) {
+        let header = match ciborium::from_reader::<Item, _>(budget::Counted(&mut r)) {
             Ok(Item::Header(h)) if h.magic == MAGIC => h,
             _ => return Err(not_ours()),
         };
@@ -232,7 +270,7 @@ impl Recording {
                 match super::frame::next(&mut r, &mut at) {
                     Next::End | Next::Cut => break,
                     Next::Damaged(what) => return Err(damaged(what)),
-                    Next::Item(bytes) => match ciborium::from_reader::<Item, _>(&bytes[..]) {
+                    Next::Item(bytes) => match typed(&bytes) {
                         Ok(item) => item,
                         Err(e) => return Err(damaged(format!("an item is not readable: {e}"))),
                     },
@@ -243,7 +281,7 @@ impl Recording {
                 if r.fill_buf().map(|b| b.is_empty()).unwrap_or(true) {
                     break;
                 }
-                match ciborium::from_reader::<Item, _>(&mut r) {
+                match ciborium::from_reader::<Item, _>(budget::Counted(&mut r)) {
                     Ok(item) => item,
                     Err(_) => break,
                 }

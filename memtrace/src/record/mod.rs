@@ -3,6 +3,7 @@
 
 pub mod annotate;
 pub mod args;
+mod budget;
 pub mod diff;
 pub mod format;
 mod frame;

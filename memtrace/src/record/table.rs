@@ -30,7 +30,9 @@ pub struct Table {
     pub at: f64,
     pub kind: String,
     pub title: String,
+    #[serde(deserialize_with = "super::budget::list")]
     pub cols: Vec<Column>,
+    #[serde(deserialize_with = "super::budget::lists")]
     pub rows: Vec<Vec<Cell>>,
 }
 

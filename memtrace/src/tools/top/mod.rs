@@ -3,6 +3,7 @@
 //! (or JSON lines) otherwise, so it can be scripted.
 
 mod detail;
+mod narrow;
 mod table;
 mod ui;
 

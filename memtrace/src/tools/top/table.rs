@@ -1,6 +1,7 @@
 //! The table both faces of `top` show: its columns, sort keys, filter and
 //! rows, taken from the snapshot.
 
+use super::narrow::Scale;
 use crate::output::{Col, Row, Value};
 use crate::probes::snapshot::{Proc, Snapshot};
 
@@ -63,6 +64,32 @@ pub const COLS: [Col; 16] = [
     Col::num("oom_score", "OOM", 4),
     Col::text("cgroup", "CGROUP", 6),
 ];
+
+/// Each column's units and header when its numbers are shortened (`206M`
+/// in a column of kibibytes is 206 MiB, so the header loses its `_KB`).
+pub const SHORT: [(Scale, &str); 16] = [
+    (Scale::Whole, "PID"),
+    (Scale::Whole, "COMM"),
+    (Scale::Kib, "ANON"),
+    (Scale::Kib, "FILE"),
+    (Scale::Kib, "SHMEM"),
+    (Scale::Kib, "RSS/s"),
+    (Scale::Count, "FLT/s"),
+    (Scale::Count, "KFLT/s"),
+    (Scale::Count, "FFLT/s"),
+    (Scale::Count, "BRK/s"),
+    (Scale::Kib, "BRKB/s"),
+    (Scale::Count, "MMAP/s"),
+    (Scale::Kib, "MMAPB/s"),
+    (Scale::Count, "RECLms/s"),
+    (Scale::Whole, "OOM"),
+    (Scale::Whole, "CGROUP"),
+];
+
+/// After PID, COMM and the sort column, the columns kept longest as the
+/// terminal narrows: what holds memory and how fast it grows, then who
+/// would be killed and where, then the rates behind the growth.
+const PRIORITY: [usize; 14] = [2, 5, 6, 3, 14, 15, 13, 4, 10, 12, 7, 8, 9, 11];
 
 /// Which processes are shown: a name or cgroup substring, or a pid.
 #[derive(Clone, Debug, Default)]
@@ -165,22 +192,22 @@ fn sort_column(k: SortKey) -> usize {
 }
 
 /// The columns that fit `width` terminal cells, each as wide as its widest
-/// cell (`need`, header included) and one apart: a number is never cut.
-/// PID, COMM and the sort column always; the others in order while they
-/// fit, whole or not at all (the caller says how many were left out).
+/// cell (`need`, header included) and one apart, in table order: PID, COMM
+/// and the sort column always, the others by `PRIORITY` while they fit,
+/// whole or not at all (the caller says how many were left out).
 pub fn fit(need: &[usize], width: usize, sort: SortKey) -> Vec<usize> {
-    let must = [0, 1, sort_column(sort)];
-    let mut used: usize = must.iter().map(|&i| need[i] + 1).sum();
-    let mut shown: Vec<usize> = Vec::new();
-    for (i, &n) in need.iter().enumerate() {
-        if must.contains(&i) {
-            shown.push(i);
-        } else if used + n < width {
-            used += n + 1;
+    let mut shown = vec![0, 1];
+    if !shown.contains(&sort_column(sort)) {
+        shown.push(sort_column(sort));
+    }
+    let mut used: usize = shown.iter().map(|&i| need[i] + 1).sum();
+    for i in PRIORITY {
+        if !shown.contains(&i) && used + need[i] < width {
+            used += need[i] + 1;
             shown.push(i);
         }
     }
-    shown.dedup();
+    shown.sort_unstable();
     shown
 }
 
@@ -205,19 +232,30 @@ mod tests {
     use crate::probes::snapshot::Figures;
 
     #[test]
-    fn narrow_terminals_drop_whole_columns_and_keep_the_sort_column() {
-        // 16 columns: PID 7, COMM 15, ANON_KB 9 wide, the rest 9.
-        let mut need = vec![7, 15, 9];
-        need.extend([9; 13]);
+    fn narrow_terminals_drop_whole_columns_by_priority_and_keep_the_sort_column() {
+        // 16 columns: PID 7, COMM 15, the rest 9.
+        let mut need = vec![7, 15];
+        need.extend([9; 14]);
         // Everything fits in 200 cells.
         assert_eq!(fit(&need, 200, SortKey::Anon).len(), 16);
-        // 80 cells: PID, COMM, then as many whole columns as fit (24 + 10
-        // a column: five), in order; sorted by mmap, MMAP/s stays.
+        // 80 cells: PID, COMM and MMAP/s (the sort) take 34, leaving room
+        // for four more of 10: ANON, RSS/s, FLT/s and FILE, in that order.
         let f = fit(&need, 80, SortKey::Mmap);
-        assert_eq!(f, vec![0, 1, 2, 3, 4, 5, 11]);
+        assert_eq!(f, vec![0, 1, 2, 3, 5, 6, 11]);
         assert!(f.iter().map(|&i| need[i] + 1).sum::<usize>() <= 80);
         // Narrower than the three that must stay: they stay.
         assert_eq!(fit(&need, 20, SortKey::Reclaim), vec![0, 1, 13]);
+        // Sorted by pid, nothing is counted twice.
+        assert_eq!(fit(&need, 24, SortKey::Pid), vec![0, 1]);
+    }
+
+    #[test]
+    fn every_column_has_a_priority_or_always_shows() {
+        let mut all: Vec<usize> = PRIORITY.to_vec();
+        all.extend([0, 1]);
+        all.sort_unstable();
+        assert_eq!(all, (0..COLS.len()).collect::<Vec<_>>());
+        assert_eq!(SHORT.len(), COLS.len());
     }
 
     fn snap() -> Snapshot {

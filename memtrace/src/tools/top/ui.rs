@@ -14,6 +14,7 @@ use ratatui::text::Line;
 use ratatui::widgets::{Block, Borders, Clear, Paragraph, Row, Table, TableState};
 use ratatui::Terminal;
 
+use super::narrow::{self, Cells};
 use super::table::{self, Filter, SortKey};
 use crate::error::{Error, Result};
 use crate::output::Value;
@@ -111,23 +112,40 @@ impl Screen {
         let procs = table::select(snap, sort, filter, height.saturating_sub(6).max(1));
         self.shown = procs.iter().map(|p| p.pid).collect();
         self.selected = self.selected.min(self.shown.len().saturating_sub(1));
-        let cells: Vec<Vec<String>> = procs
-            .iter()
-            .map(|p| table::row(snap, p).0.iter().map(text).collect())
-            .collect();
-        // Each column as wide as its widest cell: on a narrow terminal whole
-        // columns go, never digits of a number (205,700 shown as 2057).
-        let need: Vec<usize> = table::COLS
-            .iter()
-            .enumerate()
-            .map(|(i, c)| {
-                let widest = cells.iter().map(|r| r[i].chars().count()).max();
-                widest.unwrap_or(0).max(c.header.len()).max(c.width)
-            })
-            .collect();
-        let cols = table::fit(&need, size.width as usize, sort);
+        let values: Vec<crate::output::Row> = procs.iter().map(|p| table::row(snap, p)).collect();
+        // Each column as wide as its widest cell: on a narrow terminal the
+        // numbers take units (206M) and whole columns go by priority, never
+        // digits of a number (205,700 was once shown as 2057).
+        let is_text = |i: usize| table::COLS[i].left;
+        let n = table::COLS.len();
+        let full = Cells::new(
+            n,
+            &values,
+            |_, v| text(v),
+            |i| table::COLS[i].header,
+            is_text,
+        );
+        let short = Cells::new(
+            n,
+            &values,
+            |i, v| narrow::cell(v, table::SHORT[i].0, text),
+            |i| table::SHORT[i].1,
+            is_text,
+        );
+        let width = size.width as usize;
+        let (t, cols) = {
+            let f = table::fit(&full.need, width, sort);
+            let s = table::fit(&short.need, width, sort);
+            if s.len() > f.len() {
+                (short, s)
+            } else {
+                (full, f)
+            }
+        };
         let hidden = table::COLS.len() - cols.len();
-        let rows: Vec<Row> = cells
+        let need = &t.need;
+        let rows: Vec<Row> = t
+            .cells
             .iter()
             .map(|r| Row::new(cols.iter().map(|&i| r[i].clone()).collect::<Vec<_>>()))
             .collect();
@@ -140,7 +158,7 @@ impl Screen {
                 false => Constraint::Length(need[i] as u16),
             })
             .collect();
-        let header = Row::new(cols.iter().map(|&i| table::COLS[i].header))
+        let header = Row::new(cols.iter().map(|&i| t.headers[i]))
             .style(Style::default().add_modifier(Modifier::REVERSED));
         // What is hidden first: a narrow terminal cuts the line's end.
         let status = format!(
