@@ -171,6 +171,35 @@ fn ctypes_calls_to_libc_s_malloc_are_seen_through_the_shim() {
     );
 }
 
+/// With the defaults (complete stacks, every call), a program holding
+/// blocks from 20,000 call paths: more stacks than the 16,384 memleak once
+/// kept (11,418 of 81,000 calls of a python3 started through pyenv's
+/// shell shims were lost as map_full), and no call is lost now.
+#[test]
+fn many_call_paths_with_the_defaults_lose_no_call_to_a_full_stack_table() {
+    let prog = Path::new(env!("CARGO_TARGET_TMPDIR")).join("many-stacks");
+    cc(&["-O0", src("stacks.c").to_str().unwrap()], &prog);
+    let summary = |extra: &[&str]| -> serde_json::Value {
+        let mut args = vec!["memleak", "--json", "-c", prog.to_str().unwrap()];
+        args.extend_from_slice(extra);
+        let out = run(&args);
+        assert_eq!(out.code, 0, "{}", out.stderr);
+        let line = out
+            .stdout
+            .lines()
+            .find(|l| l.contains("\"summary\""))
+            .unwrap_or_else(|| panic!("no summary: {}", out.stderr))
+            .to_string();
+        serde_json::from_str(&line).unwrap()
+    };
+    // The old table's size: this program needs more.
+    let small = summary(&["--max-stacks", "16384"]);
+    assert!(small["lost"]["map_full"].as_u64().unwrap() > 0, "{small}");
+    let v = summary(&[]);
+    assert!(v["allocations"].as_u64().unwrap() >= 20_000, "{v}");
+    assert_eq!(v["lost_total"], 0, "{v}");
+}
+
 /// The shim's dlsym passes RTLD_NEXT lookups on as a tail call, so glibc
 /// still resolves them from the program's place, not the shim's.
 #[test]

@@ -33,7 +33,8 @@ fn pidfd_open(pid: u32) -> Option<OwnedFd> {
     }
 }
 
-/// With MEMTRACE_TIMING set, prints how long each start-up phase took.
+/// With MEMTRACE_TIMING set, prints how long each phase of start-up, and
+/// of the stop, took.
 struct Phases(Option<Instant>);
 
 impl Phases {
@@ -189,7 +190,10 @@ pub fn run(tool: &mut dyn Tool, common: &Common) -> Result<i32> {
     ))?;
     // After the last of COUNT interval reports there is nothing more to say
     // (as BCC's `tool 1 3`): only a run cut short reports what is left.
+    let mut stopping = Phases(phases.0.map(|_| Instant::now()));
     session.end_counting();
+    // The probes go while the report is made, not after it.
+    let detaching = session.detach_in_background();
     if !counted_out {
         tool.finish(&mut session, out.as_mut())?;
     }
@@ -275,9 +279,13 @@ pub fn run(tool: &mut dyn Tool, common: &Common) -> Result<i32> {
     out.summary(&summary);
     out.flush();
     output::check(out.as_ref())?;
-    // Dropping the session detaches and unloads every program (as it does
-    // when an error returns early).
+    // Dropping the session unloads every program (as it does when an
+    // error returns early), once every probe is detached.
+    stopping.mark("stop: report and summary written");
+    detaching.wait();
+    stopping.mark("stop: probes detached");
     drop(session);
+    stopping.mark("stop: programs and maps released");
     // A command's failure is the run's, as with strace and time (not the
     // signal memtrace ended it with).
     Ok(match (tool.exit_code(), status) {

@@ -126,20 +126,27 @@ impl Session {
                     if first {
                         p.load().map_err(|x| load_err(e(&x)))?;
                     }
-                    p.attach(f.as_ref(), 0).map_err(|x| e(&x))?;
+                    let id = p.attach(f.as_ref(), 0).map_err(|x| e(&x))?;
+                    self.links
+                        .push(Box::new(p.take_link(id).map_err(|x| e(&x))?));
                 }
                 (Method::Fentry, Target::Func(f)) => {
                     let p: &mut FEntry = prog.try_into().map_err(|x| e(&x))?;
                     if let Some(btf) = &btf {
                         p.load(f.as_ref(), btf).map_err(|x| load_err(e(&x)))?;
                     }
-                    if let Err(x) = p.attach() {
-                        // The target is bound at load: unload, so that
-                        // another way loads it for its own target.
-                        if first {
-                            let _ = p.unload();
+                    match p.attach() {
+                        Ok(id) => self
+                            .links
+                            .push(Box::new(p.take_link(id).map_err(|x| e(&x))?)),
+                        Err(x) => {
+                            // The target is bound at load: unload, so that
+                            // another way loads it for its own target.
+                            if first {
+                                let _ = p.unload();
+                            }
+                            return Err(load_err(e(&x)));
                         }
-                        return Err(load_err(e(&x)));
                     }
                 }
                 (Method::TpBtf, Target::Tp(_, n)) => {
@@ -147,11 +154,16 @@ impl Session {
                     if let Some(btf) = &btf {
                         p.load(n.as_ref(), btf).map_err(|x| load_err(e(&x)))?;
                     }
-                    if let Err(x) = p.attach() {
-                        if first {
-                            let _ = p.unload();
+                    match p.attach() {
+                        Ok(id) => self
+                            .links
+                            .push(Box::new(p.take_link(id).map_err(|x| e(&x))?)),
+                        Err(x) => {
+                            if first {
+                                let _ = p.unload();
+                            }
+                            return Err(load_err(e(&x)));
                         }
-                        return Err(load_err(e(&x)));
                     }
                 }
                 (Method::RawTp, Target::Tp(_, n)) => {
@@ -159,7 +171,9 @@ impl Session {
                     if first {
                         p.load().map_err(|x| load_err(e(&x)))?;
                     }
-                    p.attach(n.as_ref()).map_err(|x| e(&x))?;
+                    let id = p.attach(n.as_ref()).map_err(|x| e(&x))?;
+                    self.links
+                        .push(Box::new(p.take_link(id).map_err(|x| e(&x))?));
                 }
                 (Method::Tracepoint, Target::Tp(c, n)) => {
                     let p: &mut TracePoint = prog.try_into().map_err(|x| e(&x))?;
@@ -167,7 +181,9 @@ impl Session {
                         p.load().map_err(|x| load_err(e(&x)))?;
                     }
                     if way.cookie == 0 {
-                        p.attach(c.as_ref(), n.as_ref()).map_err(|x| e(&x))?;
+                        let id = p.attach(c.as_ref(), n.as_ref()).map_err(|x| e(&x))?;
+                        self.links
+                            .push(Box::new(p.take_link(id).map_err(|x| e(&x))?));
                     } else {
                         let fd = p.fd().map_err(|x| e(&x))?;
                         let links = super::cookie::attach_tracepoint(fd.as_fd(), c, n, way.cookie)?;
@@ -181,13 +197,16 @@ impl Session {
                     }
                     let cpus = online_cpus().map_err(|(_, x)| x.to_string())?;
                     for cpu in cpus {
-                        p.attach(
-                            PerfEventConfig::Software(SoftwareEvent::PageFaults),
-                            PerfEventScope::AllProcessesOneCpu { cpu },
-                            SamplePolicy::Period(1),
-                            true,
-                        )
-                        .map_err(|x| e(&x))?;
+                        let id = p
+                            .attach(
+                                PerfEventConfig::Software(SoftwareEvent::PageFaults),
+                                PerfEventScope::AllProcessesOneCpu { cpu },
+                                SamplePolicy::Period(1),
+                                true,
+                            )
+                            .map_err(|x| e(&x))?;
+                        self.links
+                            .push(Box::new(p.take_link(id).map_err(|x| e(&x))?));
                     }
                 }
                 (Method::Uprobe | Method::Uretprobe, Target::User { path, offset, pid }) => {
@@ -203,7 +222,9 @@ impl Session {
                         location: UProbeAttachLocation::AbsoluteOffset(*offset),
                         cookie: (way.cookie != 0).then_some(way.cookie),
                     };
-                    p.attach(point, path.as_ref(), scope).map_err(|x| e(&x))?;
+                    let id = p.attach(point, path.as_ref(), scope).map_err(|x| e(&x))?;
+                    self.links
+                        .push(Box::new(p.take_link(id).map_err(|x| e(&x))?));
                 }
                 _ => return Err("method does not fit target".into()),
             }
@@ -260,7 +281,9 @@ impl Session {
                     location: UProbeAttachLocation::AbsoluteOffset(offset),
                     cookie: (with_cookie && cookie != 0).then_some(cookie),
                 };
-                p.attach(point, path, scope).map_err(|x| chain(&x))?;
+                let id = p.attach(point, path, scope).map_err(|x| chain(&x))?;
+                self.links
+                    .push(Box::new(p.take_link(id).map_err(|x| chain(&x))?));
             }
         }
         Ok(())

@@ -49,6 +49,9 @@ pub struct Session {
     /// Links memtrace made itself (tracepoints with a cookie); closing them
     /// detaches.
     raw_links: Vec<std::os::fd::OwnedFd>,
+    /// Every link aya made, taken from its program so that the run can
+    /// detach them apart from the maps (`detach_in_background`).
+    links: Vec<Box<dyn Send>>,
     /// Programs memtrace loaded itself (uprobe sessions), for their
     /// skipped runs.
     raw_progs: Vec<std::os::fd::OwnedFd>,
@@ -79,7 +82,54 @@ pub(crate) fn chain(e: &dyn std::error::Error) -> String {
     s
 }
 
+/// Links being closed on their own threads; `wait` before the process ends.
+pub struct Detaching(Vec<std::thread::JoinHandle<()>>);
+
+impl Detaching {
+    pub fn wait(mut self) {
+        for h in self.0.drain(..) {
+            let _ = h.join();
+        }
+    }
+}
+
+impl Drop for Detaching {
+    fn drop(&mut self) {
+        for h in self.0.drain(..) {
+            let _ = h.join();
+        }
+    }
+}
+
 impl Session {
+    /// Detaches every probe on other threads while the caller goes on with
+    /// the maps: each tracepoint or uprobe detached waits for the kernel's
+    /// grace periods (50 ms each on a churning host, 0.4 s for the eight of
+    /// a host-wide `faults --stacks` one after another). Eight threads
+    /// share the waits; the final report no longer waits behind them.
+    pub fn detach_in_background(&mut self) -> Detaching {
+        const THREADS: usize = 8;
+        let mut groups: Vec<Vec<Box<dyn Send>>> = (0..THREADS).map(|_| Vec::new()).collect();
+        let links = std::mem::take(&mut self.links).into_iter();
+        let raw = std::mem::take(&mut self.raw_links).into_iter();
+        let all = links.chain(raw.map(|fd| Box::new(fd) as Box<dyn Send>));
+        for (i, l) in all.enumerate() {
+            groups[i % THREADS].push(l);
+        }
+        let handles = groups
+            .into_iter()
+            .filter(|g| !g.is_empty())
+            .filter_map(|g| {
+                // No thread: the group was closed here, by the failed spawn.
+                std::thread::Builder::new()
+                    .name("memtrace-detach".into())
+                    .spawn(move || drop(g))
+                    .ok()
+            })
+            .collect();
+        Detaching(handles)
+    }
+
     /// `r`'s value, or None with the failure counted (`read_fails`).
     pub(crate) fn counted<T, E>(&self, r: std::result::Result<T, E>) -> Option<T> {
         r.map_err(|_| self.read_fails.set(self.read_fails.get() + 1))
@@ -100,6 +150,7 @@ impl Session {
             walked_user_stacks: false,
             stacks: StackStore::new(),
             raw_links: Vec::new(),
+            links: Vec::new(),
             raw_progs: Vec::new(),
             counted_at_end: None,
             filtered: false,

@@ -261,6 +261,9 @@ pub struct Symbolizer {
     blaze: Blaze,
     pub maps: SharedMaps,
     cache: HashMap<(u32, u64), String>,
+    /// By (device, inode, file offset): the processes of one program (a
+    /// churning host starts thousands) share their frames' names.
+    by_file: HashMap<((u32, u32), u64, u64), String>,
     kcache: HashMap<u64, String>,
 }
 
@@ -328,6 +331,7 @@ impl Symbolizer {
             blaze: Blaze::builder().enable_code_info(true).build(),
             maps: Arc::new(Mutex::new(MapsCache::default())),
             cache: HashMap::new(),
+            by_file: HashMap::new(),
             kcache: HashMap::new(),
         }
     }
@@ -353,6 +357,11 @@ impl Symbolizer {
         let s = match maps.locate(pid, addr) {
             None if !maps.has(pid) => format!("{addr:#x} [{}]", NOT_A_FILE[2]),
             None => format!("{addr:#x} [{}]", NOT_A_FILE[0]),
+            Some((m, off, _))
+                if m.inode != 0 && self.by_file.contains_key(&(m.dev, m.inode, off)) =>
+            {
+                self.by_file[&(m.dev, m.inode, off)].clone()
+            }
             Some((m, off, file)) => {
                 let module = module_name(&m.path).to_string();
                 let path = match &file {
@@ -360,14 +369,21 @@ impl Symbolizer {
                     None => m.file.clone(),
                 };
                 let src = Source::Elf(Elf::new(path));
-                match self.blaze.symbolize_single(&src, Input::FileOffset(off)) {
+                let s = match self.blaze.symbolize_single(&src, Input::FileOffset(off)) {
                     Ok(Symbolized::Sym(sym)) => describe(&sym, &module, self.style),
                     // No symbol: the offset in the file, as perf report
                     // shows it (the same in every run, for addr2line and
                     // for the stack's id); none when the code is no file's.
                     _ if module.is_empty() => format!("{addr:#x} [{}]", NOT_A_FILE[1]),
                     _ => format!("{off:#x} [{module}]"),
+                };
+                if m.inode != 0 {
+                    if self.by_file.len() >= MAX_FRAMES {
+                        self.by_file.clear();
+                    }
+                    self.by_file.insert((m.dev, m.inode, off), s.clone());
                 }
+                s
             }
         };
         drop(maps);

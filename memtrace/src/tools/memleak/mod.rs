@@ -13,8 +13,8 @@ mod report;
 
 use std::path::PathBuf;
 
-use args::DEFAULT_MAX_ALLOCS;
 pub use args::{Args, Sort};
+use args::{DEFAULT_MAX_ALLOCS, DEFAULT_MAX_STACKS};
 
 use memtrace_common::{
     memleak::{counter, MemleakConfig, PENDING_SLOTS},
@@ -217,8 +217,12 @@ impl Tool for Memleak {
             (false, n) if n == DEFAULT_MAX_ALLOCS => 1 << 18,
             (_, n) => n.max(1),
         };
+        let stacks = match (self.user, self.args.max_stacks) {
+            (false, n) if n == DEFAULT_MAX_STACKS => 1 << 14,
+            (_, n) => n.max(1),
+        };
         k.loader.max_entries(t.allocs, allocs);
-        k.loader.max_entries(t.stacks, self.args.max_stacks);
+        k.loader.max_entries(t.stacks, stacks);
         k.loader.max_entries(ML_COUNTS, counter::NR);
         Ok(())
     }
