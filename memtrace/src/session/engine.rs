@@ -248,9 +248,9 @@ impl Session {
         points: &[(u64, u64)],
         pid: Option<u32>,
     ) -> std::result::Result<(), String> {
-        if way.method == Method::UprobeSession {
-            let prog = super::multi::load_session_prog(&self.bpf, way.prog.0)?;
-            let link = super::multi::attach_session(&prog, path, points, pid)?;
+        if let Some(kind) = super::multi::Kind::of(way.method) {
+            let prog = super::multi::load_prog(&self.bpf, way.prog.0, kind)?;
+            let link = super::multi::attach(&prog, kind, path, points, pid)?;
             self.raw_links.push(link);
             self.raw_progs.push(prog);
             return Ok(());

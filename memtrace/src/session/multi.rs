@@ -1,8 +1,9 @@
-//! Uprobe sessions: one program at a function's entry and at its return,
-//! whose result at entry tells the kernel whether to run it at the return
-//! too (`BPF_TRACE_UPROBE_SESSION`, Linux 6.13). aya 0.14 neither loads a
-//! program with that expected attach type nor makes `uprobe_multi` links,
-//! so this does both: the program's instructions come from the embedded
+//! `uprobe_multi` links: one program at many points of one object, as a
+//! plain uprobe (`BPF_TRACE_UPROBE_MULTI`, Linux 6.6) or as a session, at
+//! a function's entry and at its return, whose result at entry tells the
+//! kernel whether to run it at the return too (`BPF_TRACE_UPROBE_SESSION`,
+//! Linux 6.13). aya 0.14 neither loads a program with those expected
+//! attach types nor makes `uprobe_multi` links, so this does both: the program's instructions come from the embedded
 //! object, relocated against the maps aya already created (so both share
 //! every map), then `BPF_PROG_LOAD` and `BPF_LINK_CREATE`, as libbpf does.
 
@@ -12,13 +13,45 @@ use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use aya::maps::{Map, MapData};
 use aya::Ebpf;
 
+use super::attach::Method;
+
 use crate::kernel::bpfsys::{
     call_fd, BtfLoad, ProgLoad, BPF_BTF_LOAD, BPF_LINK_CREATE, BPF_PROG_LOAD,
 };
 
 const BPF_PROG_TYPE_KPROBE: u32 = 2;
-/// `enum bpf_attach_type` in Linux 6.13 and later.
-const BPF_TRACE_UPROBE_SESSION: u32 = 57;
+
+/// The kinds of `uprobe_multi` link.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    Plain,
+    Session,
+}
+
+impl Kind {
+    pub fn of(m: Method) -> Option<Kind> {
+        match m {
+            Method::UprobeMulti => Some(Kind::Plain),
+            Method::UprobeSession => Some(Kind::Session),
+            _ => None,
+        }
+    }
+
+    /// `enum bpf_attach_type` (uapi, fixed once released).
+    fn attach_type(self) -> u32 {
+        match self {
+            Kind::Plain => 48,
+            Kind::Session => 57,
+        }
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            Kind::Plain => "uprobe_multi",
+            Kind::Session => "uprobe session",
+        }
+    }
+}
 
 /// `union bpf_attr`'s `link_create` with its `uprobe_multi` member.
 #[repr(C)]
@@ -73,13 +106,13 @@ fn map_data(m: &Map) -> &MapData {
     }
 }
 
-/// Loads program `name` of the embedded object as a uprobe session
-/// program, sharing `bpf`'s maps.
-pub fn load_session_prog(bpf: &Ebpf, name: &str) -> Result<OwnedFd, String> {
+/// Loads program `name` of the embedded object for a `kind` link, sharing
+/// `bpf`'s maps.
+pub fn load_prog(bpf: &Ebpf, name: &str, kind: Kind) -> Result<OwnedFd, String> {
     let mut obj = aya_obj::Object::parse(super::loader::OBJECT).map_err(|e| e.to_string())?;
     // The object's BTF, for the functions' info: without it the kernel
-    // refuses a callback (bpf_loop's frame step). Kernels with sessions
-    // (6.13) have every BTF feature.
+    // refuses a callback (bpf_loop's frame step). Kernels with these links
+    // (6.6) have every BTF feature.
     let features = aya_obj::btf::BtfFeatures::new(true, true, true, true, true, true, true, true);
     let btf = match obj.fixup_and_sanitize_btf(&features) {
         Ok(Some(btf)) => {
@@ -117,7 +150,7 @@ pub fn load_session_prog(bpf: &Ebpf, name: &str) -> Result<OwnedFd, String> {
         insn_cnt: insns.len() as u32,
         insns: insns.as_ptr() as u64,
         license: license.as_ptr() as u64,
-        expected_attach_type: BPF_TRACE_UPROBE_SESSION,
+        expected_attach_type: kind.attach_type(),
         ..Default::default()
     };
     if let Some(btf) = &btf {
@@ -145,16 +178,17 @@ pub fn load_session_prog(bpf: &Ebpf, name: &str) -> Result<OwnedFd, String> {
             .find(|l| !l.is_empty());
         match (again, last) {
             (Ok(fd), _) => Ok(fd),
-            (Err(_), Some(l)) => Err(format!("BPF_PROG_LOAD as a uprobe session: {e} ({l})")),
-            (Err(_), None) => Err(format!("BPF_PROG_LOAD as a uprobe session: {e}")),
+            (Err(_), Some(l)) => Err(format!("BPF_PROG_LOAD for {}: {e} ({l})", kind.name())),
+            (Err(_), None) => Err(format!("BPF_PROG_LOAD for {}: {e}", kind.name())),
         }
     })
 }
 
-/// Attaches session program `prog` at file offsets `points` (each with its
-/// cookie) of `path`, for process `pid` or every process.
-pub fn attach_session(
+/// Attaches `prog` (loaded for `kind`) at file offsets `points` (each with
+/// its cookie) of `path`, for process `pid` or every process.
+pub fn attach(
     prog: &OwnedFd,
+    kind: Kind,
     path: &str,
     points: &[(u64, u64)],
     pid: Option<u32>,
@@ -164,7 +198,7 @@ pub fn attach_session(
     let cookies: Vec<u64> = points.iter().map(|p| p.1).collect();
     let attr = LinkCreate {
         prog_fd: prog.as_raw_fd() as u32,
-        attach_type: BPF_TRACE_UPROBE_SESSION,
+        attach_type: kind.attach_type(),
         path: cpath.as_ptr() as u64,
         offsets: offsets.as_ptr() as u64,
         cookies: cookies.as_ptr() as u64,
@@ -172,5 +206,5 @@ pub fn attach_session(
         pid: pid.unwrap_or(0),
         ..Default::default()
     };
-    call_fd(BPF_LINK_CREATE, &attr).map_err(|e| format!("BPF_LINK_CREATE (uprobe session): {e}"))
+    call_fd(BPF_LINK_CREATE, &attr).map_err(|e| format!("BPF_LINK_CREATE ({}): {e}", kind.name()))
 }

@@ -66,8 +66,8 @@ pub struct Args {
     /// memtrace's shim into the command (the shim is cheaper: see the README).
     #[arg(long)]
     pub no_preload: bool,
-    /// Never attach by a uprobe session (to measure and test the uprobe +
-    /// uretprobe fallback on kernels that have sessions).
+    /// Never attach by a uprobe session or uprobe_multi link (to measure
+    /// and test the uprobe + uretprobe fallback on kernels that have them).
     #[arg(long, hide = true)]
     pub no_uprobe_session: bool,
     /// Live allocations tracked at most (a full table is counted as map_full).

@@ -16,7 +16,7 @@ use super::entries::{args_read, ALLOCATORS, CXX_DELETE, CXX_NEW, JE_ALLOC, JE_FR
 use super::Args;
 use crate::error::{Error, Result};
 use crate::kernel::Format;
-use crate::session::attach::Probe;
+use crate::session::attach::{Method, Probe};
 use crate::session::uprobe::{
     is_libc, mapped_libraries, mapped_library, placement, Library, Placement, Symbols,
 };
@@ -219,12 +219,9 @@ pub fn user(
         .ok_or_else(|| Error::Usage(format!("{}: no function {free}", lib.shown)))?;
     let at = place(a, &func.code, &[Register::RDI], false);
     said.push(describe(&free, at.offset, at.emulated));
-    probes.push(Probe::new(format!("{free} calls")).uprobe(
-        ML_FREE,
-        path.clone(),
-        func.file_offset + at.offset,
-        pid,
-    ));
+    // Every free of the object by one link: one detach at the end, where a
+    // uprobe each waited for grace periods each.
+    let mut frees = vec![(func.file_offset + at.offset, 0)];
     let mut freed = std::collections::HashSet::from([func.file_offset]);
     let je_free = JE_FREE
         .iter()
@@ -244,13 +241,18 @@ pub fn user(
         }
         let at = place(a, &func.code, &[Register::RDI], false);
         said.push(describe(name, at.offset, at.emulated));
-        probes.push(Probe::new(format!("{name} calls")).uprobe(
-            ML_FREE,
-            path.clone(),
-            func.file_offset + at.offset,
-            pid,
-        ));
+        frees.push((func.file_offset + at.offset, 0));
     }
+    let mut p = Probe::new(format!("{free} and the other frees")).uprobe_multi(
+        ML_FREE,
+        path.clone(),
+        frees,
+        pid,
+    );
+    if a.no_uprobe_session {
+        p.ways.retain(|w| w.method == Method::Uprobe);
+    }
+    probes.push(p);
     said.insert(0, format!("allocator in {}", lib.shown));
     probes.extend(mmap_probes(cfg)?);
     Ok((probes, said))
