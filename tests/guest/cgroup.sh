@@ -75,8 +75,9 @@ swap_case() {
             </tmp/go >/tmp/$name.w &
         wpid=$!
         # Opening the fifo lets the workload's stdin open; a line on it
-        # lets the workload read its pages back.
-        exec 3>/tmp/go
+        # lets the workload read its pages back. Read-write, so the open
+        # never waits (and no signal can interrupt it).
+        exec 3<>/tmp/go
         i=0
         while ! grep -qs '^touched' /tmp/$name.w && kill -0 $wpid 2>/dev/null &&
             [ $i -lt 1200 ]; do

@@ -89,7 +89,10 @@ held_workload() {
     mkfifo /tmp/go$fd
     memtrace-workload --wait "$@" </tmp/go$fd >/tmp/held$fd &
     wpid=$!
-    eval "exec $fd>/tmp/go$fd"
+    # Read-write: a fifo so opened does not wait for its reader, so no
+    # signal (a child of an earlier case exiting) can interrupt the open,
+    # which ended the guest's init with EINTR once.
+    eval "exec $fd<>/tmp/go$fd"
     i=0
     while ! grep -qs . /tmp/held$fd && [ $i -lt 600 ]; do
         i=$((i + 1))
