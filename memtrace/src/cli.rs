@@ -94,6 +94,10 @@ pub struct Common {
     /// Also write every stack report to FILE, for `memtrace report`, `diff` and `annotate`.
     #[arg(long, value_name = "FILE")]
     pub record: Option<std::path::PathBuf>,
+    /// At the end, write the run's stacks, summed, to FILE as a gzip'd
+    /// pprof profile (go tool pprof, Pyroscope, Parca, Grafana).
+    #[arg(long, value_name = "FILE")]
+    pub pprof: Option<std::path::PathBuf>,
     /// Every this long, a line on stderr with the events counted and lost
     /// so far (long runs; `cargo xtask soak` reads it).
     #[arg(long, value_name = "SECS", value_parser = parse_duration)]

@@ -138,6 +138,7 @@ fn main() -> Result<()> {
                 return kernels::run(true);
             }
             fmt_check()?;
+            setup::test_readers();
             let skips = skip_log();
             let _ = std::fs::remove_file(&skips);
             let (passed, failed) = test(&args)?;

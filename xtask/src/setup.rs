@@ -173,3 +173,29 @@ pub fn setup() -> Result<()> {
         ])
         .env("LLVM_PREFIX", &prefix))
 }
+
+/// Programs the tests read memtrace's output with, independently of it:
+/// installed with apt where missing (tests that need one skip, with the
+/// reason, where it cannot be had).
+pub fn test_readers() {
+    // protoc decodes --pprof output against the published schema.
+    const READERS: [(&str, &str); 1] = [("protoc", "protobuf-compiler")];
+    for (bin, pkg) in READERS {
+        let have = Command::new(bin)
+            .arg("--version")
+            .output()
+            .is_ok_and(|o| o.status.success());
+        if have {
+            continue;
+        }
+        eprintln!("xtask: installing {pkg} (apt) for the tests' {bin}");
+        let ok = works(
+            Command::new("apt-get")
+                .args(["install", "-y", "-qq", "--no-remove", pkg])
+                .env("DEBIAN_FRONTEND", "noninteractive"),
+        );
+        if !ok {
+            eprintln!("xtask: could not install {pkg}: the tests that need {bin} will skip");
+        }
+    }
+}

@@ -25,8 +25,12 @@ pub struct ReportArgs {
     /// Also write a flame graph of the summed stacks to OUT (SVG).
     #[arg(long, value_name = "OUT")]
     pub svg: Option<PathBuf>,
+    /// Also write the summed stacks to OUT as a gzip'd pprof profile
+    /// (go tool pprof, Pyroscope, Parca, Grafana).
+    #[arg(long, value_name = "OUT")]
+    pub pprof: Option<PathBuf>,
     /// Print what the file says of its run instead (tool, arguments, kernel, host, build ids, totals).
-    #[arg(long, conflicts_with_all = ["json", "folded", "svg"])]
+    #[arg(long, conflicts_with_all = ["json", "folded", "svg", "pprof"])]
     pub info: bool,
     /// Keep identical stacks of different processes apart.
     #[arg(long)]

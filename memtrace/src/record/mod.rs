@@ -7,6 +7,7 @@ mod budget;
 pub mod diff;
 pub mod format;
 mod frame;
+pub mod pprof;
 pub mod report;
 pub mod table;
 mod writer;

@@ -159,6 +159,9 @@ pub fn run(a: &ReportArgs) -> Result<i32> {
     }
     out.flush();
     output::check(out.as_ref())?;
+    if let Some(path) = &a.pprof {
+        super::pprof::write(&super::pprof::profile(&rec), path)?;
+    }
     if let Some(svg) = &a.svg {
         let mut lines = Vec::new();
         for g in summed(&rec) {

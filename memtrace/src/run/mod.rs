@@ -139,7 +139,10 @@ pub fn run(tool: &mut dyn Tool, common: &Common) -> Result<i32> {
         .top()
         .or((format == OutFormat::Text).then(|| tool.text_top()));
     out = Box::new(output::MergedStacks(out, common.per_pid, top));
-    if let Some(path) = &common.record {
+    // --pprof is made from a record: the one asked for, or one of its own.
+    let own_record = (common.pprof.is_some() && common.record.is_none())
+        .then(|| std::env::temp_dir().join(format!("memtrace-pprof-{}.rec", std::process::id())));
+    if let Some(path) = common.record.as_ref().or(own_record.as_ref()) {
         // The record keeps source lines even when they are not shown.
         let shown = session.sym.style;
         if shown == FrameStyle::Function {
@@ -281,6 +284,17 @@ pub fn run(tool: &mut dyn Tool, common: &Common) -> Result<i32> {
     output::check(out.as_ref())?;
     // Dropping the session unloads every program (as it does when an
     // error returns early), once every probe is detached.
+    if let (Some(out), Some(rec)) = (
+        &common.pprof,
+        common.record.as_ref().or(own_record.as_ref()),
+    ) {
+        let written = crate::record::format::Recording::open(rec)
+            .and_then(|r| crate::record::pprof::write(&crate::record::pprof::profile(&r), out));
+        if let Some(own) = &own_record {
+            let _ = std::fs::remove_file(own);
+        }
+        written?;
+    }
     stopping.mark("stop: report and summary written");
     detaching.wait();
     stopping.mark("stop: probes detached");
