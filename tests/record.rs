@@ -147,6 +147,26 @@ fn the_record_names_its_run_and_the_build_ids_of_its_modules() {
         "{}",
         info.stdout
     );
+    // And libc's, which the stacks go through: memtrace maps it too, and
+    // opened it before the record, which once left it out.
+    let libc = std::path::Path::new("/lib/x86_64-linux-gnu/libc.so.6");
+    let notes = Command::new("readelf")
+        .arg("-n")
+        .arg(libc)
+        .output()
+        .unwrap();
+    let notes = String::from_utf8_lossy(&notes.stdout);
+    if let Some(id) = notes
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("Build ID: "))
+    {
+        assert!(
+            info.stdout
+                .contains(&format!("build id  {id}  libc.so.6\n")),
+            "{}",
+            info.stdout
+        );
+    }
 }
 
 #[test]
@@ -188,7 +208,23 @@ fn bad_input_is_one_line_and_exit_2() {
     let d = scratch("bad");
     std::fs::write(d.join("text.rec"), "hello\n").unwrap();
     record(&d, "a.rec", &w("rawbrk 4 4096"), &[]);
+    let f = mt(
+        &d,
+        &[
+            "faults",
+            "--stacks",
+            "-c",
+            &w("touch 10"),
+            "--record",
+            "f.rec",
+        ],
+    );
+    assert_eq!(f.code, 0, "{}", f.stderr);
     for (args, says) in [
+        (
+            vec!["diff", "a.rec", "f.rec"],
+            "a.rec is a brkstack record and f.rec a faults record",
+        ),
         (vec!["report", "missing.rec"], "cannot open missing.rec"),
         (
             vec!["report", "text.rec"],

@@ -80,6 +80,36 @@ fn diff_shows_what_grew_and_what_appeared() {
     );
 }
 
+/// A stack that vanished has no width in a differential flame graph of the
+/// later run: the default says how many are not drawn, and `--reverse`
+/// (the earlier run's widths) draws them.
+#[test]
+fn diff_reverse_draws_the_stacks_that_vanished() {
+    let d = scratch("vanished");
+    record(&d, "a.rec", &w("rawbrk-deep 60 3 5"), &[]);
+    record(&d, "b.rec", &w("rawbrk 40 4096"), &[]);
+    let plain = mt(&d, &["diff", "a.rec", "b.rec", "--svg", "plain.svg"]);
+    assert_eq!(plain.code, 0, "{}", plain.stderr);
+    assert!(
+        plain.stderr.contains("stacks that vanished have no width"),
+        "{}",
+        plain.stderr
+    );
+    let svg = std::fs::read_to_string(d.join("plain.svg")).unwrap();
+    assert!(!svg.contains("raw_brk_deep"));
+    let rev = mt(
+        &d,
+        &["diff", "a.rec", "b.rec", "--svg", "rev.svg", "--reverse"],
+    );
+    assert_eq!(rev.code, 0, "{}", rev.stderr);
+    let svg = std::fs::read_to_string(d.join("rev.svg")).unwrap();
+    assert_xml(&svg);
+    assert!(
+        svg.contains("raw_brk_deep"),
+        "the vanished stack is not drawn"
+    );
+}
+
 /// Well-formed XML (every element closed in order).
 fn assert_xml(svg: &str) {
     let mut r = quick_xml::Reader::from_str(svg);

@@ -315,6 +315,50 @@ fn short_lived_processes_keep_their_exec_name_and_cgroup() {
     assert_eq!(out.code, 0, "{}", out.stderr);
 }
 
+/// A process in a group named as Docker's systemd driver names a
+/// container's: its series carry the container's id (and an empty pod uid),
+/// per process and per group, from the path alone.
+#[test]
+fn a_container_s_group_labels_its_series_with_the_container_id() {
+    if memcg_root().is_none() {
+        skip(
+            "a_container_s_group_labels_its_series_with_the_container_id",
+            "no memory cgroup controller",
+        );
+        return;
+    }
+    let id = format!("{:064x}", 0xc0ffee_u64 << 32 | std::process::id() as u64);
+    let cg = Memcg::named(&format!("docker-{id}.scope"), "1G", false);
+    let port = free_port();
+    let t = serve(port, &[]);
+    let mut c = cg
+        .command(&workload_bin())
+        .args(["touch", "500"])
+        .spawn()
+        .unwrap();
+    assert!(wait_child(&mut c, WAIT).success());
+    let label = format!("container_id=\"{id}\"");
+    let line = |m: &str, family: &str| -> Option<String> {
+        m.lines()
+            .find(|l| l.starts_with(family) && l.contains(&label) && l.contains("mode=\"user\""))
+            .map(str::to_string)
+    };
+    let text = settle(port, |m| {
+        line(m, "memtrace_page_faults_total{").is_some()
+            && line(m, "memtrace_cgroup_page_faults_total{").is_some()
+    });
+    let per_proc = line(&text, "memtrace_page_faults_total{").unwrap_or_else(|| panic!("{text}"));
+    assert!(per_proc.contains("comm=\"memtrace-worklo\""), "{per_proc}");
+    assert!(per_proc.contains("pod_uid=\"\""), "{per_proc}");
+    let per_cg = line(&text, "memtrace_cgroup_page_faults_total{").unwrap();
+    assert!(
+        per_cg.contains(&format!("cgroup=\"/docker-{id}.scope\"")),
+        "{per_cg}"
+    );
+    let out = t.interrupt();
+    assert_eq!(out.code, 0, "{}", out.stderr);
+}
+
 /// A client sending a byte a second, and a hundred idle connections, never
 /// hold up a scrape: each connection has its own thread and a deadline for
 /// its whole request (one byte a second kept /metrics from answering at

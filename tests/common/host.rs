@@ -103,8 +103,18 @@ impl Memcg {
     }
 
     fn make(tag: &str, limit: &str, swap: bool) -> Memcg {
+        Self::named(
+            &format!("memtrace-test-{tag}-{}", std::process::id()),
+            limit,
+            swap,
+        )
+    }
+
+    /// Named `name` under the root, as a runtime would name it (the
+    /// caller makes it unique).
+    pub fn named(name: &str, limit: &str, swap: bool) -> Memcg {
         let (root, version) = memcg_root().expect("no memory cgroup controller (v1 or v2)");
-        let name = format!("memtrace-test-{tag}-{}", std::process::id());
+        let name = name.to_string();
         let path = root.join(&name);
         std::fs::create_dir_all(&path).expect("create memcg");
         let cg = Memcg {

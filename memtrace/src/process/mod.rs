@@ -4,6 +4,7 @@
 
 pub mod cgroup;
 pub mod command;
+pub mod container;
 pub mod entrystop;
 pub mod exemaps;
 pub mod follow;

@@ -80,6 +80,14 @@ pub struct DiffArgs {
     /// Also write a differential flame graph (B against A) to OUT (SVG).
     #[arg(long, value_name = "OUT")]
     pub svg: Option<PathBuf>,
+    /// Draw the flame graph with the earlier run's widths: stacks that
+    /// vanished show (the default, the later run's, cannot draw them).
+    #[arg(long, requires = "svg")]
+    pub reverse: bool,
+    /// Compare records of different tools anyway (their counts are of
+    /// different things: faults against calls, say).
+    #[arg(long)]
+    pub force: bool,
     #[command(flatten)]
     pub view: ViewArgs,
 }

@@ -118,6 +118,14 @@ fn opt(v: Option<u64>) -> String {
 
 pub fn run(a: &DiffArgs) -> Result<i32> {
     let (ra, rb) = (open(&a.a)?, open(&a.b)?);
+    let (ta, tb) = (&ra.header.tool, &rb.header.tool);
+    if ta != tb && !a.force {
+        return Err(Error::Usage(format!(
+            "{} is a {ta} record and {} a {tb} record: their counts are of different things (--force compares them anyway)",
+            a.a.display(),
+            a.b.display()
+        )));
+    }
     let notes = Annotations::in_use(a.view.annotations.as_deref())?;
     let mut shown = changes(&ra, &rb, a);
     shown.retain(|c| {
@@ -148,18 +156,32 @@ pub fn run(a: &DiffArgs) -> Result<i32> {
         };
         let (fa, fb) = (folded(&ra), folded(&rb));
         let title = format!("memtrace diff {} {}", a.a.display(), a.b.display());
+        // Widths are the second input's: swapped, with the colours negated
+        // (red still grew), the earlier run's stacks are drawn.
+        let (first, second) = match a.reverse {
+            false => (&fa, &fb),
+            true => (&fb, &fa),
+        };
         write_svg(svg, &title, |w| {
             let mut both = Vec::new();
             inferno::differential::from_readers(
                 Default::default(),
-                fa.as_bytes(),
-                fb.as_bytes(),
+                first.as_bytes(),
+                second.as_bytes(),
                 &mut both,
             )?;
             let mut o = inferno::flamegraph::Options::default();
             o.title = title.clone();
+            o.negate_differentials = a.reverse;
             inferno::flamegraph::from_reader(&mut o, &both[..], w)
         })?;
+        let vanished = shown.iter().filter(|c| c.status == "vanished").count();
+        if vanished > 0 && !a.reverse {
+            say!(
+                "memtrace: {vanished} stacks that vanished have no width in {} (--reverse draws the earlier run's widths)",
+                svg.display()
+            );
+        }
     }
     Ok(0)
 }

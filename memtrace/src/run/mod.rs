@@ -50,6 +50,12 @@ impl Phases {
 
 pub fn run(tool: &mut dyn Tool, common: &Common) -> Result<i32> {
     let mut phases = Phases(std::env::var_os("MEMTRACE_TIMING").map(|_| Instant::now()));
+    // Build ids are noted as the symbolizer opens files, from the first:
+    // memtrace's own libc and ld.so are opened before the record is, and
+    // were left out of it.
+    if common.record.is_some() || common.pprof.is_some() {
+        crate::stacks::buildid::enable();
+    }
     // Signal handlers go in before anything is set up: a Ctrl-C, SIGTERM or
     // SIGHUP while probes attach is kept and ends the run as soon as the
     // event loop starts (a report, the summary, nothing left attached),

@@ -31,6 +31,22 @@ pub fn cgroup_label(path: &str) -> String {
     }
 }
 
+/// The labels of `pairs`, then of cgroup `path`: the path, the container
+/// id and the pod uid it names (empty when none), so that series join the
+/// cluster's by container and pod.
+fn with_group(pairs: &[(&str, &str)], path: &str) -> Labels {
+    let c = crate::process::container::of_cgroup(path);
+    let id = c.as_ref().map_or("", |c| c.id.as_str());
+    let pod = c.as_ref().and_then(|c| c.pod_uid.as_deref()).unwrap_or("");
+    let mut out = l(pairs);
+    out.extend(l(&[
+        ("cgroup", &cgroup_label(path)),
+        ("container_id", id),
+        ("pod_uid", pod),
+    ]));
+    out
+}
+
 /// OOM kills by (victim name, cgroup), bounded like the other series.
 pub struct State {
     ooms: HashMap<(String, String), u64>,
@@ -206,27 +222,23 @@ pub fn render(sv: &Serve, s: &Session) -> String {
         } else {
             [p.rss_anon(), p.rss_file(), p.rss_shmem()]
         };
-        let labels = l(&[
-            ("pid", &pid.to_string()),
-            ("comm", &p.comm),
-            ("cgroup", &cgroup_label(&p.cgroup)),
-        ]);
+        let labels = with_group(&[("pid", &pid.to_string()), ("comm", &p.comm)], &p.cgroup);
         per_proc.add(&labels, &h.total, rss);
     }
     per_proc.add(
-        &l(&[("pid", OTHER), ("comm", OTHER), ("cgroup", OTHER)]),
+        &with_group(&[("pid", OTHER), ("comm", OTHER)], OTHER),
         &sv.procs.other,
         other_rss,
     );
     for (cg, h) in &sv.cgroups.held {
         per_cg.add(
-            &l(&[("cgroup", cg)]),
+            &with_group(&[], cg),
             &h.total,
             cg_rss.get(cg).copied().unwrap_or_default(),
         );
     }
     let other_cg = cg_rss.get(OTHER).copied().unwrap_or_default();
-    per_cg.add(&l(&[("cgroup", OTHER)]), &sv.cgroups.other, other_cg);
+    per_cg.add(&with_group(&[], OTHER), &sv.cgroups.other, other_cg);
 
     let ooms: Counters = Family::default();
     reg.register(
@@ -235,7 +247,7 @@ pub fn render(sv: &Serve, s: &Session) -> String {
         ooms.clone(),
     );
     for ((victim, cg), n) in &sv.state.ooms {
-        ooms.get_or_create(&l(&[("victim", victim), ("cgroup", cg)]))
+        ooms.get_or_create(&with_group(&[("victim", victim)], cg))
             .inc_by(*n);
     }
     let lost: Counters = Family::default();

@@ -46,7 +46,7 @@ impl SortKey {
     }
 }
 
-pub const COLS: [Col; 16] = [
+pub const COLS: [Col; 17] = [
     Col::num("pid", "PID", 7),
     Col::text("comm", "COMM", 15),
     Col::num("rss_anon_kb", "ANON_KB", 9),
@@ -62,12 +62,13 @@ pub const COLS: [Col; 16] = [
     Col::num("mmap_kb_s", "MMAP_KB/s", 9),
     Col::num("reclaim_ms_s", "RECLms/s", 8),
     Col::num("oom_score", "OOM", 4),
+    Col::text("container", "CONTAINER", 9),
     Col::text("cgroup", "CGROUP", 6),
 ];
 
 /// Each column's units and header when its numbers are shortened (`206M`
 /// in a column of kibibytes is 206 MiB, so the header loses its `_KB`).
-pub const SHORT: [(Scale, &str); 16] = [
+pub const SHORT: [(Scale, &str); 17] = [
     (Scale::Whole, "PID"),
     (Scale::Whole, "COMM"),
     (Scale::Kib, "ANON"),
@@ -83,13 +84,14 @@ pub const SHORT: [(Scale, &str); 16] = [
     (Scale::Kib, "MMAPB/s"),
     (Scale::Count, "RECLms/s"),
     (Scale::Whole, "OOM"),
+    (Scale::Whole, "CONTAINER"),
     (Scale::Whole, "CGROUP"),
 ];
 
 /// After PID, COMM and the sort column, the columns kept longest as the
 /// terminal narrows: what holds memory and how fast it grows, then who
 /// would be killed and where, then the rates behind the growth.
-const PRIORITY: [usize; 14] = [2, 5, 6, 3, 14, 15, 13, 4, 10, 12, 7, 8, 9, 11];
+const PRIORITY: [usize; 15] = [2, 5, 6, 3, 14, 15, 16, 13, 4, 10, 12, 7, 8, 9, 11];
 
 /// Which processes are shown: a name or cgroup substring, or a pid.
 #[derive(Clone, Debug, Default)]
@@ -170,6 +172,10 @@ pub fn row(s: &Snapshot, p: &Proc) -> Row {
             None => crate::process::proc::oom_score(p.pid).map_or(Value::S("-".into()), Into::into),
             Some(_) => Value::S("-".into()),
         },
+        // The container its group names (short id, as `docker ps`).
+        crate::process::container::of_cgroup(&p.cgroup)
+            .map_or("-".to_string(), |c| c.id[..12].to_string())
+            .into(),
         p.cgroup.clone().into(),
     ])
 }
@@ -233,11 +239,11 @@ mod tests {
 
     #[test]
     fn narrow_terminals_drop_whole_columns_by_priority_and_keep_the_sort_column() {
-        // 16 columns: PID 7, COMM 15, the rest 9.
+        // 17 columns: PID 7, COMM 15, the rest 9.
         let mut need = vec![7, 15];
-        need.extend([9; 14]);
+        need.extend([9; 15]);
         // Everything fits in 200 cells.
-        assert_eq!(fit(&need, 200, SortKey::Anon).len(), 16);
+        assert_eq!(fit(&need, 200, SortKey::Anon).len(), 17);
         // 80 cells: PID, COMM and MMAP/s (the sort) take 34, leaving room
         // for four more of 10: ANON, RSS/s, FLT/s and FILE, in that order.
         let f = fit(&need, 80, SortKey::Mmap);
