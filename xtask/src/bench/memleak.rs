@@ -10,6 +10,8 @@ use anyhow::Result;
 use super::tracer::{have, median, memtrace, workload};
 
 const PAIRS: u64 = 200_000;
+/// Where heaptrack writes its data (it adds .zst or .gz).
+const HEAPTRACK_OUT: &str = "/tmp/memtrace-bench-heaptrack";
 
 /// The libc this machine's programs map.
 fn libc_path() -> Option<String> {
@@ -26,6 +28,12 @@ fn libc_path() -> Option<String> {
 fn once(lp: &str, argv: &[String]) -> Option<f64> {
     let cmd = format!("{} {lp} {PAIRS}", workload());
     let mut c = match argv.split_first() {
+        // heaptrack runs its program as its arguments, no -c.
+        Some((prog, rest)) if prog == "heaptrack" => {
+            let mut c = Command::new(prog);
+            c.args(rest).arg(workload()).args([lp, &PAIRS.to_string()]);
+            c
+        }
         Some((prog, rest)) => {
             let mut c = Command::new(prog);
             c.args(rest).args(["-c", &cmd]);
@@ -134,6 +142,12 @@ fn loop_cost(runs: usize, [lp, f, what, unit]: [&str; 4], out: &mut String) -> R
                 "--no-uprobe-session",
             ])),
         ),
+        // The user-space anchor: an LD_PRELOAD profiler that unwinds every
+        // call in the process (its data to a file, removed below).
+        (
+            "heaptrack",
+            have("heaptrack").then(|| owned(&["heaptrack", "-o", HEAPTRACK_OUT])),
+        ),
         (
             "bpftrace memleak.bt",
             have("bpftrace").then(|| owned(&["bpftrace", "-e", &bt])),
@@ -149,6 +163,9 @@ fn loop_cost(runs: usize, [lp, f, what, unit]: [&str; 4], out: &mut String) -> R
                 times[i].push(t);
             }
         }
+    }
+    for ext in ["zst", "gz"] {
+        let _ = std::fs::remove_file(format!("{HEAPTRACK_OUT}.{ext}"));
     }
     let per = |i: usize| (!times[i].is_empty()).then(|| median(times[i].clone()) / PAIRS as f64);
     let base = per(0).unwrap_or(0.0);
