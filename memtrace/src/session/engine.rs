@@ -120,6 +120,24 @@ impl Session {
             m
         };
         let res: std::result::Result<(), String> = (|| {
+            // A program whose target is bound at load (fentry, tp_btf):
+            // attached, its link kept; refused, unloaded, so that another
+            // way loads it for its own target.
+            macro_rules! attach_bound {
+                ($p:expr) => {
+                    match $p.attach() {
+                        Ok(id) => self
+                            .links
+                            .push(Box::new($p.take_link(id).map_err(|x| e(&x))?)),
+                        Err(x) => {
+                            if first {
+                                let _ = $p.unload();
+                            }
+                            return Err(load_err(e(&x)));
+                        }
+                    }
+                };
+            }
             match (way.method, &way.target) {
                 (Method::Kprobe, Target::Func(f)) => {
                     let p: &mut KProbe = prog.try_into().map_err(|x| e(&x))?;
@@ -135,36 +153,14 @@ impl Session {
                     if let Some(btf) = &btf {
                         p.load(f.as_ref(), btf).map_err(|x| load_err(e(&x)))?;
                     }
-                    match p.attach() {
-                        Ok(id) => self
-                            .links
-                            .push(Box::new(p.take_link(id).map_err(|x| e(&x))?)),
-                        Err(x) => {
-                            // The target is bound at load: unload, so that
-                            // another way loads it for its own target.
-                            if first {
-                                let _ = p.unload();
-                            }
-                            return Err(load_err(e(&x)));
-                        }
-                    }
+                    attach_bound!(p);
                 }
                 (Method::TpBtf, Target::Tp(_, n)) => {
                     let p: &mut BtfTracePoint = prog.try_into().map_err(|x| e(&x))?;
                     if let Some(btf) = &btf {
                         p.load(n.as_ref(), btf).map_err(|x| load_err(e(&x)))?;
                     }
-                    match p.attach() {
-                        Ok(id) => self
-                            .links
-                            .push(Box::new(p.take_link(id).map_err(|x| e(&x))?)),
-                        Err(x) => {
-                            if first {
-                                let _ = p.unload();
-                            }
-                            return Err(load_err(e(&x)));
-                        }
-                    }
+                    attach_bound!(p);
                 }
                 (Method::RawTp, Target::Tp(_, n)) => {
                     let p: &mut RawTracePoint = prog.try_into().map_err(|x| e(&x))?;
