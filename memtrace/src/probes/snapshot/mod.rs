@@ -126,11 +126,14 @@ pub struct Snapshot {
     /// Memory cgroup paths by kernfs id, each resolved once.
     cgroup_paths: HashMap<u64, String>,
     /// Names (and, for processes gone, groups) taken at exec, by pid, with
-    /// the tick they came: a process whose counts arrive an interval after
-    /// its exec is read still takes them.
-    pub learned: HashMap<u32, (String, String, u64)>,
+    /// when their process was last seen alive: a process whose counts
+    /// arrive some refreshes after its exec was read still takes them.
+    pub learned: HashMap<u32, (String, String, Instant)>,
     last_read: Instant,
 }
+
+/// How long a name learned at exec outlives its process.
+const LEARNED_FOR: Duration = Duration::from_secs(5);
 
 impl Snapshot {
     pub fn new(keep_gone: u64) -> Snapshot {
@@ -250,16 +253,20 @@ impl Snapshot {
         }
         self.procs
             .retain(|_, p| p.gone.is_none_or(|g| tick.saturating_sub(g) < keep));
-        // A name learned at exec holds while its process lives (its counts
-        // may be read ticks later: scrapes come back to back), then two
-        // ticks more; a pid reused after that is another process.
+        // A name learned at exec holds while its process lives, then
+        // LEARNED_FOR more: its last counts may be read several refreshes
+        // later (scrapes come back to back, and a count waits a grace period
+        // to be drained; two refreshes let a process's 367 faults go under
+        // the shell's name it had before its exec, in one CI run). A
+        // pid reused after that is another process.
         let procs = &self.procs;
+        let now = Instant::now();
         self.learned.retain(|pid, (_, _, at)| {
             if procs.get(pid).is_some_and(|p| p.gone.is_none()) || crate::process::proc::alive(*pid)
             {
-                *at = tick;
+                *at = now;
             }
-            tick.saturating_sub(*at) < 2
+            now.duration_since(*at) < LEARNED_FOR
         });
         if self.procs.len() > MAX_PROCS {
             let mut gone: Vec<(u64, u32)> = self

@@ -188,8 +188,8 @@ impl Counters {
         // (the entry keeps it) or gone (pids are reused).
         // A process gone before /proc could say its group takes the one it
         // exec'd in (its first faults may come before it was moved there).
-        // Kept a tick or two in the snapshot (`learned`), for a process
-        // whose counts come after its exec was read.
+        // Kept a few seconds past the process in the snapshot (`learned`),
+        // for a process whose counts come after its exec was read.
         for (pid, (name, memcg)) in crate::process::follow::exec_identities(s) {
             let cg = match crate::process::proc::exiting(pid) {
                 true => snap.cgroup_path(memcg),
@@ -201,7 +201,8 @@ impl Counters {
                     p.cgroup.clone_from(&cg);
                 }
             }
-            snap.learned.insert(pid, (name, cg, snap.tick));
+            snap.learned
+                .insert(pid, (name, cg, std::time::Instant::now()));
             s.hash_remove(EXEC_NAMES, &pid)?;
         }
         let mut events = 0;
