@@ -218,7 +218,7 @@ fn rtld_next_from_the_program_is_resolved_from_the_program() {
 #[test]
 fn cpp_new_served_by_jemalloc_is_seen_with_and_without_the_shim() {
     let je = Path::new("/usr/lib/x86_64-linux-gnu/libjemalloc.so.2");
-    let have_cxx = Command::new("c++").arg("--version").output().is_ok();
+    let have_cxx = installed("c++", "--version");
     if !je.exists() || !have_cxx {
         return skip(
             "cpp_new_served_by_jemalloc_is_seen_with_and_without_the_shim",

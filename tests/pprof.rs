@@ -12,11 +12,7 @@ use common::*;
 
 /// protoc's text for a gzip'd profile, or None (with a skip) without protoc.
 fn decode(test: &str, file: &Path) -> Option<String> {
-    let has = Command::new("protoc")
-        .arg("--version")
-        .output()
-        .is_ok_and(|o| o.status.success());
-    if !has {
+    if !installed("protoc", "--version") {
         skip(test, "protoc is not installed (apt protobuf-compiler)");
         return None;
     }

@@ -100,6 +100,16 @@ impl Tmux {
         }
         c
     }
+
+    /// A detached session `top` of WIDTH x HEIGHT cells running `cmd`.
+    fn start(&self, (width, height): (u16, u16), cmd: &str) {
+        let (w, h) = (width.to_string(), height.to_string());
+        let st = self
+            .cmd(&["new-session", "-d", "-s", "top", "-x", &w, "-y", &h, cmd])
+            .status()
+            .unwrap();
+        assert!(st.success());
+    }
 }
 
 impl Drop for Tmux {
@@ -140,10 +150,7 @@ fn first_row_pid(screen: &str) -> Option<u32> {
 
 /// Whether tmux is installed; skips `test` (saying why) if not.
 fn tmux_here(test: &str) -> bool {
-    let has = Command::new("tmux")
-        .arg("-V")
-        .output()
-        .is_ok_and(|o| o.status.success());
+    let has = installed("tmux", "-V");
     if !has {
         skip(test, "tmux is not installed");
     }
@@ -167,22 +174,7 @@ fn full_screen_sorts_opens_stacks_and_quits_on_q_detached() {
         "{} top -i 500ms --filter memtrace-worklo; echo exited=$?; sleep 30",
         memtrace_bin().display()
     );
-    let size = ["-x", "200", "-y", "40"];
-    let st = t
-        .cmd(&[
-            "new-session",
-            "-d",
-            "-s",
-            "top",
-            size[0],
-            size[1],
-            size[2],
-            size[3],
-            &cmd,
-        ])
-        .status()
-        .unwrap();
-    assert!(st.success());
+    t.start((200, 40), &cmd);
     let screen = wait_pane(&t, "the table sorted by faults", |p| {
         p.contains("BRK/s") && p.contains("[f]faults*") && first_row_pid(p) == Some(f.pid)
     });
@@ -235,21 +227,7 @@ fn a_narrow_terminal_drops_columns_and_never_cuts_a_number() {
         memtrace_bin().display(),
         w.pid
     );
-    let st = t
-        .cmd(&[
-            "new-session",
-            "-d",
-            "-s",
-            "top",
-            "-x",
-            "80",
-            "-y",
-            "24",
-            &cmd,
-        ])
-        .status()
-        .unwrap();
-    assert!(st.success());
+    t.start((80, 24), &cmd);
     // Its row once it holds more than 30 MB: whole kilobytes under ANON_KB,
     // or with a unit (K, M, G: binary) under ANON.
     let anon_of = |p: &str| -> Option<u64> {

@@ -10,6 +10,15 @@ use std::time::Duration;
 
 use super::{run_with, wait_child};
 
+/// Whether program `bin` is installed and answers `bin ARG` (`--version`,
+/// `-V`) successfully.
+pub fn installed(bin: &str, arg: &str) -> bool {
+    std::process::Command::new(bin)
+        .arg(arg)
+        .output()
+        .is_ok_and(|o| o.status.success())
+}
+
 /// Prints why a test does not run here; the test then returns. Written to
 /// stderr directly, past the test harness's capture, so that it shows, and
 /// appended to `MEMTRACE_SKIP_LOG` (set by `cargo xtask test`), so that the

@@ -33,6 +33,15 @@ fn pidfd_open(pid: u32) -> Option<OwnedFd> {
     }
 }
 
+/// A file of memtrace's own, removed when the run ends.
+struct TempFile(std::path::PathBuf);
+
+impl Drop for TempFile {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
 /// With MEMTRACE_TIMING set, prints how long each phase of start-up, and
 /// of the stop, took.
 struct Phases(Option<Instant>);
@@ -145,10 +154,13 @@ pub fn run(tool: &mut dyn Tool, common: &Common) -> Result<i32> {
         .top()
         .or((format == OutFormat::Text).then(|| tool.text_top()));
     out = Box::new(output::MergedStacks(out, common.per_pid, top));
-    // --pprof is made from a record: the one asked for, or one of its own.
-    let own_record = (common.pprof.is_some() && common.record.is_none())
-        .then(|| std::env::temp_dir().join(format!("memtrace-pprof-{}.rec", std::process::id())));
-    if let Some(path) = common.record.as_ref().or(own_record.as_ref()) {
+    // --pprof is made from a record: the one asked for, or one of its own
+    // (removed however the run ends).
+    let own_record = (common.pprof.is_some() && common.record.is_none()).then(|| {
+        TempFile(std::env::temp_dir().join(format!("memtrace-pprof-{}.rec", std::process::id())))
+    });
+    let record = common.record.as_ref().or(own_record.as_ref().map(|t| &t.0));
+    if let Some(path) = record {
         // The record keeps source lines even when they are not shown.
         let shown = session.sym.style;
         if shown == FrameStyle::Function {
@@ -290,16 +302,9 @@ pub fn run(tool: &mut dyn Tool, common: &Common) -> Result<i32> {
     output::check(out.as_ref())?;
     // Dropping the session unloads every program (as it does when an
     // error returns early), once every probe is detached.
-    if let (Some(out), Some(rec)) = (
-        &common.pprof,
-        common.record.as_ref().or(own_record.as_ref()),
-    ) {
-        let written = crate::record::format::Recording::open(rec)
-            .and_then(|r| crate::record::pprof::write(&crate::record::pprof::profile(&r), out));
-        if let Some(own) = &own_record {
-            let _ = std::fs::remove_file(own);
-        }
-        written?;
+    if let (Some(out), Some(rec)) = (&common.pprof, record) {
+        let r = crate::record::format::Recording::open(rec)?;
+        crate::record::pprof::write(&crate::record::pprof::profile(&r), out)?;
     }
     stopping.mark("stop: report and summary written");
     detaching.wait();

@@ -357,10 +357,8 @@ impl Symbolizer {
         let s = match maps.locate(pid, addr) {
             None if !maps.has(pid) => format!("{addr:#x} [{}]", NOT_A_FILE[2]),
             None => format!("{addr:#x} [{}]", NOT_A_FILE[0]),
-            Some((m, off, _))
-                if m.inode != 0 && self.by_file.contains_key(&(m.dev, m.inode, off)) =>
-            {
-                self.by_file[&(m.dev, m.inode, off)].clone()
+            Some((m, off, _)) if let Some(s) = self.by_file.get(&(m.dev, m.inode, off)) => {
+                s.clone()
             }
             Some((m, off, file)) => {
                 let module = module_name(&m.path).to_string();

@@ -86,9 +86,9 @@ pub struct Args {
 }
 
 pub const DEFAULT_MAX_ALLOCS: u32 = 1 << 20;
-/// python3 running a one-line script makes more than 16,384 distinct
-/// complete (DWARF) stacks: a table of that size left 11,418 of its 81,000
-/// calls out (counted as map_full).
+/// A `python3 -c` started through pyenv's shell shims makes more than
+/// 16,384 distinct complete (DWARF) stacks: a table of that size left
+/// 11,418 of its 81,000 calls out (counted as map_full).
 pub const DEFAULT_MAX_STACKS: u32 = 1 << 18;
 
 /// `-o 500` is 500 ms, as BCC takes it; units as elsewhere.

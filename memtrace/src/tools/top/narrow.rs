@@ -58,12 +58,11 @@ pub enum Scale {
 }
 
 /// `x` in at most five cells (four and a sign): three digits or one and a
-/// decimal, then the unit.
+/// decimal, then the unit (none for `Whole`, which `cell` never shortens).
 pub fn short(x: f64, scale: Scale) -> String {
     let (base, units): (f64, &[&str]) = match scale {
         Scale::Kib => (1024.0, &["K", "M", "G", "T", "P", "E", "Z"]),
-        Scale::Count => (1000.0, &["", "K", "M", "G", "T", "P", "E"]),
-        Scale::Whole => return format!("{x}"),
+        Scale::Count | Scale::Whole => (1000.0, &["", "K", "M", "G", "T", "P", "E"]),
     };
     if x == 0.0 || !x.is_finite() {
         return "0".into();
@@ -85,15 +84,12 @@ pub fn short(x: f64, scale: Scale) -> String {
 
 /// A cell's text in a narrow column: numbers through `short`, the rest as is.
 pub fn cell(v: &Value, scale: Scale, full: impl Fn(&Value) -> String) -> String {
-    let x = match v {
-        Value::U(n) => *n as f64,
-        Value::I(n) => *n as f64,
-        Value::F(x, _) => *x,
-        _ => return full(v),
-    };
-    match scale {
-        Scale::Whole => full(v),
-        _ => short(x, scale),
+    match (scale, v) {
+        (Scale::Whole, _) => full(v),
+        (_, Value::U(n)) => short(*n as f64, scale),
+        (_, Value::I(n)) => short(*n as f64, scale),
+        (_, Value::F(x, _)) => short(*x, scale),
+        _ => full(v),
     }
 }
 
