@@ -17,7 +17,7 @@ use std::sync::Arc;
 use memtrace_common::exemaps::ExeMap;
 
 use super::{Mapping, MapsCache, Snapshot, GENERATIONS};
-use crate::process::proc::{read_maps, split_dev};
+use crate::process::proc::{exiting, read_maps, split_dev};
 
 /// The path an open file is known by now.
 fn fd_path(f: &File) -> Option<String> {
@@ -144,10 +144,10 @@ impl MapsCache {
                 .remove(&pid)
                 .map(|s| s.earlier)
                 .unwrap_or_default();
+            // Gone: kept for symbolization only. A table pushed for it
+            // would outlive it (the kernel dropped its own at the exit)
+            // and hold rows the live processes need.
             let maps = Arc::new(vec![image]);
-            if let Some(kt) = self.ktables.as_mut() {
-                kt.update(pid, &maps, &self.files);
-            }
             self.procs.insert(pid, Snapshot { maps, earlier });
         }
         if let (Some(old), Some(s)) = (old, self.procs.get_mut(&pid)) {
@@ -188,7 +188,8 @@ impl MapsCache {
         maps.retain(|o| o.end <= m.start || o.start >= m.end);
         maps.push(m);
         maps.sort_by_key(|o| o.start);
-        if let Some(kt) = self.ktables.as_mut() {
+        // Only a live process's table is pushed (see `exec_learned`).
+        if let Some(kt) = self.ktables.as_mut().filter(|_| !exiting(pid)) {
             kt.update(pid, &snap.maps, &self.files);
         }
     }

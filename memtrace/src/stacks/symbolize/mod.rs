@@ -161,21 +161,35 @@ impl MapsCache {
 
     /// A forked child: its image is its parent's until it execs. The
     /// parent's maps are read now (it may have mapped libraries since its
-    /// last copy) and shared; the child's own if the parent is gone.
+    /// last copy). A fork's record can be read after the child exec'd and
+    /// got its own table (a `-c` child stops at its exec and its entry):
+    /// a live child's maps are its own, the parent's kept as the image it
+    /// left; only a child already gone takes its parent's.
     pub fn inherit(&mut self, parent: u32, child: u32) {
         self.snapshot(parent);
-        match self.procs.get(&parent).map(|s| s.maps.clone()) {
-            Some(maps) => {
-                let earlier = Vec::new();
-                if let Some(kt) = self.ktables.as_mut() {
-                    kt.update(child, &maps, &self.files);
-                }
-                self.keep(child);
-                self.procs.insert(child, Snapshot { maps, earlier });
+        let theirs = self.procs.get(&parent).map(|s| s.maps.clone());
+        if self.snapshot(child) {
+            if let Some(s) = self.procs.get_mut(&child) {
+                s.earlier = match theirs {
+                    Some(old) if *old != *s.maps => vec![old],
+                    // Still its parent's image: one copy, shared.
+                    Some(same) => {
+                        s.maps = same;
+                        Vec::new()
+                    }
+                    None => Vec::new(),
+                };
             }
-            None => {
-                self.snapshot(child);
-            }
+        } else if let Some(maps) = theirs {
+            // Gone: nothing runs there any more, so no table to push.
+            self.keep(child);
+            self.procs.insert(
+                child,
+                Snapshot {
+                    maps,
+                    earlier: Vec::new(),
+                },
+            );
         }
     }
 
