@@ -295,3 +295,69 @@ fn usr1_reports_do_not_change_the_summary_total() {
         assert_eq!(shown, 2 * events, "{tool:?}: {}", out.stdout);
     }
 }
+
+/// Directories removed on drop (a test's parent groups, after the groups).
+struct RemoveDirs(Vec<std::path::PathBuf>);
+
+impl Drop for RemoveDirs {
+    fn drop(&mut self) {
+        for d in &self.0 {
+            let _ = std::fs::remove_dir(d);
+        }
+    }
+}
+
+/// `--by container` and `--by pod`: two containers of one pod, named as
+/// the kubelet's cgroupfs driver names them; each container's calls under
+/// its id, the pod's under its uid, its groups' counts added.
+#[test]
+fn counts_by_container_and_by_pod_add_up_their_groups() {
+    let test = "counts_by_container_and_by_pod_add_up_their_groups";
+    let Some((root, _)) = memcg_root() else {
+        return skip(test, "no memory cgroup controller");
+    };
+    let me = std::process::id();
+    let uid = format!("5e0c5d3e-7f2a-4b6c-9d8e-{me:012x}");
+    let top = format!("kubepods-memtrace-{me}");
+    let pod = format!("{top}/pod{uid}");
+    let ids = [1, 2].map(|n| format!("{n}{me:063x}"));
+    let _parents = RemoveDirs(vec![root.join(&pod), root.join(&top)]);
+    let a = Memcg::named(&format!("{pod}/{}", ids[0]), "1G", false);
+    let b = Memcg::named(&format!("{pod}/{}", ids[1]), "1G", false);
+    let w = workload_bin().display().to_string();
+    let cmd = format!(
+        "sh -c 'echo $$ > {}/cgroup.procs && {w} madvise 10 4096 && echo $$ > {}/cgroup.procs && {w} madvise 15 4096'",
+        a.path.display(),
+        b.path.display()
+    );
+    let short = |id: &str| id[..12].to_string();
+    for (by, col, want) in [
+        (
+            "container,comm",
+            "container",
+            vec![(short(&ids[0]), 10), (short(&ids[1]), 15)],
+        ),
+        ("pod,comm", "pod", vec![(uid.clone(), 25)]),
+    ] {
+        let out = run(&[
+            "count",
+            "syscalls:sys_enter_madvise",
+            "--by",
+            by,
+            "--json",
+            "-c",
+            &cmd,
+        ]);
+        assert_eq!(out.code, 0, "{}", out.stderr);
+        let mut got: Vec<(String, u64)> = counts(&out.stdout)
+            .iter()
+            .filter(|r| r["comm"] == "memtrace-worklo")
+            .map(|r| {
+                let key = r[col].as_str().unwrap().to_string();
+                (key, r["count"].as_u64().unwrap())
+            })
+            .collect();
+        got.sort();
+        assert_eq!(got, want, "--by {by}: {}", out.stdout);
+    }
+}

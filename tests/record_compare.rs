@@ -81,22 +81,33 @@ fn diff_shows_what_grew_and_what_appeared() {
 }
 
 /// A stack that vanished has no width in a differential flame graph of the
-/// later run: the default says how many are not drawn, and `--reverse`
-/// (the earlier run's widths) draws them.
+/// later run: the default draws it under its own root at the earlier run's
+/// width, in the colour of a fall, and says so; `--reverse` (the earlier
+/// run's widths) draws it in place.
 #[test]
-fn diff_reverse_draws_the_stacks_that_vanished() {
+fn diff_draws_the_stacks_that_vanished() {
     let d = scratch("vanished");
     record(&d, "a.rec", &w("rawbrk-deep 60 3 5"), &[]);
     record(&d, "b.rec", &w("rawbrk 40 4096"), &[]);
     let plain = mt(&d, &["diff", "a.rec", "b.rec", "--svg", "plain.svg"]);
     assert_eq!(plain.code, 0, "{}", plain.stderr);
     assert!(
-        plain.stderr.contains("stacks that vanished have no width"),
+        plain
+            .stderr
+            .contains("stacks that vanished are drawn under"),
         "{}",
         plain.stderr
     );
     let svg = std::fs::read_to_string(d.join("plain.svg")).unwrap();
-    assert!(!svg.contains("raw_brk_deep"));
+    assert_xml(&svg);
+    assert!(
+        svg.contains("[vanished: widths from the earlier run]"),
+        "{svg}"
+    );
+    assert!(
+        svg.contains("raw_brk_deep"),
+        "the vanished stack is not drawn"
+    );
     let rev = mt(
         &d,
         &["diff", "a.rec", "b.rec", "--svg", "rev.svg", "--reverse"],

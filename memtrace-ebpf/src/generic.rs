@@ -23,8 +23,8 @@ use memtrace_common::{
 };
 
 use crate::helpers::{
-    bump_by_stack, capture_stacks, count_gen, count_loss, current_tgid, emit, stack_ids, wanted,
-    Stacks, NO_PREALLOC,
+    bump_by_stack, capture_stacks, count_gen, count_loss, current_task, current_tgid, emit,
+    memcg_id, stack_ids, wanted, Stacks, NO_PREALLOC,
 };
 
 /// errno of a map insert into a full map.
@@ -159,7 +159,13 @@ fn count(ctx: &TracePointContext, index: u32) -> u32 {
         key.comm = bpf_get_current_comm().unwrap_or([0; TASK_COMM_LEN]);
     }
     if cfg.by & by::CGROUP != 0 {
-        key.cgroup = unsafe { bpf_get_current_cgroup_id() };
+        // The memory controller's group, v1 or v2 (the unified hierarchy's
+        // id says nothing of memory on a v1 host); that id without offsets.
+        let memcg = unsafe { memcg_id(current_task()) };
+        key.cgroup = match memcg {
+            0 => unsafe { bpf_get_current_cgroup_id() },
+            id => id,
+        };
     }
     for i in 0..MAX_KEY_FIELDS {
         key.fields[i] = field(ctx, &cfg.keys[i]);

@@ -98,6 +98,10 @@ pub struct Common {
     /// pprof profile (go tool pprof, Pyroscope, Parca, Grafana).
     #[arg(long, value_name = "FILE")]
     pub pprof: Option<std::path::PathBuf>,
+    /// At the end, write the run's stacks, summed, to FILE as OpenTelemetry
+    /// profiles (OTLP ProfilesData; gzip'd when FILE ends in .gz).
+    #[arg(long, value_name = "FILE")]
+    pub otlp: Option<std::path::PathBuf>,
     /// Every this long, a line on stderr with the events counted and lost
     /// so far (long runs; `cargo xtask soak` reads it).
     #[arg(long, value_name = "SECS", value_parser = parse_duration)]

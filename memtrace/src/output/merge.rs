@@ -44,6 +44,9 @@ pub fn merge_stacks(stacks: &[StackReport], per_pid: bool) -> Vec<StackReport> {
                 if let (Some(a), Some(b)) = (&mut m.alloc, &s.alloc) {
                     a.add(b);
                 }
+                if m.group != s.group {
+                    m.group = None;
+                }
                 pids[i].insert(s.pid);
                 pids[i].extend(&s.pids);
                 unnamed[i] += s.processes.saturating_sub(1 + s.pids.len());

@@ -129,6 +129,9 @@ pub struct StackReport {
     /// Allocation statistics (memleak): `count` and `bytes` are then what
     /// is outstanding.
     pub alloc: Option<AllocFigures>,
+    /// The process's memory cgroup (path), where known; none once stacks
+    /// of processes in different groups are merged.
+    pub group: Option<String>,
 }
 
 /// Per stack: allocations made and freed, in number and bytes.

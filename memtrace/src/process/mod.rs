@@ -8,5 +8,6 @@ pub mod container;
 pub mod entrystop;
 pub mod exemaps;
 pub mod follow;
+pub mod groups;
 pub mod pmap;
 pub mod proc;

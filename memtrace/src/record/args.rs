@@ -29,8 +29,12 @@ pub struct ReportArgs {
     /// (go tool pprof, Pyroscope, Parca, Grafana).
     #[arg(long, value_name = "OUT")]
     pub pprof: Option<PathBuf>,
+    /// Also write the summed stacks to OUT as OpenTelemetry profiles (OTLP
+    /// ProfilesData in protobuf; gzip'd when OUT ends in .gz).
+    #[arg(long, value_name = "OUT")]
+    pub otlp: Option<PathBuf>,
     /// Print what the file says of its run instead (tool, arguments, kernel, host, build ids, totals).
-    #[arg(long, conflicts_with_all = ["json", "folded", "svg", "pprof"])]
+    #[arg(long, conflicts_with_all = ["json", "folded", "svg", "pprof", "otlp"])]
     pub info: bool,
     /// Keep identical stacks of different processes apart.
     #[arg(long)]

@@ -162,6 +162,7 @@ pub fn run(a: &DiffArgs) -> Result<i32> {
             false => (&fa, &fb),
             true => (&fb, &fa),
         };
+        let mut drawn_vanished = 0;
         write_svg(svg, &title, |w| {
             let mut both = Vec::new();
             inferno::differential::from_readers(
@@ -170,20 +171,50 @@ pub fn run(a: &DiffArgs) -> Result<i32> {
                 second.as_bytes(),
                 &mut both,
             )?;
+            if !a.reverse {
+                (both, drawn_vanished) = vanished_drawn(&both);
+            }
             let mut o = inferno::flamegraph::Options::default();
             o.title = title.clone();
             o.negate_differentials = a.reverse;
             inferno::flamegraph::from_reader(&mut o, &both[..], w)
         })?;
-        let vanished = shown.iter().filter(|c| c.status == "vanished").count();
-        if vanished > 0 && !a.reverse {
+        if drawn_vanished > 0 {
             say!(
-                "memtrace: {vanished} stacks that vanished have no width in {} (--reverse draws the earlier run's widths)",
+                "memtrace: {drawn_vanished} stacks that vanished are drawn under {VANISHED} in {}, at the earlier run's widths (--reverse draws the earlier run)",
                 svg.display()
             );
         }
     }
     Ok(0)
+}
+
+/// The root frame the stacks that vanished are drawn under.
+const VANISHED: &str = "[vanished: widths from the earlier run]";
+
+/// The differential folded lines (`stack before after`) with the stacks
+/// that vanished given a width: a graph of the later run has none for
+/// them. Each goes under VANISHED at its earlier count, with a fall of
+/// that much (`2n n`), so that it is drawn in the colour of what fell.
+/// Returns the lines and how many were moved.
+fn vanished_drawn(both: &[u8]) -> (Vec<u8>, usize) {
+    let text = String::from_utf8_lossy(both);
+    let (mut out, mut n) = (String::with_capacity(text.len()), 0);
+    for line in text.lines() {
+        let mut parts = line.rsplitn(3, ' ');
+        let (after, before, stack) = (parts.next(), parts.next(), parts.next());
+        match (stack, before.and_then(|b| b.parse::<u64>().ok()), after) {
+            (Some(stack), Some(b), Some("0")) if b > 0 => {
+                out.push_str(&format!("{VANISHED};{stack} {} {b}\n", b.saturating_mul(2)));
+                n += 1;
+            }
+            _ => {
+                out.push_str(line);
+                out.push('\n');
+            }
+        }
+    }
+    (out.into_bytes(), n)
 }
 
 fn text(w: &mut dyn Write, shown: &[Change], notes: Option<&Annotations>) -> std::io::Result<()> {
@@ -247,4 +278,19 @@ fn json_lines(
         writeln!(w, "{v}")?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn vanished_stacks_fall_under_their_own_root_at_their_earlier_width() {
+        let (out, n) = vanished_drawn(b"a;b 3 5\na;c 4 0\nd 0 2\n");
+        assert_eq!(n, 1);
+        assert_eq!(
+            String::from_utf8(out).unwrap(),
+            format!("a;b 3 5\n{VANISHED};a;c 8 4\nd 0 2\n")
+        );
+    }
 }

@@ -7,8 +7,11 @@ mod budget;
 pub mod diff;
 pub mod format;
 mod frame;
+pub mod otlp;
+mod otlp_proto;
 pub mod pprof;
 pub mod report;
+mod stream;
 pub mod table;
 mod writer;
 
@@ -21,6 +24,18 @@ pub use writer::Recorder;
 use crate::error::{Error, Result};
 use annotate::{Annotations, Entry, DEFAULT_FILE};
 use args::AnnotateCmd;
+
+/// Writes the record's stacks as a pprof profile and as OTLP profiles, to
+/// the paths given.
+pub fn export(rec: &format::Recording, pprof: Option<&Path>, otlp: Option<&Path>) -> Result<()> {
+    if let Some(path) = pprof {
+        pprof::write(&pprof::profile(rec), path)?;
+    }
+    if let Some(path) = otlp {
+        otlp::write(&otlp::profiles(rec), path)?;
+    }
+    Ok(())
+}
 
 pub fn annotate(cmd: &AnnotateCmd) -> Result<i32> {
     match cmd {

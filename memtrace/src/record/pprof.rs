@@ -116,7 +116,11 @@ pub struct Function {
 
 /// What a tool's samples measure, as (type, unit) pairs, and how to take
 /// them from a stack.
-fn sample_types(tool: &str, bytes: bool, all: bool) -> Vec<(&'static str, &'static str)> {
+pub(super) fn sample_types(
+    tool: &str,
+    bytes: bool,
+    all: bool,
+) -> Vec<(&'static str, &'static str)> {
     match tool {
         "memleak" if all => vec![
             ("inuse_objects", "count"),
@@ -132,7 +136,7 @@ fn sample_types(tool: &str, bytes: bool, all: bool) -> Vec<(&'static str, &'stat
     }
 }
 
-fn values(s: &Stack, n: usize) -> Vec<i64> {
+pub(super) fn values(s: &Stack, n: usize) -> Vec<i64> {
     let clamp = |v: u64| v.min(i64::MAX as u64) as i64;
     let mut v = vec![clamp(s.count), clamp(s.bytes.unwrap_or(0))];
     if let Some(a) = s.alloc {
@@ -224,6 +228,22 @@ impl Tables {
     }
 }
 
+/// A stack's cgroup and, where its path names one, container and pod, as
+/// (key, value) labels.
+pub(super) fn group_labels(s: &Stack) -> Vec<(&'static str, String)> {
+    let Some(g) = s.cgroup.as_deref().filter(|g| !g.is_empty()) else {
+        return Vec::new();
+    };
+    let mut out = vec![("cgroup", g.to_string())];
+    if let Some(c) = crate::process::container::of_cgroup(g) {
+        out.push(("container_id", c.id));
+        if let Some(pod) = c.pod_uid {
+            out.push(("pod_uid", pod));
+        }
+    }
+    out
+}
+
 /// The record's stacks summed over its reports, as a pprof profile.
 /// memleak's `alloc_*` types come when it ran with `--all` (its figures of
 /// what was allocated, freed or not).
@@ -267,6 +287,13 @@ pub fn profile(rec: &Recording) -> Profile {
                 key: pid,
                 str: 0,
                 num: i64::from(s.pid),
+            });
+        }
+        for (k, v) in group_labels(s) {
+            label.push(Label {
+                key: t.string(k),
+                str: t.string(&v),
+                num: 0,
             });
         }
         samples.push(Sample {
@@ -323,6 +350,7 @@ mod tests {
             note: None,
             processes: 1,
             alloc: Some([10, 1000, 7, 700, 0]),
+            cgroup: None,
         };
         assert_eq!(values(&s, 4), [3, 300, 10, 1000]);
         assert_eq!(values(&s, 1), [3]);

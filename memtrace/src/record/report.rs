@@ -159,9 +159,7 @@ pub fn run(a: &ReportArgs) -> Result<i32> {
     }
     out.flush();
     output::check(out.as_ref())?;
-    if let Some(path) = &a.pprof {
-        super::pprof::write(&super::pprof::profile(&rec), path)?;
-    }
+    super::export(&rec, a.pprof.as_deref(), a.otlp.as_deref())?;
     if let Some(svg) = &a.svg {
         let mut lines = Vec::new();
         for g in summed(&rec) {

@@ -4,11 +4,11 @@
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fs::File;
-use std::io::Write;
 use std::path::Path;
 use std::time::Instant;
 
 use super::format::{self, Header, Item, Report, Stack, Trailer};
+use super::stream::Items;
 use crate::error::{Error, Result};
 use crate::output::{Col, Hist, Printer, Rest, Row, StackReport, Summary, Value};
 use crate::stacks::fingerprint::Frame;
@@ -21,7 +21,7 @@ type EventKey = (&'static str, u32, String, Vec<String>);
 
 pub struct Recorder {
     inner: Box<dyn Printer>,
-    file: File,
+    file: Items<File>,
     error: Option<std::io::Error>,
     started: Instant,
     seq: u64,
@@ -62,6 +62,7 @@ impl Recorder {
             per_pid,
         };
         format::write_start(&mut file, header).map_err(bad)?;
+        let file = Items::new(file);
         crate::stacks::buildid::enable();
         Ok(Recorder {
             inner,
@@ -99,7 +100,7 @@ impl Recorder {
             build_ids,
         });
         self.seq += 1;
-        if let Err(e) = format::write_item(&mut self.file, &item) {
+        if let Err(e) = self.file.write(&item) {
             self.error = Some(e);
         }
     }
@@ -182,7 +183,7 @@ impl Printer for Recorder {
             let at = self.started.elapsed().as_secs_f64();
             let t = super::table::Table::new(self.seq, at, kind, title, cols, rows);
             self.seq += 1;
-            if let Err(e) = format::write_item(&mut self.file, &Item::Table(t)) {
+            if let Err(e) = self.file.write(&Item::Table(t)) {
                 self.error = Some(e);
             }
         }
@@ -221,7 +222,11 @@ impl Printer for Recorder {
                 lost: s.lost.iter().map(|(k, n)| (k.to_string(), *n)).collect(),
                 command_status: s.command_status,
             };
-            if let Err(e) = format::write_item(&mut self.file, &Item::Trailer(t)) {
+            if let Err(e) = self
+                .file
+                .write(&Item::Trailer(t))
+                .and_then(|()| self.file.finish())
+            {
                 self.error = Some(e);
             }
         }
@@ -232,12 +237,8 @@ impl Printer for Recorder {
         if !self.events.is_empty() && self.events_written.elapsed() >= EVENT_STACKS_EVERY {
             self.write_events();
         }
+        // Each item was flushed through to the file as it was written.
         self.inner.flush();
-        if self.error.is_none() {
-            if let Err(e) = self.file.flush() {
-                self.error = Some(e);
-            }
-        }
     }
 
     fn error(&self) -> Option<&std::io::Error> {

@@ -62,7 +62,7 @@ pub fn run(tool: &mut dyn Tool, common: &Common) -> Result<i32> {
     // Build ids are noted as the symbolizer opens files, from the first:
     // memtrace's own libc and ld.so are opened before the record is, and
     // were left out of it.
-    if common.record.is_some() || common.pprof.is_some() {
+    if common.record.is_some() || common.pprof.is_some() || common.otlp.is_some() {
         crate::stacks::buildid::enable();
     }
     // Signal handlers go in before anything is set up: a Ctrl-C, SIGTERM or
@@ -156,7 +156,8 @@ pub fn run(tool: &mut dyn Tool, common: &Common) -> Result<i32> {
     out = Box::new(output::MergedStacks(out, common.per_pid, top));
     // --pprof is made from a record: the one asked for, or one of its own
     // (removed however the run ends).
-    let own_record = (common.pprof.is_some() && common.record.is_none()).then(|| {
+    let exported = common.pprof.is_some() || common.otlp.is_some();
+    let own_record = (exported && common.record.is_none()).then(|| {
         TempFile(std::env::temp_dir().join(format!("memtrace-pprof-{}.rec", std::process::id())))
     });
     let record = common.record.as_ref().or(own_record.as_ref().map(|t| &t.0));
@@ -302,9 +303,9 @@ pub fn run(tool: &mut dyn Tool, common: &Common) -> Result<i32> {
     output::check(out.as_ref())?;
     // Dropping the session unloads every program (as it does when an
     // error returns early), once every probe is detached.
-    if let (Some(out), Some(rec)) = (&common.pprof, record) {
+    if let (true, Some(rec)) = (exported, record) {
         let r = crate::record::format::Recording::open(rec)?;
-        crate::record::pprof::write(&crate::record::pprof::profile(&r), out)?;
+        crate::record::export(&r, common.pprof.as_deref(), common.otlp.as_deref())?;
     }
     stopping.mark("stop: report and summary written");
     detaching.wait();

@@ -65,6 +65,8 @@ pub struct Session {
     pub filtered: bool,
     /// Count generations (`generations`).
     gens: generations::Generations,
+    /// The group of each process a stack is reported for.
+    pub groups: crate::process::groups::Groups,
 }
 
 /// An error and its causes on one line.
@@ -153,6 +155,7 @@ impl Session {
             filtered: false,
             read_fails: std::cell::Cell::new(0),
             gens: generations::Generations::new()?,
+            groups: Default::default(),
         })
     }
 

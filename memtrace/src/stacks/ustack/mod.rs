@@ -186,6 +186,7 @@ pub fn sampled_reports(
                 processes: 1,
                 alloc: None,
                 pids: Vec::new(),
+                group: group_of(s, k.tgid),
             }
         })
         .collect();
@@ -234,7 +235,20 @@ pub fn stack_report(
         processes: 1,
         alloc: None,
         pids: Vec::new(),
+        group: group_of(s, pid),
     }
+}
+
+/// The memory cgroup of process `pid`, for a stack's labels.
+pub fn group_of(s: &mut Session, pid: u32) -> Option<String> {
+    // Taken out while the maps are read for the id.
+    let mut groups = std::mem::take(&mut s.groups);
+    let g = groups.of(pid, || {
+        let e = s.hash_get(memtrace_common::names::EXEC_NAMES, &pid)?;
+        (e.memcg_id != 0).then_some(e.memcg_id)
+    });
+    s.groups = groups;
+    g
 }
 
 #[cfg(test)]

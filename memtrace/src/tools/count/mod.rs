@@ -3,6 +3,8 @@
 //! field summed on request: BCC's funccount and stackcount and bpftrace's
 //! `@[...] = count()` / `sum()` one-liners, with `-p` that filters.
 
+mod keys;
+
 use std::time::Duration;
 
 use memtrace_common::{
@@ -13,7 +15,6 @@ use memtrace_common::{
 
 use crate::cli::{parse_duration, IntervalArgs, StackArgs};
 use crate::error::{Error, Result};
-use crate::kernel::cgroupid;
 use crate::output::{clock, Col, Printer, Row, StackReport, Value};
 use crate::probes::records::comm;
 use crate::probes::tpspec::{expand, parse_filter, tracepoint_probes, FilterSpec, Selected, Spec};
@@ -21,6 +22,7 @@ use crate::run::tool::{Drained, Prep, Tool};
 use crate::session::attach::Probe;
 use crate::session::{first_name, Fold, Session};
 use crate::stacks::ustack::{sampled_reports, stack_report};
+use keys::KeyCol;
 
 #[derive(Debug, Clone, clap::Args)]
 pub struct Args {
@@ -30,8 +32,8 @@ pub struct Args {
     /// 'kmem:mm_page_*'), then optionally INTERVAL [COUNT].
     #[arg(required = true, value_name = "PATTERN")]
     pub patterns: Vec<String>,
-    /// Count by pid, tid, comm, cgroup, ustack, kstack or a numeric field of
-    /// the record (repeatable or comma-separated).
+    /// Count by pid, tid, comm, cgroup, container, pod, ustack, kstack or a
+    /// numeric field of the record (repeatable or comma-separated).
     #[arg(long, value_delimiter = ',')]
     pub by: Vec<String>,
     /// Also sum this numeric field of the record.
@@ -55,16 +57,6 @@ pub struct Args {
     pub folded: bool,
     #[command(flatten)]
     pub stacks: StackArgs,
-}
-
-/// A key column: what `--by` named.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum KeyCol {
-    Pid,
-    Tid,
-    Comm,
-    Cgroup,
-    Field(usize, &'static str),
 }
 
 pub struct Count {
@@ -126,6 +118,8 @@ impl Count {
                 "tid" => (spec.by |= by::TID, KeyCol::Tid).1,
                 "comm" => (spec.by |= by::COMM, KeyCol::Comm).1,
                 "cgroup" => (spec.by |= by::CGROUP, KeyCol::Cgroup).1,
+                "container" => (spec.by |= by::CGROUP, KeyCol::Container).1,
+                "pod" => (spec.by |= by::CGROUP, KeyCol::Pod).1,
                 "ustack" => {
                     mode |= stack_mode::USER;
                     continue;
@@ -187,6 +181,8 @@ impl Count {
                 KeyCol::Tid => Col::num("tid", "TID", 7),
                 KeyCol::Comm => Col::text("comm", "COMM", 16),
                 KeyCol::Cgroup => Col::text("cgroup", "CGROUP", 24),
+                KeyCol::Container => Col::text("container", "CONTAINER", 12),
+                KeyCol::Pod => Col::text("pod", "POD", 36),
                 KeyCol::Field(_, name) => Col::num(name, name, 12),
             });
         }
@@ -199,24 +195,13 @@ impl Count {
         h
     }
 
-    fn row(&self, k: &CountKey, v: &CountVal) -> Row {
-        let label = self.selected.get(k.index as usize).map(Selected::label);
+    fn row(&self, index: u32, cells: Vec<Value>, count: u64, sum: u64) -> Row {
+        let label = self.selected.get(index as usize).map(Selected::label);
         let mut r: Vec<Value> = vec![label.unwrap_or_default().into()];
-        for c in &self.cols {
-            r.push(match *c {
-                KeyCol::Pid => k.tgid.into(),
-                KeyCol::Tid => k.tid.into(),
-                KeyCol::Comm => comm(&k.comm).into(),
-                KeyCol::Cgroup => match cgroupid::path_of(k.cgroup) {
-                    Some((_, path)) => path.into(),
-                    None => k.cgroup.to_string().into(),
-                },
-                KeyCol::Field(i, _) => k.fields[i].into(),
-            });
-        }
-        r.push(v.count.into());
+        r.extend(cells);
+        r.push(count.into());
         if self.args.sum.is_some() {
-            r.push(v.sum.into());
+            r.push(sum.into());
         }
         Row(r)
     }
@@ -292,6 +277,13 @@ impl Tool for Count {
     }
 
     fn prepare(&mut self, k: &mut Prep) -> Result<()> {
+        if self.spec.by & by::CGROUP != 0 {
+            // Groups by the memory controller's hierarchy, where BTF says
+            // how to read it; else the unified hierarchy's id.
+            if let Err(e) = k.task_offsets() {
+                say!("memtrace: count: groups of the unified hierarchy, not the memory controller's: {e}");
+            }
+        }
         k.loader.max_entries(COUNT_TPS, self.selected.len() as u32);
         k.loader.max_entries(COUNTS, 16384);
         Ok(())
@@ -337,22 +329,20 @@ impl Tool for Count {
             what: "rows",
             ..Default::default()
         };
-        for i in 0..self.selected.len() {
-            let mut mine = v.iter().filter(|(k, _)| k.index == i as u32).peekable();
-            if mine.peek().is_none() && self.cols.is_empty() {
+        let all: Vec<&(CountKey, CountVal)> = v.iter().collect();
+        for i in 0..self.selected.len() as u32 {
+            let mine = keys::rows_of(&self.cols, i, &all);
+            if mine.is_empty() && self.cols.is_empty() {
                 // funccount lists every tracepoint matched, silent ones too.
-                let zero = CountVal::default();
-                let key = CountKey {
-                    index: i as u32,
-                    ..Default::default()
-                };
-                rows.push(self.row(&key, &zero));
+                rows.push(self.row(i, Vec::new(), 0, 0));
             }
-            let mine: Vec<_> = mine.collect();
-            rows.extend(mine.iter().take(top).map(|(k, val)| self.row(k, val)));
-            for (_, val) in mine.iter().skip(top) {
-                rest.items += 1;
-                rest.count += val.count;
+            for (n, (cells, count, sum)) in mine.into_iter().enumerate() {
+                if n < top {
+                    rows.push(self.row(i, cells, count, sum));
+                } else {
+                    rest.items += 1;
+                    rest.count += count;
+                }
             }
         }
         out.table(

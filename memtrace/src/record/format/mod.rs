@@ -20,8 +20,9 @@ use crate::stacks::symbolize::FrameStyle;
 
 /// What the header's `magic` says.
 pub const MAGIC: &str = "memtrace-record";
-/// Bumped when a reader of the previous version could misread the file.
-pub const VERSION: u32 = 2;
+/// Bumped when a reader of the previous version could misread the file
+/// (3: the items compressed, `stream`).
+pub const VERSION: u32 = 3;
 /// CBOR's "self-described CBOR" tag (55799), first in the file: `file(1)`
 /// and CBOR tools see what it is; memtrace checks it before anything else.
 const SELF_DESCRIBED: [u8; 3] = [0xd9, 0xd9, 0xf7];
@@ -63,6 +64,10 @@ pub struct Stack {
     /// estimated, by_bytes) as bits 0..2.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub alloc: Option<[u64; 5]>,
+    /// The process's memory cgroup path, where known (older records lack
+    /// it; a reader of them skips it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cgroup: Option<String>,
 }
 
 /// One report the live tool printed.
@@ -119,6 +124,7 @@ impl Stack {
                 let flags = a.churn as u64 | (a.estimated as u64) << 1 | (a.by_bytes as u64) << 2;
                 [a.allocs, a.bytes, a.frees, a.freed_bytes, flags]
             }),
+            cgroup: s.group.clone(),
         }
     }
 
@@ -145,6 +151,7 @@ impl Stack {
                     estimated: fl & 2 != 0,
                     by_bytes: fl & 4 != 0,
                 }),
+            group: self.cgroup.clone(),
         }
     }
 
@@ -262,12 +269,30 @@ impl Recording {
             trailer: None,
             build_ids: BTreeMap::new(),
         };
+        if rec.header.version >= 3 {
+            let mut body = BufReader::new(super::stream::Inflated::new(r));
+            let read = rec.items(&mut body, name);
+            if let Some(what) = body.get_ref().damage.clone() {
+                return Err(Error::Runtime(format!(
+                    "{name}: the compressed items are damaged ({what})"
+                )));
+            }
+            read?;
+        } else {
+            rec.items(&mut r, name)?;
+        }
+        Ok(rec)
+    }
+
+    /// The items after the header, to the trailer or the file's end.
+    fn items(&mut self, r: &mut dyn BufRead, name: &str) -> Result<()> {
+        let rec = self;
         let damaged = |what: String| Error::Runtime(format!("{name}: {what}"));
         // Past the 3 magic bytes and the header.
         let mut at = 0u64;
         loop {
             let item = if rec.header.version >= 2 {
-                match super::frame::next(&mut r, &mut at) {
+                match super::frame::next(&mut &mut *r, &mut at) {
                     Next::End | Next::Cut => break,
                     Next::Damaged(what) => return Err(damaged(what)),
                     Next::Item(bytes) => match typed(&bytes) {
@@ -281,7 +306,7 @@ impl Recording {
                 if r.fill_buf().map(|b| b.is_empty()).unwrap_or(true) {
                     break;
                 }
-                match ciborium::from_reader::<Item, _>(budget::Counted(&mut r)) {
+                match ciborium::from_reader::<Item, _>(budget::Counted(&mut *r)) {
                     Ok(item) => item,
                     Err(_) => break,
                 }
@@ -299,7 +324,7 @@ impl Recording {
                 Item::Header(_) => break,
             }
         }
-        Ok(rec)
+        Ok(())
     }
 
     /// "truncated after N records" when the file has no trailer.
@@ -318,96 +343,4 @@ impl Recording {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn header() -> Header {
-        Header {
-            magic: MAGIC.into(),
-            version: VERSION,
-            memtrace: "0".into(),
-            tool: "faults".into(),
-            args: vec!["faults".into()],
-            kernel: "6.18".into(),
-            host: "h".into(),
-            start: 1.0,
-            style: "function".into(),
-            per_pid: false,
-        }
-    }
-
-    fn report(seq: u64) -> Item {
-        let s = StackReport {
-            pid: 7,
-            comm: "w".into(),
-            count: 3,
-            user: vec!["grow (a.rs:3) [w]".into()],
-            ..Default::default()
-        };
-        Item::Report(Report {
-            seq,
-            at: 0.5,
-            kind: "fault_stack".into(),
-            title: String::new(),
-            stacks: vec![Stack::from_report(&s)],
-            build_ids: BTreeMap::new(),
-        })
-    }
-
-    fn file(n: u64, trailer: bool) -> Vec<u8> {
-        let mut b = Vec::new();
-        write_start(&mut b, header()).unwrap();
-        for i in 0..n {
-            write_item(&mut b, &report(i)).unwrap();
-        }
-        if trailer {
-            write_item(&mut b, &Item::Trailer(Trailer::default())).unwrap();
-        }
-        b
-    }
-
-    #[test]
-    fn reads_what_it_wrote() {
-        let r = Recording::read(&file(3, true)[..], "f").unwrap();
-        assert_eq!(r.reports.len(), 3);
-        assert!(r.trailer.is_some() && r.warning("f").is_none());
-        let s = &r.reports[2].stacks[0];
-        assert_eq!(s.user[0].line, Some(3));
-        assert_eq!(s.to_report(FrameStyle::Function).user, ["grow [w]"]);
-    }
-
-    #[test]
-    fn a_file_cut_anywhere_reads_to_its_last_whole_item() {
-        let whole = file(3, false);
-        let two = file(2, false).len();
-        for cut in two..whole.len() {
-            let r = Recording::read(&whole[..cut], "f").unwrap();
-            assert_eq!(r.reports.len(), 2, "cut at {cut}");
-            assert_eq!(
-                r.warning("f").unwrap(),
-                "f: truncated after 2 records (the run was cut short)"
-            );
-        }
-    }
-
-    #[test]
-    fn damage_in_the_middle_is_an_error_that_says_where() {
-        let mut f = file(3, true);
-        let two = file(2, false).len();
-        // A byte inside the third report.
-        f[two + 20] ^= 0x40;
-        let e = Recording::read(&f[..], "f").unwrap_err();
-        assert!(e.to_string().starts_with("f: the item at byte"), "{e}");
-        assert!(e.to_string().contains("checksum"), "{e}");
-        assert_eq!(e.exit_code(), 1);
-    }
-
-    #[test]
-    fn other_files_are_refused() {
-        for bad in [&b""[..], b"hello world", &[0xd9, 0xd9, 0xf7, 0x01]] {
-            let e = Recording::read(bad, "x").unwrap_err();
-            assert_eq!(e.to_string(), "x is not a memtrace record file");
-            assert_eq!(e.exit_code(), 2);
-        }
-    }
-}
+mod tests;

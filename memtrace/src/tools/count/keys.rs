@@ -1,0 +1,73 @@
+//! What `count --by` keys by, and each key's cells: the kernel counts by
+//! process, thread, name, group and fields; a group's container or pod is
+//! read from its path here, the groups that name the same one added up.
+
+use memtrace_common::generic::{CountKey, CountVal};
+
+use crate::kernel::cgroupid;
+use crate::output::Value;
+use crate::probes::records::comm;
+use crate::process::container;
+
+/// A key column: what `--by` named.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum KeyCol {
+    Pid,
+    Tid,
+    Comm,
+    Cgroup,
+    /// The container or pod a group path names (its groups' counts added).
+    Container,
+    Pod,
+    Field(usize, &'static str),
+}
+
+/// The key's cells, as the columns show them.
+fn cells(cols: &[KeyCol], k: &CountKey) -> Vec<Value> {
+    let path = || cgroupid::path_of(k.cgroup).map(|(_, p)| p);
+    let of = |p: Option<String>| p.as_deref().and_then(container::of_cgroup);
+    cols.iter()
+        .map(|c| match *c {
+            KeyCol::Pid => k.tgid.into(),
+            KeyCol::Tid => k.tid.into(),
+            KeyCol::Comm => comm(&k.comm).into(),
+            KeyCol::Cgroup => path().unwrap_or_else(|| k.cgroup.to_string()).into(),
+            // As `docker ps` shortens it; "-" outside any container.
+            KeyCol::Container => of(path())
+                .map_or("-".into(), |c| c.id.chars().take(12).collect::<String>())
+                .into(),
+            KeyCol::Pod => of(path())
+                .and_then(|c| c.pod_uid)
+                .unwrap_or_else(|| "-".into())
+                .into(),
+            KeyCol::Field(i, _) => k.fields[i].into(),
+        })
+        .collect()
+}
+
+/// Tracepoint `index`'s rows, largest first: keys that show alike
+/// (groups of one container or pod) are one row.
+pub(super) fn rows_of(
+    cols: &[KeyCol],
+    index: u32,
+    v: &[&(CountKey, CountVal)],
+) -> Vec<(Vec<Value>, u64, u64)> {
+    let mut out: Vec<(Vec<Value>, u64, u64)> = Vec::new();
+    let mut at: std::collections::HashMap<String, usize> = Default::default();
+    for (k, val) in v.iter().filter(|(k, _)| k.index == index) {
+        let cells = cells(cols, k);
+        let id = format!("{cells:?}");
+        match at.get(&id) {
+            Some(&i) => {
+                out[i].1 += val.count;
+                out[i].2 = out[i].2.wrapping_add(val.sum);
+            }
+            None => {
+                at.insert(id, out.len());
+                out.push((cells, val.count, val.sum));
+            }
+        }
+    }
+    out.sort_by_key(|r| std::cmp::Reverse(r.1));
+    out
+}
