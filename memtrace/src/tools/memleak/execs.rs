@@ -3,7 +3,7 @@
 //! outstanding figures here (a wrapper script's shell, say, that execs the
 //! program: its allocations are not the program's, nor held).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use memtrace_common::{names::ML_EXECS, stacks::StackKey};
 
@@ -16,6 +16,10 @@ pub struct Execs {
     /// Per stack: (allocations, bytes) that went with an exec.
     pub gone: HashMap<StackKey, (u64, u64)>,
     blocks: u64,
+    /// The inode of the static program whose own allocator is probed.
+    pub probed: Option<u64>,
+    /// Static programs already named.
+    said: HashSet<u64>,
 }
 
 impl Execs {
@@ -29,6 +33,7 @@ impl Execs {
             s.hash_remove(ML_EXECS, tgid)?;
         }
         let when: HashMap<u32, u64> = execs.into_iter().collect();
+        self.say_static(s, when.keys().copied());
         for (k, a) in s.hash_entries(t.allocs) {
             // The old image cannot allocate after its exec: anything older
             // than it from that process was the old image's.
@@ -41,6 +46,35 @@ impl Execs {
             }
         }
         Ok(())
+    }
+
+    /// A process that exec'd a statically linked program other than the
+    /// one probed (a shell line's): no shim loads into it and its own
+    /// allocator has no probe, so its blocks go unseen. Said once a program.
+    fn say_static(&mut self, s: &Session, tgids: impl Iterator<Item = u32>) {
+        let maps = s.sym.maps.lock().unwrap();
+        for tgid in tgids {
+            let Some(m) = maps.maps(tgid) else { continue };
+            // A static image is its program's code alone (and the vdso's).
+            let code: Vec<_> = m
+                .iter()
+                .filter(|m| m.perms.contains('x') && m.inode != 0)
+                .collect();
+            let [image] = code[..] else { continue };
+            if Some(image.inode) == self.probed || self.said.contains(&image.inode) {
+                continue;
+            }
+            if super::preload::is_static(&image.file) {
+                self.said.insert(image.inode);
+                say!(
+                    "memtrace: memleak: warning: PID {tgid} runs {}, which is statically linked: \
+                     its own allocator is not probed, so its blocks are not seen \
+                     (run it as the command itself, -c '{} ...', or with -p)",
+                    image.path,
+                    image.path
+                );
+            }
+        }
     }
 
     pub fn blocks(&self) -> u64 {

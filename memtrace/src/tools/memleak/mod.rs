@@ -195,6 +195,7 @@ impl Tool for Memleak {
                     .is_some_and(|c| !crate::process::command::is_simple(c));
             preload::probes(shim, if follow { None } else { k.target })?
         } else if self.user {
+            self.execs.probed = probes::static_inode(&self.args, k.target);
             probes::user(&self.args, k.target, &mut cfg)?
         } else {
             (probes::kernel(&mut cfg)?, Vec::new())

@@ -58,6 +58,14 @@ fn static_executable(a: &Args, target: Option<u32>) -> Option<Library> {
     super::preload::is_static(&lib.path).then_some(lib)
 }
 
+/// The inode of the static executable whose own allocator is probed, if
+/// one is.
+pub(super) fn static_inode(a: &Args, target: Option<u32>) -> Option<u64> {
+    use std::os::unix::fs::MetadataExt;
+    let lib = static_executable(a, target)?;
+    std::fs::metadata(&lib.path).ok().map(|m| m.ino())
+}
+
 /// The allocator's object and its symbols: `-O`, a static executable's
 /// own, or the libc the process maps (for a `-c` command not started yet,
 /// the one memtrace maps: the same file).
