@@ -384,3 +384,33 @@ fn a_binary_path_with_a_newline_still_symbolizes() {
     // The loop's 30 calls and the brk(0) before them.
     assert_eq!(brk_calls_named_in_a_copy_at(&dir), 31);
 }
+
+/// doctor says whether systemd-oomd here calls prekill hooks (`memcg
+/// --prekill`): the systemd version read apart from memtrace.
+#[test]
+fn doctor_says_whether_oomd_calls_prekill_hooks_here() {
+    let o = Command::new(memtrace_bin()).arg("doctor").output().unwrap();
+    let text = String::from_utf8_lossy(&o.stdout);
+    let row = text
+        .lines()
+        .find(|l| l.starts_with("oomd prekill hook"))
+        .unwrap_or_else(|| panic!("no prekill row: {text}"));
+    let version = Command::new("systemctl")
+        .arg("--version")
+        .output()
+        .ok()
+        .and_then(|o| {
+            let t = String::from_utf8_lossy(&o.stdout).into_owned();
+            t.split_whitespace().nth(1)?.parse::<u32>().ok()
+        });
+    match version {
+        None => assert!(row.contains(" no ") && row.contains("no systemd"), "{row}"),
+        Some(v) if v < 260 => {
+            assert!(
+                row.contains(" no ") && row.contains(&format!("systemd {v} here")),
+                "{row}"
+            )
+        }
+        Some(v) => assert!(row.contains(&format!("systemd {v}")), "{row}"),
+    }
+}

@@ -71,6 +71,7 @@ pub fn doctor() -> Result<i32> {
             ),
         ),
     );
+    add("oomd prekill hook", prekill_row());
 
     let mut tool_rows = Vec::new();
     if privileged {
@@ -131,6 +132,37 @@ pub fn doctor() -> Result<i32> {
     out.flush();
     crate::output::check(&out)?;
     Ok(0)
+}
+
+/// Whether systemd-oomd here calls prekill hooks (systemd 260 brought
+/// them), for `memcg --prekill`.
+fn prekill_row() -> Row {
+    let version = std::process::Command::new("systemctl")
+        .arg("--version")
+        .stdin(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .output()
+        .ok()
+        .and_then(|o| {
+            let text = String::from_utf8_lossy(&o.stdout).into_owned();
+            let v = text.split_whitespace().nth(1)?.to_string();
+            v.parse::<u32>().ok()
+        });
+    let running = crate::process::proc::pids().into_iter().any(|p| {
+        std::fs::read_to_string(format!("/proc/{p}/comm")).is_ok_and(|c| c.trim() == "systemd-oomd")
+    });
+    match (version, running) {
+        (None, _) => yes(false, "no systemd here: no oomd to call memcg --prekill"),
+        (Some(v), _) if v < 260 => yes(
+            false,
+            format!("systemd {v} here: oomd calls prekill hooks from 260 (memcg --prekill waits for calls that never come)"),
+        ),
+        (Some(v), false) => yes(false, format!("systemd {v}, but systemd-oomd is not running")),
+        (Some(v), true) => yes(
+            true,
+            format!("systemd {v} with systemd-oomd: memcg --prekill answers it (PrekillHookTimeoutSec= in oomd.conf)"),
+        ),
+    }
 }
 
 /// Loads and attaches `tool` with its default arguments exactly as a run

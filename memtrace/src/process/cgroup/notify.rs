@@ -25,6 +25,8 @@ enum Source {
     Kernfs(File),
     /// A PSI trigger's eventfd, written by the thread that watches it.
     Psi { fd: File, _watch: PsiWatch },
+    /// Any other readable fd (a listening socket): its owner reads it.
+    Readable { _own: std::os::fd::OwnedFd },
 }
 
 /// The thread that polls one PSI trigger; stopped and joined on drop, which
@@ -230,6 +232,18 @@ impl Poller {
         )
     }
 
+    /// `fd` readable (a copy is kept: the caller reads its own).
+    pub fn readable(&mut self, fd: std::os::fd::BorrowedFd, tag: u64) -> std::io::Result<()> {
+        let own = fd.try_clone_to_owned()?;
+        let raw = own.as_raw_fd();
+        self.add(
+            raw,
+            libc::EPOLLIN as u32,
+            Source::Readable { _own: own },
+            tag,
+        )
+    }
+
     /// The tags of the sources that fired, each re-armed.
     pub fn ready(&mut self) -> Vec<u64> {
         let mut evs = [libc::epoll_event { events: 0, u64: 0 }; 32];
@@ -248,6 +262,7 @@ impl Poller {
                     let _ = f.rewind();
                     let _ = f.read_to_end(&mut Vec::new());
                 }
+                Source::Readable { .. } => {}
             }
             out.push(*tag);
         }

@@ -27,6 +27,7 @@ use crate::session::attach::Probe;
 use crate::session::Session;
 
 mod oom;
+mod prekill;
 mod table;
 mod warn;
 mod watch;
@@ -54,6 +55,15 @@ pub struct Args {
     /// Exit with code 3 after the first warning.
     #[arg(long)]
     pub fail: bool,
+    /// Answer systemd-oomd's prekill calls (systemd 260+, with
+    /// PrekillHookTimeoutSec= set): before oomd kills a group, print what
+    /// is known of it (usage, limit, the processes that grew most and
+    /// their stacks), then let oomd go on.
+    #[arg(long)]
+    pub prekill: bool,
+    /// Where oomd looks for prekill hooks.
+    #[arg(long, value_name = "DIR", default_value = prekill::DIR, requires = "prekill")]
+    pub prekill_dir: std::path::PathBuf,
     #[command(flatten)]
     pub stacks: crate::cli::StackArgs,
 }
@@ -86,6 +96,7 @@ const TAG_USAGE: u64 = 0;
 const TAG_EVENTS: u64 = 1;
 const TAG_PRESSURE: u64 = 2;
 const TAG_TIMER: u64 = u64::MAX;
+const TAG_PREKILL: u64 = u64::MAX - 1;
 
 #[derive(Clone, Copy, Debug)]
 struct Sample {
@@ -123,6 +134,8 @@ pub struct Memcg {
     warnings: u64,
     kills: u64,
     rows: u64,
+    hook: Option<prekill::Hook>,
+    prekills: u64,
 }
 
 impl Memcg {
@@ -153,6 +166,21 @@ impl Memcg {
         if groups.is_empty() {
             say!("memtrace: no memory cgroup has a limit here; name groups with --cgroup");
         }
+        let hook = match a.prekill {
+            true => Some(prekill::Hook::listen(&a.prekill_dir).map_err(|e| {
+                Error::Usage(format!(
+                    "cannot listen for systemd-oomd's prekill calls in {}: {e}",
+                    a.prekill_dir.display()
+                ))
+            })?),
+            false => None,
+        };
+        if let Some(h) = &hook {
+            say!(
+                "memtrace: answering systemd-oomd's prekill calls at {} (systemd 260+ with PrekillHookTimeoutSec= in oomd.conf calls it)",
+                h.path().display()
+            );
+        }
         let groups = groups
             .into_iter()
             .map(|g| Watched {
@@ -173,11 +201,14 @@ impl Memcg {
             warnings: 0,
             kills: 0,
             rows: 0,
+            hook,
+            prekills: 0,
         })
     }
 
+    /// Whether growth is followed (warnings, and the prekill answer).
     fn warning(&self) -> bool {
-        self.args.warn.is_some() || self.args.warn_pressure.is_some()
+        self.args.warn.is_some() || self.args.warn_pressure.is_some() || self.args.prekill
     }
 }
 
@@ -301,6 +332,10 @@ impl Tool for Memcg {
     fn on_wakeup(&mut self, s: &mut Session, out: &mut dyn Printer) -> Result<()> {
         let tags = self.poller.as_mut().map(Poller::ready).unwrap_or_default();
         for tag in tags {
+            if tag == TAG_PREKILL {
+                self.on_prekill(s, out)?;
+                continue;
+            }
             if tag == TAG_TIMER {
                 self.sample(s)?;
                 // v2 has no usage notifier: usage is checked at each sample too.
@@ -337,10 +372,10 @@ impl Tool for Memcg {
         self.table(s, out)
     }
 
-    /// Sample rows, warnings and OOM kills printed (a kill's timeline
-    /// rows are its detail).
+    /// Sample rows, warnings, prekill calls and OOM kills printed (a
+    /// kill's timeline rows are its detail).
     fn events(&self) -> u64 {
-        self.rows + self.warnings + self.kills
+        self.rows + self.warnings + self.kills + self.prekills
     }
 
     fn summary_extra(&self) -> Vec<(&'static str, Value)> {
@@ -348,6 +383,7 @@ impl Tool for Memcg {
             ("groups", Value::U(self.groups.len() as u64)),
             ("warnings", Value::U(self.warnings)),
             ("oom_kills", Value::U(self.kills)),
+            ("prekill_calls", Value::U(self.prekills)),
         ]
     }
 

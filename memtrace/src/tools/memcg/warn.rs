@@ -79,6 +79,54 @@ impl Memcg {
         }
         self.groups[i].warned = true;
         self.warnings += 1;
+        self.describe(
+            i,
+            why,
+            usage,
+            "WARNING: memory cgroup near its limit",
+            s,
+            out,
+        )
+    }
+
+    /// systemd-oomd is about to kill groups: each one watched (or under a
+    /// watched one) is described, and oomd answered after.
+    pub(super) fn on_prekill(&mut self, s: &mut Session, out: &mut dyn Printer) -> Result<()> {
+        let calls = self.hook.as_ref().map(|h| h.calls()).unwrap_or_default();
+        for (conn, call) in calls {
+            if let super::prekill::Call::Notify(g) = &call {
+                self.prekills += 1;
+                let inside = |w: &super::Watched| {
+                    let p = w.group.path.trim_end_matches('/');
+                    g == &w.group.path || g.starts_with(&format!("{p}/"))
+                };
+                match self.groups.iter().position(inside) {
+                    Some(i) => {
+                        let title = format!("PREKILL: systemd-oomd is about to kill {g}");
+                        self.describe(i, "prekill", None, &title, s, out)?;
+                        out.flush();
+                    }
+                    None => say!(
+                        "memtrace: systemd-oomd is about to kill {g}, which memcg does not watch (--cgroup)"
+                    ),
+                }
+            }
+            super::prekill::reply(conn, &call);
+        }
+        Ok(())
+    }
+
+    /// The group's usage against its limit, and the processes in it that
+    /// grew most with the stacks of their latest growth.
+    fn describe(
+        &mut self,
+        i: usize,
+        why: &str,
+        usage: Option<u64>,
+        title: &str,
+        s: &mut Session,
+        out: &mut dyn Printer,
+    ) -> Result<()> {
         let w = &self.groups[i];
         let usage_at = w
             .limit
@@ -133,12 +181,7 @@ impl Memcg {
             psi.map_or(Value::Null, |p| Value::F(p.some_avg10, 2)),
             pids.join(",").into(),
         ]);
-        out.table(
-            "memcg_warn",
-            "WARNING: memory cgroup near its limit",
-            &cols,
-            &[row],
-        );
+        out.table("memcg_warn", title, &cols, &[row]);
         let pcols = [
             Col::num("pid", "PID", 7),
             Col::text("comm", "COMM", 16),

@@ -7,8 +7,8 @@ use std::time::Instant;
 use memtrace_common::{memcg::NO_LINE, names};
 
 use super::{
-    rss, table, Memcg, Sample, GROWTH_WINDOW, SAMPLE_EVERY, TAGS, TAG_EVENTS, TAG_PRESSURE,
-    TAG_TIMER, TAG_USAGE, TIMELINE,
+    rss, table, Memcg, Sample, GROWTH_WINDOW, SAMPLE_EVERY, TAGS, TAG_EVENTS, TAG_PREKILL,
+    TAG_PRESSURE, TAG_TIMER, TAG_USAGE, TIMELINE,
 };
 use crate::error::Result;
 use crate::process::cgroup::notify::Poller;
@@ -40,6 +40,10 @@ impl Memcg {
                     say!("memtrace: {}: no PSI trigger: {e}", w.group.path);
                 }
             }
+        }
+        if let Some(h) = &self.hook {
+            use std::os::fd::AsFd;
+            p.readable(h.listener.as_fd(), TAG_PREKILL)?;
         }
         self.poller = Some(p);
         Ok(())
