@@ -121,6 +121,11 @@ fn warning_at_75_percent_comes_before_the_oom_kill_and_names_the_grower() {
     assert_eq!(w["limit_kb"], 128 * 1024);
     let pct = w["pct"].as_f64().unwrap();
     assert!((75.0..100.0).contains(&pct), "{w}");
+    // Growing 100 MiB/s, about a third of a second from its limit.
+    let rate = w["grow_kb_s"].as_u64().unwrap_or(0) as f64 / 1024.0;
+    assert!((30.0..400.0).contains(&rate), "MiB/s {rate}: {w}");
+    let left = w["left_s"].as_f64().unwrap();
+    assert!(left > 0.0 && left < 3.0, "{w}");
     assert_eq!(
         w["pids"].as_str().unwrap().split(',').next(),
         Some(pid.to_string().as_str()),
@@ -159,6 +164,15 @@ fn warning_at_75_percent_comes_before_the_oom_kill_and_names_the_grower() {
             .any(|t| t["usage_kb"].as_u64().unwrap() > 32 * 1024),
         "the timeline shows the growth: {timeline:?}"
     );
+    // v1: the climb from the kernel's notifier, a point at each tenth of
+    // the limit, though it filled in about 1.3 s (two or three samples).
+    if cg.version == CgroupVersion::V1 {
+        let steps: std::collections::BTreeSet<&str> = timeline
+            .iter()
+            .filter_map(|t| t["by"].as_str().filter(|b| b.starts_with("crossed")))
+            .collect();
+        assert!(steps.len() >= 6, "{steps:?}: {timeline:?}");
+    }
     let sample = json_of(&out.stdout, "memcg_sample");
     assert_eq!(sample_of(&sample, &path)["oom_kill"], 1, "{}", out.stdout);
 }

@@ -95,6 +95,8 @@ const TAGS: u64 = 4;
 const TAG_USAGE: u64 = 0;
 const TAG_EVENTS: u64 = 1;
 const TAG_PRESSURE: u64 = 2;
+/// A tenth of the limit crossed (v1): a point of the run-up.
+const TAG_STEP: u64 = 3;
 const TAG_TIMER: u64 = u64::MAX;
 const TAG_PREKILL: u64 = u64::MAX - 1;
 
@@ -103,6 +105,9 @@ struct Sample {
     at: Instant,
     usage: u64,
     psi: Option<Psi>,
+    /// Taken when usage crossed this percent of the limit (v1's notifier),
+    /// not by the timer.
+    step: Option<u8>,
 }
 
 struct Watched {
@@ -357,6 +362,7 @@ impl Tool for Memcg {
             let i = (tag / TAGS) as usize;
             match tag % TAGS {
                 TAG_PRESSURE => self.warn(i, "pressure", None, s, out)?,
+                TAG_STEP => self.step(i),
                 TAG_EVENTS => self.check_usage(i, "memory.events", s, out)?,
                 _ => self.check_usage(i, "threshold", s, out)?,
             }

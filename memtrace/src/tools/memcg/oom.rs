@@ -87,6 +87,7 @@ impl Memcg {
             Col::num("pct", "PCT", 6),
             Col::num("psi_some_avg10", "PSI_SOME", 8),
             Col::num("psi_full_avg10", "PSI_FULL", 8),
+            Col::text("by", "BY", 12),
         ];
         let rows: Vec<Row> = w
             .timeline
@@ -100,6 +101,10 @@ impl Memcg {
                     }),
                     x.psi.map_or(Value::Null, |p| Value::F(p.some_avg10, 2)),
                     x.psi.map_or(Value::Null, |p| Value::F(p.full_avg10, 2)),
+                    match x.step {
+                        Some(p) => format!("crossed {p}%").into(),
+                        None => "sample".into(),
+                    },
                 ])
             })
             .collect();

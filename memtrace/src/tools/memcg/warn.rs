@@ -134,6 +134,8 @@ impl Memcg {
             .map_or(w.group.clone(), |(_, at)| at.clone());
         let usage = usage.or_else(|| usage_at.usage()).unwrap_or(0);
         let psi = w.group.psi();
+        let limit = w.limit.as_ref().map(|(l, _)| *l);
+        let (rate, left) = time_left(&w.timeline, usage, limit, Instant::now());
         // Who grew most over the window, among the group's processes.
         let now = Instant::now();
         let mut procs: Vec<(u32, u64, u64, memtrace_common::memcg::MemcgProc)> = s
@@ -164,9 +166,10 @@ impl Memcg {
             Col::num("pct", "PCT", 6),
             Col::num("warn_pct", "WARN", 5),
             Col::num("psi_some_avg10", "PSI_SOME", 8),
+            Col::num("grow_kb_s", "KB/S", 8),
+            Col::num("left_s", "LEFT_S", 6),
             Col::text("pids", "GREW_MOST", 20),
         ];
-        let limit = w.limit.as_ref().map(|(l, _)| *l);
         let row = Row(vec![
             clock().into(),
             w.group.path.clone().into(),
@@ -179,6 +182,8 @@ impl Memcg {
             }),
             self.args.warn.map_or(Value::Null, |p| Value::F(p, 1)),
             psi.map_or(Value::Null, |p| Value::F(p.some_avg10, 2)),
+            rate.map(|r| (r / 1024.0) as u64).into(),
+            left.map_or(Value::Null, |s| Value::F(s, 1)),
             pids.join(",").into(),
         ]);
         out.table("memcg_warn", title, &cols, &[row]);
@@ -218,5 +223,58 @@ impl Memcg {
             .collect();
         out.stacks("memcg_warn_stack", "Latest growth", &stacks);
         Ok(())
+    }
+}
+
+/// The group's growth rate (bytes a second) since the newest sample at
+/// least MIN_SPAN old and below `usage`, and the seconds left at that rate
+/// until `limit` (0 at or over it).
+fn time_left(
+    timeline: &std::collections::VecDeque<super::Sample>,
+    usage: u64,
+    limit: Option<u64>,
+    now: Instant,
+) -> (Option<f64>, Option<f64>) {
+    const MIN_SPAN: std::time::Duration = std::time::Duration::from_millis(100);
+    let rate = timeline
+        .iter()
+        .rev()
+        .filter(|x| now.duration_since(x.at) >= MIN_SPAN)
+        .take_while(|x| now.duration_since(x.at) <= super::GROWTH_WINDOW)
+        .find(|x| x.usage < usage)
+        .map(|x| (usage - x.usage) as f64 / now.duration_since(x.at).as_secs_f64());
+    let left = match (limit, rate) {
+        (Some(l), _) if usage >= l => Some(0.0),
+        (Some(l), Some(r)) if r > 0.0 => Some((l - usage) as f64 / r),
+        _ => None,
+    };
+    (rate, left)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[test]
+    fn time_left_is_what_remains_at_the_latest_rate() {
+        let now = Instant::now();
+        let s = |ago_ms: u64, mib: u64| super::super::Sample {
+            at: now - Duration::from_millis(ago_ms),
+            usage: mib << 20,
+            psi: None,
+            step: None,
+        };
+        // 40 MiB 400 ms ago, 96 MiB now: 140 MiB/s, 32 MiB left of 128.
+        let tl: std::collections::VecDeque<_> = [s(900, 0), s(400, 40), s(50, 95)].into();
+        let (rate, left) = time_left(&tl, 96 << 20, Some(128 << 20), now);
+        assert!(
+            (rate.unwrap() / (1 << 20) as f64 - 140.0).abs() < 0.5,
+            "{rate:?}"
+        );
+        assert!((left.unwrap() - 32.0 / 140.0).abs() < 0.01, "{left:?}");
+        // No growth seen: no estimate; over the limit: none left.
+        assert_eq!(time_left(&tl, 0, Some(1), now), (None, None));
+        assert_eq!(time_left(&tl, 2 << 30, Some(1 << 30), now).1, Some(0.0));
     }
 }

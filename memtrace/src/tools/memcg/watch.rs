@@ -8,7 +8,7 @@ use memtrace_common::{memcg::NO_LINE, names};
 
 use super::{
     rss, table, Memcg, Sample, GROWTH_WINDOW, SAMPLE_EVERY, TAGS, TAG_EVENTS, TAG_PREKILL,
-    TAG_PRESSURE, TAG_TIMER, TAG_USAGE, TIMELINE,
+    TAG_PRESSURE, TAG_STEP, TAG_TIMER, TAG_USAGE, TIMELINE,
 };
 use crate::error::Result;
 use crate::process::cgroup::notify::Poller;
@@ -22,6 +22,18 @@ impl Memcg {
         p.timer(SAMPLE_EVERY, TAG_TIMER)?;
         for (i, w) in self.groups.iter().enumerate() {
             let tag = i as u64 * TAGS;
+            // The run-up from events: usage at each tenth of the limit, so
+            // a group that fills between two samples shows its climb (v1's
+            // notifier; v2 has none for usage).
+            if let Some((limit, at)) = w.limit.as_ref().filter(|(_, at)| at.version == Version::V1)
+            {
+                for tenth in 1..=10 {
+                    if let Err(e) = p.v1_threshold(&at.dir(), limit / 10 * tenth, tag + TAG_STEP) {
+                        say!("memtrace: {}: usage steps not followed: {e}", w.group.path);
+                        break;
+                    }
+                }
+            }
             if let (Some(pct), Some((_, at))) = (self.args.warn, &w.limit) {
                 let thr = w.threshold(pct).unwrap_or(0);
                 // Armed on the level that sets the limit: its usage is what hits it.
@@ -49,6 +61,20 @@ impl Memcg {
         Ok(())
     }
 
+    /// Usage crossed a tenth of group `i`'s limit: a point of its run-up.
+    pub(super) fn step(&mut self, i: usize) {
+        let w = &mut self.groups[i];
+        let Some((limit, at)) = &w.limit else { return };
+        let usage = at.usage().unwrap_or(0);
+        let pct = (usage as u128 * 100 / (*limit).max(1) as u128).min(255) as u8;
+        w.timeline.push_back(Sample {
+            at: Instant::now(),
+            usage,
+            psi: None,
+            step: Some(pct / 10 * 10),
+        });
+    }
+
     /// Samples usage and pressure for the timeline, and the RSS of the
     /// processes the kernel follows; refreshes the ids it follows.
     pub(super) fn sample(&mut self, s: &mut Session) -> Result<()> {
@@ -61,6 +87,7 @@ impl Memcg {
                 at: now,
                 usage: w.group.usage().unwrap_or(0),
                 psi: w.group.psi(),
+                step: None,
             });
             while w.timeline.front().is_some_and(|x| now - x.at > TIMELINE) {
                 w.timeline.pop_front();
