@@ -274,3 +274,73 @@ fn memleak_otlp_holds_the_leaks_exactly_with_their_container() {
         assert!(text.contains("process.executable.build_id.gnu"), "{text}");
     }
 }
+
+/// A one-request OTLP/HTTP receiver on a local port: the request line and
+/// body of the POST it gets, answered with `status`.
+fn receiver(status: &'static str) -> (u16, std::thread::JoinHandle<(String, Vec<u8>)>) {
+    use std::io::{BufRead, Read, Write};
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = l.local_addr().unwrap().port();
+    let h = std::thread::spawn(move || {
+        let (s, _) = l.accept().unwrap();
+        s.set_read_timeout(Some(std::time::Duration::from_secs(30)))
+            .unwrap();
+        let mut r = std::io::BufReader::new(s);
+        let mut first = String::new();
+        r.read_line(&mut first).unwrap();
+        let mut len = 0usize;
+        loop {
+            let mut h = String::new();
+            r.read_line(&mut h).unwrap();
+            if h.trim().is_empty() {
+                break;
+            }
+            if let Some(v) = h.to_ascii_lowercase().strip_prefix("content-length:") {
+                len = v.trim().parse().unwrap();
+            }
+        }
+        let mut body = vec![0u8; len];
+        r.read_exact(&mut body).unwrap();
+        let mut s = r.into_inner();
+        let _ = s.write_all(format!("HTTP/1.1 {status}\r\nContent-Length: 0\r\n\r\n").as_bytes());
+        (first.trim().to_string(), body)
+    });
+    (port, h)
+}
+
+/// `--otlp-push`: the profiles POSTed to an OTLP/HTTP receiver as the spec
+/// has it (the path for profiles, protobuf), exact as the file is; a
+/// receiver that refuses them is a failure (exit 1, one line), and a URL
+/// that is not http:// bad input (exit 2).
+#[test]
+fn otlp_push_posts_the_profiles_and_a_refusal_fails_the_run() {
+    let test = "otlp_push_posts_the_profiles_and_a_refusal_fails_the_run";
+    let d = scratch("push");
+    let rec = d.join("m.rec");
+    let cmd = format!("{} leak 7 1000 3 1048576 200 0", workload_bin().display());
+    let out = run(&["memleak", "-c", &cmd, "--record", rec.to_str().unwrap()]);
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    let (port, got) = receiver("200 OK");
+    let url = format!("http://127.0.0.1:{port}");
+    let rep = run(&["report", rec.to_str().unwrap(), "--otlp-push", &url]);
+    assert_eq!(rep.code, 0, "{}", rep.stderr);
+    let (request, body) = got.join().unwrap();
+    assert_eq!(request, "POST /v1development/profiles HTTP/1.1");
+    let file = d.join("pushed.pb");
+    std::fs::write(&file, body).unwrap();
+    let Some(text) = decode(test, &file) else {
+        return;
+    };
+    let (profiles, _) = parse(&text);
+    assert_eq!(at_leaf(&profiles[0], "leak_small_blocks"), 7, "{text}");
+    assert_eq!(at_leaf(&profiles[1], "leak_big_blocks"), 3 << 20, "{text}");
+    let (port, got) = receiver("400 Bad Request");
+    let url = format!("http://127.0.0.1:{port}/custom");
+    let rep = run(&["report", rec.to_str().unwrap(), "--otlp-push", &url]);
+    assert_eq!(rep.code, 1, "{}", rep.stderr);
+    assert_eq!(got.join().unwrap().0, "POST /custom HTTP/1.1");
+    assert_eq!(rep.stderr.trim().lines().count(), 1, "{}", rep.stderr);
+    assert!(rep.stderr.contains("400 Bad Request"), "{}", rep.stderr);
+    let bad = run(&["report", rec.to_str().unwrap(), "--otlp-push", "https://x"]);
+    assert_eq!(bad.code, 2, "{}", bad.stderr);
+}

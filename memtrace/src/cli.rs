@@ -102,6 +102,11 @@ pub struct Common {
     /// profiles (OTLP ProfilesData; gzip'd when FILE ends in .gz).
     #[arg(long, value_name = "FILE")]
     pub otlp: Option<std::path::PathBuf>,
+    /// At the end, send them to an OTLP/HTTP receiver
+    /// (http://HOST[:PORT][/PATH]; port 4318 and /v1development/profiles
+    /// unless given).
+    #[arg(long, value_name = "URL", value_parser = crate::record::push::parse_url)]
+    pub otlp_push: Option<crate::record::push::Endpoint>,
     /// Every this long, a line on stderr with the events counted and lost
     /// so far (long runs; `cargo xtask soak` reads it).
     #[arg(long, value_name = "SECS", value_parser = parse_duration)]

@@ -33,8 +33,12 @@ pub struct ReportArgs {
     /// ProfilesData in protobuf; gzip'd when OUT ends in .gz).
     #[arg(long, value_name = "OUT")]
     pub otlp: Option<PathBuf>,
+    /// Also send them to an OTLP/HTTP receiver (http://HOST[:PORT][/PATH];
+    /// port 4318 and /v1development/profiles unless given).
+    #[arg(long, value_name = "URL", value_parser = super::push::parse_url)]
+    pub otlp_push: Option<super::push::Endpoint>,
     /// Print what the file says of its run instead (tool, arguments, kernel, host, build ids, totals).
-    #[arg(long, conflicts_with_all = ["json", "folded", "svg", "pprof", "otlp"])]
+    #[arg(long, conflicts_with_all = ["json", "folded", "svg", "pprof", "otlp", "otlp_push"])]
     pub info: bool,
     /// Keep identical stacks of different processes apart.
     #[arg(long)]

@@ -10,6 +10,7 @@ mod frame;
 pub mod otlp;
 mod otlp_proto;
 pub mod pprof;
+pub mod push;
 pub mod report;
 mod stream;
 pub mod table;
@@ -25,14 +26,34 @@ use crate::error::{Error, Result};
 use annotate::{Annotations, Entry, DEFAULT_FILE};
 use args::AnnotateCmd;
 
-/// Writes the record's stacks as a pprof profile and as OTLP profiles, to
-/// the paths given.
-pub fn export(rec: &format::Recording, pprof: Option<&Path>, otlp: Option<&Path>) -> Result<()> {
-    if let Some(path) = pprof {
+/// Where a record's stacks go besides the report: a pprof file, an OTLP
+/// file, an OTLP/HTTP receiver.
+#[derive(Default)]
+pub struct Exports<'a> {
+    pub pprof: Option<&'a Path>,
+    pub otlp: Option<&'a Path>,
+    pub push: Option<&'a push::Endpoint>,
+}
+
+impl Exports<'_> {
+    pub fn any(&self) -> bool {
+        self.pprof.is_some() || self.otlp.is_some() || self.push.is_some()
+    }
+}
+
+/// Writes (and sends) the record's stacks where `to` says.
+pub fn export(rec: &format::Recording, to: &Exports) -> Result<()> {
+    if let Some(path) = to.pprof {
         pprof::write(&pprof::profile(rec), path)?;
     }
-    if let Some(path) = otlp {
-        otlp::write(&otlp::profiles(rec), path)?;
+    if to.otlp.is_some() || to.push.is_some() {
+        let p = otlp::profiles(rec);
+        if let Some(path) = to.otlp {
+            otlp::write(&p, path)?;
+        }
+        if let Some(e) = to.push {
+            push::push(e, &prost::Message::encode_to_vec(&p))?;
+        }
     }
     Ok(())
 }

@@ -159,7 +159,14 @@ pub fn run(a: &ReportArgs) -> Result<i32> {
     }
     out.flush();
     output::check(out.as_ref())?;
-    super::export(&rec, a.pprof.as_deref(), a.otlp.as_deref())?;
+    super::export(
+        &rec,
+        &super::Exports {
+            pprof: a.pprof.as_deref(),
+            otlp: a.otlp.as_deref(),
+            push: a.otlp_push.as_ref(),
+        },
+    )?;
     if let Some(svg) = &a.svg {
         let mut lines = Vec::new();
         for g in summed(&rec) {

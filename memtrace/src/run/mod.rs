@@ -62,7 +62,7 @@ pub fn run(tool: &mut dyn Tool, common: &Common) -> Result<i32> {
     // Build ids are noted as the symbolizer opens files, from the first:
     // memtrace's own libc and ld.so are opened before the record is, and
     // were left out of it.
-    if common.record.is_some() || common.pprof.is_some() || common.otlp.is_some() {
+    if common.record.is_some() || exports(common).any() {
         crate::stacks::buildid::enable();
     }
     // Signal handlers go in before anything is set up: a Ctrl-C, SIGTERM or
@@ -156,7 +156,7 @@ pub fn run(tool: &mut dyn Tool, common: &Common) -> Result<i32> {
     out = Box::new(output::MergedStacks(out, common.per_pid, top));
     // --pprof is made from a record: the one asked for, or one of its own
     // (removed however the run ends).
-    let exported = common.pprof.is_some() || common.otlp.is_some();
+    let exported = exports(common).any();
     let own_record = (exported && common.record.is_none()).then(|| {
         TempFile(std::env::temp_dir().join(format!("memtrace-pprof-{}.rec", std::process::id())))
     });
@@ -305,7 +305,7 @@ pub fn run(tool: &mut dyn Tool, common: &Common) -> Result<i32> {
     // error returns early), once every probe is detached.
     if let (true, Some(rec)) = (exported, record) {
         let r = crate::record::format::Recording::open(rec)?;
-        crate::record::export(&r, common.pprof.as_deref(), common.otlp.as_deref())?;
+        crate::record::export(&r, &exports(common))?;
     }
     stopping.mark("stop: report and summary written");
     detaching.wait();
@@ -329,5 +329,14 @@ fn add_folded(extra: &mut Vec<(&'static str, Value)>, n: u64) {
     match extra.iter_mut().find(|(k, _)| *k == "stacks_folded") {
         Some((_, Value::U(v))) => *v += n,
         _ => extra.push(("stacks_folded", Value::from(n))),
+    }
+}
+
+/// Where the run's stacks go at the end, besides the output.
+fn exports(common: &Common) -> crate::record::Exports<'_> {
+    crate::record::Exports {
+        pprof: common.pprof.as_deref(),
+        otlp: common.otlp.as_deref(),
+        push: common.otlp_push.as_ref(),
     }
 }
