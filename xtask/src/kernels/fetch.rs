@@ -9,7 +9,7 @@ use std::process::{Command, Stdio};
 
 use anyhow::{bail, Context, Result};
 
-use super::{Assets, Kernel, SERIES};
+use super::{Assets, Kernel, OPT_IN, SERIES};
 use crate::sh;
 
 /// Packages qemu needs beyond what this machine has, and busybox for the guest.
@@ -38,6 +38,7 @@ const QEMU_PKGS: [&str; 16] = [
 fn release_of(series: &str, pkg: &str) -> Option<u32> {
     let rest = pkg.strip_suffix("-amd64")?;
     let n = match series {
+        "5.10" => rest.strip_prefix("linux-image-5.10.0-")?,
         "6.1" => rest.strip_prefix("linux-image-6.1.0-")?,
         _ => {
             let (n, tail) = rest
@@ -52,9 +53,55 @@ fn release_of(series: &str, pkg: &str) -> Option<u32> {
     n.parse().ok()
 }
 
-fn apt_get(dir: &Path, args: &[&str]) -> Result<()> {
+/// Where a series' packages come from: the host's apt sources, or an
+/// archive of another release (bullseye for 5.10) through options that
+/// point apt at a sources list and package lists under the cache.
+#[derive(Clone, Default)]
+struct Archive(Vec<String>);
+
+impl Archive {
+    fn of(series: &str, cache: &Path) -> Result<Archive> {
+        let suite = match series {
+            "5.10" => "bullseye",
+            _ => return Ok(Archive::default()),
+        };
+        let dir = cache.join(format!("apt-{suite}"));
+        std::fs::create_dir_all(dir.join("lists/partial"))?;
+        std::fs::create_dir_all(dir.join("archives/partial"))?;
+        let list = dir.join("sources.list");
+        let key = "/usr/share/keyrings/debian-archive-keyring.gpg";
+        std::fs::write(
+            &list,
+            format!(
+                "deb [signed-by={key}] http://deb.debian.org/debian {suite} main\n\
+                 deb [signed-by={key}] http://deb.debian.org/debian-security {suite}-security main\n"
+            ),
+        )?;
+        let a = Archive(vec![
+            "-o".into(),
+            format!("Dir::Etc::sourcelist={}", list.display()),
+            "-o".into(),
+            "Dir::Etc::sourceparts=-".into(),
+            "-o".into(),
+            format!("Dir::State::Lists={}", dir.join("lists").display()),
+            "-o".into(),
+            format!("Dir::Cache={}", dir.display()),
+        ]);
+        let fetched = std::fs::read_dir(dir.join("lists"))?
+            .flatten()
+            .any(|e| e.file_name().to_string_lossy().ends_with("_Packages"));
+        if !fetched {
+            eprintln!("xtask: kernels: fetching {suite}'s package lists for {series}");
+            apt_get(&a, Path::new("/"), &["update"])?;
+        }
+        Ok(a)
+    }
+}
+
+fn apt_get(archive: &Archive, dir: &Path, args: &[&str]) -> Result<()> {
     let mut c = Command::new("apt-get");
     c.current_dir(dir)
+        .args(&archive.0)
         .args([
             "-q",
             "-o",
@@ -79,7 +126,7 @@ fn apt_get(dir: &Path, args: &[&str]) -> Result<()> {
 }
 
 /// The cached `.deb` of `pkg` in `dir`, downloading it when missing.
-fn deb(dir: &Path, pkgs: &[&str]) -> Result<Vec<PathBuf>> {
+fn deb(archive: &Archive, dir: &Path, pkgs: &[&str]) -> Result<Vec<PathBuf>> {
     let find = |p: &str| -> Option<PathBuf> {
         std::fs::read_dir(dir)
             .ok()?
@@ -94,7 +141,7 @@ fn deb(dir: &Path, pkgs: &[&str]) -> Result<Vec<PathBuf>> {
     let missing: Vec<&str> = pkgs.iter().copied().filter(|p| find(p).is_none()).collect();
     if !missing.is_empty() {
         eprintln!("xtask: kernels: downloading {}", missing.join(" "));
-        apt_get(dir, &[&["download"], &missing[..]].concat())?;
+        apt_get(archive, dir, &[&["download"], &missing[..]].concat())?;
     }
     pkgs.iter()
         .map(|p| find(p).with_context(|| format!("{p}: no .deb after download")))
@@ -118,7 +165,12 @@ fn unpack(deb: &Path, dest: &Path) -> Result<()> {
 
 /// The package to use for `series`: one already unpacked in the cache, else
 /// the newest that apt knows (after one `apt-get update` if it knows none).
-fn pick_kernel(cache: &Path, series: &str, updated: &mut bool) -> Result<String> {
+fn pick_kernel(
+    archive: &Archive,
+    cache: &Path,
+    series: &str,
+    updated: &mut bool,
+) -> Result<String> {
     let newest = |names: &mut dyn Iterator<Item = String>| {
         names
             .filter_map(|n| release_of(series, &n).map(|r| (r, n)))
@@ -134,6 +186,7 @@ fn pick_kernel(cache: &Path, series: &str, updated: &mut bool) -> Result<String>
     }
     for attempt in 0..2 {
         let out = Command::new("apt-cache")
+            .args(&archive.0)
             .args(["pkgnames", &format!("linux-image-{series}.")])
             .output()
             .context("running apt-cache")?;
@@ -143,7 +196,7 @@ fn pick_kernel(cache: &Path, series: &str, updated: &mut bool) -> Result<String>
         }
         if attempt == 0 && !*updated {
             eprintln!("xtask: kernels: apt knows no {series} kernel; running apt-get update");
-            apt_get(Path::new("/"), &["update"])?;
+            apt_get(archive, Path::new("/"), &["update"])?;
             *updated = true;
         }
     }
@@ -201,22 +254,26 @@ pub(super) fn fetch(cache: &Path) -> Result<Assets> {
     let debs = cache.join("debs");
     std::fs::create_dir_all(&debs)?;
     let qemu_root = cache.join("qemu");
-    for d in deb(&debs, &QEMU_PKGS)? {
+    for d in deb(&Archive::default(), &debs, &QEMU_PKGS)? {
         unpack(&d, &qemu_root)?;
     }
     let mut updated = false;
     let mut kernels = Vec::new();
-    // MEMTRACE_KERNELS=6.1 boots only that series (comma-separated list).
+    // MEMTRACE_KERNELS=6.1 boots only that series (comma-separated list);
+    // it also names series not booted by default (5.10).
     let only = std::env::var("MEMTRACE_KERNELS").unwrap_or_default();
-    for series in SERIES {
-        if !only.is_empty() && !only.split(',').any(|s| s.trim() == series) {
+    let named = |series: &str| only.split(',').any(|s| s.trim() == series);
+    for series in SERIES.into_iter().chain(OPT_IN) {
+        let default = SERIES.contains(&series);
+        if (only.is_empty() && !default) || (!only.is_empty() && !named(series)) {
             continue;
         }
-        let pkg = pick_kernel(cache, series, &mut updated)?;
+        let archive = Archive::of(series, cache)?;
+        let pkg = pick_kernel(&archive, cache, series, &mut updated)?;
         let dir = cache.join(&pkg);
         let vmlinuz = dir.join("vmlinuz");
         if !vmlinuz.exists() {
-            let d = deb(&debs, &[&pkg])?.remove(0);
+            let d = deb(&archive, &debs, &[&pkg])?.remove(0);
             let tmp = dir.join("deb");
             unpack(&d, &tmp)?;
             let found = std::fs::read_dir(tmp.join("boot"))?
@@ -240,7 +297,7 @@ pub(super) fn fetch(cache: &Path) -> Result<Assets> {
         }
         let modules = dir.join("modules");
         if !modules.join("order").exists() {
-            let d = deb(&debs, &[&pkg])?.remove(0);
+            let d = deb(&archive, &debs, &[&pkg])?.remove(0);
             super::modules::extract(&d, &modules)
                 .with_context(|| format!("{pkg}: taking zram out of the package"))?;
         }
@@ -261,6 +318,8 @@ mod tests {
     #[test]
     fn picks_stock_amd64_images_only() {
         assert_eq!(release_of("6.1", "linux-image-6.1.0-56-amd64"), Some(56));
+        assert_eq!(release_of("5.10", "linux-image-5.10.0-46-amd64"), Some(46));
+        assert_eq!(release_of("5.10", "linux-image-5.10.0-46-rt-amd64"), None);
         assert_eq!(release_of("6.1", "linux-image-6.1.0-56-cloud-amd64"), None);
         assert_eq!(
             release_of("6.12", "linux-image-6.12.117+deb12-amd64"),
