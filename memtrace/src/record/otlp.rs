@@ -13,8 +13,7 @@ use prost::Message;
 
 use super::format::{Recording, Stack as RecStack};
 use super::otlp_proto::*;
-use super::pprof::{group_labels, sample_types, values};
-use super::report::summed;
+use super::pprof::{group_labels, stacks_and_types, values};
 use crate::error::Result;
 use crate::stacks::fingerprint::Frame;
 
@@ -173,13 +172,7 @@ fn profile_id() -> Vec<u8> {
 /// The record's stacks summed over its reports: one profile per sample
 /// type (OTLP's profiles carry one each), sharing one dictionary.
 pub fn profiles(rec: &Recording) -> ProfilesData {
-    let stacks: Vec<&RecStack> = summed(rec).into_iter().flat_map(|g| g.stacks).collect();
-    let bytes = stacks.iter().any(|s| s.bytes.is_some());
-    let all = !stacks.is_empty()
-        && stacks
-            .iter()
-            .all(|s| s.alloc.is_some_and(|a| a[4] & 1 != 0));
-    let types = sample_types(&rec.header.tool, bytes, all);
+    let (stacks, types) = stacks_and_types(rec);
     let mut d = Dict::new();
     let build_ids: HashMap<&str, &String> =
         rec.build_ids.iter().map(|(m, b)| (m.as_str(), b)).collect();

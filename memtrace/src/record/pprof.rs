@@ -116,11 +116,7 @@ pub struct Function {
 
 /// What a tool's samples measure, as (type, unit) pairs, and how to take
 /// them from a stack.
-pub(super) fn sample_types(
-    tool: &str,
-    bytes: bool,
-    all: bool,
-) -> Vec<(&'static str, &'static str)> {
+fn sample_types(tool: &str, bytes: bool, all: bool) -> Vec<(&'static str, &'static str)> {
     match tool {
         "memleak" if all => vec![
             ("inuse_objects", "count"),
@@ -244,10 +240,12 @@ pub(super) fn group_labels(s: &Stack) -> Vec<(&'static str, String)> {
     out
 }
 
-/// The record's stacks summed over its reports, as a pprof profile.
-/// memleak's `alloc_*` types come when it ran with `--all` (its figures of
-/// what was allocated, freed or not).
-pub fn profile(rec: &Recording) -> Profile {
+/// The record's stacks summed over its reports, and what their samples
+/// measure. memleak's `alloc_*` types come when it ran with `--all` (its
+/// figures of what was allocated, freed or not).
+pub(super) fn stacks_and_types(
+    rec: &Recording,
+) -> (Vec<&Stack>, Vec<(&'static str, &'static str)>) {
     let stacks: Vec<&Stack> = summed(rec).into_iter().flat_map(|g| g.stacks).collect();
     let bytes = stacks.iter().any(|s| s.bytes.is_some());
     let all = !stacks.is_empty()
@@ -255,6 +253,12 @@ pub fn profile(rec: &Recording) -> Profile {
             .iter()
             .all(|s| s.alloc.is_some_and(|a| a[4] & 1 != 0));
     let types = sample_types(&rec.header.tool, bytes, all);
+    (stacks, types)
+}
+
+/// The record's stacks summed over its reports, as a pprof profile.
+pub fn profile(rec: &Recording) -> Profile {
+    let (stacks, types) = stacks_and_types(rec);
     let mut t = Tables::default();
     t.string("");
     let build_ids: HashMap<&str, &String> =
