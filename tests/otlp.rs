@@ -206,6 +206,7 @@ fn memleak_otlp_holds_the_leaks_exactly_with_their_container() {
     let cg = Memcg::named(&format!("docker-{id}.scope"), "1G", false);
     let d = scratch("memleak");
     let (live, rec, from_rec) = (d.join("live.pb"), d.join("m.rec"), d.join("rec.pb.gz"));
+    let pprof = d.join("live.pprof.gz");
     // 7 blocks of 1,000 bytes and 3 of 1 MiB held, 200 rounds freed; the
     // shell joins the group before the workload execs.
     let cmd = format!(
@@ -219,10 +220,21 @@ fn memleak_otlp_holds_the_leaks_exactly_with_their_container() {
         &cmd,
         "--otlp",
         live.to_str().unwrap(),
+        "--pprof",
+        pprof.to_str().unwrap(),
         "--record",
         rec.to_str().unwrap(),
     ]);
     assert_eq!(out.code, 0, "{}", out.stderr);
+    // pprof labels the same samples: their strings are in its table.
+    let mut raw = Vec::new();
+    let gz = std::fs::read(&pprof).unwrap();
+    std::io::Read::read_to_end(&mut flate2::read::GzDecoder::new(&gz[..]), &mut raw).unwrap();
+    let has = |s: &str| raw.windows(s.len()).any(|w| w == s.as_bytes());
+    assert!(
+        has("container_id") && has(&id) && has("cgroup"),
+        "pprof lacks the container"
+    );
     let rep = run(&[
         "report",
         rec.to_str().unwrap(),
