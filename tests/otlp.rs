@@ -183,10 +183,7 @@ fn at_leaf(p: &Profile, func: &str) -> i64 {
 }
 
 fn scratch(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("memtrace-otlp-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
+    scratch_dir("otlp", name)
 }
 
 /// memleak's live --otlp and report --otlp of its record, the workload in

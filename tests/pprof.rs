@@ -123,10 +123,7 @@ fn at_leaf(p: &Profile, func: &str) -> Vec<i64> {
 }
 
 fn scratch(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("memtrace-pprof-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
+    scratch_dir("pprof", name)
 }
 
 /// memleak's live --pprof and report --pprof of its record: in-use objects

@@ -310,3 +310,12 @@ pub fn progress_counts(stderr: &str) -> Vec<u64> {
         .filter_map(|l| l.split(", ").nth(1)?.strip_suffix(" events")?.parse().ok())
         .collect()
 }
+
+/// A fresh directory for one test, named by the test file's `kind` and the
+/// test's `name`.
+pub fn scratch_dir(kind: &str, name: &str) -> std::path::PathBuf {
+    let d = std::env::temp_dir().join(format!("memtrace-{kind}-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}

@@ -10,10 +10,7 @@ use crate::common::*;
 /// A fresh directory for one test: records, graphs and the annotation
 /// database found in the current directory.
 pub fn scratch(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("memtrace-record-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
+    scratch_dir("record", name)
 }
 
 /// memtrace run in `dir`, without an annotation database from the caller's

@@ -24,7 +24,7 @@ impl Groups {
         if let Some(g) = self.by_pid.get(&pid) {
             return g.clone();
         }
-        let g = Some(crate::probes::snapshot::cgroup_of(pid))
+        let g = Some(super::proc::cgroup_of(pid))
             .filter(|g| !g.is_empty())
             .or_else(|| {
                 let id = exec_id()?;

@@ -163,6 +163,16 @@ pub fn alive(pid: u32) -> bool {
     std::path::Path::new(&format!("/proc/{pid}")).exists()
 }
 
+/// The memory cgroup path of `pid`: in the v1 memory hierarchy where one
+/// is mounted (hybrid hosts), else in the v2 hierarchy.
+pub fn cgroup_of(pid: u32) -> String {
+    let Ok(text) = std::fs::read(format!("/proc/{pid}/cgroup")) else {
+        return String::new();
+    };
+    let (v1, v2) = crate::process::cgroup::parse_proc_cgroup(&text);
+    v1.or(v2).unwrap_or_default()
+}
+
 /// The name of process `pid` (its comm), if it is still there.
 pub fn comm(pid: u32) -> Option<String> {
     std::fs::read_to_string(format!("/proc/{pid}/comm"))

@@ -173,7 +173,7 @@ impl Snapshot {
             // there as it exits): it has none to read any more.
             cgroup: match crate::process::proc::exiting(pid) {
                 true => String::new(),
-                false => cgroup_of(pid),
+                false => crate::process::proc::cgroup_of(pid),
             },
             ..Default::default()
         });
@@ -314,14 +314,4 @@ impl Snapshot {
         ];
         self.proc_mut(pid, "").rss = rss;
     }
-}
-
-/// The memory cgroup path of `pid`: in the v1 memory hierarchy where one
-/// is mounted (hybrid hosts), else in the v2 hierarchy.
-pub fn cgroup_of(pid: u32) -> String {
-    let Ok(text) = std::fs::read(format!("/proc/{pid}/cgroup")) else {
-        return String::new();
-    };
-    let (v1, v2) = crate::process::cgroup::parse_proc_cgroup(&text);
-    v1.or(v2).unwrap_or_default()
 }
