@@ -404,6 +404,31 @@ fn slow_and_idle_clients_do_not_hold_up_a_scrape() {
     t.interrupt();
 }
 
+/// Open connections are bounded: past 256 held open, the next is answered
+/// 503 at once (not queued behind them), and a scrape is served again as
+/// soon as they are let go.
+#[test]
+fn connections_past_the_bound_are_answered_503_at_once() {
+    let port = free_port();
+    let t = serve(port, &[]);
+    settle(port, |m| m.contains("memtrace_"));
+    let held: Vec<TcpStream> = (0..256)
+        .map(|_| TcpStream::connect(("127.0.0.1", port)).unwrap())
+        .collect();
+    std::thread::sleep(Duration::from_millis(500));
+    let mut c = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    c.set_read_timeout(Some(Duration::from_secs(3))).unwrap();
+    let t0 = Instant::now();
+    let mut s = String::new();
+    let _ = c.read_to_string(&mut s);
+    assert!(s.starts_with("HTTP/1.1 503"), "{s:?}");
+    assert!(t0.elapsed() < Duration::from_secs(1), "{:?}", t0.elapsed());
+    drop(held);
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(scrape(port).contains("memtrace_"));
+    t.interrupt();
+}
+
 /// Once attached, serve holds no capability (effective, permitted or
 /// bounding) and no_new_privs is set: it reads what network clients send.
 /// A process name with an ESC in it is a label with the byte written out,

@@ -1,14 +1,19 @@
 //! `--otlp-push URL`: the OTLP profiles POSTed to an OTLP/HTTP receiver
 //! (the Collector's port 4318, Pyroscope's), as OTLP/HTTP has it: the
 //! protobuf body, `Content-Type: application/x-protobuf`, to
-//! `/v1development/profiles` unless the URL names a path. One plain
-//! HTTP/1.1 request over TCP, written here: a client crate would bring an
-//! async stack and TLS for one POST. https endpoints are refused at start
-//! with the way round (the file, sent with curl).
+//! `/v1development/profiles` unless the URL names a path. One HTTP/1.1
+//! request by hyper's client (the crate `serve` answers with), on a
+//! runtime of its own thread: it may be called from within the event
+//! loop's. https endpoints are refused at start with the way round (the
+//! file, sent with curl): TLS would bring a TLS stack for one POST.
 
-use std::io::{Read, Write};
-use std::net::{TcpStream, ToSocketAddrs};
 use std::time::Duration;
+
+use http_body_util::Full;
+use hyper::body::Bytes;
+use hyper::header::{CONTENT_TYPE, HOST, USER_AGENT};
+use hyper::{Request, StatusCode};
+use hyper_util::rt::TokioIo;
 
 use crate::error::{Error, Result};
 
@@ -55,40 +60,55 @@ pub fn parse_url(url: &str) -> std::result::Result<Endpoint, String> {
 pub fn push(to: &Endpoint, body: &[u8]) -> Result<()> {
     let url = format!("http://{}:{}{}", to.host, to.port, to.path);
     let fail = |what: String| Error::Runtime(format!("OTLP push to {url}: {what}"));
-    let addr = (to.host.as_str(), to.port)
-        .to_socket_addrs()
-        .map_err(|e| fail(e.to_string()))?
-        .next()
-        .ok_or_else(|| fail("no address".into()))?;
-    let mut s = TcpStream::connect_timeout(&addr, TIMEOUT).map_err(|e| fail(e.to_string()))?;
-    let _ = s.set_read_timeout(Some(TIMEOUT));
-    let _ = s.set_write_timeout(Some(TIMEOUT));
-    let head = format!(
-        "POST {} HTTP/1.1\r\nHost: {}:{}\r\nContent-Type: application/x-protobuf\r\n\
-         Content-Length: {}\r\nUser-Agent: memtrace/{}\r\nConnection: close\r\n\r\n",
-        to.path,
-        to.host,
-        to.port,
-        body.len(),
-        env!("CARGO_PKG_VERSION")
-    );
-    s.write_all(head.as_bytes())
-        .and_then(|()| s.write_all(body))
-        .map_err(|e| fail(e.to_string()))?;
-    // The status line is all that is read.
-    let mut reply = Vec::new();
-    let _ = (&mut s).take(512).read_to_end(&mut reply);
-    let reply = String::from_utf8_lossy(&reply);
-    let status = reply.lines().next().unwrap_or("");
-    match status
-        .split_whitespace()
-        .nth(1)
-        .and_then(|c| c.parse::<u16>().ok())
-    {
-        Some(200..=299) => Ok(()),
-        Some(_) => Err(fail(status.trim().to_string())),
-        None => Err(fail("no HTTP reply".into())),
+    let body = Bytes::copy_from_slice(body);
+    let sent = std::thread::scope(|sc| {
+        sc.spawn(|| {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_io()
+                .enable_time()
+                .build()
+                .map_err(|e| e.to_string())?;
+            rt.block_on(async {
+                match tokio::time::timeout(TIMEOUT, post(to, body)).await {
+                    Ok(r) => r,
+                    Err(_) => Err(format!("no reply within {} s", TIMEOUT.as_secs())),
+                }
+            })
+        })
+        .join()
+        .unwrap_or_else(|_| Err("the request's thread panicked".into()))
+    });
+    match sent.map_err(fail)? {
+        s if s.is_success() => Ok(()),
+        s => Err(fail(format!(
+            "HTTP/1.1 {} {}",
+            s.as_u16(),
+            s.canonical_reason().unwrap_or("")
+        ))),
     }
+}
+
+async fn post(to: &Endpoint, body: Bytes) -> std::result::Result<StatusCode, String> {
+    let tcp = tokio::net::TcpStream::connect((to.host.as_str(), to.port))
+        .await
+        .map_err(|e| e.to_string())?;
+    let (mut send, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tcp))
+        .await
+        .map_err(|e| e.to_string())?;
+    let conn = tokio::spawn(conn);
+    let req = Request::post(&to.path)
+        .header(HOST, format!("{}:{}", to.host, to.port))
+        .header(CONTENT_TYPE, "application/x-protobuf")
+        .header(USER_AGENT, concat!("memtrace/", env!("CARGO_PKG_VERSION")))
+        .body(Full::new(body))
+        .map_err(|e| e.to_string())?;
+    let status = send
+        .send_request(req)
+        .await
+        .map_err(|e| e.to_string())?
+        .status();
+    conn.abort();
+    Ok(status)
 }
 
 #[cfg(test)]

@@ -141,7 +141,8 @@ impl Tool for Serve {
             say!("memtrace: serve: warning: could not drop capabilities: {e}");
         }
         if let Some(l) = self.listener.take() {
-            http::spawn(l, self.page.clone());
+            http::spawn(l, self.page.clone())
+                .map_err(|e| Error::Runtime(format!("serve: cannot start HTTP: {e}")))?;
         }
         Ok(())
     }
