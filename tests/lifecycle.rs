@@ -179,6 +179,24 @@ fn meaningless_targets_exit_2_with_one_line() {
     let _ = z.wait();
     assert_eq!(out.code, 2, "{}", out.stderr);
     assert!(out.stderr.contains("zombie"), "{}", out.stderr);
+    // A pid that exits while memleak sets up (its uprobes take about
+    // 200 ms here), reaped at once so it is never a zombie: it had nothing
+    // traced, and that is said (it was several lines of attach errors).
+    let mut short = std::process::Command::new("sleep")
+        .arg("0.1")
+        .spawn()
+        .unwrap();
+    let pid = short.id().to_string();
+    let reaper = std::thread::spawn(move || short.wait());
+    let out = run(&["memleak", "-p", &pid]);
+    let _ = reaper.join();
+    assert_eq!(out.code, 2, "{}", out.stderr);
+    let last = out.stderr.trim().lines().last().unwrap_or("");
+    assert!(
+        last.contains("exited while memtrace was setting up"),
+        "{}",
+        out.stderr
+    );
 }
 
 /// Whether this process has CAP_SYS_RESOURCE (lowering an OOM score needs it).

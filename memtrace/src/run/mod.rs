@@ -11,7 +11,7 @@ pub mod tool;
 pub use attach::attach;
 pub(crate) use attach::attach_with;
 
-use std::os::fd::{FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::time::Instant;
 
 use tokio::signal::unix::{signal, SignalKind};
@@ -31,6 +31,24 @@ fn pidfd_open(pid: u32) -> Option<OwnedFd> {
     } else {
         Some(unsafe { OwnedFd::from_raw_fd(fd as RawFd) })
     }
+}
+
+/// The error for a `-p` target that exited before its probes were in
+/// (its pidfd polls readable), if it did.
+fn gone_in_set_up(pid: Option<u32>, fd: Option<&OwnedFd>) -> Option<Error> {
+    let (pid, fd) = (pid?, fd?);
+    let mut p = libc::pollfd {
+        fd: fd.as_raw_fd(),
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: one pollfd, no wait.
+    let exited = unsafe { libc::poll(&mut p, 1, 0) == 1 && p.revents & libc::POLLIN != 0 };
+    exited.then(|| {
+        Error::Usage(format!(
+            "-p {pid}: process {pid} exited while memtrace was setting up: nothing was traced"
+        ))
+    })
 }
 
 /// A file of memtrace's own, removed when the run ends.
@@ -128,9 +146,15 @@ pub fn run(tool: &mut dyn Tool, common: &Common) -> Result<i32> {
                 say!("memtrace: stopped by a signal during set-up; nothing was attached");
                 return Ok(0);
             }
-            return Err(e);
+            // Set-up that failed because the target went away says so.
+            return Err(gone_in_set_up(common.pid, pidfd.as_ref()).unwrap_or(e));
         }
     };
+    // A target gone before its probes were in has nothing traced: bad
+    // input (one line, exit 2), not an empty table.
+    if let Some(e) = gone_in_set_up(common.pid, pidfd.as_ref()) {
+        return Err(e);
+    }
     let adopted = match (common.pid, common.children) {
         (Some(p), true) => Some(crate::process::follow::adopt_descendants(&mut session, p)?),
         _ => None,
