@@ -12,16 +12,21 @@ fn main() -> anyhow::Result<()> {
         // nested cargo run under the fuzzer's sanitizer flags.
         let out = std::path::PathBuf::from(std::env::var("OUT_DIR")?);
         std::fs::write(out.join("memtrace.obj"), b"")?;
+        std::fs::write(out.join("memtrace-compat.obj"), b"")?;
         std::fs::write(out.join("memtrace_preload.so"), b"")?;
         return Ok(());
     }
     preload()?;
-    build()?;
-    let out = std::path::PathBuf::from(std::env::var("OUT_DIR")?);
-    let obj = std::fs::read(out.join("memtrace")).context("reading the eBPF object")?;
-    let mut obj = without_dwarf(&obj)?;
-    drop_line_info(&mut obj)?;
-    std::fs::write(out.join("memtrace.obj"), obj).context("writing the eBPF object")?;
+    // The object, and the one for kernels without bpf_loop (5.10, 5.15),
+    // which memtrace picks at load time.
+    for (features, name) in [(&[][..], "memtrace.obj"), (&["compat"][..], "memtrace-compat.obj")] {
+        build(features)?;
+        let out = std::path::PathBuf::from(std::env::var("OUT_DIR")?);
+        let obj = std::fs::read(out.join("memtrace")).context("reading the eBPF object")?;
+        let mut obj = without_dwarf(&obj)?;
+        drop_line_info(&mut obj)?;
+        std::fs::write(out.join(name), obj).context("writing the eBPF object")?;
+    }
     Ok(())
 }
 
@@ -126,7 +131,7 @@ fn preload() -> anyhow::Result<()> {
     Ok(())
 }
 
-fn build() -> anyhow::Result<()> {
+fn build(features: &[&str]) -> anyhow::Result<()> {
     let meta = cargo_metadata::MetadataCommand::new()
         .no_deps()
         .exec()
@@ -145,6 +150,7 @@ fn build() -> anyhow::Result<()> {
         [Package {
             name: pkg.name.as_str(),
             root_dir: root.as_str(),
+            features,
             ..Default::default()
         }],
         Toolchain::Custom(&toolchain),

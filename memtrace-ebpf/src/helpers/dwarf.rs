@@ -45,6 +45,7 @@ static SAMPLE_SCRATCH: Array<SampleScratch> = Array::with_max_entries(1, 0);
 /// user stack id for the tool's record (the caller holds BUSY: faults of the
 /// copy are ours).
 #[inline(always)]
+#[cfg_attr(feature = "compat", allow(dead_code))]
 pub(super) fn sample_user_stack(kstack: i32, value: u64, aux: u32) -> i32 {
     let cfg = USTACK.load();
     if let Some(t) = SAMPLE_TICK.get_ptr_mut(0) {

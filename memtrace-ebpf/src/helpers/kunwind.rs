@@ -2,6 +2,8 @@
 //! stack is unwound here, frame by frame, with rows userspace compiled from
 //! each file's `.eh_frame`, and stored like a frame-pointer walk's (same
 //! scratch, ids and map), so nothing per event crosses the ring buffer.
+// Unused in the compat build: the compat object keeps the tables' upkeep at fork and exit, not the unwinder.
+#![cfg_attr(feature = "compat", allow(dead_code, unused_imports))]
 
 use aya_ebpf::{
     bindings::BPF_NOEXIST,
@@ -106,6 +108,7 @@ impl Copy {
 /// `unwind_user_stack` as a global BPF function: the verifier checks it
 /// once, on its own, not once per path of every program that calls it.
 /// Returns the stack id in the high half, the hash bits in the low.
+#[cfg(not(feature = "compat"))]
 #[unsafe(no_mangle)]
 #[inline(never)]
 pub extern "C" fn memtrace_unwind_user_stack() -> u64 {

@@ -82,12 +82,14 @@ pub(super) fn user_regs(cfg: &UstackConfig) -> (u64, u64, u64) {
 }
 
 /// The current task's `mm_struct`, BTF-typed (null for kernel threads).
+#[cfg(not(feature = "compat"))]
 #[inline(always)]
 fn current_mm() -> *const u8 {
     unsafe { load::<*const u8>(bpf_get_current_task_btf() as *const u8, TASK.load().mm) }
 }
 
 /// A `u64` field of the current task's `mm_struct`; 0 for kernel threads.
+#[cfg(not(feature = "compat"))]
 #[inline(always)]
 pub fn current_mm_u64(off: u32) -> u64 {
     let mm = current_mm();
@@ -95,6 +97,17 @@ pub fn current_mm_u64(off: u32) -> u64 {
         return 0;
     }
     unsafe { load::<u64>(mm, off) }
+}
+
+/// As above, by helper reads: kernels before 5.11 have no BTF-typed task.
+#[cfg(feature = "compat")]
+#[inline(always)]
+pub fn current_mm_u64(off: u32) -> u64 {
+    let mm = unsafe { read0::<*const u8>(current_task(), TASK.load().mm) };
+    if mm.is_null() {
+        return 0;
+    }
+    unsafe { read0::<u64>(mm, off) }
 }
 
 /// The main thread's stack top (`mm->start_stack`): stack copies stop there.

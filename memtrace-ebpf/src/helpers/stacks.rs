@@ -11,13 +11,9 @@ use aya_ebpf::{
 };
 use memtrace_common::{loss, stack_mode, stacks::UstackConfig};
 
-use super::{
-    dwarf::sample_user_stack,
-    emit::count_loss,
-    filter::FILTER,
-    kunwind::memtrace_unwind_user_stack,
-    walk::{store_user_stack, walk_user_stack},
-};
+use super::{emit::count_loss, filter::FILTER, walk::store_user_stack};
+#[cfg(not(feature = "compat"))]
+use super::{dwarf::sample_user_stack, kunwind::memtrace_unwind_user_stack, walk::walk_user_stack};
 
 /// Userspace shrinks this for tools without stacks.
 #[map]
@@ -136,6 +132,18 @@ pub fn capture_stacks<C: StackIdContext>(ctx: &C, value: u64, aux: u32) -> Stack
         }
     }
     if mode & stack_mode::USER != 0 {
+        user_stack(ctx, mode, &mut st, value, aux);
+    }
+    set_busy(0);
+    st
+}
+
+/// The user stack as `mode` says: walked here (frame pointers, or DWARF
+/// in the kernel), a copy for userspace, or the kernel's walker.
+#[cfg(not(feature = "compat"))]
+#[inline(always)]
+fn user_stack<C: StackIdContext>(ctx: &C, mode: u32, st: &mut Stacks, value: u64, aux: u32) {
+    {
         if mode & stack_mode::WALK != 0 {
             // A constant to the verifier (frozen .rodata): the other way is
             // never checked.
@@ -156,8 +164,17 @@ pub fn capture_stacks<C: StackIdContext>(ctx: &C, value: u64, aux: u32) -> Stack
             }
         }
     }
-    set_busy(0);
-    st
+}
+
+/// Without bpf_loop (the compat object) the kernel's frame-pointer walker
+/// is the only way: userspace sets no other mode there.
+#[cfg(feature = "compat")]
+#[inline(always)]
+fn user_stack<C: StackIdContext>(ctx: &C, _mode: u32, st: &mut Stacks, _value: u64, _aux: u32) {
+    match ctx.get_stackid(&STACKS, BPF_F_USER_STACK as u64) {
+        Ok(id) => st.user = id as i32,
+        Err(_) => count_loss(loss::STACK),
+    }
 }
 
 /// `capture_stacks` with the user stack stored: for tools that send each

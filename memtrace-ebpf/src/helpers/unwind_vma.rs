@@ -3,6 +3,8 @@
 //! pc (`bpf_find_vma`) names the file, and the file's rows, built already
 //! for another process that maps it, are found by its identity. Code whose
 //! file memtrace has not met is walked by frame pointers.
+// Unused in the compat build: the compat object has no in-kernel unwinder to use it.
+#![cfg_attr(feature = "compat", allow(dead_code, unused_imports))]
 
 use aya_ebpf::{
     cty::c_void,

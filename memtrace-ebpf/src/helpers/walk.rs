@@ -42,6 +42,7 @@ pub static USTACKS: HashMap<u32, UserStack> = HashMap::with_max_entries(8192, 0)
 
 /// What the frame loop reads, fixed for the walk: on the caller's stack.
 #[repr(C)]
+#[cfg_attr(feature = "compat", allow(dead_code))]
 struct FpWalk {
     s: *mut WalkScratch,
     step: *mut FpStep,
@@ -70,6 +71,7 @@ static FP_STEP: PerCpuArray<FpStep> = PerCpuArray::with_max_entries(1, 0);
 
 /// One frame record: from `fp` to its caller's. Returns 1 to stop.
 #[inline(never)]
+#[cfg_attr(feature = "compat", allow(dead_code))]
 extern "C" fn fp_frame(index: u32, ctx: *mut c_void) -> i64 {
     let w = unsafe { &*(ctx as *const FpWalk) };
     let (st, s) = unsafe { (&mut *w.step, &mut *w.s) };
@@ -135,6 +137,7 @@ extern "C" fn fp_frame(index: u32, ctx: *mut c_void) -> i64 {
 /// leaves the stack in this CPU's scratch, to be stored by
 /// `store_user_stack`. Returns its id and more bits of its hash.
 #[inline(always)]
+#[cfg_attr(feature = "compat", allow(dead_code))]
 pub(super) fn walk_user_stack() -> (i32, u32) {
     let cfg = USTACK.load();
     let Some(s) = WALK_SCRATCH.get_ptr_mut(0) else {

@@ -7,8 +7,38 @@ use memtrace_common::names::{GlobalName, MapName, Prog, Sizing, ALL_MAPS};
 use crate::error::{Error, Result};
 
 /// The compiled kernel programs, embedded at build time.
-pub(crate) static OBJECT: &[u8] =
-    aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/memtrace.obj"));
+static FULL: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/memtrace.obj"));
+
+/// The same programs for kernels without bpf_loop (before 5.17: 5.10 and
+/// 5.15 LTS): none reaches bpf_loop, bpf_find_vma, bpf_task_pt_regs or
+/// bpf_get_current_task_btf, and user stacks are the kernel's
+/// frame-pointer walk. A 5.10 verifier refuses any program that merely
+/// holds a bpf_loop callback, so these are a build of their own.
+static COMPAT: &[u8] =
+    aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/memtrace-compat.obj"));
+
+/// Whether this kernel gets the compat object: it has no bpf_loop (its
+/// BTF's `enum bpf_func_id` has no `BPF_FUNC_loop`), or
+/// `MEMTRACE_OBJECT=compat` asks for it (to try it on a newer kernel).
+pub fn compat() -> bool {
+    static COMPAT_HERE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *COMPAT_HERE.get_or_init(|| {
+        if std::env::var("MEMTRACE_OBJECT").is_ok_and(|v| v == "compat") {
+            return true;
+        }
+        crate::kernel::KernelBtf::shared()
+            .is_ok_and(|b| b.enumerator("bpf_func_id", "BPF_FUNC_loop").is_none())
+    })
+}
+
+/// The object for this kernel.
+pub(crate) fn object() -> &'static [u8] {
+    if compat() {
+        COMPAT
+    } else {
+        FULL
+    }
+}
 
 /// Globals and map sizes to apply when the object is loaded.
 #[derive(Default, Clone)]
@@ -76,7 +106,7 @@ impl Loader {
             loader.override_global(name, bytes.as_slice(), true);
         }
         loader
-            .load(OBJECT)
+            .load(object())
             .map_err(|e| Error::Load(super::chain(&e)))
     }
 }
@@ -147,11 +177,11 @@ mod tests {
     use memtrace_common::names::{ALL_GLOBALS, ALL_MAPS, ALL_PROGS};
     use object::{Object, ObjectSection, ObjectSymbol, SectionKind, SymbolKind};
 
-    use super::OBJECT;
+    use super::{COMPAT, FULL};
 
     /// Names of the object's maps, programs and globals, from its symbols.
-    fn object_names() -> (BTreeSet<String>, BTreeSet<String>, BTreeSet<String>) {
-        let f = object::File::parse(OBJECT).expect("the embedded eBPF object parses");
+    fn object_names(obj: &[u8]) -> (BTreeSet<String>, BTreeSet<String>, BTreeSet<String>) {
+        let f = object::File::parse(obj).expect("the embedded eBPF object parses");
         let (mut maps, mut progs, mut globals) = Default::default();
         for sym in f.symbols() {
             let (Ok(name), Some(idx)) = (sym.name(), sym.section_index()) else {
@@ -189,21 +219,54 @@ mod tests {
 
     #[test]
     fn every_name_is_in_the_object_and_every_object_name_is_named() {
-        let (maps, progs, globals) = object_names();
         let named_maps: BTreeSet<String> = ALL_MAPS.iter().map(|(n, _)| n.to_string()).collect();
         let named_progs: BTreeSet<String> = ALL_PROGS.iter().map(|p| p.0.to_string()).collect();
         let named_globals: BTreeSet<String> = ALL_GLOBALS.iter().map(|n| n.to_string()).collect();
-        // Both ways: a name here that the object lacks would fail at run
-        // time; a map there that is not named here would keep its compiled
-        // size in every tool.
-        assert_eq!(maps, named_maps, "maps: object vs memtrace_common::names");
-        assert_eq!(
-            progs, named_progs,
-            "programs: object vs memtrace_common::names"
-        );
-        assert_eq!(
-            globals, named_globals,
-            "globals: object vs memtrace_common::names"
-        );
+        // Both objects, both ways: a name here that an object lacks would
+        // fail at run time; a map there that is not named here would keep
+        // its compiled size in every tool.
+        for (which, obj) in [("full", FULL), ("compat", COMPAT)] {
+            let (maps, progs, globals) = object_names(obj);
+            assert_eq!(maps, named_maps, "{which} maps: object vs names");
+            assert_eq!(progs, named_progs, "{which} programs: object vs names");
+            assert_eq!(globals, named_globals, "{which} globals: object vs names");
+        }
+    }
+
+    /// Nothing in the compat object calls a helper 5.10 lacks, nor holds a
+    /// callback (which a 5.10 verifier refuses on sight): no code, programs
+    /// and the functions they call alike, calls bpf_loop (181),
+    /// bpf_find_vma (180), bpf_task_pt_regs (175) or
+    /// bpf_get_current_task_btf (158), or loads a function's address
+    /// (ld_imm64 with src_reg 4). The full object does (the test's check).
+    #[test]
+    fn the_compat_object_calls_nothing_5_10_lacks() {
+        let text = |obj| {
+            let f = object::File::parse(obj).unwrap();
+            f.sections()
+                .filter(|s| s.kind() == SectionKind::Text)
+                .map(|s| (s.name().unwrap().to_string(), s.data().unwrap().to_vec()))
+                .collect::<Vec<_>>()
+        };
+        let calls_loop = |secs: &[(String, Vec<u8>)]| {
+            secs.iter().any(|(_, code)| {
+                code.chunks_exact(8)
+                    .any(|i| i[0] == 0x85 && i[1] >> 4 == 0 && i[4..8] == 181i32.to_le_bytes())
+            })
+        };
+        assert!(calls_loop(&text(FULL)), "the full object has no bpf_loop call");
+        let progs = text(COMPAT);
+        assert!(progs.len() > 10, "{} text sections", progs.len());
+        for (name, code) in &progs {
+            for insn in code.chunks_exact(8) {
+                let (op, regs) = (insn[0], insn[1]);
+                let imm = i32::from_le_bytes(insn[4..8].try_into().unwrap());
+                // BPF_JMP | BPF_CALL with src_reg 0: a helper call.
+                if op == 0x85 && regs >> 4 == 0 {
+                    assert!(![181, 180, 175, 158].contains(&imm), "{name} calls helper {imm}");
+                }
+                assert!(!(op == 0x18 && regs >> 4 == 4), "{name} loads a function address");
+            }
+        }
     }
 }

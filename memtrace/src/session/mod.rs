@@ -17,7 +17,7 @@ use std::collections::HashSet;
 
 use aya::{Btf, Ebpf};
 
-pub use loader::Loader;
+pub use loader::{compat, Loader};
 pub use maps::{first_name, Fold};
 pub use stacks::StackStore;
 

@@ -109,7 +109,7 @@ fn map_data(m: &Map) -> &MapData {
 /// Loads program `name` of the embedded object for a `kind` link, sharing
 /// `bpf`'s maps.
 pub fn load_prog(bpf: &Ebpf, name: &str, kind: Kind) -> Result<OwnedFd, String> {
-    let mut obj = aya_obj::Object::parse(super::loader::OBJECT).map_err(|e| e.to_string())?;
+    let mut obj = aya_obj::Object::parse(super::loader::object()).map_err(|e| e.to_string())?;
     // The object's BTF, for the functions' info: without it the kernel
     // refuses a callback (bpf_loop's frame step). Kernels with these links
     // (6.6) have every BTF feature.

@@ -30,6 +30,24 @@ pub(crate) fn setup(
     if filter.stacks & stack_mode::USER == 0 {
         return Ok(None);
     }
+    // Without bpf_loop only the kernel's walker is there (the compat
+    // object's programs take no other way).
+    if crate::session::compat() {
+        let dwarf = tool.user_stacks().map(|(a, _)| a.stack_mode);
+        if dwarf == Some(crate::cli::StackMode::Dwarf) {
+            return Err(Error::Unsupported {
+                what: "user stacks by DWARF".into(),
+                reasons: "this kernel has no bpf_loop (Linux 5.17), which copying and unwinding \
+                          stacks in memtrace's programs need; --stack-mode fp takes the kernel's walker"
+                    .into(),
+            });
+        }
+        say!(
+            "memtrace: user stacks: fp by the kernel's walker (this kernel has no bpf_loop, Linux 5.17: \
+             no DWARF unwinding, and a stack ends at code built without frame pointers)"
+        );
+        return Ok(None);
+    }
     let system_wide = filter.tgid == 0;
     let dwarf = match tool.user_stacks() {
         Some((args, rare)) => {
