@@ -19,7 +19,10 @@ fn main() -> anyhow::Result<()> {
     preload()?;
     // The object, and the one for kernels without bpf_loop (5.10, 5.15),
     // which memtrace picks at load time.
-    for (features, name) in [(&[][..], "memtrace.obj"), (&["compat"][..], "memtrace-compat.obj")] {
+    for (features, name) in [
+        (&[][..], "memtrace.obj"),
+        (&["compat"][..], "memtrace-compat.obj"),
+    ] {
         build(features)?;
         let out = std::path::PathBuf::from(std::env::var("OUT_DIR")?);
         let obj = std::fs::read(out.join("memtrace")).context("reading the eBPF object")?;

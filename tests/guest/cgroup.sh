@@ -7,6 +7,9 @@ mk_memcg() {
     cg=$CGROOT/mt-$1
     mkdir "$cg"
     if [ $CG = v1 ]; then
+        # Before 5.11 a v1 group's children count against its limit only
+        # with use_hierarchy (set before they exist).
+        [ -f "$cg/memory.use_hierarchy" ] && echo 1 >"$cg/memory.use_hierarchy" 2>/dev/null
         echo "$2" >"$cg/memory.limit_in_bytes"
         if [ "$3" = no ] && [ -f "$cg/memory.memsw.limit_in_bytes" ]; then
             echo "$2" >"$cg/memory.memsw.limit_in_bytes"

@@ -31,5 +31,10 @@ pub use snoop::{syscall_enter, syscall_exit};
 pub use stacks::{bump_by_stack, capture_stacks, capturing, stack_ids, Stacks};
 
 /// For maps filled lazily: a preallocated map costs start-up time and locked
-/// memory for entries that are mostly never used.
+/// memory for entries that are mostly never used. Kernels before 5.13 (the
+/// compat object's) refuse run-time allocated hash maps in tracepoint,
+/// kprobe and uprobe programs: there they are preallocated.
+#[cfg(not(feature = "compat"))]
 pub const NO_PREALLOC: u32 = aya_ebpf::bindings::BPF_F_NO_PREALLOC as u32;
+#[cfg(feature = "compat")]
+pub const NO_PREALLOC: u32 = 0;

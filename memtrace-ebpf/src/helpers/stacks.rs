@@ -11,9 +11,9 @@ use aya_ebpf::{
 };
 use memtrace_common::{loss, stack_mode, stacks::UstackConfig};
 
-use super::{emit::count_loss, filter::FILTER, walk::store_user_stack};
 #[cfg(not(feature = "compat"))]
 use super::{dwarf::sample_user_stack, kunwind::memtrace_unwind_user_stack, walk::walk_user_stack};
+use super::{emit::count_loss, filter::FILTER, walk::store_user_stack};
 
 /// Userspace shrinks this for tools without stacks.
 #[map]

@@ -43,19 +43,19 @@ fn effective() -> std::io::Result<u64> {
     Ok(d[0].effective as u64 | (d[1].effective as u64) << 32)
 }
 
-/// Gives up every capability (effective, permitted, inheritable, the
-/// bounding set) and sets no_new_privs: for a tool that has loaded and
-/// attached everything and keeps only descriptors, before it reads what a
-/// network client sends. The calling thread's: threads it starts after
-/// inherit them.
-pub fn drop_all() -> std::io::Result<()> {
+/// Gives up every capability but `keep` (effective, permitted,
+/// inheritable, the bounding set) and sets no_new_privs: for a tool that
+/// has loaded and attached everything and keeps only descriptors, before it
+/// reads what a network client sends. The calling thread's: threads it
+/// starts after inherit them.
+pub fn drop_all_but(keep: u64) -> std::io::Result<()> {
     // SAFETY: prctl with integer arguments only.
     if unsafe { libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) } != 0 {
         return Err(std::io::Error::last_os_error());
     }
     // Needs CAP_SETPCAP, so before the rest; a capability this kernel
     // does not know is EINVAL, and nothing to drop.
-    for c in 0..=last_cap() {
+    for c in (0..=last_cap()).filter(|c| keep & (1 << c) == 0) {
         // SAFETY: as above.
         unsafe { libc::prctl(libc::PR_CAPBSET_DROP, c as libc::c_ulong, 0, 0, 0) };
     }
@@ -63,13 +63,45 @@ pub fn drop_all() -> std::io::Result<()> {
         version: VERSION_3,
         pid: 0,
     };
-    let d = [Data::default(); 2];
+    let word = |w: u32| Data {
+        effective: w,
+        permitted: w,
+        inheritable: 0,
+    };
+    let d = [word(keep as u32), word((keep >> 32) as u32)];
     // SAFETY: the header and two data words are what capset v3 reads.
     let r = unsafe { libc::syscall(libc::SYS_capset, &mut h, d.as_ptr()) };
     if r != 0 {
         return Err(std::io::Error::last_os_error());
     }
     Ok(())
+}
+
+/// What reading maps by their descriptors still needs once loaded: nothing
+/// since 6.5, but before it every bpf(2) call checks CAP_BPF (CAP_SYS_ADMIN
+/// before 5.8) while `kernel.unprivileged_bpf_disabled` is set, as
+/// distributions set it. With its name, for saying so.
+pub fn kept_for_map_reads() -> Option<(u64, &'static str)> {
+    let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+    let disabled = std::fs::read_to_string("/proc/sys/kernel/unprivileged_bpf_disabled")
+        .is_ok_and(|s| s.trim() != "0");
+    map_reads_need(&release, disabled, last_cap())
+}
+
+fn map_reads_need(release: &str, disabled: bool, last_cap: u32) -> Option<(u64, &'static str)> {
+    let mut v = release
+        .split(|c: char| !c.is_ascii_digit())
+        .map(|n| n.parse::<u32>());
+    let (Some(Ok(major)), Some(Ok(minor))) = (v.next(), v.next()) else {
+        return None;
+    };
+    if !disabled || (major, minor) >= (6, 5) {
+        return None;
+    }
+    Some(match last_cap >= CAP_BPF {
+        true => (1 << CAP_BPF, "CAP_BPF"),
+        false => (1 << CAP_SYS_ADMIN, "CAP_SYS_ADMIN"),
+    })
 }
 
 /// Whether this process has CAP_SYS_RESOURCE: without it the kernel takes
@@ -120,6 +152,26 @@ pub fn check() -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn map_reads_need_cap_bpf_only_before_6_5_with_unprivileged_bpf_disabled() {
+        assert_eq!(map_reads_need("6.18.0", true, 40), None);
+        assert_eq!(map_reads_need("6.5.0-1-amd64", true, 40), None);
+        assert_eq!(map_reads_need("5.10.0-46-amd64", false, 40), None);
+        assert_eq!(
+            map_reads_need("5.10.0-46-amd64", true, 40),
+            Some((1 << CAP_BPF, "CAP_BPF"))
+        );
+        assert_eq!(
+            map_reads_need("6.1.0-56-cloud-amd64", true, 40).map(|k| k.1),
+            Some("CAP_BPF")
+        );
+        assert_eq!(
+            map_reads_need("5.4.0", true, 37).map(|k| k.1),
+            Some("CAP_SYS_ADMIN")
+        );
+        assert_eq!(map_reads_need("garbage", true, 40), None);
+    }
 
     const ALL: u64 = (1 << 41) - 1;
 

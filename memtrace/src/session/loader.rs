@@ -254,7 +254,10 @@ mod tests {
                     .any(|i| i[0] == 0x85 && i[1] >> 4 == 0 && i[4..8] == 181i32.to_le_bytes())
             })
         };
-        assert!(calls_loop(&text(FULL)), "the full object has no bpf_loop call");
+        assert!(
+            calls_loop(&text(FULL)),
+            "the full object has no bpf_loop call"
+        );
         let progs = text(COMPAT);
         assert!(progs.len() > 10, "{} text sections", progs.len());
         for (name, code) in &progs {
@@ -263,9 +266,15 @@ mod tests {
                 let imm = i32::from_le_bytes(insn[4..8].try_into().unwrap());
                 // BPF_JMP | BPF_CALL with src_reg 0: a helper call.
                 if op == 0x85 && regs >> 4 == 0 {
-                    assert!(![181, 180, 175, 158].contains(&imm), "{name} calls helper {imm}");
+                    assert!(
+                        ![181, 180, 175, 158].contains(&imm),
+                        "{name} calls helper {imm}"
+                    );
                 }
-                assert!(!(op == 0x18 && regs >> 4 == 4), "{name} loads a function address");
+                assert!(
+                    !(op == 0x18 && regs >> 4 == 4),
+                    "{name} loads a function address"
+                );
             }
         }
     }

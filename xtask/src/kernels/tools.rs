@@ -112,12 +112,14 @@ pub(super) fn check(g: &Guest, case: &Case, v: &[Value], why: &mut Vec<String>) 
                 ));
             }
             // In the kernel by default; where the verifier refuses the
-            // unwinder (6.1), copied instead, and said so.
+            // unwinder (6.1), copied instead, and said so; without bpf_loop
+            // (5.10), the kernel's walker, and said so.
             let kernel = of_type(v, "summary")
                 .first()
                 .is_some_and(|s| s["unwinder"] == "kernel");
             let said = g.err.get(case.name).into_iter().flatten().any(|l| {
                 l.contains("copied and unwound here (in-kernel unwinding could not be set up")
+                    || l.contains("fp by the kernel's walker (this kernel has no bpf_loop")
             });
             if !kernel && !said {
                 why.push("neither unwound in the kernel nor said why not".into());

@@ -282,7 +282,9 @@ impl Group {
     }
 
     /// The limit in force: the smallest on the way up to the root (the
-    /// nearest on a tie), with the group that sets it.
+    /// nearest on a tie), with the group that sets it. The way up ends at a
+    /// v1 parent without `memory.use_hierarchy` (kernels before 5.11): its
+    /// children's memory is not charged to it.
     pub fn limiting(&self) -> Option<(u64, Group)> {
         let mut best: Option<(u64, Group)> = None;
         let mut g = Some(self.clone());
@@ -292,9 +294,18 @@ impl Group {
                     best = Some((l, cur.clone()));
                 }
             }
-            g = cur.parent();
+            g = cur.parent().filter(Group::charges_children);
         }
         best
+    }
+
+    /// Whether its children's memory counts against its limit: always on
+    /// v2, and on v1 unless `memory.use_hierarchy` says 0.
+    fn charges_children(&self) -> bool {
+        self.version == Version::V2
+            || self
+                .read("memory.use_hierarchy")
+                .is_none_or(|v| v.trim() != "0")
     }
 
     pub fn stat(&self) -> MemStat {

@@ -154,6 +154,34 @@ fn parents_up_to_the_root() {
     assert_eq!(g.dir(), PathBuf::from("/sys/fs/cgroup/memory/a/b"));
 }
 
+/// A v1 parent without use_hierarchy (5.10's default) does not limit its
+/// children: the limit in force is the child's own, or none.
+#[test]
+fn a_v1_limit_reaches_children_only_with_use_hierarchy() {
+    let root = std::env::temp_dir().join(format!("memtrace-hier-{}", std::process::id()));
+    let kid = root.join("a/kid");
+    std::fs::create_dir_all(&kid).unwrap();
+    let huge = "9223372036854771712\n";
+    std::fs::write(root.join("a/memory.limit_in_bytes"), "67108864\n").unwrap();
+    std::fs::write(kid.join("memory.limit_in_bytes"), huge).unwrap();
+    let g = Group::in_hierarchy(root.clone(), "/a/kid".into(), Version::V1);
+    for (flag, want) in [
+        (None, Some(67108864)),
+        (Some("1\n"), Some(67108864)),
+        (Some("0\n"), None),
+    ] {
+        if let Some(f) = flag {
+            std::fs::write(root.join("a/memory.use_hierarchy"), f).unwrap();
+        }
+        let got = g.limiting().map(|(l, at)| (l, at.path));
+        assert_eq!(got.as_ref().map(|g| g.0), want, "{flag:?}");
+        if want.is_some() {
+            assert_eq!(got.unwrap().1, "/a");
+        }
+    }
+    let _ = std::fs::remove_dir_all(&root);
+}
+
 #[test]
 fn psi_trigger_windows_are_one_second_or_two_without_cap_sys_resource() {
     assert_eq!(notify::psi_line("some", 10.0, true), "some 100000 1000000");

@@ -137,7 +137,14 @@ impl Tool for Serve {
         self.refresh(s);
         // Everything is loaded and attached: what reads network input
         // holds no capability (the event loop needs only its descriptors).
-        if let Err(e) = crate::kernel::caps::drop_all() {
+        let keep = crate::kernel::caps::kept_for_map_reads();
+        if let Some((_, name)) = keep {
+            say!(
+                "memtrace: serve: keeping {name} only: before Linux 6.5, reading maps needs it while \
+                 kernel.unprivileged_bpf_disabled is set"
+            );
+        }
+        if let Err(e) = crate::kernel::caps::drop_all_but(keep.map_or(0, |k| k.0)) {
             say!("memtrace: serve: warning: could not drop capabilities: {e}");
         }
         if let Some(l) = self.listener.take() {
