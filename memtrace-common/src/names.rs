@@ -259,10 +259,31 @@ progs! {
     // count, trace.
     COUNT_TP = count_tp,
     COUNT_ONE = count_one,
+    COUNT_AT1 = count_at1,
+    COUNT_AT2 = count_at2,
+    COUNT_AT3 = count_at3,
+    COUNT_AT4 = count_at4,
+    COUNT_AT5 = count_at5,
+    COUNT_AT6 = count_at6,
+    COUNT_AT7 = count_at7,
     TRACE_TP = trace_tp,
     TRACE_ONE = trace_one,
+    TRACE_AT1 = trace_at1,
+    TRACE_AT2 = trace_at2,
+    TRACE_AT3 = trace_at3,
+    TRACE_AT4 = trace_at4,
+    TRACE_AT5 = trace_at5,
+    TRACE_AT6 = trace_at6,
+    TRACE_AT7 = trace_at7,
     // memleak.
     ML_ALLOC_ENTER = ml_alloc_enter,
+    ML_ENTER_SIZE = ml_enter_size,
+    ML_ENTER_CALLOC = ml_enter_calloc,
+    ML_ENTER_REALLOC = ml_enter_realloc,
+    ML_ENTER_REALLOCARRAY = ml_enter_reallocarray,
+    ML_ENTER_ALIGNED = ml_enter_aligned,
+    ML_ENTER_POSIX_MEMALIGN = ml_enter_posix_memalign,
+    ML_ENTER_PVALLOC = ml_enter_pvalloc,
     ML_ALLOC_RETURN = ml_alloc_return,
     ML_ALLOC_SESSION = ml_alloc_session,
     ML_FREE = ml_free,
@@ -285,3 +306,27 @@ progs! {
     // top, serve.
     TOP_MMAP = top_mmap,
 }
+
+/// For kernels without attach cookies (before 5.15): count's and trace's
+/// program for each place in the list of tracepoints.
+pub const COUNT_AT: [Prog; 8] = [
+    COUNT_ONE, COUNT_AT1, COUNT_AT2, COUNT_AT3, COUNT_AT4, COUNT_AT5, COUNT_AT6, COUNT_AT7,
+];
+pub const TRACE_AT: [Prog; 8] = [
+    TRACE_ONE, TRACE_AT1, TRACE_AT2, TRACE_AT3, TRACE_AT4, TRACE_AT5, TRACE_AT6, TRACE_AT7,
+];
+
+/// For kernels without attach cookies: memleak's entry program for each
+/// allocator shape (the cookie `ML_ALLOC_ENTER` reads elsewhere).
+pub const ML_ENTER_BY_SHAPE: &[(u64, Prog)] = {
+    use crate::memleak::shape;
+    &[
+        (shape::SIZE, ML_ENTER_SIZE),
+        (shape::CALLOC, ML_ENTER_CALLOC),
+        (shape::REALLOC, ML_ENTER_REALLOC),
+        (shape::REALLOCARRAY, ML_ENTER_REALLOCARRAY),
+        (shape::ALIGNED, ML_ENTER_ALIGNED),
+        (shape::POSIX_MEMALIGN, ML_ENTER_POSIX_MEMALIGN),
+        (shape::PVALLOC, ML_ENTER_PVALLOC),
+    ]
+};

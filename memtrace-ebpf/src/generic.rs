@@ -125,10 +125,30 @@ pub fn count_tp(ctx: TracePointContext) -> u32 {
     count(&ctx, cookie(&ctx))
 }
 
-/// `count_tp` for kernels without attach cookies (before 5.15): one tracepoint.
-#[tracepoint]
-pub fn count_one(ctx: TracePointContext) -> u32 {
-    count(&ctx, 0)
+/// `count_tp` and `trace_tp` for kernels without attach cookies (before
+/// 5.15): a program per place in the list, up to eight tracepoints.
+macro_rules! at_index {
+    ($($count:ident $trace:ident $i:literal;)*) => {$(
+        #[tracepoint]
+        pub fn $count(ctx: TracePointContext) -> u32 {
+            count(&ctx, $i)
+        }
+        #[tracepoint]
+        pub fn $trace(ctx: TracePointContext) -> u32 {
+            trace(&ctx, $i)
+        }
+    )*};
+}
+
+at_index! {
+    count_one trace_one 0;
+    count_at1 trace_at1 1;
+    count_at2 trace_at2 2;
+    count_at3 trace_at3 3;
+    count_at4 trace_at4 4;
+    count_at5 trace_at5 5;
+    count_at6 trace_at6 6;
+    count_at7 trace_at7 7;
 }
 
 #[inline(always)]
@@ -202,12 +222,6 @@ fn count(ctx: &TracePointContext, index: u32) -> u32 {
 #[tracepoint]
 pub fn trace_tp(ctx: TracePointContext) -> u32 {
     trace(&ctx, cookie(&ctx))
-}
-
-/// `trace_tp` for kernels without attach cookies (before 5.15): one tracepoint.
-#[tracepoint]
-pub fn trace_one(ctx: TracePointContext) -> u32 {
-    trace(&ctx, 0)
 }
 
 #[inline(always)]

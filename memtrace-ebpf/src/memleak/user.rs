@@ -156,6 +156,28 @@ pub fn ml_alloc_enter(ctx: ProbeContext) -> u32 {
     0
 }
 
+/// `ml_alloc_enter` for kernels without attach cookies (before 5.15): a
+/// program per shape.
+macro_rules! by_shape {
+    ($($name:ident $shape:ident;)*) => {$(
+        #[uprobe]
+        pub fn $name(ctx: ProbeContext) -> u32 {
+            alloc_enter(ctx.regs, shape::$shape);
+            0
+        }
+    )*};
+}
+
+by_shape! {
+    ml_enter_size SIZE;
+    ml_enter_calloc CALLOC;
+    ml_enter_realloc REALLOC;
+    ml_enter_reallocarray REALLOCARRAY;
+    ml_enter_aligned ALIGNED;
+    ml_enter_posix_memalign POSIX_MEMALIGN;
+    ml_enter_pvalloc PVALLOC;
+}
+
 #[uretprobe]
 pub fn ml_alloc_return(ctx: RetProbeContext) -> u32 {
     alloc_return(&ctx, ctx.regs);

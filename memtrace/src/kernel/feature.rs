@@ -26,3 +26,19 @@ pub fn fentry_loads(btf_id: u32) -> io::Result<()> {
     call_fd(BPF_PROG_LOAD, &attr)?;
     Ok(())
 }
+
+/// Whether programs can read an attach cookie (`bpf_get_attach_cookie`,
+/// Linux 5.15): its helper is in this kernel's BTF. `MEMTRACE_OBJECT=compat`
+/// says no, to try the ways of older kernels on a newer one.
+pub fn attach_cookies() -> bool {
+    static HERE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *HERE.get_or_init(|| {
+        if std::env::var("MEMTRACE_OBJECT").is_ok_and(|v| v == "compat") {
+            return false;
+        }
+        super::KernelBtf::shared().is_ok_and(|b| {
+            b.enumerator("bpf_func_id", "BPF_FUNC_get_attach_cookie")
+                .is_some()
+        })
+    })
+}

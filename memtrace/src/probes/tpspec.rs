@@ -91,6 +91,14 @@ pub fn expand(patterns: &[String]) -> Result<Vec<Selected>> {
             return Err(usage(format!("no tracepoint matches '{p}'{hint}")));
         }
     }
+    // Without cookies a program per place in the list tells them apart.
+    let most = memtrace_common::names::COUNT_AT.len();
+    if out.len() > most && !crate::kernel::feature::attach_cookies() {
+        return Err(usage(format!(
+            "{} tracepoints match: without BPF attach cookies (Linux 5.15) memtrace takes up to {most} in one run",
+            out.len()
+        )));
+    }
     Ok(out)
 }
 
@@ -120,20 +128,22 @@ pub fn what(selected: &[Selected]) -> String {
 }
 
 /// One probe per tracepoint, each with its place in the list as cookie;
-/// without cookies (before Linux 5.15) a single tracepoint still works,
-/// through the program that assumes index 0.
-pub fn tracepoint_probes(selected: &[Selected], many: Prog, one: Prog) -> Vec<Probe> {
+/// without cookies (before Linux 5.15), through the program for its place
+/// (`at`: up to eight tracepoints).
+pub fn tracepoint_probes(selected: &[Selected], many: Prog, at: &[Prog]) -> Vec<Probe> {
     selected
         .iter()
         .enumerate()
         .map(|(i, s)| {
-            let p = Probe::new(s.label())
-                .tracepoint(many, s.category.clone(), s.name.clone())
-                .cookie(i as u64);
-            if selected.len() == 1 {
-                p.tracepoint(one, s.category.clone(), s.name.clone())
-            } else {
-                p
+            let p = match crate::kernel::feature::attach_cookies() {
+                true => Probe::new(s.label())
+                    .tracepoint(many, s.category.clone(), s.name.clone())
+                    .cookie(i as u64),
+                false => Probe::new(s.label()),
+            };
+            match at.get(i) {
+                Some(&one) => p.tracepoint(one, s.category.clone(), s.name.clone()),
+                None => p,
             }
         })
         .collect()

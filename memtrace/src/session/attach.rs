@@ -111,6 +111,10 @@ pub struct Way {
     pub cookie: u64,
     /// For `uprobe` on a `UserSet`: the program for the returns too.
     pub ret: Option<Prog>,
+    /// For `uprobe` on a `UserSet` where the kernel has no attach cookies
+    /// (before 5.15): the program for the points of each cookie, which
+    /// knows it without reading it.
+    pub by_cookie: &'static [(u64, Prog)],
 }
 
 /// A probe point and its fallback chain.
@@ -138,6 +142,7 @@ impl Probe {
             target,
             cookie: 0,
             ret: None,
+            by_cookie: &[],
         });
         self
     }
@@ -181,10 +186,11 @@ impl Probe {
     /// `enter` at each point and `ret` at its return, by one uprobe
     /// session (program `session`) where the kernel has them, else by a
     /// uprobe and a uretprobe at each.
+    /// `by_cookie`: the entry programs for kernels without cookies.
     pub fn uprobe_session(
         mut self,
         session: Option<Prog>,
-        (enter, ret): (Prog, Prog),
+        (enter, ret, by_cookie): (Prog, Prog, &'static [(u64, Prog)]),
         path: impl Into<Name>,
         points: Vec<(u64, u64)>,
         pid: Option<u32>,
@@ -197,6 +203,7 @@ impl Probe {
         self = self.way(Method::Uprobe, enter, target);
         if let Some(w) = self.ways.last_mut() {
             w.ret = Some(ret);
+            w.by_cookie = by_cookie;
         }
         self
     }

@@ -258,8 +258,30 @@ impl Session {
             Some(pid) => UProbeScope::OneProcess(pid),
             None => UProbeScope::AllProcesses,
         };
-        let progs = [Some(way.prog), way.ret];
-        for (prog, with_cookie) in progs.into_iter().flatten().zip([true, false]) {
+        // Each point's entry program: one reading its cookie, or without
+        // cookies the one that knows it; then the returns' program.
+        let cookies = crate::kernel::feature::attach_cookies();
+        let mut runs: Vec<(memtrace_common::names::Prog, Vec<(u64, u64)>)> = Vec::new();
+        for &(offset, cookie) in points {
+            let prog = match cookies || way.by_cookie.is_empty() {
+                true => way.prog,
+                false => way
+                    .by_cookie
+                    .iter()
+                    .find(|(c, _)| *c == cookie)
+                    .map(|(_, p)| *p)
+                    .ok_or_else(|| {
+                        format!("no program for cookie {cookie} on a kernel without attach cookies")
+                    })?,
+            };
+            match runs.iter_mut().find(|(p, _)| *p == prog) {
+                Some((_, at)) => at.push((offset, cookie)),
+                None => runs.push((prog, vec![(offset, cookie)])),
+            }
+        }
+        let all: Vec<(u64, u64)> = points.iter().map(|&(o, _)| (o, 0)).collect();
+        runs.extend(way.ret.map(|r| (r, all)));
+        for (prog, points) in &runs {
             let p: &mut UProbe = self
                 .bpf
                 .program_mut(prog.0)
@@ -275,7 +297,7 @@ impl Session {
             for &(offset, cookie) in points {
                 let point = UProbeAttachPoint {
                     location: UProbeAttachLocation::AbsoluteOffset(offset),
-                    cookie: (with_cookie && cookie != 0).then_some(cookie),
+                    cookie: (cookies && cookie != 0).then_some(cookie),
                 };
                 let id = p.attach(point, path, scope).map_err(|x| chain(&x))?;
                 self.links

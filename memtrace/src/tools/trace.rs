@@ -5,7 +5,7 @@
 use memtrace_common::{
     generic::{FieldRef, TraceHdr, MAX_COPY, TRACE_HDR},
     kind,
-    names::{COUNT_TPS, EVENTS, TRACE_ONE, TRACE_TP},
+    names::{COUNT_TPS, EVENTS, TRACE_AT, TRACE_TP},
     stack_mode,
 };
 
@@ -193,7 +193,7 @@ impl Tool for Trace {
         crate::probes::tpspec::what(&self.selected)
     }
     fn probes(&self) -> Vec<Probe> {
-        tracepoint_probes(&self.selected, TRACE_TP, TRACE_ONE)
+        tracepoint_probes(&self.selected, TRACE_TP, &TRACE_AT)
     }
     fn stack_mode(&self) -> u32 {
         let user = if self.args.stack { stack_mode::USER } else { 0 };

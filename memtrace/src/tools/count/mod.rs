@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use memtrace_common::{
     generic::{by, CountKey, CountVal},
-    names::{COUNTS, COUNT_ONE, COUNT_TP, COUNT_TPS},
+    names::{COUNTS, COUNT_AT, COUNT_TP, COUNT_TPS},
     stack_mode,
 };
 
@@ -255,7 +255,7 @@ impl Tool for Count {
         crate::probes::tpspec::what(&self.selected)
     }
     fn probes(&self) -> Vec<Probe> {
-        tracepoint_probes(&self.selected, COUNT_TP, COUNT_ONE)
+        tracepoint_probes(&self.selected, COUNT_TP, &COUNT_AT)
     }
     fn stack_mode(&self) -> u32 {
         self.mode

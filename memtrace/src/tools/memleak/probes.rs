@@ -6,9 +6,9 @@ use iced_x86::Register;
 use memtrace_common::{
     memleak::{shape, MemleakConfig},
     names::{
-        ML_ALLOC_ENTER, ML_ALLOC_RETURN, ML_ALLOC_SESSION, ML_CACHE_ALLOC, ML_CACHE_FREE, ML_EXEC,
-        ML_FREE, ML_KFREE, ML_KMALLOC, ML_MMAP_ENTER, ML_MMAP_EXIT, ML_MUNMAP, ML_PAGE_ALLOC,
-        ML_PAGE_FREE, ML_PCPU_ALLOC, ML_PCPU_FREE,
+        ML_ALLOC_ENTER, ML_ALLOC_RETURN, ML_ALLOC_SESSION, ML_CACHE_ALLOC, ML_CACHE_FREE,
+        ML_ENTER_BY_SHAPE, ML_EXEC, ML_FREE, ML_KFREE, ML_KMALLOC, ML_MMAP_ENTER, ML_MMAP_EXIT,
+        ML_MUNMAP, ML_PAGE_ALLOC, ML_PAGE_FREE, ML_PCPU_ALLOC, ML_PCPU_FREE,
     },
 };
 
@@ -216,7 +216,7 @@ pub fn user(
     let session = (!a.no_uprobe_session).then_some(ML_ALLOC_SESSION);
     probes.push(Probe::new("allocator calls and returns").uprobe_session(
         session,
-        (ML_ALLOC_ENTER, ML_ALLOC_RETURN),
+        (ML_ALLOC_ENTER, ML_ALLOC_RETURN, ML_ENTER_BY_SHAPE),
         path.clone(),
         points,
         pid,
