@@ -62,10 +62,11 @@ impl Session {
                 Ok(()) => {
                     if self.verbose {
                         say!(
-                            "memtrace: {}: attached {} {}",
+                            "memtrace: {}: attached {} {} (program {})",
                             probe.what,
                             way.method,
-                            way.target
+                            way.target,
+                            way.prog.0
                         );
                     }
                     self.attached.push((

@@ -34,10 +34,8 @@ use crate::target_dir;
 const SERIES: [&str; 2] = ["6.1", "6.12"];
 /// Series booted only when MEMTRACE_KERNELS names them. 5.10 (Debian
 /// bullseye's, fetched through an apt configuration of its own,
-/// `fetch::Archive`) boots and runs every case, and most fail: each program
-/// that can unwind in the kernel carries bpf_loop's callback, which 5.10's
-/// verifier refuses to load ("number of funcs in func_info doesn't match
-/// number of subprogs"), so issue 38 needs program variants without it.
+/// `fetch::Archive`) runs every case on memtrace's compat object; all pass
+/// or skip but swapin by fentry (5.10 refuses fentry on swap_readpage).
 const OPT_IN: [&str; 1] = ["5.10"];
 
 struct Kernel {
