@@ -199,6 +199,15 @@ pub trait Generational: Copy {
     fn without_gen(self) -> Self;
 }
 
+/// A count per process, in a count generation: swap-ins, mmap calls.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct ProcKey {
+    pub tgid: u32,
+    /// The count generation (see `Generational`).
+    pub gen: u32,
+}
+
 /// Keys whose `gen` field is the generation.
 macro_rules! generational {
     ($($key:ty),*) => {$(
@@ -219,7 +228,8 @@ generational!(
     stacks::StackKey,
     ffaults::FileKey,
     reclaim::ProcReclaimKey,
-    generic::CountKey
+    generic::CountKey,
+    ProcKey
 );
 
 #[cfg(feature = "user")]
@@ -228,6 +238,7 @@ mod pod {
     unsafe impl aya::Pod for super::Filter {}
     unsafe impl aya::Pod for super::ProcEvent {}
     unsafe impl aya::Pod for super::ExecName {}
+    unsafe impl aya::Pod for super::ProcKey {}
     unsafe impl aya::Pod for super::TaskOffsets {}
     unsafe impl aya::Pod for super::stacks::UstackConfig {}
     unsafe impl aya::Pod for super::stacks::UserStack {}

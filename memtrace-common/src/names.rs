@@ -24,7 +24,7 @@ use crate::{
     snoop::{MmapSnoopConfig, PendingCall, ShmSnoopConfig},
     stacks::{BrkConfig, StackKey, StackVal, UserStack, UstackConfig},
     top::{MmapCount, TopConfig},
-    ExecName, Filter, TaskOffsets,
+    ExecName, Filter, ProcKey, TaskOffsets,
 };
 
 /// How a map is sized when the object is loaded.
@@ -144,7 +144,7 @@ maps! {
     FAULT_SPILL: u32 => u64, Compiled;
     FILE_FAULTS: FileKey => u64, OnDemand;
     FILES_SEEN: FileKey => u8, OnDemand;
-    SWAPINS: u32 => FaultVal, OnDemand;
+    SWAPINS: ProcKey => FaultVal, OnDemand;
     RECLAIM_START: u32 => [u64; 2], OnDemand;
     SLAB_START: u32 => u64, OnDemand;
     RECLAIM_TOTALS: u32 => ReclaimTotals, Compiled;
@@ -166,7 +166,7 @@ maps! {
     ML_KSTACKS: StackKey => AllocStats, OnDemand;
     ML_COUNTS: u32 => u64, OnDemand;
     ML_EXECS: u32 => u64, OnDemand;
-    MMAP_COUNTS: u32 => MmapCount, OnDemand;
+    MMAP_COUNTS: ProcKey => MmapCount, OnDemand;
 }
 
 globals! {

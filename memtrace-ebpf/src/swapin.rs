@@ -7,12 +7,13 @@ use aya_ebpf::{
     maps::PerCpuHashMap,
     programs::{FEntryContext, ProbeContext},
 };
-use memtrace_common::{faults::FaultVal, loss, TASK_COMM_LEN};
+use memtrace_common::{faults::FaultVal, loss, ProcKey, TASK_COMM_LEN};
 
-use crate::helpers::{count_loss, current_tgid, wanted, NO_PREALLOC};
+use crate::helpers::{count_gen, count_loss, current_tgid, wanted, NO_PREALLOC};
 
 #[map]
-static SWAPINS: PerCpuHashMap<u32, FaultVal> = PerCpuHashMap::with_max_entries(8192, NO_PREALLOC);
+static SWAPINS: PerCpuHashMap<ProcKey, FaultVal> =
+    PerCpuHashMap::with_max_entries(8192, NO_PREALLOC);
 
 #[inline(always)]
 fn count() {
@@ -20,7 +21,11 @@ fn count() {
     if !wanted(tgid) {
         return;
     }
-    if let Some(v) = SWAPINS.get_ptr_mut(tgid) {
+    let key = ProcKey {
+        tgid,
+        gen: count_gen(),
+    };
+    if let Some(v) = SWAPINS.get_ptr_mut(&key) {
         unsafe { (*v).count += 1 };
         return;
     }
@@ -29,7 +34,7 @@ fn count() {
         memcg_id: 0,
         comm: bpf_get_current_comm().unwrap_or([0; TASK_COMM_LEN]),
     };
-    if SWAPINS.insert(tgid, v, 0).is_err() {
+    if SWAPINS.insert(&key, &v, 0).is_err() {
         count_loss(loss::MAP_FULL);
     }
 }

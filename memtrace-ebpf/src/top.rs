@@ -12,10 +12,10 @@ use aya_ebpf::{
 use memtrace_common::{
     loss,
     top::{MmapCount, TopConfig},
-    TASK_COMM_LEN,
+    ProcKey, TASK_COMM_LEN,
 };
 
-use crate::helpers::{count_loss, current_tgid, tp_field, wanted, NO_PREALLOC};
+use crate::helpers::{count_gen, count_loss, current_tgid, tp_field, wanted, NO_PREALLOC};
 
 #[unsafe(no_mangle)]
 static TOP_CFG: Global<TopConfig> = Global::new(TopConfig {
@@ -23,9 +23,9 @@ static TOP_CFG: Global<TopConfig> = Global::new(TopConfig {
     _pad: 0,
 });
 
-/// Emptied by userspace every interval.
+/// Counted by generation (`count_gen`): userspace takes an ended one.
 #[map]
-static MMAP_COUNTS: PerCpuHashMap<u32, MmapCount> =
+static MMAP_COUNTS: PerCpuHashMap<ProcKey, MmapCount> =
     PerCpuHashMap::with_max_entries(4096, NO_PREALLOC);
 
 #[tracepoint]
@@ -36,7 +36,11 @@ pub fn top_mmap(ctx: TracePointContext) -> u32 {
     }
     let len: u64 = tp_field(&ctx, TOP_CFG.load().tp_mmap_len);
     // Per-CPU values: no other CPU writes this slot, so plain adds are exact.
-    if let Some(v) = MMAP_COUNTS.get_ptr_mut(&tgid) {
+    let key = ProcKey {
+        tgid,
+        gen: count_gen(),
+    };
+    if let Some(v) = MMAP_COUNTS.get_ptr_mut(&key) {
         unsafe {
             (*v).calls += 1;
             (*v).bytes += len;
@@ -48,7 +52,7 @@ pub fn top_mmap(ctx: TracePointContext) -> u32 {
         bytes: len,
         comm: bpf_get_current_comm().unwrap_or([0; TASK_COMM_LEN]),
     };
-    if MMAP_COUNTS.insert(&tgid, &v, 0).is_err() {
+    if MMAP_COUNTS.insert(&key, &v, 0).is_err() {
         count_loss(loss::MAP_FULL);
     }
     0

@@ -68,7 +68,7 @@ impl Tool for Swapin {
     }
 
     fn report(&mut self, s: &mut Session, out: &mut dyn Printer, clear: bool) -> Result<()> {
-        let mut v = s.read_folded(SWAPINS, clear)?;
+        let mut v = s.read_counts(SWAPINS, clear)?;
         v.sort_by_key(|e| std::cmp::Reverse(e.1.count));
         // A report that does not clear (SIGUSR1) shows counts the next one
         // shows again.
@@ -82,7 +82,13 @@ impl Tool for Swapin {
         ];
         let rows: Vec<Row> = v
             .into_iter()
-            .map(|(p, val)| Row(vec![p.into(), comm(&val.comm).into(), val.count.into()]))
+            .map(|(k, val)| {
+                Row(vec![
+                    k.tgid.into(),
+                    comm(&val.comm).into(),
+                    val.count.into(),
+                ])
+            })
             .collect();
         out.table("swapin", &clock(), &cols, &rows);
         Ok(())

@@ -148,8 +148,8 @@ impl Counters {
         for (k, n) in s.take_counts(FILE_FAULTS, gen)? {
             snap.proc_mut(k.tgid, "").last.file_faults += n;
         }
-        for (tgid, v) in s.read_folded(MMAP_COUNTS, true)? {
-            let p = snap.proc_mut(tgid, &comm(&v.comm));
+        for (k, v) in s.take_counts(MMAP_COUNTS, gen)? {
+            let p = snap.proc_mut(k.tgid, &comm(&v.comm));
             p.last.mmap_calls += v.calls;
             p.last.mmap_bytes += v.bytes;
         }
