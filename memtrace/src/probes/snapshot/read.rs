@@ -184,13 +184,28 @@ impl Counters {
             s.hash_remove(RSS_OWNER, &mm)?;
         }
         // Names taken at exec: a count keeps the name of its first event,
-        // often the parent's before the child's exec. Dropped once applied
-        // (the entry keeps it) or gone (pids are reused).
+        // often the parent's before the child's exec. Applied at every
+        // read while the process lives and dropped once it is gone (pids
+        // are reused): dropping an entry once read lost a second exec's
+        // name written between the read and the drop (a test's child execs
+        // sh, which execs the workload: its faults went under "sh").
         // A process gone before /proc could say its group takes the one it
         // exec'd in (its first faults may come before it was moved there).
         // Kept a few seconds past the process in the snapshot (`learned`),
         // for a process whose counts come after its exec was read.
         for (pid, (name, memcg)) in crate::process::follow::exec_identities(s) {
+            // Marked gone at an earlier read (which looked at /proc).
+            let gone = match snap.procs.get(&pid) {
+                Some(p) => p.gone.is_some(),
+                None => !crate::process::proc::alive(pid),
+            };
+            // Applied already, and still running: nothing new.
+            if !gone {
+                if let Some(l) = snap.learned.get_mut(&pid).filter(|l| l.0 == name) {
+                    l.2 = std::time::Instant::now();
+                    continue;
+                }
+            }
             let cg = match crate::process::proc::exiting(pid) {
                 true => snap.cgroup_path(memcg),
                 false => String::new(),
@@ -203,7 +218,9 @@ impl Counters {
             }
             snap.learned
                 .insert(pid, (name, cg, std::time::Instant::now()));
-            s.hash_remove(EXEC_NAMES, &pid)?;
+            if gone {
+                s.hash_remove(EXEC_NAMES, &pid)?;
+            }
         }
         let mut events = 0;
         for p in snap.procs.values_mut() {
