@@ -11,6 +11,13 @@ use crate::kernel::KernelBtf;
 use crate::session::{Loader, Session};
 use memtrace_common::names;
 
+/// A tool's command line as doctor gives it, parsed as the tool's own.
+#[derive(Parser)]
+struct OneTool {
+    #[command(subcommand)]
+    tool: crate::tools::ToolCommand,
+}
+
 fn yes(ok: bool, detail: impl Into<String>) -> Row {
     Row(vec![
         Value::S(if ok { "yes" } else { "no" }.into()),
@@ -82,7 +89,13 @@ pub fn doctor() -> Result<i32> {
         }
         match Session::load(&loader, None, false) {
             Ok(mut s) => {
-                add("bpf + ring buffer", yes(true, "object loaded"));
+                let which = match crate::session::compat() {
+                    true => {
+                        "the compat object loaded (no bpf_loop: user stacks by the kernel's walker)"
+                    }
+                    false => "object loaded",
+                };
+                add("bpf + ring buffer", yes(true, which));
                 let probes = [
                     (
                         "fentry",
@@ -188,12 +201,7 @@ fn tool_attach_rows(tool: &str) -> Vec<Row> {
         vec!["memtrace", tool, "syscalls:sys_enter_brk"],
     ]
     .into_iter()
-    .filter_map(
-        |argv| match crate::cli::Cli::try_parse_from(argv).ok()?.cmd {
-            crate::cli::Command::Tool(t) => Some(t),
-            _ => None,
-        },
-    )
+    .filter_map(|argv| OneTool::try_parse_from(argv).ok().map(|o| o.tool))
     .collect();
     let Some((mut t, common)) = crate::output::muted(|| cmds.iter().find_map(|c| c.build().ok()))
     else {
@@ -228,9 +236,9 @@ fn unwind_row(tool: &str) -> Row {
     if tool == "faults" {
         argv.push("--stacks");
     }
-    let cmd = match crate::cli::Cli::try_parse_from(argv).map(|c| c.cmd) {
-        Ok(crate::cli::Command::Tool(t)) => t,
-        _ => return yes(false, "arguments refused"),
+    let cmd = match OneTool::try_parse_from(argv) {
+        Ok(o) => o.tool,
+        Err(_) => return yes(false, "arguments refused"),
     };
     let (mut t, common) = match cmd.build() {
         Ok(x) => x,

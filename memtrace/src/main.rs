@@ -2,7 +2,7 @@ use clap::Parser;
 
 fn main() {
     let cli = memtrace::cli::Cli::parse();
-    let code = match memtrace::tools::dispatch(cli) {
+    let code = match memtrace::cli::dispatch(cli) {
         Ok(code) => code,
         Err(e) => {
             if !e.quiet() {

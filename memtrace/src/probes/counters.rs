@@ -14,8 +14,8 @@ use memtrace_common::{
 };
 
 use crate::error::Result;
-use crate::run::tool::Prep;
 use crate::session::attach::{Method, Probe};
+use crate::session::Prep;
 
 /// User and kernel page faults, best way first.
 pub fn fault_probes() -> Vec<Probe> {

@@ -5,8 +5,8 @@ use memtrace_common::names;
 use memtrace_common::oom::{OomKprobeOffsets, OomTpOffsets};
 
 use crate::error::Result;
-use crate::run::tool::Prep;
 use crate::session::attach::Probe;
+use crate::session::Prep;
 
 pub fn probes() -> Vec<Probe> {
     vec![Probe::new("oom kill")

@@ -8,8 +8,8 @@ use memtrace_common::names::{
 use memtrace_common::reclaim::{total, ReclaimConfig};
 
 use crate::error::Result;
-use crate::run::tool::Prep;
 use crate::session::attach::Probe;
+use crate::session::Prep;
 use crate::session::Session;
 
 /// Reclaim begin/end pairs.

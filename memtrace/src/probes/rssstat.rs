@@ -4,7 +4,7 @@
 use memtrace_common::rss::{RssConfig, ANON, FILE, NR, SHMEM, SWAP};
 
 use crate::error::Result;
-use crate::run::tool::Prep;
+use crate::session::Prep;
 
 /// The tracepoint's offsets and counter slots, with `threshold` (0: none).
 pub fn config(k: &Prep, threshold: u64) -> Result<RssConfig> {

@@ -4,9 +4,9 @@
 
 use memtrace_common::{names, stack_mode, Filter};
 
-use crate::cli::Common;
 use crate::error::Result;
 use crate::kernel::Format;
+use crate::run::args::Common;
 use crate::run::tool::{Prep, Tool};
 use crate::session::{Loader, Session};
 use crate::stacks::symbolize::FrameStyle;
@@ -62,7 +62,8 @@ pub(crate) fn attach_with(
         fork_child_pid: 0,
         myself: std::process::id(),
     };
-    let dwarf = crate::stacks::ustack::setup(tool, &mut filter, &mut loader, copy_only)?;
+    let dwarf =
+        crate::stacks::ustack::setup(tool.user_stacks(), &mut filter, &mut loader, copy_only)?;
     // Forks are followed for --children, and with unwinding in the kernel
     // for the child's table (its parent's, from its first event).
     let kunwind = filter.stacks & stack_mode::KUNWIND != 0;

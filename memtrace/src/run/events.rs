@@ -7,9 +7,9 @@ use std::time::{Duration, Instant};
 use memtrace_common::kind;
 use tokio::io::unix::AsyncFd;
 
-use crate::cli::Common;
 use crate::error::Result;
 use crate::output::{self, Printer};
+use crate::run::args::Common;
 use crate::run::tool::Tool;
 use crate::session::Session;
 

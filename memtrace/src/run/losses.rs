@@ -1,14 +1,7 @@
 //! The warning printed while records are being lost, with advice that fits
 //! the reason: only a full ring buffer is helped by a bigger one.
 
-/// Counters of events kept in a lesser form, not lost: a stack cut at the
-/// walk's bound is reported (truncated), a fault counted while the count
-/// map was full is reported without its process. Shown apart from losses.
-pub const DEGRADATIONS: [&str; 3] = ["stack_truncated", "count_spilled", "tables_pending"];
-
-pub fn is_degradation(reason: &str) -> bool {
-    DEGRADATIONS.contains(&reason)
-}
+pub use crate::session::{is_degradation, DEGRADATIONS};
 
 /// What to do about losses of one reason (`loss::NAMES`).
 pub fn advice(reason: &str) -> &'static str {

@@ -2,6 +2,7 @@
 //! drain events and intervals, end on Ctrl-C/SIGTERM/SIGHUP, duration or the
 //! target's exit, then print the report and summary.
 
+pub mod args;
 mod attach;
 mod events;
 pub mod losses;
@@ -16,9 +17,9 @@ use std::time::Instant;
 
 use tokio::signal::unix::{signal, SignalKind};
 
-use crate::cli::Common;
 use crate::error::{Error, Result};
 use crate::output::{self, Format as OutFormat, Summary, Value};
+use crate::run::args::Common;
 use crate::run::events::{event_loop, Signals};
 use crate::run::tool::Tool;
 use crate::stacks::symbolize::FrameStyle;

@@ -6,15 +6,12 @@ use std::collections::HashMap;
 use std::hash::Hash;
 use std::time::Duration;
 
-use aya::Pod;
-use memtrace_common::names::GlobalName;
-
-use crate::cli::{IntervalArgs, StackArgs};
 use crate::error::Result;
-use crate::kernel::{Format, KernelBtf};
 use crate::output::{Printer, Value};
-use crate::session::attach::{Method, Probe};
-use crate::session::{Fold, Loader, Session};
+use crate::run::args::IntervalArgs;
+use crate::session::attach::Probe;
+use crate::session::{Fold, Session};
+use crate::stacks::args::StackArgs;
 
 /// One tool: its probes, its aggregation, its report.
 pub trait Tool {
@@ -170,49 +167,18 @@ impl<K: Hash + Eq + Copy, V: Fold> Drained<K, V> {
     }
 }
 
+pub use crate::session::Prep;
+
 fn fold_into<K: Hash + Eq, V: Fold>(to: &mut HashMap<K, V>, k: K, v: V) {
     to.entry(k)
         .and_modify(|e| *e = V::fold(&[*e, v]))
         .or_insert(v);
 }
 
-/// What `Tool::prepare` can use: the loader, and kernel facts read on demand.
-pub struct Prep<'a> {
-    pub loader: &'a mut Loader,
-    /// The process traced (`-p`, or the `-c` command), if any.
-    pub target: Option<u32>,
-    /// The attach method forced by `--attach`, if any.
-    pub forced: Option<Method>,
-    /// How stacks are taken (`memtrace_common::stack_mode` bits).
-    pub stacks: u32,
-}
-
-impl Prep<'_> {
-    pub fn btf(&self) -> Result<&'static KernelBtf> {
-        KernelBtf::shared()
-    }
-
-    /// The task/mm/cgroup offsets, set as the `TASK` global; an error naming
-    /// what is missing when kernel BTF lacks any of them.
-    pub fn task_offsets(&mut self) -> Result<()> {
-        let t = self.btf()?.task_offsets()?;
-        self.loader.global(memtrace_common::names::TASK, &t);
-        Ok(())
-    }
-
-    pub fn format(&self, cat: &str, name: &str) -> Result<Format> {
-        Format::load(cat, name)
-    }
-
-    pub fn global<T: Pod>(&mut self, g: GlobalName<T>, v: &T) {
-        self.loader.global(g, v);
-    }
-}
-
 /// The rows a tool's own tables show: `--top` as given, else every row in
 /// JSON and folded output and `TEXT_TOP` in text (stacks are cut the same
 /// way after merging, by `output::MergedStacks`).
-pub fn shown(top: Option<usize>, common: &crate::cli::Common, folded: bool) -> Option<usize> {
+pub fn shown(top: Option<usize>, common: &crate::run::args::Common, folded: bool) -> Option<usize> {
     top.or((!common.json && !folded).then_some(crate::output::TEXT_TOP))
 }
 

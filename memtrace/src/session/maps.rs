@@ -13,6 +13,15 @@ use memtrace_common::{
 use super::{chain, Session};
 use crate::error::{Error, Result};
 
+/// Counters of events kept in a lesser form, not lost: a stack cut at the
+/// walk's bound is reported (truncated), a fault counted while the count
+/// map was full is reported without its process. Shown apart from losses.
+pub const DEGRADATIONS: [&str; 3] = ["stack_truncated", "count_spilled", "tables_pending"];
+
+pub fn is_degradation(reason: &str) -> bool {
+    DEGRADATIONS.contains(&reason)
+}
+
 /// BPF_MAP_LOOKUP_AND_DELETE_ELEM on a hash map (aya does not expose it
 /// for hash maps): the key's value on each of `cpus` CPUs (1 for a map
 /// that is not per-CPU), or None when the key is gone.
@@ -287,17 +296,17 @@ impl Session {
         }
     }
 
-    /// Events kept in a lesser form (`losses::DEGRADATIONS`), by reason.
+    /// Events kept in a lesser form (`DEGRADATIONS`), by reason.
     pub fn degraded(&self) -> Vec<(&'static str, u64)> {
         let mut out = self.loss_counters();
-        out.retain(|(r, _)| crate::run::losses::is_degradation(r));
+        out.retain(|(r, _)| is_degradation(r));
         out
     }
 
     /// Events lost in the kernel so far, by reason, summed over CPUs.
     pub fn losses(&self) -> Vec<(&'static str, u64)> {
         let mut out = self.loss_counters();
-        out.retain(|(r, _)| !crate::run::losses::is_degradation(r));
+        out.retain(|(r, _)| !is_degradation(r));
         if !self.filtered {
             out.push(("missed_runs", self.skipped_runs()));
         }

@@ -10,6 +10,7 @@ mod loader;
 mod maps;
 mod misses;
 mod multi;
+mod prep;
 mod stacks;
 pub mod uprobe;
 
@@ -18,7 +19,8 @@ use std::collections::HashSet;
 use aya::{Btf, Ebpf};
 
 pub use loader::{compat, Loader};
-pub use maps::{first_name, Fold};
+pub use maps::{first_name, is_degradation, Fold, DEGRADATIONS};
+pub use prep::Prep;
 pub use stacks::StackStore;
 
 use crate::error::Result;

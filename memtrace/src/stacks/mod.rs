@@ -2,6 +2,7 @@
 //! tables the kernel programs read, unwinding in memtrace, symbolization and
 //! the counts kept by stack.
 
+pub mod args;
 pub mod buildid;
 pub mod fingerprint;
 pub mod kept;

@@ -7,19 +7,20 @@ use memtrace_common::{
     stacks::{StackKey, StackVal},
 };
 
-use crate::cli::{IntervalArgs, StackArgs};
 use crate::error::Result;
 use crate::output::{clock, Printer, StackReport};
+use crate::run::args::IntervalArgs;
 use crate::run::tool::{Prep, Tool};
 use crate::session::attach::Probe;
 use crate::session::Session;
+use crate::stacks::args::StackArgs;
 use crate::stacks::kept::{resolved, Kept};
 use crate::stacks::ustack::{sampled_reports, sampled_title, stack_report};
 
 #[derive(Debug, Clone, clap::Args)]
 pub struct Args {
     #[command(flatten)]
-    pub common: crate::cli::Common,
+    pub common: crate::run::args::Common,
     #[command(flatten)]
     pub interval: IntervalArgs,
     /// Show only the N most frequent stacks (text: 20 unless given; JSON,

@@ -18,7 +18,7 @@ use crate::session::Session;
 #[derive(Debug, Clone, clap::Args)]
 pub struct Args {
     #[command(flatten)]
-    pub common: crate::cli::Common,
+    pub common: crate::run::args::Common,
     /// Only stalls of at least this many milliseconds.
     #[arg(long = "min-latency", default_value_t = 0.0)]
     pub min_latency_ms: f64,

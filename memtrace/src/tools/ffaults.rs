@@ -10,11 +10,11 @@ use memtrace_common::{
     names::{FILES_SEEN, FILE_FAULTS},
 };
 
-use crate::cli::IntervalArgs;
 use crate::error::Result;
 use crate::output::{clock, Col, Printer, Row};
 use crate::probes::records::{comm, record};
 use crate::process::proc::{read_maps, split_dev};
+use crate::run::args::IntervalArgs;
 use crate::run::tool::{Prep, Tool};
 use crate::session::attach::Probe;
 use crate::session::Session;
@@ -22,7 +22,7 @@ use crate::session::Session;
 #[derive(Debug, Clone, clap::Args)]
 pub struct Args {
     #[command(flatten)]
-    pub common: crate::cli::Common,
+    pub common: crate::run::args::Common,
     #[command(flatten)]
     pub interval: IntervalArgs,
     /// Show only the N files with the most faults (text: 20 unless given;

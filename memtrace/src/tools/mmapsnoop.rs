@@ -23,12 +23,12 @@ use crate::stacks::symbolize::{read_maps, Mapping};
 #[derive(Debug, Clone, clap::Args)]
 pub struct Args {
     #[command(flatten)]
-    pub common: crate::cli::Common,
+    pub common: crate::run::args::Common,
     /// Show the user stack of each call.
     #[arg(long)]
     pub stack: bool,
     #[command(flatten)]
-    pub stacks: crate::cli::StackArgs,
+    pub stacks: crate::stacks::args::StackArgs,
     /// Show only failed calls (filtered in the kernel).
     #[arg(short = 'x', long = "failed")]
     pub failed: bool,
@@ -218,7 +218,7 @@ impl Tool for Mmapsnoop {
     fn probes(&self) -> Vec<Probe> {
         probes()
     }
-    fn user_stacks(&self) -> Option<(&crate::cli::StackArgs, bool)> {
+    fn user_stacks(&self) -> Option<(&crate::stacks::args::StackArgs, bool)> {
         // One line per call is printed anyway: a stack copy per call fits.
         self.args.stack.then_some((&self.args.stacks, true))
     }

@@ -2,8 +2,8 @@
 //! fallbacks), the globals its kernel programs need, its aggregation and its
 //! report. Adding a tool is one line here.
 
-use crate::cli::Common;
 use crate::error::Result;
+use crate::run::args::Common;
 use crate::run::tool::Tool;
 
 // Declared here, not by `tools!`, so that rustfmt visits every tool's file.
@@ -80,18 +80,4 @@ tools! {
     Top => top::Top,
     /// Keep the counters attached and serve them to Prometheus on /metrics.
     Serve => serve::Serve,
-}
-
-pub fn dispatch(cli: crate::cli::Cli) -> Result<i32> {
-    crate::output::note_closed_stdout();
-    match cli.cmd {
-        crate::cli::Command::Tool(t) => {
-            let (mut tool, common) = t.build()?;
-            crate::run::run(tool.as_mut(), common)
-        }
-        crate::cli::Command::Doctor => crate::doctor::doctor(),
-        crate::cli::Command::Report(a) => crate::record::report::run(&a),
-        crate::cli::Command::Diff(a) => crate::record::diff::run(&a),
-        crate::cli::Command::Annotate(a) => crate::record::annotate(&a),
-    }
 }

@@ -21,14 +21,14 @@ use crate::session::Session;
 #[derive(Debug, Clone, clap::Args)]
 pub struct Args {
     #[command(flatten)]
-    pub common: crate::cli::Common,
+    pub common: crate::run::args::Common,
     /// Add the kernel and user stacks of the task that triggered the kill:
     /// the victim's own where it triggered it (the kernel lets BPF read the
     /// user stack of the current task only).
     #[arg(long)]
     pub stack: bool,
     #[command(flatten)]
-    pub stacks: crate::cli::StackArgs,
+    pub stacks: crate::stacks::args::StackArgs,
 }
 
 pub fn probes() -> Vec<Probe> {
@@ -73,7 +73,7 @@ const COLS: [Col; 18] = [
 
 pub struct Oomkill {
     stack: bool,
-    stack_args: crate::cli::StackArgs,
+    stack_args: crate::stacks::args::StackArgs,
     kills: u64,
     /// With `--stack`: kills whose victim's own stack was captured (it
     /// triggered the kill), and those where it was out of reach.
@@ -177,7 +177,7 @@ impl Tool for Oomkill {
         p
     }
 
-    fn user_stacks(&self) -> Option<(&crate::cli::StackArgs, bool)> {
+    fn user_stacks(&self) -> Option<(&crate::stacks::args::StackArgs, bool)> {
         // OOM kills are rare: the trigger's stack is copied whole.
         self.stack.then_some((&self.stack_args, true))
     }

@@ -21,7 +21,7 @@ use crate::session::Session;
 #[derive(Debug, Clone, clap::Args)]
 pub struct Args {
     #[command(flatten)]
-    pub common: crate::cli::Common,
+    pub common: crate::run::args::Common,
     /// Show only failed calls (filtered in the kernel).
     #[arg(short = 'x', long = "failed")]
     pub failed: bool,

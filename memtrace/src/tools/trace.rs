@@ -9,7 +9,6 @@ use memtrace_common::{
     stack_mode,
 };
 
-use crate::cli::StackArgs;
 use crate::error::Result;
 use crate::kernel::tracefs::Field;
 use crate::output::{clock, Col, Printer, Row, Value};
@@ -20,11 +19,12 @@ use crate::probes::tpspec::{
 use crate::run::tool::{Prep, Tool};
 use crate::session::attach::Probe;
 use crate::session::Session;
+use crate::stacks::args::StackArgs;
 
 #[derive(Debug, Clone, clap::Args)]
 pub struct Args {
     #[command(flatten)]
-    pub common: crate::cli::Common,
+    pub common: crate::run::args::Common,
     /// Tracepoints as CATEGORY:NAME, wildcards allowed ('kmem:mm_page_*').
     #[arg(required = true, value_name = "TRACEPOINT")]
     pub patterns: Vec<String>,

@@ -8,11 +8,11 @@ use memtrace_common::names::{
 };
 use memtrace_common::reclaim::{total, ReclaimConfig, KIND_DIRECT};
 
-use crate::cli::IntervalArgs;
 use crate::error::Result;
 use crate::output::{clock, Col, Printer, Row, Value};
 use crate::probes::reclaim::{prepare_reclaim, read_totals, reclaim_probes};
 use crate::probes::records::comm;
+use crate::run::args::IntervalArgs;
 use crate::run::tool::{Prep, Tool};
 use crate::session::attach::Probe;
 use crate::session::Session;
@@ -20,7 +20,7 @@ use crate::session::Session;
 #[derive(Debug, Clone, clap::Args)]
 pub struct Args {
     #[command(flatten)]
-    pub common: crate::cli::Common,
+    pub common: crate::run::args::Common,
     /// Seconds between rows (default 1), and how many.
     #[command(flatten)]
     pub interval: IntervalArgs,

@@ -16,8 +16,8 @@ use memtrace_common::{
 use super::{OomKill, Snapshot};
 use crate::error::Result;
 use crate::probes::records::{comm, record};
-use crate::run::tool::Prep;
 use crate::session::attach::Probe;
+use crate::session::Prep;
 use crate::session::{first_name, Fold, Session};
 
 impl Fold for MmapCount {

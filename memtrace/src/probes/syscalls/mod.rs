@@ -5,7 +5,7 @@ pub mod decode;
 
 use crate::error::{Error, Result};
 use crate::output::Value;
-use crate::run::tool::Prep;
+use crate::session::Prep;
 
 /// Offsets of a syscall tracepoint's argument fields, from its format file.
 /// The kernel programs take each as an 8-byte word of the record's first 64

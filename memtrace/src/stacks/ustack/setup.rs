@@ -9,11 +9,10 @@ use memtrace_common::{
     Filter,
 };
 
-use crate::cli::Unwinder;
 use crate::error::{Error, Result};
 use crate::kernel::KernelBtf;
-use crate::run::tool::Tool;
 use crate::session::Loader;
+use crate::stacks::args::{StackArgs, Unwinder};
 use crate::stacks::unwind::DwarfStacks;
 
 /// Resolves `--stack-mode`, says which was chosen, and sets what the kernel
@@ -22,7 +21,7 @@ use crate::stacks::unwind::DwarfStacks;
 /// `copy_only` rules out unwinding in the kernel (after this kernel refused
 /// it).
 pub(crate) fn setup(
-    tool: &dyn Tool,
+    user_stacks: Option<(&StackArgs, bool)>,
     filter: &mut Filter,
     loader: &mut Loader,
     copy_only: bool,
@@ -33,8 +32,8 @@ pub(crate) fn setup(
     // Without bpf_loop only the kernel's walker is there (the compat
     // object's programs take no other way).
     if crate::session::compat() {
-        let dwarf = tool.user_stacks().map(|(a, _)| a.stack_mode);
-        if dwarf == Some(crate::cli::StackMode::Dwarf) {
+        let dwarf = user_stacks.map(|(a, _)| a.stack_mode);
+        if dwarf == Some(crate::stacks::args::StackMode::Dwarf) {
             return Err(Error::Unsupported {
                 what: "user stacks by DWARF".into(),
                 reasons: "this kernel has no bpf_loop (Linux 5.17), which copying and unwinding \
@@ -49,9 +48,9 @@ pub(crate) fn setup(
         return Ok(None);
     }
     let system_wide = filter.tgid == 0;
-    let dwarf = match tool.user_stacks() {
+    let dwarf = match user_stacks {
         Some((args, rare)) => {
-            let auto = args.stack_mode == crate::cli::StackMode::Auto;
+            let auto = args.stack_mode == crate::stacks::args::StackMode::Auto;
             // The in-kernel unwinder refused: too many events to copy
             // each one's stack.
             let fp = copy_only && args.refused_fallback_is_fp(rare);
@@ -168,50 +167,26 @@ pub(crate) fn setup(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cli::{StackArgs, StackMode};
-    use crate::run::tool::Prep;
-    use crate::session::attach::Probe;
-
-    struct Stacks(StackArgs);
-    impl Tool for Stacks {
-        fn name(&self) -> &'static str {
-            "test"
-        }
-        fn what(&self) -> String {
-            String::new()
-        }
-        fn probes(&self) -> Vec<Probe> {
-            Vec::new()
-        }
-        fn prepare(&mut self, _: &mut Prep) -> Result<()> {
-            Ok(())
-        }
-        fn events(&self) -> u64 {
-            0
-        }
-        fn user_stacks(&self) -> Option<(&StackArgs, bool)> {
-            Some((&self.0, false))
-        }
-    }
+    use crate::stacks::args::StackMode;
 
     /// Both ways of taking user stacks read the main thread's stack top
     /// through task->mm: the task offsets must be set whatever the tool sets.
     #[test]
     fn user_stacks_get_the_task_offsets_they_read_through() {
         for mode in [StackMode::Fp, StackMode::Dwarf] {
-            let tool = Stacks(StackArgs {
+            let args = StackArgs {
                 stack_mode: mode,
                 stack_size: 4096,
                 sample: 1,
                 unwinder: Unwinder::Copy,
                 unwind_table_size: 1 << 16,
-            });
+            };
             let mut filter = Filter {
                 stacks: stack_mode::USER,
                 ..Default::default()
             };
             let mut loader = Loader::default();
-            let dwarf = setup(&tool, &mut filter, &mut loader, false).unwrap();
+            let dwarf = setup(Some((&args, false)), &mut filter, &mut loader, false).unwrap();
             assert_eq!(dwarf.is_some(), mode == StackMode::Dwarf);
             let names: Vec<_> = loader.global_names().collect();
             assert!(names.contains(&"TASK"), "{mode:?}: {names:?}");

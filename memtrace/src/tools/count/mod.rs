@@ -13,21 +13,22 @@ use memtrace_common::{
     stack_mode,
 };
 
-use crate::cli::{parse_duration, IntervalArgs, StackArgs};
 use crate::error::{Error, Result};
 use crate::output::{clock, Col, Printer, Row, StackReport, Value};
 use crate::probes::records::comm;
 use crate::probes::tpspec::{expand, parse_filter, tracepoint_probes, FilterSpec, Selected, Spec};
+use crate::run::args::{parse_duration, IntervalArgs};
 use crate::run::tool::{Drained, Prep, Tool};
 use crate::session::attach::Probe;
 use crate::session::{first_name, Fold, Session};
+use crate::stacks::args::StackArgs;
 use crate::stacks::ustack::{sampled_reports, stack_report};
 use keys::KeyCol;
 
 #[derive(Debug, Clone, clap::Args)]
 pub struct Args {
     #[command(flatten)]
-    pub common: crate::cli::Common,
+    pub common: crate::run::args::Common,
     /// Tracepoints as CATEGORY:NAME, wildcards allowed ('vmscan:*',
     /// 'kmem:mm_page_*'), then optionally INTERVAL [COUNT].
     #[arg(required = true, value_name = "PATTERN")]

@@ -10,11 +10,11 @@ use memtrace_common::{
     stacks::USTACK_SPILLED,
 };
 
-use crate::cli::IntervalArgs;
 use crate::error::{Error, Result};
 use crate::output::{clock, Col, Printer, Row, StackReport};
 use crate::probes::records::comm;
 use crate::process::follow::{exec_names, exec_probe};
+use crate::run::args::IntervalArgs;
 use crate::run::tool::{Prep, Tool};
 use crate::session::attach::Probe;
 use crate::session::Session;
@@ -30,7 +30,7 @@ use slots::Slots;
 #[derive(Debug, Clone, clap::Args)]
 pub struct Args {
     #[command(flatten)]
-    pub common: crate::cli::Common,
+    pub common: crate::run::args::Common,
     #[command(flatten)]
     pub interval: IntervalArgs,
     /// Show only the N largest entries (text: 20 unless given; JSON, folded
@@ -51,7 +51,7 @@ pub struct Args {
     #[arg(long)]
     pub by_mapping: bool,
     #[command(flatten)]
-    pub stack_args: crate::cli::StackArgs,
+    pub stack_args: crate::stacks::args::StackArgs,
     /// Per-CPU count-by-process slots (a power of two; 0: hash map only).
     /// Tests shrink it to force processes onto the hash map.
     #[arg(long, hide = true, default_value_t = 1024)]
@@ -321,7 +321,7 @@ impl Tool for Faults {
     fn folded(&self) -> bool {
         self.args.folded
     }
-    fn user_stacks(&self) -> Option<(&crate::cli::StackArgs, bool)> {
+    fn user_stacks(&self) -> Option<(&crate::stacks::args::StackArgs, bool)> {
         // Faults come by the hundred thousand a second: not rare.
         self.args.stacks.then_some((&self.args.stack_args, false))
     }

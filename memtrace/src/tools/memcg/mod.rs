@@ -16,12 +16,12 @@ use memtrace_common::{
     stack_mode,
 };
 
-use crate::cli::IntervalArgs;
 use crate::error::{Error, Result};
 use crate::output::{Printer, Value};
 use crate::probes::reclaim::{prepare_reclaim, reclaim_probes};
 use crate::probes::records::record;
 use crate::process::cgroup::{notify::Poller, Events, Group, Psi, Version};
+use crate::run::args::IntervalArgs;
 use crate::run::tool::{Prep, Tool};
 use crate::session::attach::Probe;
 use crate::session::Session;
@@ -35,7 +35,7 @@ mod watch;
 #[derive(Debug, Clone, clap::Args)]
 pub struct Args {
     #[command(flatten)]
-    pub common: crate::cli::Common,
+    pub common: crate::run::args::Common,
     /// Watch this memory cgroup: a path (/a/b inside the hierarchy, or the
     /// directory) or a process id inside it. Repeatable; default: every
     /// group with a limit of its own.
@@ -65,7 +65,7 @@ pub struct Args {
     #[arg(long, value_name = "DIR", default_value = prekill::DIR, requires = "prekill")]
     pub prekill_dir: std::path::PathBuf,
     #[command(flatten)]
-    pub stacks: crate::cli::StackArgs,
+    pub stacks: crate::stacks::args::StackArgs,
 }
 
 fn parse_pct(s: &str) -> std::result::Result<f64, String> {
@@ -256,7 +256,7 @@ impl Tool for Memcg {
     fn intervals(&self) -> Option<&IntervalArgs> {
         Some(&self.args.interval)
     }
-    fn user_stacks(&self) -> Option<(&crate::cli::StackArgs, bool)> {
+    fn user_stacks(&self) -> Option<(&crate::stacks::args::StackArgs, bool)> {
         // A stack per MiB of growth: frequent under a fast allocator.
         self.warning().then_some((&self.args.stacks, false))
     }

@@ -4,7 +4,8 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use crate::cli::{parse_size, IntervalArgs, StackArgs};
+use crate::run::args::IntervalArgs;
+use crate::stacks::args::{parse_size, StackArgs};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum Sort {
@@ -15,7 +16,7 @@ pub enum Sort {
 #[derive(Debug, Clone, clap::Args)]
 pub struct Args {
     #[command(flatten)]
-    pub common: crate::cli::Common,
+    pub common: crate::run::args::Common,
     #[command(flatten)]
     pub interval: IntervalArgs,
     /// Show the N stacks holding most (text: 10 unless given; JSON, folded
@@ -95,6 +96,6 @@ pub const DEFAULT_MAX_STACKS: u32 = 1 << 18;
 fn parse_age(s: &str) -> std::result::Result<Duration, String> {
     match s.parse::<u64>() {
         Ok(ms) => Ok(Duration::from_millis(ms)),
-        Err(_) => crate::cli::parse_duration(s),
+        Err(_) => crate::run::args::parse_duration(s),
     }
 }

@@ -22,12 +22,13 @@ use memtrace_common::{
     stack_mode,
 };
 
-use crate::cli::{IntervalArgs, StackArgs};
 use crate::error::{Error, Result};
 use crate::output::{Printer, Value};
+use crate::run::args::IntervalArgs;
 use crate::run::tool::{Prep, Tool};
 use crate::session::attach::Probe;
 use crate::session::Session;
+use crate::stacks::args::StackArgs;
 
 pub struct Memleak {
     args: Args,

@@ -1,7 +1,7 @@
 //! Mappings left out of rss's threshold (`--exclude`): by name or by exact
 //! size, and the bytes of a process's mappings they cover.
 
-use crate::cli::parse_size;
+use crate::stacks::args::parse_size;
 
 #[derive(Debug, Clone, PartialEq)]
 pub enum Exclude {

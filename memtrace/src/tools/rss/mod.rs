@@ -14,20 +14,21 @@ use memtrace_common::{
 
 use memtrace_common::names;
 
-use crate::cli::{parse_size, IntervalArgs};
 use crate::error::{Error, Result};
 use crate::output::{clock, Col, Printer, Row, Value};
 use crate::probes::records::{comm, record};
+use crate::run::args::IntervalArgs;
 use crate::run::tool::{Prep, Tool};
 use crate::session::attach::Probe;
 use crate::session::Session;
+use crate::stacks::args::parse_size;
 
 #[derive(Debug, Clone, clap::Args)]
 pub struct Args {
     #[command(flatten)]
-    pub common: crate::cli::Common,
+    pub common: crate::run::args::Common,
     #[command(flatten)]
-    pub stacks: crate::cli::StackArgs,
+    pub stacks: crate::stacks::args::StackArgs,
     /// Seconds between reports (default 1), and how many.
     #[command(flatten)]
     pub interval: IntervalArgs,
@@ -279,7 +280,7 @@ impl Tool for Rss {
     fn default_interval(&self) -> Option<Duration> {
         Some(Duration::from_secs(1))
     }
-    fn user_stacks(&self) -> Option<(&crate::cli::StackArgs, bool)> {
+    fn user_stacks(&self) -> Option<(&crate::stacks::args::StackArgs, bool)> {
         // Crossing the threshold happens once: its stack is copied whole.
         self.args
             .threshold

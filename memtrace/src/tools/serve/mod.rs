@@ -22,7 +22,7 @@ use series::Series;
 #[derive(Debug, Clone, clap::Args)]
 pub struct Args {
     #[command(flatten)]
-    pub common: crate::cli::Common,
+    pub common: crate::run::args::Common,
     /// Address and port to serve /metrics on (`:PORT` is 127.0.0.1:PORT).
     #[arg(long, default_value = "127.0.0.1:9477")]
     pub listen: String,
@@ -31,10 +31,10 @@ pub struct Args {
     #[arg(long, default_value_t = 50, value_parser = clap::value_parser!(u32).range(1..=10000))]
     pub max_series: u32,
     /// How often the counters are read (e.g. 1s, 5s).
-    #[arg(short = 'i', long, default_value = "1s", value_parser = crate::cli::parse_duration)]
+    #[arg(short = 'i', long, default_value = "1s", value_parser = crate::run::args::parse_duration)]
     pub interval: Duration,
     /// How long an exited process keeps its series (e.g. 60s).
-    #[arg(long, default_value = "60s", value_parser = crate::cli::parse_duration)]
+    #[arg(long, default_value = "60s", value_parser = crate::run::args::parse_duration)]
     pub keep_exited: Duration,
 }
 

@@ -11,11 +11,12 @@ use memtrace_common::{
     stack_mode,
 };
 
-use crate::cli::{Common, StackArgs, StackMode};
 use crate::error::Result;
+use crate::run::args::Common;
 use crate::run::tool::{Prep, Tool};
 use crate::session::attach::Probe;
 use crate::session::Session;
+use crate::stacks::args::{StackArgs, StackMode};
 use crate::stacks::ustack::stack_report;
 
 /// Stacks shown of each kind.
@@ -74,7 +75,7 @@ impl Detail {
                 stack_mode: StackMode::Auto,
                 stack_size: 16384,
                 sample: 1,
-                unwinder: crate::cli::Unwinder::Kernel,
+                unwinder: crate::stacks::args::Unwinder::Kernel,
                 // 8 MiB: one process's files (glibc is ~40,000 rows).
                 unwind_table_size: 1 << 20,
             },

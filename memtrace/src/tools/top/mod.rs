@@ -10,10 +10,10 @@ mod ui;
 use std::io::IsTerminal;
 use std::time::Duration;
 
-use crate::cli::IntervalArgs;
 use crate::error::Result;
 use crate::output::{clock, Col, Printer, Row, Value};
 use crate::probes::snapshot::{Counters, Snapshot};
+use crate::run::args::IntervalArgs;
 use crate::run::tool::{Prep, Tool};
 use crate::session::attach::Probe;
 use crate::session::Session;
@@ -24,12 +24,12 @@ pub use table::SortKey;
 #[derive(Debug, Clone, clap::Args)]
 pub struct Args {
     #[command(flatten)]
-    pub common: crate::cli::Common,
+    pub common: crate::run::args::Common,
     #[command(flatten)]
     pub interval: IntervalArgs,
     /// Refresh every SECS, as procps top's -d (the run's length is
     /// --duration).
-    #[arg(short = 'd', value_name = "SECS", value_parser = crate::cli::parse_duration,
+    #[arg(short = 'd', value_name = "SECS", value_parser = crate::run::args::parse_duration,
           conflicts_with_all = ["interval", "interval_pos"])]
     pub delay: Option<Duration>,
     /// Stop after this many refreshes (as --count).
