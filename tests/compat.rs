@@ -95,17 +95,17 @@ fn memleak_uprobes_hold_exactly_what_leaked_without_cookies() {
     ]);
     assert_eq!(out.code, 0, "{}", out.stderr);
     let rows = json_of(&out.stdout, "memleak");
-    let held = |f: &str| {
-        rows.iter()
-            .filter(|r| user_frames(r).first().is_some_and(|s| s.contains(f)))
-            .fold((0, 0), |(n, b), r| {
-                (
-                    n + r["count"].as_u64().unwrap(),
-                    b + r["bytes"].as_u64().unwrap(),
-                )
-            })
-    };
-    assert_eq!(held("leak_small_blocks"), (7, 7000), "{}", out.stdout);
-    assert_eq!(held("leak_big_blocks"), (3, 3 << 20), "{}", out.stdout);
-    assert_eq!(held("churn"), (0, 0), "{}", out.stdout);
+    assert_eq!(
+        held(&rows, "leak_small_blocks"),
+        (7, 7000),
+        "{}",
+        out.stdout
+    );
+    assert_eq!(
+        held(&rows, "leak_big_blocks"),
+        (3, 3 << 20),
+        "{}",
+        out.stdout
+    );
+    assert_eq!(held(&rows, "churn"), (0, 0), "{}", out.stdout);
 }

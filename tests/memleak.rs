@@ -12,19 +12,6 @@ const SIZE: u64 = 1000;
 const M: u64 = 3;
 const BIG: u64 = 1 << 20;
 
-/// Outstanding (allocations, bytes) of the stacks whose innermost user
-/// frame is in `func`.
-fn held(rows: &[serde_json::Value], func: &str) -> (u64, u64) {
-    rows.iter()
-        .filter(|r| user_frames(r).first().is_some_and(|f| f.contains(func)))
-        .fold((0, 0), |(n, b), r| {
-            (
-                n + r["count"].as_u64().unwrap(),
-                b + r["bytes"].as_u64().unwrap(),
-            )
-        })
-}
-
 fn lost(stdout: &str, what: &str) -> u64 {
     json_of(stdout, "summary")[0]["lost"][what]
         .as_u64()

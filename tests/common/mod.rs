@@ -262,6 +262,19 @@ pub fn user_frames(v: &serde_json::Value) -> Vec<String> {
         .collect()
 }
 
+/// memleak's outstanding (allocations, bytes) of the stacks whose
+/// innermost user frame is in `func`.
+pub fn held(rows: &[serde_json::Value], func: &str) -> (u64, u64) {
+    rows.iter()
+        .filter(|r| user_frames(r).first().is_some_and(|f| f.contains(func)))
+        .fold((0, 0), |(n, b), r| {
+            (
+                n + r["count"].as_u64().unwrap(),
+                b + r["bytes"].as_u64().unwrap(),
+            )
+        })
+}
+
 /// JSON lines of a given "type".
 pub fn json_of(stdout: &str, ty: &str) -> Vec<serde_json::Value> {
     stdout

@@ -28,17 +28,25 @@ pub fn fentry_loads(btf_id: u32) -> io::Result<()> {
 }
 
 /// Whether programs can read an attach cookie (`bpf_get_attach_cookie`,
-/// Linux 5.15): its helper is in this kernel's BTF. `MEMTRACE_OBJECT=compat`
-/// says no, to try the ways of older kernels on a newer one.
+/// Linux 5.15).
 pub fn attach_cookies() -> bool {
     static HERE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *HERE.get_or_init(|| {
-        if std::env::var("MEMTRACE_OBJECT").is_ok_and(|v| v == "compat") {
-            return false;
-        }
-        super::KernelBtf::shared().is_ok_and(|b| {
-            b.enumerator("bpf_func_id", "BPF_FUNC_get_attach_cookie")
-                .is_some()
-        })
-    })
+    *HERE.get_or_init(|| helper_here("BPF_FUNC_get_attach_cookie"))
+}
+
+/// Whether programs can call `bpf_loop` (Linux 5.17): without it memtrace
+/// loads its compat object.
+pub fn bpf_loop() -> bool {
+    static HERE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *HERE.get_or_init(|| helper_here("BPF_FUNC_loop"))
+}
+
+/// Whether this kernel's BTF knows helper `id` (`enum bpf_func_id`).
+/// `MEMTRACE_OBJECT=compat` says no, to try the ways of older kernels on a
+/// newer one.
+fn helper_here(id: &str) -> bool {
+    if std::env::var("MEMTRACE_OBJECT").is_ok_and(|v| v == "compat") {
+        return false;
+    }
+    super::KernelBtf::shared().is_ok_and(|b| b.enumerator("bpf_func_id", id).is_some())
 }

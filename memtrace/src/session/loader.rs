@@ -17,18 +17,10 @@ static FULL: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/memt
 static COMPAT: &[u8] =
     aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/memtrace-compat.obj"));
 
-/// Whether this kernel gets the compat object: it has no bpf_loop (its
-/// BTF's `enum bpf_func_id` has no `BPF_FUNC_loop`), or
-/// `MEMTRACE_OBJECT=compat` asks for it (to try it on a newer kernel).
+/// Whether this kernel gets the compat object: it has no bpf_loop (or
+/// `MEMTRACE_OBJECT=compat` asks for it).
 pub fn compat() -> bool {
-    static COMPAT_HERE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *COMPAT_HERE.get_or_init(|| {
-        if std::env::var("MEMTRACE_OBJECT").is_ok_and(|v| v == "compat") {
-            return true;
-        }
-        crate::kernel::KernelBtf::shared()
-            .is_ok_and(|b| b.enumerator("bpf_func_id", "BPF_FUNC_loop").is_none())
-    })
+    !crate::kernel::feature::bpf_loop()
 }
 
 /// The object for this kernel.
