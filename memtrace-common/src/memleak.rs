@@ -89,6 +89,10 @@ pub struct MemleakConfig {
     pub pcpu_free_ptr: u32,
     /// Bytes in a page, for page allocations.
     pub page_size: u32,
+    /// Non-zero: the processes traced are those in the memory cgroups
+    /// memcg watches (`MEMCG_WATCH`), whatever `FILTER` says (memcg --heap).
+    pub by_group: u32,
+    pub _pad: u32,
 }
 
 impl MemleakConfig {
@@ -114,6 +118,8 @@ impl MemleakConfig {
         pcpu_alloc_bytes: 0,
         pcpu_free_ptr: 0,
         page_size: 4096,
+        by_group: 0,
+        _pad: 0,
     };
 }
 

@@ -18,7 +18,7 @@ use memtrace_common::{
 
 use crate::helpers::{
     count_loss, css_cgroup_id, current_task, current_tgid, emit, read0, rss_change, stack_ids,
-    NO_PREALLOC, TASK,
+    MEMCG_WATCH, NO_PREALLOC, TASK,
 };
 
 #[unsafe(no_mangle)]
@@ -36,11 +36,6 @@ static MEMCG_OFFS: Global<MemcgOffsets> = Global::new(MemcgOffsets {
 /// Warning lines by the kernfs id of the group that sets the limit.
 #[map]
 static MEMCG_LINES: HashMap<u64, MemcgLine> = HashMap::with_max_entries(1024, NO_PREALLOC);
-
-/// Followed groups by kernfs id: how many levels up the group that sets
-/// their limit is (`NO_LINE`: none).
-#[map]
-static MEMCG_WATCH: HashMap<u64, u8> = HashMap::with_max_entries(1024, NO_PREALLOC);
 
 #[map]
 static MEMCG_PROCS: HashMap<u32, MemcgProc> = HashMap::with_max_entries(4096, NO_PREALLOC);

@@ -168,3 +168,15 @@ pub fn pipes(n: usize, keep: bool, linger_ms: u64) {
     std::thread::sleep(Duration::from_millis(linger_ms));
     black_box(fds);
 }
+
+/// One block of MIB MiB from malloc, every page touched, never freed: a
+/// heap that grows toward its group's limit (memcg --heap's tests).
+#[inline(never)]
+pub fn grow_heap_mib(mib: usize) {
+    let len = mib << 20;
+    let p = unsafe { libc::malloc(len) } as *mut u8;
+    assert!(!p.is_null(), "malloc({len})");
+    for i in (0..len).step_by(4096) {
+        unsafe { std::ptr::write_volatile(p.add(i), 1) };
+    }
+}

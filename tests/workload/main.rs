@@ -283,6 +283,19 @@ fn main() {
                 std::thread::sleep(std::time::Duration::from_millis(pause));
             }
         }
+        // heap-steps STEP_MIB N PAUSE_MS: N blocks of STEP_MIB from malloc,
+        // touched and kept, pausing between.
+        "heap-steps" => {
+            let (step, n, pause) = (
+                arg(&args, 1, 1usize),
+                arg(&args, 2, 300usize),
+                arg(&args, 3, 10u64),
+            );
+            for _ in 0..n {
+                leak::grow_heap_mib(step);
+                std::thread::sleep(std::time::Duration::from_millis(pause));
+            }
+        }
         // hold MIB: allocate and touch MIB MiB, say "ready", then sleep.
         "hold" => {
             pages::allocate_and_touch_mib(arg(&args, 1, 40));

@@ -1,9 +1,13 @@
-//! Which processes are traced: one pid, optionally with its descendants.
+//! Which processes are traced: one pid, optionally with its descendants;
+//! or the ones in the memory cgroups memcg watches.
 
 use aya_ebpf::{helpers::bpf_get_current_pid_tgid, macros::map, maps::HashMap, Global};
 use memtrace_common::Filter;
 
-use super::NO_PREALLOC;
+use super::{
+    reads::{current_task, memcg_id},
+    NO_PREALLOC,
+};
 
 #[unsafe(no_mangle)]
 pub static FILTER: Global<Filter> = Global::new(Filter {
@@ -34,4 +38,19 @@ pub fn wanted(tgid: u32) -> bool {
         return true;
     }
     f.children != 0 && unsafe { FOLLOWED.get(tgid) }.is_some()
+}
+
+/// Memory cgroups memcg watches, by kernfs id (descendants included, set by
+/// userspace): how many levels up the group that sets their limit is.
+#[map]
+pub static MEMCG_WATCH: HashMap<u64, u8> = HashMap::with_max_entries(1024, NO_PREALLOC);
+
+/// Whether the current task is in a watched memory cgroup (and not memtrace).
+#[inline(always)]
+pub fn in_watched_group() -> bool {
+    if current_tgid() == FILTER.load().myself {
+        return false;
+    }
+    let id = unsafe { memcg_id(current_task()) };
+    id != 0 && unsafe { MEMCG_WATCH.get(&id) }.is_some()
 }

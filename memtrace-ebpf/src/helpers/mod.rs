@@ -21,7 +21,7 @@ mod unwind_vma;
 mod walk;
 
 pub use emit::{count_loss, emit};
-pub use filter::{current_tgid, wanted, FILTER};
+pub use filter::{current_tgid, in_watched_group, wanted, FILTER, MEMCG_WATCH};
 pub use generation::count_gen;
 pub use reads::{
     css_cgroup_id, current_mm_u64, current_task, fd_file, memcg_id, read, read0, tp_field, TASK,

@@ -20,7 +20,17 @@ use memtrace_common::{
 use super::{
     admit, bump, pending, record, release, set_pending, tracked, MEMLEAK_CFG, ML_EXECS, USER,
 };
-use crate::helpers::{count_loss, current_tgid, tp_field, wanted};
+use crate::helpers::{count_loss, current_tgid, in_watched_group, tp_field, wanted};
+
+/// Whether process `tgid` (the current one) is traced: the filter's, or
+/// for memcg --heap the watched groups' processes.
+#[inline(always)]
+fn traced(tgid: u32) -> bool {
+    if MEMLEAK_CFG.load().by_group != 0 {
+        return in_watched_group();
+    }
+    wanted(tgid)
+}
 
 const MAP_ANONYMOUS: u64 = 0x20;
 /// glibc's smallest mmap threshold (DEFAULT_MMAP_THRESHOLD_MIN): a call this
@@ -55,7 +65,7 @@ fn mul(x: u64, y: u64) -> u64 {
 /// has no old block to release.
 #[inline(always)]
 fn alloc_enter(regs: *const pt_regs, shape: u64) -> bool {
-    if !wanted(current_tgid()) {
+    if !traced(current_tgid()) {
         return false;
     }
     let r = unsafe { &*regs };
@@ -205,7 +215,7 @@ pub fn ml_alloc_session(raw: *mut c_void) -> u32 {
 #[uprobe]
 pub fn ml_free(ctx: ProbeContext) -> u32 {
     let tgid = current_tgid();
-    if wanted(tgid) {
+    if traced(tgid) {
         free_user(tgid, ctx.arg::<u64>(0).unwrap_or(0));
     }
     0
@@ -220,7 +230,7 @@ pub fn ml_exec(_ctx: TracePointContext) -> u32 {
         s.id = 0;
     }
     let tgid = current_tgid();
-    if wanted(tgid)
+    if traced(tgid)
         && ML_EXECS
             .insert(&tgid, &unsafe { bpf_ktime_get_ns() }, 0)
             .is_err()
@@ -233,7 +243,7 @@ pub fn ml_exec(_ctx: TracePointContext) -> u32 {
 /// Anonymous mmap outside the allocator (whose own mmaps are its blocks).
 #[tracepoint]
 pub fn ml_mmap_enter(ctx: TracePointContext) -> u32 {
-    if !wanted(current_tgid()) {
+    if !traced(current_tgid()) {
         return 0;
     }
     let c = MEMLEAK_CFG.load();
@@ -288,7 +298,7 @@ pub fn ml_mmap_exit(ctx: TracePointContext) -> u32 {
 #[tracepoint]
 pub fn ml_munmap(ctx: TracePointContext) -> u32 {
     let tgid = current_tgid();
-    if wanted(tgid) {
+    if traced(tgid) {
         // Only whole mappings memtrace saw made; anything else is not an
         // allocation it tracks.
         release(

@@ -3,6 +3,7 @@
 //! their kernel programs send, and the per-process snapshot top and serve read.
 
 pub mod counters;
+pub mod heap;
 pub mod oom;
 pub mod reclaim;
 pub mod records;

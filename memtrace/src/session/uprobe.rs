@@ -190,6 +190,38 @@ fn emulated(ins: &Instruction) -> bool {
     }
 }
 
+/// Whether `path` is an ELF executable without an interpreter (static).
+pub fn is_static(path: &Path) -> bool {
+    matches!(interpreter(path), Interp::Static)
+}
+
+/// How an ELF executable is loaded.
+pub enum Interp {
+    Static,
+    Other(String),
+    NotElf,
+}
+
+/// Whether `path` is static, has an interpreter (which), or is no ELF file.
+pub fn interpreter(path: &Path) -> Interp {
+    use object::read::elf::{ElfFile64, ProgramHeader as _};
+    let Ok(data) = std::fs::read(path) else {
+        return Interp::NotElf;
+    };
+    let Ok(elf) = ElfFile64::<object::Endianness>::parse(&*data) else {
+        return Interp::NotElf;
+    };
+    let e = elf.endian();
+    for ph in elf.elf_program_headers() {
+        if ph.p_type(e) == object::elf::PT_INTERP {
+            let name = ph.data(e, &*data).unwrap_or_default();
+            let name = name.split(|&b| b == 0).next().unwrap_or_default();
+            return Interp::Other(String::from_utf8_lossy(name).into_owned());
+        }
+    }
+    Interp::Static
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

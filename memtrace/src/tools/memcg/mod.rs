@@ -18,6 +18,7 @@ use memtrace_common::{
 
 use crate::error::{Error, Result};
 use crate::output::{Printer, Value};
+use crate::probes::heap::watch::HeapWatch;
 use crate::probes::reclaim::{prepare_reclaim, reclaim_probes};
 use crate::probes::records::record;
 use crate::process::cgroup::{notify::Poller, Events, Group, Psi, Version};
@@ -26,64 +27,15 @@ use crate::run::tool::{Prep, Tool};
 use crate::session::attach::Probe;
 use crate::session::Session;
 
+pub use args::Args;
+
+mod args;
+mod heap;
 mod oom;
 mod prekill;
 mod table;
 mod warn;
 mod watch;
-
-#[derive(Debug, Clone, clap::Args)]
-pub struct Args {
-    #[command(flatten)]
-    pub common: crate::run::args::Common,
-    /// Watch this memory cgroup: a path (/a/b inside the hierarchy, or the
-    /// directory) or a process id inside it. Repeatable; default: every
-    /// group with a limit of its own.
-    #[arg(long = "cgroup", value_name = "PATH|PID")]
-    pub cgroups: Vec<String>,
-    /// Print the table every this many seconds (default: once, at the end).
-    #[command(flatten)]
-    pub interval: IntervalArgs,
-    /// Warn once when a group's usage reaches PCT percent of the limit in
-    /// force (v1: the kernel's threshold notifier).
-    #[arg(long, value_name = "PCT", value_parser = parse_pct)]
-    pub warn: Option<f64>,
-    /// Warn once when tasks of a group stall on memory PCT percent of a
-    /// second (v2 PSI trigger): `some:PCT` or `full:PCT`.
-    #[arg(long, value_name = "some|full:PCT", value_parser = parse_pressure)]
-    pub warn_pressure: Option<(String, f64)>,
-    /// Exit with code 3 after the first warning.
-    #[arg(long)]
-    pub fail: bool,
-    /// Answer systemd-oomd's prekill calls (systemd 260+, with
-    /// PrekillHookTimeoutSec= set): before oomd kills a group, print what
-    /// is known of it (usage, limit, the processes that grew most and
-    /// their stacks), then let oomd go on.
-    #[arg(long)]
-    pub prekill: bool,
-    /// Where oomd looks for prekill hooks.
-    #[arg(long, value_name = "DIR", default_value = prekill::DIR, requires = "prekill")]
-    pub prekill_dir: std::path::PathBuf,
-    #[command(flatten)]
-    pub stacks: crate::stacks::args::StackArgs,
-}
-
-fn parse_pct(s: &str) -> std::result::Result<f64, String> {
-    match s.trim_end_matches('%').parse::<f64>() {
-        Ok(v) if v > 0.0 && v <= 100.0 => Ok(v),
-        _ => Err(format!("'{s}' is not a percentage from 0 to 100")),
-    }
-}
-
-fn parse_pressure(s: &str) -> std::result::Result<(String, f64), String> {
-    let (kind, pct) = s
-        .split_once(':')
-        .ok_or_else(|| format!("'{s}' is not some:PCT or full:PCT"))?;
-    if kind != "some" && kind != "full" {
-        return Err(format!("'{kind}' is neither some nor full"));
-    }
-    Ok((kind.to_string(), parse_pct(pct)?))
-}
 
 /// How long the usage and pressure timeline goes back, and how often it is sampled.
 const TIMELINE: Duration = Duration::from_secs(30);
@@ -141,6 +93,7 @@ pub struct Memcg {
     rows: u64,
     hook: Option<prekill::Hook>,
     prekills: u64,
+    heap: Option<HeapWatch>,
 }
 
 impl Memcg {
@@ -208,6 +161,7 @@ impl Memcg {
             rows: 0,
             hook,
             prekills: 0,
+            heap: a.heap.then(|| HeapWatch::new(a.heap_sample, true)),
         })
     }
 
@@ -245,6 +199,9 @@ impl Tool for Memcg {
                     .optional(),
             );
         }
+        if let Some(h) = &self.heap {
+            p.extend(h.probes());
+        }
         // Optional: the table and warnings work without it.
         p.extend(
             crate::probes::oom::probes()
@@ -258,10 +215,10 @@ impl Tool for Memcg {
     }
     fn user_stacks(&self) -> Option<(&crate::stacks::args::StackArgs, bool)> {
         // A stack per MiB of growth: frequent under a fast allocator.
-        self.warning().then_some((&self.args.stacks, false))
+        (self.warning() || self.heap.is_some()).then_some((&self.args.stacks, false))
     }
     fn stack_mode(&self) -> u32 {
-        if self.warning() {
+        if self.warning() || self.heap.is_some() {
             stack_mode::USER
         } else {
             0
@@ -269,6 +226,12 @@ impl Tool for Memcg {
     }
 
     fn prepare(&mut self, k: &mut Prep) -> Result<()> {
+        if self.heap.is_some() {
+            let pids = self.members();
+            if let Some(h) = self.heap.as_mut() {
+                h.prepare(k.loader, k.stacks, &pids)?;
+            }
+        }
         // The group of a stall is the stalled task's, read through BTF offsets.
         k.task_offsets()?;
         prepare_reclaim(
@@ -280,10 +243,12 @@ impl Tool for Memcg {
         )?;
         k.loader.max_entries(names::MEMCG_RECLAIM, 1024);
         crate::probes::oom::prepare(k)?;
+        if self.warning() || self.heap.is_some() {
+            k.loader.max_entries(names::MEMCG_WATCH, 1024);
+        }
         if self.warning() {
             let cfg = crate::probes::rssstat::config(k, 0)?;
             k.loader.global(names::MEMCG_CFG, &cfg);
-            k.loader.max_entries(names::MEMCG_WATCH, 1024);
             k.loader.max_entries(names::MEMCG_PROCS, 4096);
             k.loader.max_entries(names::MEMCG_LINES, 1024);
             // To read a group's usage at each allocation in it; without
@@ -307,6 +272,7 @@ impl Tool for Memcg {
     }
 
     fn on_start(&mut self, s: &mut Session) -> Result<()> {
+        self.follow_members(s)?;
         self.sample(s)?;
         if let Some(pct) = self.args.warn {
             let page = crate::kernel::btf::page_size();
@@ -342,6 +308,7 @@ impl Tool for Memcg {
                 continue;
             }
             if tag == TAG_TIMER {
+                self.follow_members(s)?;
                 self.sample(s)?;
                 // v2 has no usage notifier: usage is checked at each sample too.
                 for i in 0..self.groups.len() {
@@ -384,13 +351,22 @@ impl Tool for Memcg {
         self.rows + self.warnings + self.kills + self.prekills
     }
 
+    fn forget_exited(&mut self, s: &mut Session) -> Result<usize> {
+        match self.heap.as_mut() {
+            Some(h) => h.forget_exited(s),
+            None => Ok(0),
+        }
+    }
+
     fn summary_extra(&self) -> Vec<(&'static str, Value)> {
-        vec![
+        let mut v = vec![
             ("groups", Value::U(self.groups.len() as u64)),
             ("warnings", Value::U(self.warnings)),
             ("oom_kills", Value::U(self.kills)),
             ("prekill_calls", Value::U(self.prekills)),
-        ]
+        ];
+        v.extend(self.heap.iter().flat_map(HeapWatch::summary));
+        v
     }
 
     fn exit_code(&self) -> i32 {

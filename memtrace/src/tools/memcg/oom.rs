@@ -109,6 +109,12 @@ impl Memcg {
             })
             .collect();
         out.table("memcg_oom_timeline", "Usage before the kill", &tcols, &rows);
+        let title = format!(
+            "Heap held by the victim, PID {} ({}), at the kill, by stack",
+            ev.victim_pid,
+            comm(&ev.victim_comm)
+        );
+        self.heap_of(&[ev.victim_pid].into(), "memcg_oom_heap", &title, s, out)?;
         Ok(())
     }
 }

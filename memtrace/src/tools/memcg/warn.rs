@@ -222,6 +222,9 @@ impl Memcg {
             })
             .collect();
         out.stacks("memcg_warn_stack", "Latest growth", &stacks);
+        let grew: std::collections::HashSet<u32> = procs.iter().map(|p| p.0).collect();
+        let title = "Heap held by the processes that grew most, by stack";
+        self.heap_of(&grew, "memcg_warn_heap", title, s, out)?;
         Ok(())
     }
 }

@@ -101,10 +101,12 @@ impl Memcg {
                 watch.insert(g.id(), up);
             }
         }
-        if self.warning() {
+        if self.warning() || self.heap.is_some() {
             for (id, up) in &watch {
                 s.hash_insert(names::MEMCG_WATCH, *id, *up, 0)?;
             }
+        }
+        if self.warning() {
             for (pid, v) in s.hash_entries(names::MEMCG_PROCS) {
                 if !crate::process::proc::alive(pid) {
                     s.hash_remove(names::MEMCG_PROCS, &pid)?;

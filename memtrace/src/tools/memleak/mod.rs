@@ -4,12 +4,7 @@
 //! allocators by the kmem tracepoints and kernel stacks.
 
 mod args;
-mod entries;
-mod execs;
-mod exited;
 mod preload;
-mod probes;
-mod report;
 
 use std::path::PathBuf;
 
@@ -24,6 +19,7 @@ use memtrace_common::{
 
 use crate::error::{Error, Result};
 use crate::output::{Printer, Value};
+use crate::probes::heap::{execs, exited, points, report};
 use crate::run::args::IntervalArgs;
 use crate::run::tool::{Prep, Tool};
 use crate::session::attach::Probe;
@@ -196,10 +192,38 @@ impl Tool for Memleak {
                     .is_some_and(|c| !crate::process::command::is_simple(c));
             preload::probes(shim, if follow { None } else { k.target })?
         } else if self.user {
-            self.execs.probed = probes::static_inode(&self.args, k.target);
-            probes::user(&self.args, k.target, &mut cfg)?
+            let a = &self.args;
+            let follow = a.common.children
+                || a.common
+                    .command
+                    .as_deref()
+                    .is_some_and(|c| !crate::process::command::is_simple(c));
+            let at = points::Points {
+                object: a.object.as_deref(),
+                prefix: &a.symbol_prefix,
+                running: a.common.pid.and(k.target),
+                program: a.common.command.as_deref(),
+                // One process unless its children are followed: then the
+                // breakpoints go into every process mapping the object (the
+                // kernel filters by mm), and the programs keep the followed.
+                only: if follow { None } else { k.target },
+                session: !a.no_uprobe_session,
+                at_entry: a.probe_at_entry,
+            };
+            self.execs.probed = points::static_inode(&at);
+            let mut p = points::user(&at)?;
+            if let (true, Some(obj)) = (follow, &p.object) {
+                // The cost falls on processes nobody asked to trace: say so.
+                say!(
+                    "memtrace: memleak: following child processes puts the probes in every process that maps {obj} \
+                     (uprobes are filtered in the kernel for one process only): their allocator calls take the trap too \
+                     while memleak runs (about 1 us each); -p PID or a simple -c command keeps it to one process"
+                );
+            }
+            p.probes.extend(points::mmap_probes(&mut cfg)?);
+            (p.probes, p.said)
         } else {
-            (probes::kernel(&mut cfg)?, Vec::new())
+            (points::kernel(&mut cfg)?, Vec::new())
         };
         if self.args.common.verbose {
             for p in &placements {
@@ -236,10 +260,17 @@ impl Tool for Memleak {
         if self.user {
             self.execs.sweep(s, self.tables())?;
         }
+        let view = report::View {
+            by_bytes: self.args.sort == Sort::Size,
+            older: self.args.older,
+            churn: self.args.all,
+            estimated: self.args.sample_bytes.is_some(),
+            only: None,
+        };
         let reports = report::outstanding(
             s,
             self.tables(),
-            &self.args,
+            view,
             (&self.phase, &self.exited.kept.counts, &self.execs.gone),
             self.stack_mode(),
         )?;

@@ -13,14 +13,11 @@ use memtrace_common::names::{
 
 use super::Args;
 use crate::error::{Error, Result};
+use crate::probes::heap::SHIM_PREFIX as FILE_PREFIX;
 use crate::session::attach::Probe;
-use crate::session::uprobe::Symbols;
+use crate::session::uprobe::{interpreter, Interp, Symbols};
 
 static SHIM: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/memtrace_preload.so"));
-
-/// The shim's file name starts so: memleak drops a stack's first frames in
-/// it, so a stack starts at the allocator's caller, as with uprobes.
-pub const FILE_PREFIX: &str = "memtrace-preload-";
 
 /// Why the shim cannot serve `a`'s command, or None when it can.
 pub fn unusable(a: &Args) -> Option<String> {
@@ -57,36 +54,6 @@ pub fn unusable(a: &Args) -> Option<String> {
         )),
         _ => None,
     }
-}
-
-/// Whether `path` is an ELF executable without an interpreter (static).
-pub fn is_static(path: &Path) -> bool {
-    matches!(interpreter(path), Interp::Static)
-}
-
-enum Interp {
-    Static,
-    Other(String),
-    NotElf,
-}
-
-fn interpreter(path: &Path) -> Interp {
-    use object::read::elf::{ElfFile64, ProgramHeader as _};
-    let Ok(data) = std::fs::read(path) else {
-        return Interp::NotElf;
-    };
-    let Ok(elf) = ElfFile64::<object::Endianness>::parse(&*data) else {
-        return Interp::NotElf;
-    };
-    let e = elf.endian();
-    for ph in elf.elf_program_headers() {
-        if ph.p_type(e) == object::elf::PT_INTERP {
-            let name = ph.data(e, &*data).unwrap_or_default();
-            let name = name.split(|&b| b == 0).next().unwrap_or_default();
-            return Interp::Other(String::from_utf8_lossy(name).into_owned());
-        }
-    }
-    Interp::Static
 }
 
 /// Writes the shim where the command can map it executable (content-named,
@@ -184,7 +151,7 @@ pub fn probes(shim: &Path, pid: Option<u32>) -> Result<(Vec<Probe>, Vec<String>)
             .ok_or_else(|| Error::Usage(format!("{}: no function {site}", shim.display())))?;
         probes.push(Probe::new(what).uprobe(prog, path.clone(), f.file_offset, pid));
     }
-    probes.push(super::probes::execs());
+    probes.push(crate::probes::heap::points::execs());
     let said = vec![format!(
         "allocator: glibc's, through the shim preloaded from {} (one probe per call, \
          at an emulated nop; sampling done in the process)",

@@ -64,10 +64,10 @@ impl Execs {
             if Some(image.inode) == self.probed || self.said.contains(&image.inode) {
                 continue;
             }
-            if super::preload::is_static(&image.file) {
+            if crate::session::uprobe::is_static(&image.file) {
                 self.said.insert(image.inode);
                 say!(
-                    "memtrace: memleak: warning: PID {tgid} runs {}, which is statically linked: \
+                    "memtrace: warning: PID {tgid} runs {}, which is statically linked: \
                      its own allocator is not probed, so its blocks are not seen \
                      (run it as the command itself, -c '{} ...', or with -p)",
                     image.path,

@@ -1,6 +1,6 @@
-//! memleak's probe points: the allocator functions of the object the
-//! process maps (each at its cheapest instruction), its anonymous mmaps,
-//! or the kernel's allocator tracepoints.
+//! Heap probe points: the allocator functions of the object a process maps
+//! (each at its cheapest instruction), anonymous mmaps, or the kernel's
+//! allocator tracepoints.
 
 use iced_x86::Register;
 use memtrace_common::{
@@ -12,14 +12,35 @@ use memtrace_common::{
     },
 };
 
+use std::path::Path;
+
 use super::entries::{args_read, ALLOCATORS, CXX_DELETE, CXX_NEW, JE_ALLOC, JE_FREE};
-use super::Args;
 use crate::error::{Error, Result};
 use crate::kernel::Format;
 use crate::session::attach::{Method, Probe};
 use crate::session::uprobe::{
-    is_libc, mapped_libraries, mapped_library, placement, Library, Placement, Symbols,
+    is_libc, is_static, mapped_libraries, mapped_library, placement, Library, Placement, Symbols,
 };
+
+/// Which allocator is probed, for which processes, and how.
+#[derive(Clone, Copy, Default)]
+pub struct Points<'a> {
+    /// The allocator's object, named (`-O`).
+    pub object: Option<&'a Path>,
+    /// Its functions' prefix (jemalloc's `je_`, mimalloc's `mi_`).
+    pub prefix: &'a str,
+    /// A running process whose mappings choose the object (`-p`'s).
+    pub running: Option<u32>,
+    /// A command not started yet, whose program may be static (`-c`'s).
+    pub program: Option<&'a str>,
+    /// The one process the breakpoints are for; None: every process that
+    /// maps the object (the kernel programs keep the traced ones).
+    pub only: Option<u32>,
+    /// By a uprobe session or uprobe_multi link where the kernel has them.
+    pub session: bool,
+    /// Every function at its first instruction (to measure the placement).
+    pub at_entry: bool,
+}
 
 /// Where the allocator is.
 enum Object {
@@ -36,10 +57,9 @@ enum Object {
 
 /// The target's executable when it is statically linked: -p's, or a simple
 /// -c command's program (read before it starts).
-fn static_executable(a: &Args, target: Option<u32>) -> Option<Library> {
-    let lib = match (a.common.pid, a.common.command.as_deref()) {
-        (Some(_), _) => {
-            let pid = target?;
+fn static_executable(p: &Points) -> Option<Library> {
+    let lib = match (p.running, p.program) {
+        (Some(pid), _) => {
             let exe = std::fs::read_link(format!("/proc/{pid}/exe")).ok()?;
             Library {
                 path: format!("/proc/{pid}/exe").into(),
@@ -55,35 +75,32 @@ fn static_executable(a: &Args, target: Option<u32>) -> Option<Library> {
         }
         _ => return None,
     };
-    super::preload::is_static(&lib.path).then_some(lib)
+    is_static(&lib.path).then_some(lib)
 }
 
 /// The inode of the static executable whose own allocator is probed, if
 /// one is.
-pub(super) fn static_inode(a: &Args, target: Option<u32>) -> Option<u64> {
+pub fn static_inode(p: &Points) -> Option<u64> {
     use std::os::unix::fs::MetadataExt;
-    let lib = static_executable(a, target)?;
+    let lib = static_executable(p)?;
     std::fs::metadata(&lib.path).ok().map(|m| m.ino())
 }
 
 /// The allocator's object and its symbols: `-O`, a static executable's
 /// own, or the libc the process maps (for a `-c` command not started yet,
 /// the one memtrace maps: the same file).
-fn object(a: &Args, target: Option<u32>) -> Result<Object> {
-    if let Some(p) = &a.object {
+fn object(a: &Points) -> Result<Object> {
+    if let Some(p) = a.object {
         let lib = Library {
-            path: p.clone(),
+            path: p.to_path_buf(),
             shown: p.display().to_string(),
         };
         let syms = Symbols::open(&lib.path)?;
         return Ok(Object::Library(lib, syms));
     }
-    if let Some(lib) = static_executable(a, target) {
+    if let Some(lib) = static_executable(a) {
         let syms = Symbols::open(&lib.path)?;
-        if syms
-            .function(&format!("{}malloc", a.symbol_prefix))
-            .is_none()
-        {
+        if syms.function(&format!("{}malloc", a.prefix)).is_none() {
             return Ok(Object::Stripped(lib.shown));
         }
         say!(
@@ -92,12 +109,12 @@ fn object(a: &Args, target: Option<u32>) -> Result<Object> {
         );
         return Ok(Object::Static(lib, syms));
     }
-    let pid = if a.common.pid.is_some() { target } else { None };
+    let pid = a.running;
     // A program linked with another allocator calls its malloc, not libc's
     // (redis-server and jemalloc): probing libc would see next to nothing.
     // The first that defines malloc (a program named "...alloc..." is not
     // one).
-    let name = format!("{}malloc", a.symbol_prefix);
+    let name = format!("{}malloc", a.prefix);
     let candidates = pid.map_or_else(Vec::new, |p| mapped_libraries(Some(p), is_other_allocator));
     for lib in candidates {
         if let Some(syms) = Symbols::open(&lib.path)
@@ -115,7 +132,7 @@ fn object(a: &Args, target: Option<u32>) -> Result<Object> {
     let lib = mapped_library(pid, is_libc).ok_or_else(|| {
         Error::Usage(format!(
             "no C library mapped by process {}: name the allocator's object with -O PATH",
-            target.unwrap_or(0)
+            a.only.unwrap_or(0)
         ))
     })?;
     let syms = Symbols::open(&lib.path)?;
@@ -129,13 +146,19 @@ fn is_other_allocator(name: &str) -> bool {
     !is_libc(name) && (name.contains("alloc") || name.starts_with("libhoard"))
 }
 
-/// Probes for a process's allocator; the placements chosen, in words.
-pub fn user(
-    a: &Args,
-    target: Option<u32>,
-    cfg: &mut MemleakConfig,
-) -> Result<(Vec<Probe>, Vec<String>)> {
-    let (lib, syms, cxx_ok) = match object(a, target)? {
+/// What probes a process's heap.
+pub struct Probed {
+    pub probes: Vec<Probe>,
+    /// The object whose allocator is probed, as the process names it (None:
+    /// anonymous mmaps only).
+    pub object: Option<String>,
+    /// The placements chosen and what is not traced, in words.
+    pub said: Vec<String>,
+}
+
+/// Probes for a process's allocator (`mmap_probes` add its anonymous mmaps).
+pub fn user(a: &Points) -> Result<Probed> {
+    let (lib, syms, cxx_ok) = match object(a)? {
         Object::Library(lib, syms) => (lib, syms, true),
         Object::Static(lib, syms) => (lib, syms, false),
         Object::Stripped(exe) => {
@@ -144,33 +167,20 @@ pub fn user(
                  symbol): its heap cannot be seen; only its anonymous mmaps are traced"
             );
             let said = vec![format!("{exe}: static and stripped: anonymous mmaps only")];
-            return Ok((mmap_probes(cfg)?, said));
+            return Ok(Probed {
+                probes: Vec::new(),
+                object: None,
+                said,
+            });
         }
     };
-    // One process unless its children are followed: then the breakpoints go
-    // into every process mapping the object (the kernel filters by mm), and
-    // the programs keep the followed ones.
-    let follow = a.common.children
-        || a.common
-            .command
-            .as_deref()
-            .is_some_and(|c| !crate::process::command::is_simple(c));
-    let pid = if follow { None } else { target };
-    if follow {
-        // The cost falls on processes nobody asked to trace: say so.
-        say!(
-            "memtrace: memleak: following child processes puts the probes in every process that maps {} \
-             (uprobes are filtered in the kernel for one process only): their allocator calls take the trap too \
-             while memleak runs (about 1 us each); -p PID or a simple -c command keeps it to one process",
-            lib.shown
-        );
-    }
+    let pid = a.only;
     let path = lib.path.to_string_lossy().into_owned();
     let mut probes = Vec::new();
     let mut said = Vec::new();
     let mut seen = std::collections::HashSet::new();
     let mut points = Vec::new();
-    let prefix = &a.symbol_prefix;
+    let prefix = a.prefix;
     let cxx: Vec<(String, u64)> = CXX_NEW
         .iter()
         .filter(|_| cxx_ok && !is_libc(&lib.shown))
@@ -213,7 +223,7 @@ pub fn user(
     }
     // A session skips the return of calls it does not record (sampling,
     // size bounds, calls inside another): one trap instead of two.
-    let session = (!a.no_uprobe_session).then_some(ML_ALLOC_SESSION);
+    let session = a.session.then_some(ML_ALLOC_SESSION);
     probes.push(Probe::new("allocator calls and returns").uprobe_session(
         session,
         (ML_ALLOC_ENTER, ML_ALLOC_RETURN, ML_ENTER_BY_SHAPE),
@@ -257,17 +267,20 @@ pub fn user(
         frees,
         pid,
     );
-    if a.no_uprobe_session {
+    if !a.session {
         p.ways.retain(|w| w.method == Method::Uprobe);
     }
     probes.push(p);
     said.insert(0, format!("allocator in {}", lib.shown));
-    probes.extend(mmap_probes(cfg)?);
-    Ok((probes, said))
+    Ok(Probed {
+        probes,
+        object: Some(lib.shown),
+        said,
+    })
 }
 
 /// Anonymous mmaps and munmaps, and execs.
-fn mmap_probes(cfg: &mut MemleakConfig) -> Result<Vec<Probe>> {
+pub fn mmap_probes(cfg: &mut MemleakConfig) -> Result<Vec<Probe>> {
     let mut probes = Vec::new();
     let enter = Format::load("syscalls", "sys_enter_mmap")?;
     cfg.mmap_len = enter.offset("len")?;
@@ -290,8 +303,8 @@ pub fn execs() -> Probe {
     Probe::new("execs").tracepoint(ML_EXEC, "sched", "sched_process_exec")
 }
 
-fn place(a: &Args, code: &[u8], args: &[Register], keeps_sp: bool) -> Placement {
-    if a.probe_at_entry {
+fn place(a: &Points, code: &[u8], args: &[Register], keeps_sp: bool) -> Placement {
+    if a.at_entry {
         return Placement {
             offset: 0,
             emulated: false,

@@ -25,7 +25,6 @@ pub const KERNEL: Tables = Tables {
     stacks: ML_KSTACKS,
 };
 
-use super::{Args, Sort};
 use crate::error::Result;
 use crate::output::{AllocFigures, StackReport};
 use crate::session::{first_name, Fold, Session};
@@ -72,6 +71,21 @@ fn monotonic_ns() -> u64 {
     t.tv_sec as u64 * 1_000_000_000 + t.tv_nsec as u64
 }
 
+/// What a report shows.
+#[derive(Clone, Copy, Default)]
+pub struct View<'a> {
+    /// Ordered by outstanding bytes (else by allocations).
+    pub by_bytes: bool,
+    /// Only allocations older than this (read from the live table).
+    pub older: Option<std::time::Duration>,
+    /// Made and freed per stack too, not only what is outstanding.
+    pub churn: bool,
+    /// Sampled: the figures are estimates.
+    pub estimated: bool,
+    /// Only these processes' stacks.
+    pub only: Option<&'a std::collections::HashSet<u32>>,
+}
+
 /// What a report takes from beyond the kernel's tables: the phase, the
 /// totals of exited processes, and what went with execs.
 pub type Adjust<'a> = (
@@ -81,18 +95,22 @@ pub type Adjust<'a> = (
 );
 
 /// The stacks holding most, symbolized, best first (enough of them for
-/// `args.top` after merging).
+/// `--top` after merging).
 pub fn outstanding(
     s: &mut Session,
     t: Tables,
-    args: &Args,
+    args: View,
     (phase, exited, execd): Adjust,
     mode: u32,
 ) -> Result<Vec<StackReport>> {
-    let mut stats: HashMap<StackKey, AllocStats> =
-        s.read_folded(t.stacks, false)?.into_iter().collect();
+    let shown = |tgid: u32| args.only.is_none_or(|o| o.contains(&tgid));
+    let mut stats: HashMap<StackKey, AllocStats> = s
+        .read_folded(t.stacks, false)?
+        .into_iter()
+        .filter(|(k, _)| shown(k.tgid))
+        .collect();
     // Processes that exited: what they held then (never in the live table).
-    for (k, v) in exited {
+    for (k, v) in exited.iter().filter(|(k, _)| shown(k.tgid)) {
         stats.entry(*k).or_default().add(v);
     }
     let mut held: HashMap<StackKey, (u64, u64)> = HashMap::new();
@@ -100,7 +118,10 @@ pub fn outstanding(
         let now = monotonic_ns();
         let min_age = args.older.map_or(0, |d| d.as_nanos() as u64);
         for (_, a) in s.hash_entries(t.allocs) {
-            if a.ts_ns < phase.since_ns || now.saturating_sub(a.ts_ns) < min_age {
+            if a.ts_ns < phase.since_ns
+                || now.saturating_sub(a.ts_ns) < min_age
+                || !shown(a.stack.tgid)
+            {
                 continue;
             }
             let h = held.entry(a.stack).or_default();
@@ -119,9 +140,9 @@ pub fn outstanding(
         }
     }
     let mut top: Vec<(StackKey, (u64, u64))> = held.into_iter().filter(|(_, h)| h.0 > 0).collect();
-    match args.sort {
-        Sort::Size => top.sort_by(|a, b| b.1 .1.cmp(&a.1 .1).then(b.1 .0.cmp(&a.1 .0))),
-        Sort::Count => top.sort_by(|a, b| b.1 .0.cmp(&a.1 .0).then(b.1 .1.cmp(&a.1 .1))),
+    match args.by_bytes {
+        true => top.sort_by(|a, b| b.1 .1.cmp(&a.1 .1).then(b.1 .0.cmp(&a.1 .0))),
+        false => top.sort_by(|a, b| b.1 .0.cmp(&a.1 .0).then(b.1 .1.cmp(&a.1 .1))),
     }
     // Every stack: --top is applied after merging (output::MergedStacks).
     let reports = top
@@ -134,10 +155,7 @@ pub fn outstanding(
             let mut r = stack_report(s, k.tgid, comm, ids, mode, n, Some(bytes));
             // The shim's frames (its probe site, and its malloc under dwarf
             // unwinding) are not the program's code.
-            let shim = r
-                .user
-                .iter()
-                .take_while(|f| f.contains(super::preload::FILE_PREFIX));
+            let shim = r.user.iter().take_while(|f| f.contains(super::SHIM_PREFIX));
             let n = shim.count();
             r.user.drain(..n);
             if exited.contains_key(&k) && r.note.is_none() {
@@ -148,9 +166,9 @@ pub fn outstanding(
                 bytes: v.bytes - base.bytes.min(v.bytes),
                 frees: v.frees - base.frees.min(v.frees),
                 freed_bytes: v.freed_bytes - base.freed_bytes.min(v.freed_bytes),
-                churn: args.all,
-                estimated: args.sample_bytes.is_some(),
-                by_bytes: args.sort == Sort::Size,
+                churn: args.churn,
+                estimated: args.estimated,
+                by_bytes: args.by_bytes,
             });
             r
         })

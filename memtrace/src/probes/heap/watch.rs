@@ -1,0 +1,269 @@
+//! The heap of a set of processes, sampled: memcg's `--heap` (a group's
+//! processes) and oomkill's (every process). Each process's allocator is
+//! probed once per object (processes that join later and map another one
+//! get its probes then); the programs keep the set's processes, and what a
+//! process holds by stack is read when asked: at a warning, at a kill.
+
+use std::collections::HashSet;
+
+use memtrace_common::{
+    memleak::{counter, MemleakConfig, PENDING_SLOTS},
+    names::{MEMLEAK_CFG, ML_COUNTS, ML_EXECS, ML_PENDING},
+    stack_mode,
+};
+
+use super::points::{self, Points};
+use super::report::{self, Phase, Tables, View, USER};
+use super::{execs::Execs, exited::Exited};
+use crate::error::{Error, Result};
+use crate::output::{Printer, Value};
+use crate::session::attach::Probe;
+use crate::session::uprobe::{is_libc, mapped_libraries};
+use crate::session::Session;
+
+/// Live blocks and stacks the kernel's tables hold (allocated as used).
+const MAX_ALLOCS: u32 = 1 << 20;
+const MAX_STACKS: u32 = 1 << 18;
+
+pub struct HeapWatch {
+    /// One sample per this many bytes on average; 0: every allocation.
+    pub sample: u64,
+    /// The processes of the memory cgroups memcg watches (else the
+    /// filter's: every process for oomkill).
+    by_group: bool,
+    /// Processes already looked at: maps read, allocator probed.
+    seen: HashSet<u32>,
+    /// The allocator objects probed, by (device, inode) of each.
+    objects: HashSet<Vec<(u64, u64)>>,
+    probes: Vec<Probe>,
+    probed: Vec<String>,
+    exited: Exited,
+    execs: Execs,
+    counts: [u64; counter::NR as usize],
+    /// Processes whose allocator could not be probed, and why (said once).
+    unprobed: u64,
+}
+
+impl HeapWatch {
+    pub fn new(sample: u64, by_group: bool) -> HeapWatch {
+        HeapWatch {
+            sample,
+            by_group,
+            seen: HashSet::new(),
+            objects: HashSet::new(),
+            probes: Vec::new(),
+            probed: Vec::new(),
+            exited: Exited::new(crate::stacks::kept::MAX_KEPT),
+            execs: Execs::default(),
+            counts: [0; counter::NR as usize],
+            unprobed: 0,
+        }
+    }
+
+    pub fn probes(&self) -> Vec<Probe> {
+        self.probes.clone()
+    }
+
+    /// The allocators `pids` map, probed, and the tables sized. `stacks`
+    /// is Prep's: a copied stack cannot be unwound after the fact for a
+    /// block still held, so copy-mode DWARF is refused.
+    pub fn prepare(
+        &mut self,
+        loader: &mut crate::session::Loader,
+        stacks: u32,
+        pids: &[u32],
+    ) -> Result<()> {
+        if stacks & stack_mode::DWARF != 0 {
+            return Err(Error::Usage(
+                "--heap keeps a stack id per live allocation: its dwarf stacks are unwound in the \
+                 kernel only; use --stack-mode fp"
+                    .into(),
+            ));
+        }
+        let mut cfg = MemleakConfig {
+            sample_bytes: self.sample,
+            page_size: crate::kernel::btf::page_size() as u32,
+            by_group: self.by_group as u32,
+            ..Default::default()
+        };
+        for &pid in pids {
+            if let Some(p) = self.allocator_of(pid) {
+                self.probes.extend(p);
+            }
+        }
+        if self.objects.is_empty() {
+            // Nothing runs there yet: the C library memtrace maps, which
+            // the processes that come are most likely to map too.
+            self.objects.extend(allocator_key(None));
+            let p = points::user(&Points {
+                session: true,
+                ..Default::default()
+            })?;
+            self.note(&p);
+            self.probes.extend(p.probes);
+        }
+        self.probes.extend(points::mmap_probes(&mut cfg)?);
+        loader.global(MEMLEAK_CFG, &cfg);
+        loader.max_entries(ML_PENDING, PENDING_SLOTS);
+        loader.max_entries(ML_EXECS, 4096);
+        loader.max_entries(USER.allocs, MAX_ALLOCS);
+        loader.max_entries(USER.stacks, MAX_STACKS);
+        loader.max_entries(ML_COUNTS, counter::NR);
+        let sampled = match self.sample {
+            0 => "every allocation".to_string(),
+            n => format!(
+                "sampled, one per {} bytes on average",
+                crate::output::human(n)
+            ),
+        };
+        say!(
+            "memtrace: --heap: allocator calls ({sampled}) by uprobes in {}; every process that \
+             maps it takes the trap (about 1 us a call), the kernel programs keep {}",
+            self.probed.join(", "),
+            if self.by_group {
+                "the calls of the watched groups' processes"
+            } else {
+                "every process's calls"
+            }
+        );
+        Ok(())
+    }
+
+    /// The probes for `pid`'s allocator if it is one not probed yet.
+    fn allocator_of(&mut self, pid: u32) -> Option<Vec<Probe>> {
+        if !self.objects.insert(allocator_key(Some(pid))?) {
+            return None;
+        }
+        let at = Points {
+            running: Some(pid),
+            session: true,
+            ..Default::default()
+        };
+        match points::user(&at) {
+            Ok(p) => {
+                self.note(&p);
+                Some(p.probes)
+            }
+            Err(e) => {
+                self.unprobed += 1;
+                let name = crate::process::proc::comm(pid).unwrap_or_default();
+                say!("memtrace: warning: --heap: PID {pid} ({name}): its heap is not seen: {e}");
+                None
+            }
+        }
+    }
+
+    fn note(&mut self, p: &points::Probed) {
+        if let Some(o) = &p.object {
+            self.probed.push(o.clone());
+        }
+    }
+
+    /// Takes in the processes of `pids` not seen yet: their maps read (for
+    /// their stacks after they are gone), and their allocator probed if it
+    /// is a new one. (The programs see a process from the moment it is in
+    /// a watched group: this only reads.)
+    pub fn follow(&mut self, s: &mut Session, pids: &[u32]) -> Result<()> {
+        for &pid in pids {
+            if !self.seen.insert(pid) {
+                continue;
+            }
+            s.sym.maps.lock().unwrap().snapshot(pid);
+            if let Some(probes) = self.allocator_of(pid) {
+                for p in &probes {
+                    s.attach(p)?;
+                }
+                if let Some(o) = self.probed.last() {
+                    say!("memtrace: --heap: PID {pid} maps another allocator, {o}: probed too");
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn read_counts(&mut self, s: &Session) -> Result<()> {
+        for (i, per_cpu) in s.read_percpu_array(ML_COUNTS)?.iter().enumerate() {
+            if let Some(c) = self.counts.get_mut(i) {
+                *c = per_cpu.iter().sum();
+            }
+        }
+        Ok(())
+    }
+
+    /// What exited processes held moves out of the kernel's tables (kept
+    /// for reports), and the blocks of images that exec'd away go.
+    pub fn forget_exited(&mut self, s: &mut Session) -> Result<usize> {
+        self.read_counts(s)?;
+        self.seen.retain(|&p| crate::process::proc::alive(p));
+        self.execs.sweep(s, USER)?;
+        self.exited.reclaim(s, USER, None)
+    }
+
+    /// What `pids` hold, by stack, biggest first, printed as `kind`.
+    pub fn report(
+        &mut self,
+        s: &mut Session,
+        pids: &HashSet<u32>,
+        kind: &'static str,
+        title: &str,
+        out: &mut dyn Printer,
+    ) -> Result<()> {
+        self.read_counts(s)?;
+        self.execs.sweep(s, USER)?;
+        let view = View {
+            by_bytes: true,
+            estimated: self.sample > 0,
+            only: Some(pids),
+            ..Default::default()
+        };
+        let phase = Phase::default();
+        let t: Tables = USER;
+        let reports = report::outstanding(
+            s,
+            t,
+            view,
+            (&phase, &self.exited.kept.counts, &self.execs.gone),
+            stack_mode::USER,
+        )?;
+        let est = if self.sample > 0 {
+            " (estimated from samples)"
+        } else {
+            ""
+        };
+        out.stacks(kind, &format!("{title}{est}"), &reports);
+        Ok(())
+    }
+
+    pub fn summary(&self) -> Vec<(&'static str, Value)> {
+        let c = |i: u32| Value::from(self.counts[i as usize]);
+        let mut v = vec![
+            ("heap_allocations", c(counter::ALLOCS)),
+            ("heap_frees", c(counter::FREES)),
+        ];
+        if self.sample > 0 {
+            v.push(("heap_not_sampled", c(counter::UNSAMPLED)));
+        }
+        v.push(("heap_unprobed_processes", Value::from(self.unprobed)));
+        v.extend(self.exited.summary());
+        v
+    }
+}
+
+/// The files that may hold `pid`'s allocator (memtrace's own for None), by
+/// device and inode: its C library and any "...alloc..." library, or for a
+/// static program its own image.
+fn allocator_key(pid: Option<u32>) -> Option<Vec<(u64, u64)>> {
+    use std::os::unix::fs::MetadataExt;
+    let libs = mapped_libraries(pid, |n| is_libc(n) || n.contains("alloc"));
+    let mut key: Vec<(u64, u64)> = libs
+        .iter()
+        .filter_map(|l| std::fs::metadata(&l.path).ok())
+        .map(|m| (m.dev(), m.ino()))
+        .collect();
+    if key.is_empty() {
+        let exe = std::fs::metadata(format!("/proc/{}/exe", pid?)).ok()?;
+        key.push((exe.dev(), exe.ino()));
+    }
+    key.sort_unstable();
+    Some(key)
+}

@@ -1,0 +1,103 @@
+//! `memcg --heap`: what the victim of an OOM kill held, by stack, from
+//! sampled allocator calls of the watched group's processes; those that
+//! start in the group and those that move in after memtrace started.
+
+mod common;
+
+use std::os::unix::process::ExitStatusExt;
+use std::process::Stdio;
+
+use common::*;
+
+const MIB: f64 = (1 << 20) as f64;
+
+fn memcg_here(test: &str) -> bool {
+    memcg_root().is_some() || {
+        skip(test, "no memory cgroup controller (v1 or v2)");
+        false
+    }
+}
+
+/// The OOM kill's heap report (after its other rows), once printed.
+fn kill_report(mut tracer: Tracer) -> Output {
+    let seen = tracer.stdout_line(|l| l.contains("\"memcg_oom_heap\""), WAIT);
+    assert!(seen.is_some(), "no heap report at the kill");
+    // The report's rows are printed together, before its summary at the end.
+    tracer.interrupt()
+}
+
+/// Held bytes (estimated) of the victim's stacks through `func`.
+fn held_through(rows: &[serde_json::Value], pid: u32, func: &str) -> f64 {
+    rows.iter()
+        .filter(|r| r["pid"] == pid)
+        .filter(|r| user_frames(r).iter().any(|f| f.contains(func)))
+        .map(|r| r["bytes"].as_u64().unwrap() as f64)
+        .sum()
+}
+
+#[test]
+fn the_victim_of_an_oom_kill_held_what_its_growing_function_allocated() {
+    let name = "the_victim_of_an_oom_kill_held_what_its_growing_function_allocated";
+    if !memcg_here(name) {
+        return;
+    }
+    let cg = Memcg::new("heap", "128M");
+    let path = format!("/{}", cg.name);
+    let tracer = Tracer::start(&["memcg", "--cgroup", &path, "--heap", "--json"]);
+    // 1 MiB from malloc every 10 ms, touched: killed at about 128 MiB.
+    let mut child = cg
+        .command(&workload_bin())
+        .args(["heap-steps", "1", "1000", "10"])
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    let pid = child.id();
+    let st = wait_child(&mut child, WAIT);
+    assert_eq!(st.signal(), Some(libc::SIGKILL), "not OOM-killed: {st:?}");
+    let out = kill_report(tracer);
+    let kills = json_of(&out.stdout, "memcg_oom");
+    assert_eq!(kills.len(), 1, "{}", out.stdout);
+    assert_eq!(kills[0]["victim_pid"], pid);
+    let heap = json_of(&out.stdout, "memcg_oom_heap");
+    let held = held_through(&heap, pid, "grow_heap_mib") / MIB;
+    // Truth: what it had allocated when killed, 100-130 MiB of a 128 MiB
+    // limit (the rest is its image); sampled, an estimate.
+    assert!((100.0..=160.0).contains(&held), "{held} MiB: {heap:?}");
+    // Complete stacks: down to _start through the program's main.
+    let top = heap
+        .iter()
+        .filter(|r| r["pid"] == pid)
+        .max_by_key(|r| r["bytes"].as_u64())
+        .unwrap();
+    let frames = user_frames(top);
+    assert!(frames[0].contains("grow_heap_mib"), "{top}");
+    assert!(frames.last().unwrap().starts_with("_start"), "{top}");
+}
+
+#[test]
+fn a_process_that_moves_into_the_group_after_start_is_covered() {
+    let name = "a_process_that_moves_into_the_group_after_start_is_covered";
+    if !memcg_here(name) {
+        return;
+    }
+    let cg = Memcg::new("heapmove", "96M");
+    let path = format!("/{}", cg.name);
+    // Started outside the group, before memtrace.
+    let mut w = Workload::start(&["heap-steps", "1", "1000", "10"]);
+    let tracer = Tracer::start(&["memcg", "--cgroup", &path, "--heap", "--json"]);
+    std::fs::write(cg.path.join("cgroup.procs"), w.pid.to_string()).unwrap();
+    w.go();
+    let st = wait_child(&mut w.child, WAIT);
+    assert_eq!(st.signal(), Some(libc::SIGKILL), "not OOM-killed: {st:?}");
+    let out = kill_report(tracer);
+    let heap = json_of(&out.stdout, "memcg_oom_heap");
+    let held = held_through(&heap, w.pid, "grow_heap_mib") / MIB;
+    assert!((70.0..=120.0).contains(&held), "{held} MiB: {heap:?}");
+}
+
+#[test]
+fn heap_sample_needs_heap() {
+    let out = run_with(&["memcg", "--heap-sample", "1M", "-d", "1"], WAIT);
+    assert_eq!(out.code, 2, "{}", out.stderr);
+    assert!(out.stderr.contains("--heap"), "{}", out.stderr);
+}
