@@ -43,7 +43,19 @@ fn the_victim_of_an_oom_kill_held_what_its_growing_function_allocated() {
     }
     let cg = Memcg::new("heap", "128M");
     let path = format!("/{}", cg.name);
-    let tracer = Tracer::start(&["memcg", "--cgroup", &path, "--heap", "--json"]);
+    let dir = scratch_dir("heap", "kill");
+    let rec = dir.join("kill.rec");
+    let tracer = Tracer::start(&[
+        "memcg",
+        "--cgroup",
+        &path,
+        "--heap",
+        "--warn",
+        "75",
+        "--record",
+        rec.to_str().unwrap(),
+        "--json",
+    ]);
     // 1 MiB from malloc every 10 ms, touched: killed at about 128 MiB.
     let mut child = cg
         .command(&workload_bin())
@@ -72,6 +84,15 @@ fn the_victim_of_an_oom_kill_held_what_its_growing_function_allocated() {
     let frames = user_frames(top);
     assert!(frames[0].contains("grow_heap_mib"), "{top}");
     assert!(frames.last().unwrap().starts_with("_start"), "{top}");
+    // At the warning (75% of 128 MiB), what the grower held then.
+    let warned = json_of(&out.stdout, "memcg_warn_heap");
+    let then = held_through(&warned, pid, "grow_heap_mib") / MIB;
+    assert!((60.0..=130.0).contains(&then), "{then} MiB: {warned:?}");
+    assert!(then < held, "{then} MiB at the warning, {held} at the kill");
+    // The same stacks in the record.
+    let report = run_with(&["report", rec.to_str().unwrap()], WAIT);
+    assert_eq!(report.code, 0, "{}", report.stderr);
+    assert!(report.stdout.contains("grow_heap_mib"), "{}", report.stdout);
 }
 
 #[test]
@@ -100,4 +121,36 @@ fn heap_sample_needs_heap() {
     let out = run_with(&["memcg", "--heap-sample", "1M", "-d", "1"], WAIT);
     assert_eq!(out.code, 2, "{}", out.stderr);
     assert!(out.stderr.contains("--heap"), "{}", out.stderr);
+}
+
+#[test]
+fn oomkill_heap_shows_what_the_victim_held_wherever_the_kill_is() {
+    let name = "oomkill_heap_shows_what_the_victim_held_wherever_the_kill_is";
+    if !memcg_here(name) {
+        return;
+    }
+    let cg = Memcg::new("heapoomkill", "96M");
+    // Every process on the host, not a group's.
+    let mut tracer = Tracer::start(&["oomkill", "--heap", "--json"]);
+    let mut child = cg
+        .command(&workload_bin())
+        .args(["heap-steps", "1", "1000", "10"])
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    let pid = child.id();
+    let st = wait_child(&mut child, WAIT);
+    assert_eq!(st.signal(), Some(libc::SIGKILL), "not OOM-killed: {st:?}");
+    let seen = tracer.stdout_line(|l| l.contains("\"oom_heap\""), WAIT);
+    assert!(seen.is_some(), "no heap report at the kill");
+    let out = tracer.interrupt();
+    let kills = json_of(&out.stdout, "oom_kill");
+    assert_eq!(kills[0]["victim_pid"], pid, "{}", out.stdout);
+    let heap = json_of(&out.stdout, "oom_heap");
+    let held = held_through(&heap, pid, "grow_heap_mib") / MIB;
+    assert!((70.0..=120.0).contains(&held), "{held} MiB: {heap:?}");
+    assert!(
+        heap.iter().all(|r| r["pid"] == pid),
+        "the victim's stacks only: {heap:?}"
+    );
 }

@@ -13,6 +13,7 @@ use memtrace_common::names;
 use crate::error::Result;
 use crate::kernel::{btf::page_size, cgroupid};
 use crate::output::{clock, Col, Printer, Row, StackReport, Value};
+use crate::probes::heap::watch::HeapWatch;
 use crate::probes::records::{comm, record};
 use crate::run::tool::{Prep, Tool};
 use crate::session::attach::Probe;
@@ -27,6 +28,16 @@ pub struct Args {
     /// user stack of the current task only).
     #[arg(long)]
     pub stack: bool,
+    /// Track every process's heap (memleak's allocator probes, sampled;
+    /// with -p, the process's): each kill shows what the victim held, by
+    /// stack. Every allocator call on the host takes a uprobe's trap.
+    #[arg(long)]
+    pub heap: bool,
+    /// With --heap: one sample per N bytes allocated on average (each
+    /// weighted by the inverse of its chance: an unbiased estimate); 0
+    /// records every allocation.
+    #[arg(long, value_name = "BYTES", default_value = "512K", value_parser = crate::stacks::args::parse_size, requires = "heap")]
+    pub heap_sample: u64,
     #[command(flatten)]
     pub stacks: crate::stacks::args::StackArgs,
 }
@@ -84,6 +95,7 @@ pub struct Oomkill {
     /// `-p`/`-c`: only kills whose victim or trigger is this process (or
     /// one it forked, with `--children`). Kills are rare: filtered here.
     target: Option<u32>,
+    heap: Option<HeapWatch>,
 }
 
 impl Oomkill {
@@ -96,6 +108,7 @@ impl Oomkill {
             victim_unreachable: 0,
             prefetched: Default::default(),
             target: None,
+            heap: a.heap.then(|| HeapWatch::new(a.heap_sample, false)),
         })
     }
 }
@@ -156,6 +169,44 @@ impl Oomkill {
     }
 }
 
+impl Oomkill {
+    /// With --heap: the processes traced (-p's and its children, or every
+    /// one) that are new since the last look: their maps are read while
+    /// they live, and a new allocator is probed.
+    fn follow(&mut self, s: &mut Session) -> Result<()> {
+        let Some(h) = self.heap.as_mut() else {
+            return Ok(());
+        };
+        let pids = match self.target {
+            Some(t) => {
+                let mut v = vec![t];
+                v.extend(s.hash_keys(names::FOLLOWED));
+                v
+            }
+            None => crate::process::proc::pids(),
+        };
+        h.follow(s, &pids)
+    }
+
+    /// With --heap: what the victim held, by stack.
+    fn victim_heap(
+        &mut self,
+        ev: &OomEvent,
+        victim: &str,
+        s: &mut Session,
+        out: &mut dyn Printer,
+    ) -> Result<()> {
+        let Some(h) = self.heap.as_mut() else {
+            return Ok(());
+        };
+        let title = format!(
+            "Heap held by the victim, PID {} ({victim}), at the kill, by stack",
+            ev.victim_pid
+        );
+        h.report(s, &[ev.victim_pid].into(), "oom_heap", &title, out)
+    }
+}
+
 fn mem_total_pages() -> u64 {
     crate::process::proc::mem_total_kb().map_or(0, |kb| kb * 1024 / page_size())
 }
@@ -174,23 +225,38 @@ impl Tool for Oomkill {
         if self.stack {
             p.extend(prefetch_probes());
         }
+        if let Some(h) = &self.heap {
+            p.extend(h.probes());
+        }
         p
     }
 
     fn user_stacks(&self) -> Option<(&crate::stacks::args::StackArgs, bool)> {
-        // OOM kills are rare: the trigger's stack is copied whole.
-        self.stack.then_some((&self.stack_args, true))
+        // OOM kills are rare: the trigger's stack is copied whole; sampled
+        // allocations are not.
+        (self.stack || self.heap.is_some()).then_some((&self.stack_args, self.heap.is_none()))
     }
     fn stack_mode(&self) -> u32 {
+        let heap = if self.heap.is_some() {
+            stack_mode::USER
+        } else {
+            0
+        };
         if self.stack {
             stack_mode::USER | stack_mode::KERNEL
         } else {
-            0
+            heap
         }
     }
 
     fn prepare(&mut self, k: &mut Prep) -> Result<()> {
         self.target = k.target;
+        if let Some(h) = self.heap.as_mut() {
+            let pids = k
+                .target
+                .map_or_else(crate::process::proc::pids, |t| vec![t]);
+            h.prepare(k.loader, k.stacks, &pids)?;
+        }
         if self.stack {
             let cfg = ReclaimConfig {
                 emit_events: 1,
@@ -268,7 +334,7 @@ impl Tool for Oomkill {
         ]);
         if !self.stack {
             out.event("oom_kill", &COLS, &row);
-            return Ok(());
+            return self.victim_heap(&ev, &victim_comm, s, out);
         }
         let own = victim_triggered(&ev);
         let mut cols = COLS.to_vec();
@@ -276,6 +342,7 @@ impl Tool for Oomkill {
         let mut row = row;
         row.0.push(if own { "victim" } else { "trigger" }.into());
         out.event("oom_kill", &cols, &row);
+        self.victim_heap(&ev, &victim_comm, s, out)?;
         let failed = (ev.ustack == -1 && ev.kstack < 0).then(|| "stack capture failed".to_string());
         let (title, note) = if own {
             self.victim_stacks += 1;
@@ -310,20 +377,32 @@ impl Tool for Oomkill {
         Ok(())
     }
 
+    fn on_start(&mut self, s: &mut Session) -> Result<()> {
+        self.follow(s)
+    }
+
+    fn forget_exited(&mut self, s: &mut Session) -> Result<usize> {
+        self.follow(s)?;
+        match self.heap.as_mut() {
+            Some(h) => h.forget_exited(s),
+            None => Ok(0),
+        }
+    }
+
     fn events(&self) -> u64 {
         self.kills
     }
 
     fn summary_extra(&self) -> Vec<(&'static str, Value)> {
-        if !self.stack {
-            return Vec::new();
-        }
-        vec![
-            ("victim_stacks", Value::U(self.victim_stacks)),
-            (
+        let mut v = Vec::new();
+        if self.stack {
+            v.push(("victim_stacks", Value::U(self.victim_stacks)));
+            v.push((
                 "victim_stack_unreachable",
                 Value::U(self.victim_unreachable),
-            ),
-        ]
+            ));
+        }
+        v.extend(self.heap.iter().flat_map(HeapWatch::summary));
+        v
     }
 }

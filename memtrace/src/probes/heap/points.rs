@@ -104,7 +104,7 @@ fn object(a: &Points) -> Result<Object> {
             return Ok(Object::Stripped(lib.shown));
         }
         say!(
-            "memtrace: memleak: {} is statically linked: probing its own allocator",
+            "memtrace: {} is statically linked: probing its own allocator",
             lib.shown
         );
         return Ok(Object::Static(lib, syms));
@@ -122,7 +122,7 @@ fn object(a: &Points) -> Result<Object> {
             .filter(|s| s.function(&name).is_some())
         {
             say!(
-                "memtrace: memleak: process {} maps {}, whose malloc it calls: probing that (-O chooses another object)",
+                "memtrace: process {} maps {}, whose malloc it calls: probing that (-O chooses another object)",
                 pid.unwrap_or(0),
                 lib.shown
             );

@@ -118,7 +118,7 @@ impl HeapWatch {
         };
         say!(
             "memtrace: --heap: allocator calls ({sampled}) by uprobes in {}; every process that \
-             maps it takes the trap (about 1 us a call), the kernel programs keep {}",
+             maps one takes the trap (about 1 us a call), the kernel programs keep {}",
             self.probed.join(", "),
             if self.by_group {
                 "the calls of the watched groups' processes"
