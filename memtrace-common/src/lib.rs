@@ -93,6 +93,9 @@ pub mod kind {
     pub const PROC_MAP: u32 = 13;
     /// A traced process's image at exec (`exemaps::ExeMap`).
     pub const PROC_IMAGE: u32 = 14;
+    /// A watched memory cgroup's usage crossed a tenth of its limit
+    /// (`memcg::MemcgCross`).
+    pub const MEMCG_STEP: u32 = 15;
 }
 
 /// A process the kernel programs follow started or changed image: memtrace

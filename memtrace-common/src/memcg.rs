@@ -44,16 +44,24 @@ pub struct MemcgOffsets {
     pub valid: u32,
 }
 
-/// The warning line of the group that sets a limit, in pages.
+/// The warning line of the group that sets a limit, in pages, and the
+/// steps of its run-up (a point each tenth of the limit crossed, where no
+/// kernel notifier gives them: cgroup v2).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
 pub struct MemcgLine {
+    /// u64::MAX: no warning line.
     pub pages: u64,
     /// Set once crossed: reported once.
     pub crossed: u64,
+    /// A tenth of the limit, in pages; 0: no steps.
+    pub step_pages: u64,
+    /// Usage at which the next step is reported.
+    pub next_step: u64,
 }
 
-/// Sent when an RSS change in a watched group finds the group that sets
+/// Sent (as `MEMCG_CROSS`, or `MEMCG_STEP` for a step of the run-up) when
+/// an RSS change in a watched group finds the group that sets
 /// its limit over the line: the allocation that crossed it.
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]

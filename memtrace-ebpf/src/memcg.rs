@@ -124,25 +124,32 @@ pub fn memcg_line(ctx: TracePointContext) -> u32 {
     let Some((css, memcg, up)) = watched(&ctx, &c) else {
         return 0;
     };
-    if let Some((limit_id, usage)) = over_line(css, up) {
-        emit(&MemcgCross {
-            kind: kind::MEMCG_CROSS,
-            pid: current_tgid(),
-            limit_id,
-            task_id: memcg,
-            usage_pages: usage,
-            comm: bpf_get_current_comm().unwrap_or([0; TASK_COMM_LEN]),
-        });
+    let Some((limit_id, usage, crossed, stepped)) = check_line(css, up) else {
+        return 0;
+    };
+    for (k, now) in [(kind::MEMCG_CROSS, crossed), (kind::MEMCG_STEP, stepped)] {
+        if now {
+            emit(&MemcgCross {
+                kind: k,
+                pid: current_tgid(),
+                limit_id,
+                task_id: memcg,
+                usage_pages: usage,
+                comm: bpf_get_current_comm().unwrap_or([0; TASK_COMM_LEN]),
+            });
+        }
     }
     0
 }
 
-/// Whether the group that sets the limit, `up` levels above the task's
-/// group (its css), is over its warning line, read from its page counter
-/// now: that group's id and usage in pages, once (the line is then marked
-/// crossed). The levels come from userspace: one map lookup, not one per level.
+/// The usage of the group that sets the limit, `up` levels above the
+/// task's group (its css), read from its page counter now, against its
+/// warning line and its next step: that group's id, its usage in pages,
+/// whether it crossed the line now (once: the line is then marked crossed)
+/// and whether it reached a new tenth of its limit. The levels come from
+/// userspace: one map lookup, not one per level.
 #[inline(always)]
-fn over_line(css: *const u8, up: u8) -> Option<(u64, u64)> {
+fn check_line(css: *const u8, up: u8) -> Option<(u64, u64, bool, bool)> {
     let o = MEMCG_OFFS.load();
     if o.valid == 0 || up >= MAX_LEVELS {
         return None;
@@ -156,14 +163,19 @@ fn over_line(css: *const u8, up: u8) -> Option<(u64, u64)> {
     }
     let id = unsafe { css_cgroup_id(css) };
     let line = unsafe { &mut *MEMCG_LINES.get_ptr_mut(&id)? };
-    if line.crossed != 0 {
+    if line.crossed != 0 && line.step_pages == 0 {
         return None;
     }
     let memcg = css.wrapping_sub(o.memcg_css as usize);
     let usage: u64 = unsafe { read0(memcg, o.memcg_memory + o.counter_usage) };
-    if usage < line.pages {
-        return None;
+    let crossed = line.crossed == 0 && usage >= line.pages;
+    if crossed {
+        line.crossed = 1;
     }
-    line.crossed = 1;
-    Some((id, usage))
+    let step = line.step_pages;
+    let stepped = step != 0 && usage >= line.next_step;
+    if stepped {
+        line.next_step = (usage / step + 1) * step;
+    }
+    (crossed || stepped).then_some((id, usage, crossed, stepped))
 }

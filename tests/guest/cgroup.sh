@@ -115,6 +115,15 @@ memcg_case() {
     [ "$rc" = 0 ] && [ "$wrc" = 137 ] || FAILED=1
 }
 
+# memcg --heap: the workload grows 1 MiB from malloc every 10 ms in a
+# 64 MiB group until it is OOM-killed; the kill's report says what it held.
+heap_case() {
+    bg_in_memcg 64M no heap memcg --cgroup /mt-heap --heap
+    work_in "$cg" 1 "memtrace-workload heap-steps 1 1000 10"
+    stop_bg
+    [ "$rc" = 0 ] && [ "$wrc" = 137 ] || FAILED=1
+}
+
 # Can this guest run a PSI case (memory.pressure triggers)? If not, the
 # case is skipped with the reason: CASE
 psi_here() {

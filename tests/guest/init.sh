@@ -75,6 +75,7 @@ oom_case oom-tracepoint oomkill --attach tracepoint --stack
 # The memcg reclaim the kernel tries before that OOM kill, seen by drsnoop.
 oom_case drsnoop drsnoop
 memcg_case
+heap_case
 warn_fail_case
 psi_case
 psi_fail_case

@@ -46,7 +46,10 @@ pub fn wanted(tgid: u32) -> bool {
 pub static MEMCG_WATCH: HashMap<u64, u8> = HashMap::with_max_entries(1024, NO_PREALLOC);
 
 /// Whether the current task is in a watched memory cgroup (and not memtrace).
-#[inline(always)]
+/// A function of its own: inlined, its reads took stack in the allocator
+/// programs, whose frame the in-kernel unwinder's calls add to (6.1 and 6.12
+/// refused the sum, 544 bytes of 512).
+#[inline(never)]
 pub fn in_watched_group() -> bool {
     if current_tgid() == FILTER.load().myself {
         return false;

@@ -10,6 +10,8 @@ use anyhow::Result;
 use super::tracer::{have, median, memtrace, workload};
 
 const PAIRS: u64 = 200_000;
+/// The configuration that runs `memcg --heap` beside the loop.
+const MEMCG_HEAP: &str = "@memcg-heap";
 /// Where heaptrack writes its data (it adds .zst or .gz).
 const HEAPTRACK_OUT: &str = "/tmp/memtrace-bench-heaptrack";
 
@@ -28,6 +30,8 @@ fn libc_path() -> Option<String> {
 fn once(lp: &str, argv: &[String]) -> Option<f64> {
     let cmd = format!("{} {lp} {PAIRS}", workload());
     let mut c = match argv.split_first() {
+        // memcg --heap watches the group the loop runs in.
+        Some((prog, rest)) if prog == MEMCG_HEAP => return super::heap::once(lp, PAIRS, rest),
         // heaptrack runs its program as its arguments, no -c.
         Some((prog, rest)) if prog == "heaptrack" => {
             let mut c = Command::new(prog);
@@ -141,6 +145,12 @@ fn loop_cost(runs: usize, [lp, f, what, unit]: [&str; 4], out: &mut String) -> R
                 "512K",
                 "--no-uprobe-session",
             ])),
+        ),
+        // The OOM heap (issue 36): its default, sampled by uprobes, for a
+        // process in a watched group.
+        (
+            "memtrace memcg --heap (sampled 512K, uprobes; the loop in the watched group)",
+            Some(owned(&[MEMCG_HEAP])),
         ),
         // The user-space anchor: an LD_PRELOAD profiler that unwinds every
         // call in the process (its data to a file, removed below).

@@ -8,6 +8,7 @@ use anyhow::Result;
 
 use crate::root;
 
+mod heap;
 mod measure;
 mod memleak;
 mod tables;

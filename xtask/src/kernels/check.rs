@@ -135,7 +135,7 @@ const fn forced(name: &'static str, tool: &'static str, method: &'static str) ->
 }
 
 /// Every case, in the order the guest runs them; doctor is checked last.
-pub(super) const CASES: [Case; 32] = [
+pub(super) const CASES: [Case; 33] = [
     case("doctor", "doctor"),
     best("oom-best", "oomkill", "kprobe"),
     forced("oom-fentry", "oomkill", "fentry"),
@@ -143,6 +143,7 @@ pub(super) const CASES: [Case; 32] = [
     forced("oom-tracepoint", "oomkill", "tracepoint"),
     case("drsnoop", "drsnoop"),
     case("memcg", "memcg"),
+    case("heap", "memcg"),
     // --fail: the usage warning came.
     Case {
         rc: 3,

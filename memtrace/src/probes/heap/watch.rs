@@ -80,6 +80,10 @@ impl HeapWatch {
                     .into(),
             ));
         }
+        // Called again when a set-up is retried without the in-kernel unwinder.
+        self.probes.clear();
+        self.probed.clear();
+        self.objects.clear();
         let mut cfg = MemleakConfig {
             sample_bytes: self.sample,
             page_size: crate::kernel::btf::page_size() as u32,

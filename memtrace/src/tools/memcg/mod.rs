@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use memtrace_common::{
     kind,
-    memcg::{MemcgCross, MemcgLine, MemcgOffsets, MemcgProc},
+    memcg::{MemcgCross, MemcgOffsets, MemcgProc},
     names,
     reclaim::ReclaimConfig,
     stack_mode,
@@ -169,6 +169,13 @@ impl Memcg {
     fn warning(&self) -> bool {
         self.args.warn.is_some() || self.args.warn_pressure.is_some() || self.args.prekill
     }
+
+    /// Whether the kernel checks the limiting groups' usage at allocations
+    /// (the warning line, and on v2 the run-up's steps): for a warning, and
+    /// for the heap report's run-up.
+    fn runup_events(&self) -> bool {
+        self.warning() || self.heap.is_some()
+    }
 }
 
 /// RSS (file + anon + shmem) of a followed process, in bytes.
@@ -192,7 +199,9 @@ impl Tool for Memcg {
                 "kmem",
                 "rss_stat",
             ));
-            // Optional: the cgroup notifiers warn without it.
+        }
+        if self.runup_events() {
+            // Optional: the cgroup notifiers and samples warn without it.
             p.push(
                 Probe::new("usage at allocations")
                     .tracepoint(names::MEMCG_LINE, "kmem", "rss_stat")
@@ -243,10 +252,8 @@ impl Tool for Memcg {
         )?;
         k.loader.max_entries(names::MEMCG_RECLAIM, 1024);
         crate::probes::oom::prepare(k)?;
-        if self.warning() || self.heap.is_some() {
+        if self.runup_events() {
             k.loader.max_entries(names::MEMCG_WATCH, 1024);
-        }
-        if self.warning() {
             let cfg = crate::probes::rssstat::config(k, 0)?;
             k.loader.global(names::MEMCG_CFG, &cfg);
             k.loader.max_entries(names::MEMCG_PROCS, 4096);
@@ -274,17 +281,8 @@ impl Tool for Memcg {
     fn on_start(&mut self, s: &mut Session) -> Result<()> {
         self.follow_members(s)?;
         self.sample(s)?;
-        if let Some(pct) = self.args.warn {
-            let page = crate::kernel::btf::page_size();
-            for w in &self.groups {
-                if let (Some(thr), Some((_, at))) = (w.threshold(pct), &w.limit) {
-                    let line = MemcgLine {
-                        pages: thr.div_ceil(page),
-                        crossed: 0,
-                    };
-                    s.hash_insert(names::MEMCG_LINES, at.id(), line, 0)?;
-                }
-            }
+        if self.runup_events() {
+            self.set_lines(s)?;
         }
         self.arm()
     }
@@ -292,6 +290,10 @@ impl Tool for Memcg {
     fn on_record(&mut self, data: &[u8], s: &mut Session, out: &mut dyn Printer) -> Result<()> {
         if let Some(ev) = record::<MemcgCross>(data, kind::MEMCG_CROSS) {
             return self.on_cross(&ev, s, out);
+        }
+        if let Some(ev) = record::<MemcgCross>(data, kind::MEMCG_STEP) {
+            self.kernel_step(&ev);
+            return Ok(());
         }
         self.on_oom(data, s, out)
     }

@@ -4,7 +4,10 @@
 use std::collections::HashMap;
 use std::time::Instant;
 
-use memtrace_common::{memcg::NO_LINE, names};
+use memtrace_common::{
+    memcg::{MemcgCross, MemcgLine, NO_LINE},
+    names,
+};
 
 use super::{
     rss, table, Memcg, Sample, GROWTH_WINDOW, SAMPLE_EVERY, TAGS, TAG_EVENTS, TAG_PREKILL,
@@ -62,6 +65,50 @@ impl Memcg {
     }
 
     /// Usage crossed a tenth of group `i`'s limit: a point of its run-up.
+    /// Each limiting group's line for the kernel: the warning's, and on v2
+    /// the run-up's steps (v1's come from the kernel's notifier).
+    pub(super) fn set_lines(&mut self, s: &mut Session) -> Result<()> {
+        let page = crate::kernel::btf::page_size();
+        for w in &self.groups {
+            let Some((limit, at)) = &w.limit else {
+                continue;
+            };
+            let warn = self.args.warn.and_then(|pct| w.threshold(pct));
+            let step = match w.group.version {
+                Version::V2 => (limit / page / 10).max(1),
+                Version::V1 => 0,
+            };
+            let line = MemcgLine {
+                pages: warn.map_or(u64::MAX, |t| t.div_ceil(page)),
+                crossed: warn.is_none() as u64,
+                step_pages: step,
+                next_step: step,
+            };
+            s.hash_insert(names::MEMCG_LINES, at.id(), line, 0)?;
+        }
+        Ok(())
+    }
+
+    /// A step of the run-up the kernel saw at an allocation (v2).
+    pub(super) fn kernel_step(&mut self, ev: &MemcgCross) {
+        let usage = ev.usage_pages * crate::kernel::btf::page_size();
+        for w in &mut self.groups {
+            let Some((limit, at)) = &w.limit else {
+                continue;
+            };
+            if at.id() != ev.limit_id {
+                continue;
+            }
+            let pct = (usage as u128 * 100 / (*limit).max(1) as u128).min(255) as u8;
+            w.timeline.push_back(Sample {
+                at: Instant::now(),
+                usage,
+                psi: None,
+                step: Some(pct / 10 * 10),
+            });
+        }
+    }
+
     pub(super) fn step(&mut self, i: usize) {
         let w = &mut self.groups[i];
         let Some((limit, at)) = &w.limit else { return };
@@ -101,7 +148,7 @@ impl Memcg {
                 watch.insert(g.id(), up);
             }
         }
-        if self.warning() || self.heap.is_some() {
+        if self.runup_events() {
             for (id, up) in &watch {
                 s.hash_insert(names::MEMCG_WATCH, *id, *up, 0)?;
             }
