@@ -225,3 +225,55 @@ fn faults_pprof_counts_the_touched_pages() {
         .sum();
     assert_eq!(under, 3000, "{text}");
 }
+
+/// memcg --heap's pprof: the victim's held heap at its OOM kill, as in-use
+/// objects and bytes at the function that grew it (an estimate from
+/// samples: 70-120 MiB of a 96 MiB group), not the growth stacks beside.
+#[test]
+fn memcg_heap_pprof_is_the_victims_heap_at_the_kill() {
+    let test = "memcg_heap_pprof_is_the_victims_heap_at_the_kill";
+    if memcg_root().is_none() {
+        skip(test, "no memory cgroup controller (v1 or v2)");
+        return;
+    }
+    let d = scratch("memcg-heap");
+    let file = d.join("heap.pb.gz");
+    let cg = Memcg::new("pprofheap", "96M");
+    let path = format!("/{}", cg.name);
+    let mut tracer = Tracer::start(&[
+        "memcg",
+        "--cgroup",
+        &path,
+        "--heap",
+        "--warn",
+        "50",
+        "--pprof",
+        file.to_str().unwrap(),
+        "--json",
+    ]);
+    let mut child = cg
+        .command(&workload_bin())
+        .args(["heap-steps", "1", "1000", "10"])
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let st = wait_child(&mut child, WAIT);
+    assert_eq!(
+        std::os::unix::process::ExitStatusExt::signal(&st),
+        Some(libc::SIGKILL),
+        "not OOM-killed: {st:?}"
+    );
+    let seen = tracer.stdout_line(|l| l.contains("\"memcg_oom_heap\""), WAIT);
+    assert!(seen.is_some(), "no heap report at the kill");
+    let out = tracer.interrupt();
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    let Some(text) = decode(test, &file) else {
+        return;
+    };
+    let p = parse(&text);
+    let types: Vec<&str> = p.types.iter().map(|(a, _)| a.as_str()).collect();
+    assert_eq!(types, ["inuse_objects", "inuse_space"]);
+    let held = at_leaf(&p, "grow_heap_mib");
+    let mib = held[1] as f64 / (1 << 20) as f64;
+    assert!((70.0..=120.0).contains(&mib), "{mib} MiB: {held:?}");
+}

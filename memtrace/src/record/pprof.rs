@@ -116,15 +116,20 @@ pub struct Function {
 
 /// What a tool's samples measure, as (type, unit) pairs, and how to take
 /// them from a stack.
-fn sample_types(tool: &str, bytes: bool, all: bool) -> Vec<(&'static str, &'static str)> {
+fn sample_types(
+    tool: &str,
+    bytes: bool,
+    heap: bool,
+    all: bool,
+) -> Vec<(&'static str, &'static str)> {
     match tool {
-        "memleak" if all => vec![
+        _ if heap && all => vec![
             ("inuse_objects", "count"),
             ("inuse_space", "bytes"),
             ("alloc_objects", "count"),
             ("alloc_space", "bytes"),
         ],
-        "memleak" => vec![("inuse_objects", "count"), ("inuse_space", "bytes")],
+        _ if heap => vec![("inuse_objects", "count"), ("inuse_space", "bytes")],
         "faults" => vec![("faults", "count")],
         "brkstack" => vec![("calls", "count"), ("bytes", "bytes")],
         _ if bytes => vec![("events", "count"), ("bytes", "bytes")],
@@ -241,18 +246,27 @@ pub(super) fn group_labels(s: &Stack) -> Vec<(&'static str, String)> {
 }
 
 /// The record's stacks summed over its reports, and what their samples
-/// measure. memleak's `alloc_*` types come when it ran with `--all` (its
+/// measure. Held memory is a state, not a flow: a record with a heap
+/// report (memleak's, or memcg's and oomkill's `--heap` at a warning or a
+/// kill) is profiled by the last kind of them alone, as pprof's in-use
+/// types. memleak's `alloc_*` types come when it ran with `--all` (its
 /// figures of what was allocated, freed or not).
 pub(super) fn stacks_and_types(
     rec: &Recording,
 ) -> (Vec<&Stack>, Vec<(&'static str, &'static str)>) {
-    let stacks: Vec<&Stack> = summed(rec).into_iter().flat_map(|g| g.stacks).collect();
+    let mut groups = summed(rec);
+    let held = |g: &super::report::Group| g.stacks.iter().any(|s| s.alloc.is_some());
+    let stacks: Vec<&Stack> = match groups.iter().rposition(held) {
+        Some(i) => groups.swap_remove(i).stacks,
+        None => groups.into_iter().flat_map(|g| g.stacks).collect(),
+    };
     let bytes = stacks.iter().any(|s| s.bytes.is_some());
+    let heap = stacks.iter().any(|s| s.alloc.is_some());
     let all = !stacks.is_empty()
         && stacks
             .iter()
             .all(|s| s.alloc.is_some_and(|a| a[4] & 1 != 0));
-    let types = sample_types(&rec.header.tool, bytes, all);
+    let types = sample_types(&rec.header.tool, bytes, heap, all);
     (stacks, types)
 }
 
@@ -337,9 +351,16 @@ mod tests {
 
     #[test]
     fn sample_types_follow_the_tool() {
-        assert_eq!(sample_types("faults", false, false), [("faults", "count")]);
-        assert_eq!(sample_types("memleak", true, true).len(), 4);
-        assert_eq!(sample_types("brkstack", true, false)[1], ("bytes", "bytes"));
+        assert_eq!(
+            sample_types("faults", false, false, false),
+            [("faults", "count")]
+        );
+        assert_eq!(sample_types("memleak", true, true, true).len(), 4);
+        assert_eq!(sample_types("memcg", true, true, false)[1].0, "inuse_space");
+        assert_eq!(
+            sample_types("brkstack", true, false, false)[1],
+            ("bytes", "bytes")
+        );
     }
 
     #[test]
