@@ -139,6 +139,14 @@ fn object(a: &Points) -> Result<Object> {
     Ok(Object::Library(lib, syms))
 }
 
+/// The file name of an allocator library that maps arenas of its own
+/// (jemalloc, tcmalloc...: not a C library, nor a static program, whose
+/// every stack is in its own image), as stack frames name its module.
+pub fn arena_name(object: &str) -> Option<String> {
+    let name = object.rsplit('/').next()?;
+    (is_other_allocator(name) && name.contains(".so")).then(|| name.to_string())
+}
+
 /// Libraries that may be an allocator a program links instead of its C
 /// library's malloc (jemalloc, tcmalloc, mimalloc, snmalloc, Hoard...):
 /// the ones that define `malloc` are.

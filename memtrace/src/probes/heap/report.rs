@@ -84,7 +84,16 @@ pub struct View<'a> {
     pub estimated: bool,
     /// Only these processes' stacks.
     pub only: Option<&'a std::collections::HashSet<u32>>,
+    /// File names of the allocators probed that map their own arenas
+    /// (not the C library's, whose mmaps of big blocks are the blocks):
+    /// an anonymous mmap they make for a call that was not sampled is an
+    /// arena the sampled blocks are carved from, not a block more.
+    pub arenas: &'a [String],
 }
+
+/// What a report leaves out: (allocations, bytes) of the allocators' own
+/// arenas.
+pub type LeftOut = (u64, u64);
 
 /// What a report takes from beyond the kernel's tables: the phase, the
 /// totals of exited processes, and what went with execs.
@@ -102,7 +111,7 @@ pub fn outstanding(
     args: View,
     (phase, exited, execd): Adjust,
     mode: u32,
-) -> Result<Vec<StackReport>> {
+) -> Result<(Vec<StackReport>, LeftOut)> {
     let shown = |tgid: u32| args.only.is_none_or(|o| o.contains(&tgid));
     let mut stats: HashMap<StackKey, AllocStats> = s
         .read_folded(t.stacks, false)?
@@ -145,9 +154,11 @@ pub fn outstanding(
         false => top.sort_by(|a, b| b.1 .0.cmp(&a.1 .0).then(b.1 .1.cmp(&a.1 .1))),
     }
     // Every stack: --top is applied after merging (output::MergedStacks).
+    let mut arenas = (0, 0);
+    let in_arena = |f: &String| args.arenas.iter().any(|a| f.ends_with(&format!("[{a}]")));
     let reports = top
         .into_iter()
-        .map(|(k, (n, bytes))| {
+        .filter_map(|(k, (n, bytes))| {
             let v = stats.get(&k).copied().unwrap_or_default();
             let base = phase.base.get(&k).copied().unwrap_or_default();
             let comm = crate::probes::records::comm(&v.comm);
@@ -158,6 +169,12 @@ pub fn outstanding(
             let shim = r.user.iter().take_while(|f| f.contains(super::SHIM_PREFIX));
             let n = shim.count();
             r.user.drain(..n);
+            // The mmap call's own frame first, then who called it.
+            if r.user.iter().skip(1).any(in_arena) {
+                arenas.0 += r.count;
+                arenas.1 += bytes;
+                return None;
+            }
             if exited.contains_key(&k) && r.note.is_none() {
                 r.note = Some("held when the process exited".into());
             }
@@ -170,8 +187,19 @@ pub fn outstanding(
                 estimated: args.estimated,
                 by_bytes: args.by_bytes,
             });
-            r
+            Some(r)
         })
         .collect();
-    Ok(reports)
+    Ok((reports, arenas))
+}
+
+/// The words a report's title adds for what it left out.
+pub fn left_out(arenas: LeftOut, names: &[String]) -> String {
+    match arenas {
+        (0, _) => String::new(),
+        (n, b) => format!(
+            "; {b} bytes in {n} mappings of {}'s own arenas left out (the sampled blocks are carved from them)",
+            names.join(", ")
+        ),
+    }
 }

@@ -37,6 +37,10 @@ pub struct HeapWatch {
     objects: HashSet<Vec<(u64, u64)>>,
     probes: Vec<Probe>,
     probed: Vec<String>,
+    /// File names of the probed allocators other than a C library.
+    arenas: Vec<String>,
+    /// What the last report left out of them.
+    arena_bytes: u64,
     exited: Exited,
     execs: Execs,
     counts: [u64; counter::NR as usize],
@@ -53,6 +57,8 @@ impl HeapWatch {
             objects: HashSet::new(),
             probes: Vec::new(),
             probed: Vec::new(),
+            arenas: Vec::new(),
+            arena_bytes: 0,
             exited: Exited::new(crate::stacks::kept::MAX_KEPT),
             execs: Execs::default(),
             counts: [0; counter::NR as usize],
@@ -83,6 +89,7 @@ impl HeapWatch {
         // Called again when a set-up is retried without the in-kernel unwinder.
         self.probes.clear();
         self.probed.clear();
+        self.arenas.clear();
         self.objects.clear();
         let mut cfg = MemleakConfig {
             sample_bytes: self.sample,
@@ -160,6 +167,7 @@ impl HeapWatch {
     fn note(&mut self, p: &points::Probed) {
         if let Some(o) = &p.object {
             self.probed.push(o.clone());
+            self.arenas.extend(points::arena_name(o));
         }
     }
 
@@ -218,11 +226,12 @@ impl HeapWatch {
             by_bytes: true,
             estimated: self.sample > 0,
             only: Some(pids),
+            arenas: &self.arenas,
             ..Default::default()
         };
         let phase = Phase::default();
         let t: Tables = USER;
-        let reports = report::outstanding(
+        let (reports, left) = report::outstanding(
             s,
             t,
             view,
@@ -234,7 +243,9 @@ impl HeapWatch {
         } else {
             ""
         };
-        out.stacks(kind, &format!("{title}{est}"), &reports);
+        self.arena_bytes = left.1;
+        let left = report::left_out(left, &self.arenas);
+        out.stacks(kind, &format!("{title}{est}{left}"), &reports);
         Ok(())
     }
 
@@ -248,6 +259,9 @@ impl HeapWatch {
             v.push(("heap_not_sampled", c(counter::UNSAMPLED)));
         }
         v.push(("heap_unprobed_processes", Value::from(self.unprobed)));
+        if !self.arenas.is_empty() {
+            v.push(("heap_arena_bytes_left_out", Value::from(self.arena_bytes)));
+        }
         v.extend(self.exited.summary());
         v
     }

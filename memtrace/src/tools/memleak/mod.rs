@@ -32,6 +32,8 @@ pub struct Memleak {
     probes: Vec<Probe>,
     /// How each allocator function was probed, for `-v` and the summary.
     placements: Vec<String>,
+    /// The probed allocator's file name when it maps arenas of its own.
+    arenas: Vec<String>,
     /// The shim preloaded into the `-c` command, when it is.
     preload: Option<PathBuf>,
     /// The process traced (`-p`, `-c`): its exit ends the run, and the
@@ -69,6 +71,7 @@ impl Memleak {
             user,
             probes: Vec::new(),
             placements: Vec::new(),
+            arenas: Vec::new(),
             preload,
             target: None,
             counts: [0; counter::NR as usize],
@@ -220,6 +223,12 @@ impl Tool for Memleak {
                      while memleak runs (about 1 us each); -p PID or a simple -c command keeps it to one process"
                 );
             }
+            self.arenas = p
+                .object
+                .as_deref()
+                .and_then(points::arena_name)
+                .into_iter()
+                .collect();
             p.probes.extend(points::mmap_probes(&mut cfg)?);
             (p.probes, p.said)
         } else {
@@ -266,8 +275,9 @@ impl Tool for Memleak {
             churn: self.args.all,
             estimated: self.args.sample_bytes.is_some(),
             only: None,
+            arenas: &self.arenas,
         };
-        let reports = report::outstanding(
+        let (reports, left) = report::outstanding(
             s,
             self.tables(),
             view,
@@ -281,8 +291,9 @@ impl Tool for Memleak {
         } else {
             ""
         };
+        let left = report::left_out(left, &self.arenas);
         let title = format!(
-            "[{}] Top {n} stacks with outstanding allocations{est}:",
+            "[{}] Top {n} stacks with outstanding allocations{est}{left}:",
             crate::output::clock()
         );
         out.stacks("memleak", &title, &reports);
