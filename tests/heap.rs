@@ -154,3 +154,48 @@ fn oomkill_heap_shows_what_the_victim_held_wherever_the_kill_is() {
         "the victim's stacks only: {heap:?}"
     );
 }
+
+#[test]
+fn the_kill_report_names_what_the_group_s_other_processes_hold() {
+    let name = "the_kill_report_names_what_the_group_s_other_processes_hold";
+    if !memcg_here(name) {
+        return;
+    }
+    let cg = Memcg::new("heapgroup", "128M");
+    let path = format!("/{}", cg.name);
+    let mut tracer = Tracer::start(&["memcg", "--cgroup", &path, "--heap", "--json"]);
+    // A process holding 40 MiB, then one growing until it is killed.
+    let mut holder = cg
+        .command(&workload_bin())
+        .args(["heap-steps", "1", "40", "2", "60000"])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(holder.stdout.take().unwrap()),
+        &mut line,
+    )
+    .unwrap();
+    assert_eq!(line.trim(), "held");
+    let mut grower = cg
+        .command(&workload_bin())
+        .args(["heap-steps", "1", "1000", "10"])
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    let st = wait_child(&mut grower, WAIT);
+    assert_eq!(st.signal(), Some(libc::SIGKILL), "not OOM-killed: {st:?}");
+    let seen = tracer.stdout_line(|l| l.contains("\"memcg_oom_group_heap\""), WAIT);
+    let _ = holder.kill();
+    let _ = holder.wait();
+    assert!(seen.is_some(), "no report of the group's other holders");
+    let out = tracer.interrupt();
+    let others = json_of(&out.stdout, "memcg_oom_group_heap");
+    let held = held_through(&others, holder.id(), "grow_heap_mib") / MIB;
+    assert!((25.0..=60.0).contains(&held), "{held} MiB: {others:?}");
+    assert!(
+        others.iter().all(|r| r["pid"] != grower.id()),
+        "the victim is reported apart: {others:?}"
+    );
+}

@@ -364,3 +364,61 @@ fn prekill_calls_are_answered_after_the_group_is_described() {
     assert!(!socket.exists(), "the socket is left behind");
     let _ = std::fs::remove_dir(&dir);
 }
+
+/// `--prekill --heap`: oomd's call is answered after the group's processes
+/// are described with what they hold, by stack: 24 MiB from malloc in
+/// `grow_heap_mib` (an estimate from samples).
+#[test]
+fn prekill_answer_carries_the_held_heap_by_stack() {
+    if !memcg_here("prekill_answer_carries_the_held_heap_by_stack") {
+        return;
+    }
+    let cg = Memcg::new("prekillheap", "256M");
+    let dir = std::env::temp_dir().join(format!("memtrace-prekillheap-{}", std::process::id()));
+    let group = format!("/{}", cg.name);
+    let t = Tracer::start(&[
+        "memcg",
+        "--cgroup",
+        &group,
+        "--prekill",
+        "--prekill-dir",
+        dir.to_str().unwrap(),
+        "--heap",
+        "--json",
+    ]);
+    let mut w = cg
+        .command(&workload_bin())
+        .args(["heap-steps", "1", "24", "5", "30000"])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pid = w.id();
+    let mut line = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(w.stdout.take().unwrap()),
+        &mut line,
+    )
+    .unwrap();
+    assert_eq!(line.trim(), "held");
+    let socket = dir.join(format!("memtrace-{}", t.pid()));
+    let r = varlink_call(
+        &socket,
+        serde_json::json!({"method": "io.systemd.oom.Prekill.Notify", "parameters": {"cgroup": group}}),
+    );
+    assert_eq!(r, serde_json::json!({"parameters": {}}));
+    t.signal(libc::SIGINT);
+    let out = t.wait(Duration::from_secs(30));
+    let _ = w.kill();
+    let _ = w.wait();
+    let _ = std::fs::remove_dir(&dir);
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    let heap = json_of(&out.stdout, "memcg_warn_heap");
+    let held: u64 = heap
+        .iter()
+        .filter(|r| r["pid"] == pid)
+        .filter(|r| user_frames(r).iter().any(|f| f.contains("grow_heap_mib")))
+        .map(|r| r["bytes"].as_u64().unwrap())
+        .sum();
+    let mib = held as f64 / (1 << 20) as f64;
+    assert!((15.0..=35.0).contains(&mib), "{mib} MiB: {heap:?}");
+}

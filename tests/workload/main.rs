@@ -283,8 +283,9 @@ fn main() {
                 std::thread::sleep(std::time::Duration::from_millis(pause));
             }
         }
-        // heap-steps STEP_MIB N PAUSE_MS: N blocks of STEP_MIB from malloc,
-        // touched and kept, pausing between.
+        // heap-steps STEP_MIB N PAUSE_MS [HOLD_MS]: N blocks of STEP_MIB from
+        // malloc, touched and kept, pausing between; then "held", and the
+        // blocks kept HOLD_MS more.
         "heap-steps" => {
             let (step, n, pause) = (
                 arg(&args, 1, 1usize),
@@ -295,6 +296,9 @@ fn main() {
                 leak::grow_heap_mib(step);
                 std::thread::sleep(std::time::Duration::from_millis(pause));
             }
+            println!("held");
+            std::io::stdout().flush().unwrap();
+            std::thread::sleep(std::time::Duration::from_millis(arg(&args, 4, 0)));
         }
         // hold MIB: allocate and touch MIB MiB, say "ready", then sleep.
         "hold" => {

@@ -41,6 +41,8 @@ pub struct HeapWatch {
     arenas: Vec<String>,
     /// What the last report left out of them.
     arena_bytes: u64,
+    /// The set-up said (a retried set-up says it once).
+    said: bool,
     exited: Exited,
     execs: Execs,
     counts: [u64; counter::NR as usize],
@@ -59,6 +61,7 @@ impl HeapWatch {
             probed: Vec::new(),
             arenas: Vec::new(),
             arena_bytes: 0,
+            said: false,
             exited: Exited::new(crate::stacks::kept::MAX_KEPT),
             execs: Execs::default(),
             counts: [0; counter::NR as usize],
@@ -120,6 +123,9 @@ impl HeapWatch {
         loader.max_entries(USER.allocs, MAX_ALLOCS);
         loader.max_entries(USER.stacks, MAX_STACKS);
         loader.max_entries(ML_COUNTS, counter::NR);
+        if std::mem::replace(&mut self.said, true) {
+            return Ok(());
+        }
         let sampled = match self.sample {
             0 => "every allocation".to_string(),
             n => format!(
@@ -247,6 +253,22 @@ impl HeapWatch {
         let left = report::left_out(left, &self.arenas);
         out.stacks(kind, &format!("{title}{est}{left}"), &reports);
         Ok(())
+    }
+
+    /// The `n` processes of `among` that hold most (by the estimate's
+    /// bytes), biggest first; processes holding nothing are not named.
+    pub fn biggest(&mut self, s: &mut Session, among: &HashSet<u32>, n: usize) -> Result<Vec<u32>> {
+        let mut by_pid: std::collections::HashMap<u32, u64> = Default::default();
+        let live = s.read_folded(USER.stacks, false)?;
+        let kept = self.exited.kept.counts.iter().map(|(k, v)| (*k, *v));
+        for (k, v) in live.into_iter().chain(kept) {
+            if among.contains(&k.tgid) {
+                *by_pid.entry(k.tgid).or_default() += v.bytes.saturating_sub(v.freed_bytes);
+            }
+        }
+        let mut top: Vec<(u32, u64)> = by_pid.into_iter().filter(|p| p.1 > 0).collect();
+        top.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
+        Ok(top.into_iter().take(n).map(|p| p.0).collect())
     }
 
     pub fn summary(&self) -> Vec<(&'static str, Value)> {

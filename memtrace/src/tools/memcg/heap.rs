@@ -36,6 +36,18 @@ impl Memcg {
         }
     }
 
+    /// The processes of `among` that hold most (five at most).
+    pub(super) fn biggest_of(
+        &mut self,
+        among: &HashSet<u32>,
+        s: &mut Session,
+    ) -> Result<HashSet<u32>> {
+        match self.heap.as_mut() {
+            Some(h) => Ok(h.biggest(s, among, 5)?.into_iter().collect()),
+            None => Ok(HashSet::new()),
+        }
+    }
+
     /// What `pids` hold by stack, printed as `kind` under `title`.
     pub(super) fn heap_of(
         &mut self,

@@ -46,6 +46,17 @@ impl Memcg {
             victim = crate::process::proc::comm(ev.victim_pid).unwrap_or_default();
         }
         let where_ = crate::kernel::cgroupid::path_of(ev.memcg_id).map(|(_, p)| p);
+        // The group's other processes, for what they hold.
+        let others: std::collections::HashSet<u32> = match self.heap.is_some() {
+            true => w
+                .group
+                .with_descendants()
+                .iter()
+                .flat_map(|g| g.procs())
+                .filter(|&p| p != ev.victim_pid)
+                .collect(),
+            false => Default::default(),
+        };
         let limit = w.limit.as_ref().map(|(l, _)| *l);
         let cols = [
             Col::text("time", "TIME", 8),
@@ -115,6 +126,12 @@ impl Memcg {
             comm(&ev.victim_comm)
         );
         self.heap_of(&[ev.victim_pid].into(), "memcg_oom_heap", &title, s, out)?;
+        // The victim is not always what filled the group.
+        let biggest = self.biggest_of(&others, s)?;
+        if !biggest.is_empty() {
+            let title = "Heap held by the group's other biggest holders at the kill, by stack";
+            self.heap_of(&biggest, "memcg_oom_group_heap", title, s, out)?;
+        }
         Ok(())
     }
 }
