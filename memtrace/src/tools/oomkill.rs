@@ -177,15 +177,15 @@ impl Oomkill {
         let Some(h) = self.heap.as_mut() else {
             return Ok(());
         };
-        let pids = match self.target {
+        let (pids, settle) = match self.target {
             Some(t) => {
                 let mut v = vec![t];
                 v.extend(s.hash_keys(names::FOLLOWED));
-                v
+                (v, false)
             }
-            None => crate::process::proc::pids(),
+            None => (crate::process::proc::pids(), true),
         };
-        h.follow(s, &pids)
+        h.follow(s, &pids, settle)
     }
 
     /// With --heap: what the victim held, by stack.
@@ -256,6 +256,11 @@ impl Tool for Oomkill {
                 .target
                 .map_or_else(crate::process::proc::pids, |t| vec![t]);
             h.prepare(k.loader, k.stacks, &pids)?;
+            // Every process's execs and executable mappings come through
+            // the ring buffer (for the stacks of processes gone by a kill):
+            // a host starting 2,000 a second overran 1 MiB, not 16.
+            // --buffer-size still decides.
+            k.loader.max_entries(names::EVENTS, 16 << 20);
         }
         if self.stack {
             let cfg = ReclaimConfig {

@@ -132,7 +132,7 @@ fn object(a: &Points) -> Result<Object> {
     let lib = mapped_library(pid, is_libc).ok_or_else(|| {
         Error::Usage(format!(
             "no C library mapped by process {}: name the allocator's object with -O PATH",
-            a.only.unwrap_or(0)
+            a.running.or(a.only).unwrap_or(0)
         ))
     })?;
     let syms = Symbols::open(&lib.path)?;

@@ -33,6 +33,8 @@ pub struct HeapWatch {
     by_group: bool,
     /// Processes already looked at: maps read, allocator probed.
     seen: HashSet<u32>,
+    /// Processes found at the last look and not taken in yet (`settle`).
+    candidates: HashSet<u32>,
     /// The allocator objects probed, by (device, inode) of each.
     objects: HashSet<Vec<(u64, u64)>>,
     probes: Vec<Probe>,
@@ -56,6 +58,7 @@ impl HeapWatch {
             sample,
             by_group,
             seen: HashSet::new(),
+            candidates: HashSet::new(),
             objects: HashSet::new(),
             probes: Vec::new(),
             probed: Vec::new(),
@@ -108,7 +111,7 @@ impl HeapWatch {
         if self.objects.is_empty() {
             // Nothing runs there yet: the C library memtrace maps, which
             // the processes that come are most likely to map too.
-            self.objects.extend(allocator_key(None));
+            self.objects.extend(allocator_key(None).map(|k| k.0));
             let p = points::user(&Points {
                 session: true,
                 ..Default::default()
@@ -148,9 +151,18 @@ impl HeapWatch {
 
     /// The probes for `pid`'s allocator if it is one not probed yet.
     fn allocator_of(&mut self, pid: u32) -> Option<Vec<Probe>> {
-        if !self.objects.insert(allocator_key(Some(pid))?) {
+        let (key, libs) = allocator_key(Some(pid))?;
+        if self.objects.contains(&key) {
             return None;
         }
+        // Caught between its exec and its loader's mapping of libc (no
+        // library, not static): looked at again next time.
+        let exe = std::path::PathBuf::from(format!("/proc/{pid}/exe"));
+        if !libs && !crate::session::uprobe::is_static(&exe) {
+            self.seen.remove(&pid);
+            return None;
+        }
+        self.objects.insert(key);
         let at = Points {
             running: Some(pid),
             session: true,
@@ -181,11 +193,21 @@ impl HeapWatch {
     /// their stacks after they are gone), and their allocator probed if it
     /// is a new one. (The programs see a process from the moment it is in
     /// a watched group: this only reads.)
-    pub fn follow(&mut self, s: &mut Session, pids: &[u32]) -> Result<()> {
+    /// With `settle`, a process is taken in at the second look that finds
+    /// it: on a host starting thousands a second, the short-lived ones are
+    /// never read (their stacks symbolize from the mappings the kernel
+    /// reports at their exec).
+    pub fn follow(&mut self, s: &mut Session, pids: &[u32], settle: bool) -> Result<()> {
+        let before = std::mem::take(&mut self.candidates);
         for &pid in pids {
-            if !self.seen.insert(pid) {
+            if self.seen.contains(&pid) {
                 continue;
             }
+            if settle && !before.contains(&pid) {
+                self.candidates.insert(pid);
+                continue;
+            }
+            self.seen.insert(pid);
             s.sym.maps.lock().unwrap().snapshot(pid);
             if let Some(probes) = self.allocator_of(pid) {
                 for p in &probes {
@@ -291,8 +313,8 @@ impl HeapWatch {
 
 /// The files that may hold `pid`'s allocator (memtrace's own for None), by
 /// device and inode: its C library and any "...alloc..." library, or for a
-/// static program its own image.
-fn allocator_key(pid: Option<u32>) -> Option<Vec<(u64, u64)>> {
+/// static program its own image; and whether libraries were found.
+fn allocator_key(pid: Option<u32>) -> Option<(Vec<(u64, u64)>, bool)> {
     use std::os::unix::fs::MetadataExt;
     let libs = mapped_libraries(pid, |n| is_libc(n) || n.contains("alloc"));
     let mut key: Vec<(u64, u64)> = libs
@@ -300,10 +322,11 @@ fn allocator_key(pid: Option<u32>) -> Option<Vec<(u64, u64)>> {
         .filter_map(|l| std::fs::metadata(&l.path).ok())
         .map(|m| (m.dev(), m.ino()))
         .collect();
-    if key.is_empty() {
+    let libs = !key.is_empty();
+    if !libs {
         let exe = std::fs::metadata(format!("/proc/{}/exe", pid?)).ok()?;
         key.push((exe.dev(), exe.ino()));
     }
     key.sort_unstable();
-    Some(key)
+    Some((key, libs))
 }

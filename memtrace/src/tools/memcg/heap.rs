@@ -31,7 +31,7 @@ impl Memcg {
         }
         let pids = self.members();
         match self.heap.as_mut() {
-            Some(h) => h.follow(s, &pids),
+            Some(h) => h.follow(s, &pids, false),
             None => Ok(()),
         }
     }
