@@ -211,21 +211,18 @@ fn rtld_next_from_the_program_is_resolved_from_the_program() {
     assert!(out.stdout.contains("rtld-next same"), "{}", out.stdout);
 }
 
-/// C++ `new` on a program linked with jemalloc, which defines operator new
-/// and delete itself and serves them without calling its malloc: under
-/// `-c` the shim's operator new takes them, under `-p` jemalloc's are
-/// probed. Both see every block, with the calling function in the stack.
-#[test]
-fn cpp_new_served_by_jemalloc_is_seen_with_and_without_the_shim() {
+/// The C++ leak workload linked with jemalloc, built as `name`; None (with
+/// a skip of `test`) without jemalloc or a C++ compiler.
+fn cxx_with_jemalloc(test: &str, name: &str) -> Option<PathBuf> {
     let je = Path::new("/usr/lib/x86_64-linux-gnu/libjemalloc.so.2");
-    let have_cxx = installed("c++", "--version");
-    if !je.exists() || !have_cxx {
-        return skip(
-            "cpp_new_served_by_jemalloc_is_seen_with_and_without_the_shim",
+    if !je.exists() || !installed("c++", "--version") {
+        skip(
+            test,
             "needs libjemalloc.so.2 (apt libjemalloc2) and a C++ compiler",
         );
+        return None;
     }
-    let prog = Path::new(env!("CARGO_TARGET_TMPDIR")).join("cxx-jemalloc");
+    let prog = Path::new(env!("CARGO_TARGET_TMPDIR")).join(name);
     let st = status_within(
         Command::new("c++")
             .args(["-O2", "-g"])
@@ -236,6 +233,21 @@ fn cpp_new_served_by_jemalloc_is_seen_with_and_without_the_shim() {
         std::time::Duration::from_secs(120),
     );
     assert!(st.success(), "building {} failed", prog.display());
+    Some(prog)
+}
+
+/// C++ `new` on a program linked with jemalloc, which defines operator new
+/// and delete itself and serves them without calling its malloc: under
+/// `-c` the shim's operator new takes them, under `-p` jemalloc's are
+/// probed. Both see every block, with the calling function in the stack.
+#[test]
+fn cpp_new_served_by_jemalloc_is_seen_with_and_without_the_shim() {
+    let Some(prog) = cxx_with_jemalloc(
+        "cpp_new_served_by_jemalloc_is_seen_with_and_without_the_shim",
+        "cxx-jemalloc",
+    ) else {
+        return;
+    };
     const NEW: u64 = 300;
     // Blob is 200 bytes.
     let want = (NEW, NEW * 200);
@@ -315,24 +327,12 @@ fn jemalloc_s_own_api_is_seen_with_and_without_the_shim() {
 /// group: 61 MiB of arenas beside 82 MiB of blocks). Left out, and said.
 #[test]
 fn sampled_jemalloc_arenas_are_not_counted_as_blocks() {
-    let je = Path::new("/usr/lib/x86_64-linux-gnu/libjemalloc.so.2");
-    if !je.exists() || !installed("c++", "--version") {
-        return skip(
-            "sampled_jemalloc_arenas_are_not_counted_as_blocks",
-            "needs libjemalloc.so.2 (apt libjemalloc2) and a C++ compiler",
-        );
-    }
-    let prog = Path::new(env!("CARGO_TARGET_TMPDIR")).join("cxx-jemalloc-sampled");
-    let st = status_within(
-        Command::new("c++")
-            .args(["-O2", "-g"])
-            .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/workload/nofp/leak.cpp"))
-            .arg(je)
-            .arg("-o")
-            .arg(&prog),
-        std::time::Duration::from_secs(120),
-    );
-    assert!(st.success(), "building {} failed", prog.display());
+    let Some(prog) = cxx_with_jemalloc(
+        "sampled_jemalloc_arenas_are_not_counted_as_blocks",
+        "cxx-jemalloc-sampled",
+    ) else {
+        return;
+    };
     // 100,000 blocks of 200 bytes: 20 MB, about 300 samples at 64 KiB.
     const NEW: u64 = 100_000;
     let mut p = Command::new(&prog)

@@ -96,30 +96,19 @@ impl Memcg {
             let Some((limit, at)) = &w.limit else {
                 continue;
             };
-            if at.id() != ev.limit_id {
-                continue;
+            if at.id() == ev.limit_id {
+                let limit = *limit;
+                push_step(&mut w.timeline, usage, limit);
             }
-            let pct = (usage as u128 * 100 / (*limit).max(1) as u128).min(255) as u8;
-            w.timeline.push_back(Sample {
-                at: Instant::now(),
-                usage,
-                psi: None,
-                step: Some(pct / 10 * 10),
-            });
         }
     }
 
+    /// A tenth of the limit crossed, by v1's notifier: usage read now.
     pub(super) fn step(&mut self, i: usize) {
         let w = &mut self.groups[i];
         let Some((limit, at)) = &w.limit else { return };
-        let usage = at.usage().unwrap_or(0);
-        let pct = (usage as u128 * 100 / (*limit).max(1) as u128).min(255) as u8;
-        w.timeline.push_back(Sample {
-            at: Instant::now(),
-            usage,
-            psi: None,
-            step: Some(pct / 10 * 10),
-        });
+        let (usage, limit) = (at.usage().unwrap_or(0), *limit);
+        push_step(&mut w.timeline, usage, limit);
     }
 
     /// Samples usage and pressure for the timeline, and the RSS of the
@@ -169,4 +158,15 @@ impl Memcg {
         }
         Ok(())
     }
+}
+
+/// A point of the run-up at a tenth of the limit crossed.
+fn push_step(timeline: &mut std::collections::VecDeque<Sample>, usage: u64, limit: u64) {
+    let pct = (usage as u128 * 100 / limit.max(1) as u128).min(255) as u8;
+    timeline.push_back(Sample {
+        at: Instant::now(),
+        usage,
+        psi: None,
+        step: Some(pct / 10 * 10),
+    });
 }
