@@ -57,15 +57,7 @@ fn the_victim_of_an_oom_kill_held_what_its_growing_function_allocated() {
         "--json",
     ]);
     // 1 MiB from malloc every 10 ms, touched: killed at about 128 MiB.
-    let mut child = cg
-        .command(&workload_bin())
-        .args(["heap-steps", "1", "1000", "10"])
-        .stdout(Stdio::null())
-        .spawn()
-        .unwrap();
-    let pid = child.id();
-    let st = wait_child(&mut child, WAIT);
-    assert_eq!(st.signal(), Some(libc::SIGKILL), "not OOM-killed: {st:?}");
+    let pid = cg.grow_until_killed();
     let out = kill_report(tracer);
     let kills = json_of(&out.stdout, "memcg_oom");
     assert_eq!(kills.len(), 1, "{}", out.stdout);
@@ -132,15 +124,7 @@ fn oomkill_heap_shows_what_the_victim_held_wherever_the_kill_is() {
     let cg = Memcg::new("heapoomkill", "96M");
     // Every process on the host, not a group's.
     let mut tracer = Tracer::start(&["oomkill", "--heap", "--json"]);
-    let mut child = cg
-        .command(&workload_bin())
-        .args(["heap-steps", "1", "1000", "10"])
-        .stdout(Stdio::null())
-        .spawn()
-        .unwrap();
-    let pid = child.id();
-    let st = wait_child(&mut child, WAIT);
-    assert_eq!(st.signal(), Some(libc::SIGKILL), "not OOM-killed: {st:?}");
+    let pid = cg.grow_until_killed();
     let seen = tracer.stdout_line(|l| l.contains("\"oom_heap\""), WAIT);
     assert!(seen.is_some(), "no heap report at the kill");
     let out = tracer.interrupt();
@@ -178,14 +162,7 @@ fn the_kill_report_names_what_the_group_s_other_processes_hold() {
     )
     .unwrap();
     assert_eq!(line.trim(), "held");
-    let mut grower = cg
-        .command(&workload_bin())
-        .args(["heap-steps", "1", "1000", "10"])
-        .stdout(Stdio::null())
-        .spawn()
-        .unwrap();
-    let st = wait_child(&mut grower, WAIT);
-    assert_eq!(st.signal(), Some(libc::SIGKILL), "not OOM-killed: {st:?}");
+    let grower = cg.grow_until_killed();
     let seen = tracer.stdout_line(|l| l.contains("\"memcg_oom_group_heap\""), WAIT);
     let _ = holder.kill();
     let _ = holder.wait();
@@ -195,7 +172,7 @@ fn the_kill_report_names_what_the_group_s_other_processes_hold() {
     let held = held_through(&others, holder.id(), "grow_heap_mib") / MIB;
     assert!((25.0..=60.0).contains(&held), "{held} MiB: {others:?}");
     assert!(
-        others.iter().all(|r| r["pid"] != grower.id()),
+        others.iter().all(|r| r["pid"] != grower),
         "the victim is reported apart: {others:?}"
     );
 }

@@ -251,18 +251,7 @@ fn memcg_heap_pprof_is_the_victims_heap_at_the_kill() {
         file.to_str().unwrap(),
         "--json",
     ]);
-    let mut child = cg
-        .command(&workload_bin())
-        .args(["heap-steps", "1", "1000", "10"])
-        .stdout(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
-    let st = wait_child(&mut child, WAIT);
-    assert_eq!(
-        std::os::unix::process::ExitStatusExt::signal(&st),
-        Some(libc::SIGKILL),
-        "not OOM-killed: {st:?}"
-    );
+    cg.grow_until_killed();
     let seen = tracer.stdout_line(|l| l.contains("\"memcg_oom_heap\""), WAIT);
     assert!(seen.is_some(), "no heap report at the kill");
     let out = tracer.interrupt();

@@ -162,6 +162,21 @@ impl Memcg {
         }
     }
 
+    /// The workload growing its heap 1 MiB from malloc every 10 ms in this
+    /// group until the OOM killer takes it: its pid.
+    pub fn grow_until_killed(&self) -> u32 {
+        use std::os::unix::process::ExitStatusExt;
+        let mut child = self
+            .command(&super::workload_bin())
+            .args(["heap-steps", "1", "1000", "10"])
+            .stdout(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        let st = wait_child(&mut child, super::WAIT);
+        assert_eq!(st.signal(), Some(libc::SIGKILL), "not OOM-killed: {st:?}");
+        child.id()
+    }
+
     /// A command that joins this cgroup before it execs.
     pub fn command(&self, program: &Path) -> Command {
         use std::os::unix::process::CommandExt;

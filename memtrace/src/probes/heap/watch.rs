@@ -17,8 +17,9 @@ use super::report::{self, Phase, Tables, View, USER};
 use super::{execs::Execs, exited::Exited};
 use crate::error::{Error, Result};
 use crate::output::{Printer, Value};
+use crate::process::proc::{read_maps, Mapping};
 use crate::session::attach::Probe;
-use crate::session::uprobe::{is_libc, mapped_libraries};
+use crate::session::uprobe::is_libc;
 use crate::session::Session;
 
 /// Live blocks and stacks the kernel's tables hold (allocated as used).
@@ -36,7 +37,7 @@ pub struct HeapWatch {
     /// Processes found at the last look and not taken in yet (`settle`).
     candidates: HashSet<u32>,
     /// The allocator objects probed, by (device, inode) of each.
-    objects: HashSet<Vec<(u64, u64)>>,
+    objects: HashSet<Vec<Object>>,
     probes: Vec<Probe>,
     probed: Vec<String>,
     /// File names of the probed allocators other than a C library.
@@ -104,14 +105,16 @@ impl HeapWatch {
             ..Default::default()
         };
         for &pid in pids {
-            if let Some(p) = self.allocator_of(pid) {
+            let maps = read_maps(pid).unwrap_or_default();
+            if let Some(p) = self.allocator_of(pid, &maps) {
                 self.probes.extend(p);
             }
         }
         if self.objects.is_empty() {
             // Nothing runs there yet: the C library memtrace maps, which
             // the processes that come are most likely to map too.
-            self.objects.extend(allocator_key(None).map(|k| k.0));
+            let own = read_maps(std::process::id()).unwrap_or_default();
+            self.objects.extend(allocator_key(&own).map(|k| k.0));
             let p = points::user(&Points {
                 session: true,
                 ..Default::default()
@@ -150,8 +153,8 @@ impl HeapWatch {
     }
 
     /// The probes for `pid`'s allocator if it is one not probed yet.
-    fn allocator_of(&mut self, pid: u32) -> Option<Vec<Probe>> {
-        let (key, libs) = allocator_key(Some(pid))?;
+    fn allocator_of(&mut self, pid: u32, maps: &[Mapping]) -> Option<Vec<Probe>> {
+        let (key, libs) = allocator_key(maps)?;
         if self.objects.contains(&key) {
             return None;
         }
@@ -208,8 +211,14 @@ impl HeapWatch {
                 continue;
             }
             self.seen.insert(pid);
-            s.sym.maps.lock().unwrap().snapshot(pid);
-            if let Some(probes) = self.allocator_of(pid) {
+            // The maps read once: kept for its stacks, and its allocator's key.
+            let maps = {
+                let mut cache = s.sym.maps.lock().unwrap();
+                cache.snapshot(pid);
+                cache.maps(pid).map(<[Mapping]>::to_vec)
+            };
+            let Some(maps) = maps else { continue };
+            if let Some(probes) = self.allocator_of(pid, &maps) {
                 for p in &probes {
                     s.attach(p)?;
                 }
@@ -311,22 +320,30 @@ impl HeapWatch {
     }
 }
 
-/// The files that may hold `pid`'s allocator (memtrace's own for None), by
-/// device and inode: its C library and any "...alloc..." library, or for a
-/// static program its own image; and whether libraries were found.
-fn allocator_key(pid: Option<u32>) -> Option<(Vec<(u64, u64)>, bool)> {
-    use std::os::unix::fs::MetadataExt;
-    let libs = mapped_libraries(pid, |n| is_libc(n) || n.contains("alloc"));
-    let mut key: Vec<(u64, u64)> = libs
+/// The files that may hold a process's allocator, by device and inode
+/// (from its maps: no stat): its C library and any "...alloc..." library,
+/// or for a static program its own image; and whether libraries were found.
+fn allocator_key(maps: &[Mapping]) -> Option<(Vec<Object>, bool)> {
+    let name = |m: &Mapping| m.path.rsplit('/').next().unwrap_or("").to_string();
+    let mut key: Vec<Object> = maps
         .iter()
-        .filter_map(|l| std::fs::metadata(&l.path).ok())
-        .map(|m| (m.dev(), m.ino()))
+        .filter(|m| m.path.starts_with('/') && m.inode != 0)
+        .filter(|m| {
+            let n = name(m);
+            is_libc(&n) || n.contains("alloc")
+        })
+        .map(|m| (m.dev, m.inode))
         .collect();
     let libs = !key.is_empty();
     if !libs {
-        let exe = std::fs::metadata(format!("/proc/{}/exe", pid?)).ok()?;
-        key.push((exe.dev(), exe.ino()));
+        // The image is mapped first.
+        let image = maps.iter().find(|m| m.inode != 0)?;
+        key.push((image.dev, image.inode));
     }
     key.sort_unstable();
+    key.dedup();
     Some((key, libs))
 }
+
+/// A mapped file: device (major, minor) and inode.
+type Object = ((u32, u32), u64);

@@ -7,31 +7,27 @@ use std::collections::HashSet;
 use super::Memcg;
 use crate::error::Result;
 use crate::output::Printer;
+use crate::process::cgroup::Group;
 use crate::session::Session;
 
 impl Memcg {
     /// Every process in the watched groups and in the groups below them.
     pub(super) fn members(&self) -> Vec<u32> {
-        let mut pids: Vec<u32> = self
+        let all: Vec<Group> = self
             .groups
             .iter()
             .flat_map(|w| w.group.with_descendants())
-            .flat_map(|g| g.procs())
             .collect();
-        pids.sort_unstable();
-        pids.dedup();
-        pids
+        members_of(&all)
     }
 
     /// Processes that started in or moved into a group since the last look
-    /// are followed from now (forks of followed ones are from their fork).
-    pub(super) fn follow_members(&mut self, s: &mut Session) -> Result<()> {
-        if self.heap.is_none() {
-            return Ok(());
-        }
-        let pids = self.members();
+    /// are followed from now (the kernel counts their calls from the moment
+    /// they are in: this reads their maps, and probes a new allocator).
+    /// `all`: the groups and their descendants, as the sample walked them.
+    pub(super) fn follow_members(&mut self, all: &[Group], s: &mut Session) -> Result<()> {
         match self.heap.as_mut() {
-            Some(h) => h.follow(s, &pids, false),
+            Some(h) => h.follow(s, &members_of(all), false),
             None => Ok(()),
         }
     }
@@ -62,4 +58,12 @@ impl Memcg {
             None => Ok(()),
         }
     }
+}
+
+/// The processes of `groups`, each once.
+fn members_of(groups: &[Group]) -> Vec<u32> {
+    let mut pids: Vec<u32> = groups.iter().flat_map(Group::procs).collect();
+    pids.sort_unstable();
+    pids.dedup();
+    pids
 }

@@ -279,7 +279,6 @@ impl Tool for Memcg {
     }
 
     fn on_start(&mut self, s: &mut Session) -> Result<()> {
-        self.follow_members(s)?;
         self.sample(s)?;
         if self.runup_events() {
             self.set_lines(s)?;
@@ -310,7 +309,6 @@ impl Tool for Memcg {
                 continue;
             }
             if tag == TAG_TIMER {
-                self.follow_members(s)?;
                 self.sample(s)?;
                 // v2 has no usage notifier: usage is checked at each sample too.
                 for i in 0..self.groups.len() {

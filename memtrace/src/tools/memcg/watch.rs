@@ -118,6 +118,7 @@ impl Memcg {
         // Each followed group's id, and how many levels up the group that
         // sets its limit is (the kernel checks that one's usage).
         let mut watch = HashMap::new();
+        let mut walked = Vec::new();
         for w in &mut self.groups {
             w.timeline.push_back(Sample {
                 at: now,
@@ -136,11 +137,14 @@ impl Memcg {
                 });
                 watch.insert(g.id(), up);
             }
+            walked.extend(all);
         }
         if self.runup_events() {
             for (id, up) in &watch {
                 s.hash_insert(names::MEMCG_WATCH, *id, *up, 0)?;
             }
+            // The groups as walked, for the heap's newcomers.
+            self.follow_members(&walked, s)?;
         }
         if self.warning() {
             for (pid, v) in s.hash_entries(names::MEMCG_PROCS) {
