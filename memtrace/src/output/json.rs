@@ -85,7 +85,7 @@ impl Printer for JsonPrinter {
                 "note": s.note,
                 "processes": s.processes.max(1),
             });
-            if let Some(id) = crate::stacks::fingerprint::fingerprint_text(&s.kernel, &s.user) {
+            if let Some(id) = crate::output::frame::fingerprint_text(&s.kernel, &s.user) {
                 v["stack_id"] = json!(id);
             }
             if let Some(a) = &s.alloc {

@@ -2,6 +2,7 @@
 //! histograms and a summary; a `Printer` decides how they look.
 
 mod folded;
+pub mod frame;
 mod json;
 mod merge;
 mod sink;

@@ -144,7 +144,7 @@ impl Printer for TextPrinter {
                 n => format!("{} and {} more", s.pid, n - 1),
             };
             // The id that `memtrace annotate` and `diff` know the stack by.
-            let id = crate::stacks::fingerprint::fingerprint_text(&s.kernel, &s.user)
+            let id = crate::output::frame::fingerprint_text(&s.kernel, &s.user)
                 .map(|id| format!(" stack {id}"))
                 .unwrap_or_default();
             putln!(
@@ -244,7 +244,7 @@ fn alloc_stack(out: &mut Sink, s: &StackReport, a: &super::AllocFigures) {
         0 | 1 => format!("{} {}", s.pid, esc(&s.comm)),
         n => format!("{} {} and {} more", s.pid, esc(&s.comm), n - 1),
     };
-    let id = crate::stacks::fingerprint::fingerprint_text(&s.kernel, &s.user)
+    let id = crate::output::frame::fingerprint_text(&s.kernel, &s.user)
         .map(|id| format!(" {id}"))
         .unwrap_or_default();
     putln!(

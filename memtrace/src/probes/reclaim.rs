@@ -10,7 +10,7 @@ use memtrace_common::reclaim::{total, ReclaimConfig};
 use crate::error::Result;
 use crate::session::attach::Probe;
 use crate::session::Prep;
-use crate::session::Session;
+use crate::stacks::Traced;
 
 /// Reclaim begin/end pairs.
 pub fn reclaim_probes() -> Vec<Probe> {
@@ -55,7 +55,7 @@ pub fn prepare_reclaim(k: &mut Prep, cfg: ReclaimConfig) -> Result<()> {
 }
 
 /// The reclaim totals, summed over CPUs.
-pub fn read_totals(s: &Session) -> Result<[u64; total::NR]> {
+pub fn read_totals(s: &Traced) -> Result<[u64; total::NR]> {
     let mut sum = [0u64; total::NR];
     for vals in s.read_percpu_array(RECLAIM_TOTALS)? {
         for v in vals {

@@ -9,12 +9,24 @@
 //! process it starts; its exit status is the command's.
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{mpsc, Arc};
+use std::sync::{mpsc, Arc, Mutex};
 use std::time::Duration;
 
 use crate::error::{Error, Result};
 use crate::process::entrystop::EntryStops;
-use crate::stacks::symbolize::SharedMaps;
+
+/// What `-c` tells whoever keeps process images (the symbolizer's maps,
+/// one wing up): a process exec'd, or its maps are to be read now.
+pub trait Images: Send {
+    fn exec(&mut self, pid: u32);
+    /// Reads `pid`'s maps; false if it is gone.
+    fn snapshot(&mut self, pid: u32) -> bool;
+    /// Unwound in the kernel: each new image needs its tables before it
+    /// runs, so the command stops at its entry.
+    fn unwinds_in_kernel(&self) -> bool;
+}
+
+pub type SharedImages = Arc<Mutex<dyn Images>>;
 
 /// ptrace's answer, checked: a request that fails leaves the tracee
 /// stopped or untraced, which must not pass silently.
@@ -31,7 +43,7 @@ fn ptrace(req: libc::c_uint, pid: libc::pid_t, data: usize) -> std::io::Result<(
 /// first instruction and its maps can be read when it exits.
 pub struct Traced {
     pub pid: u32,
-    pub go: mpsc::Sender<SharedMaps>,
+    pub go: mpsc::Sender<SharedImages>,
     pub exited: tokio::sync::oneshot::Receiver<i32>,
     /// Set to leave the command running: the following thread detaches it
     /// at its next stop.
@@ -69,7 +81,7 @@ impl Traced {
             self.leave.store(true, Ordering::SeqCst);
             // A stop for the following thread to detach each process at
             // (suppressed), the processes the command started first.
-            let mut tree = crate::process::follow::descendants(self.pid);
+            let mut tree = crate::process::proc::descendants(self.pid);
             tree.push(self.pid);
             for &p in &tree {
                 // SAFETY: signals to the command's processes (ESRCH: gone).
@@ -96,7 +108,7 @@ impl Traced {
                 }
             };
         }
-        let mut tree = crate::process::follow::descendants(self.pid);
+        let mut tree = crate::process::proc::descendants(self.pid);
         tree.push(self.pid);
         let send = |sig| {
             for &p in &tree {
@@ -168,14 +180,14 @@ const CHILD_OPTS: libc::c_int = libc::PTRACE_O_TRACEFORK | libc::PTRACE_O_TRACEV
 /// ends keep running (only the command itself dies with memtrace).
 fn follow_tree(
     pid: libc::pid_t,
-    maps: &SharedMaps,
+    maps: &SharedImages,
     exit_tx: tokio::sync::oneshot::Sender<i32>,
     mut stops: EntryStops,
     leave: Arc<AtomicBool>,
 ) {
     let mut exit_tx = Some(exit_tx);
     let mut seen = std::collections::HashSet::from([pid]);
-    let kunwind = maps.lock().unwrap().ktables.is_some();
+    let kunwind = maps.lock().unwrap().unwinds_in_kernel();
     let mut status = 0;
     loop {
         // SAFETY: waiting for our own tracees.
@@ -261,7 +273,7 @@ pub fn spawn_traced(
     oom_score_adj: Option<Vec<u8>>,
 ) -> Result<Traced> {
     let (pid_tx, pid_rx) = mpsc::channel::<std::result::Result<u32, String>>();
-    let (go_tx, go_rx) = mpsc::channel::<SharedMaps>();
+    let (go_tx, go_rx) = mpsc::channel::<SharedImages>();
     let (exit_tx, exit_rx) = tokio::sync::oneshot::channel::<i32>();
     let leave = Arc::new(AtomicBool::new(false));
     let leave_tx = leave.clone();
@@ -345,7 +357,7 @@ pub fn spawn_traced(
         {
             let mut m = maps.lock().unwrap();
             m.snapshot(pid as u32);
-            if m.ktables.is_some() {
+            if m.unwinds_in_kernel() {
                 stops.arm(pid);
             }
         }

@@ -1,13 +1,12 @@
-//! The process model: ancestry and the names processes took at exec, their
-//! mappings (learned in the kernel and read from /proc, which is parsed here
-//! once), their memory cgroups, and `-c` with its entry stop.
+//! The process model as /proc gives it (parsed here, once): ancestry,
+//! mappings, memory cgroups and containers, and `-c` with its entry stop.
+//! What the kernel programs tell of processes (forks, exec names, mappings
+//! made) is read by probes, one wing up.
 
 pub mod cgroup;
 pub mod command;
 pub mod container;
 pub mod entrystop;
-pub mod exemaps;
-pub mod follow;
 pub mod groups;
 pub mod pmap;
 pub mod proc;

@@ -346,3 +346,21 @@ pub fn smaps(pid: u32) -> Vec<SmapsEntry> {
         .map(|t| parse_smaps(&String::from_utf8_lossy(&t)))
         .unwrap_or_default()
 }
+
+/// Every descendant of `root` alive now, found through /proc.
+pub fn descendants(root: u32) -> Vec<u32> {
+    let parents: std::collections::HashMap<u32, u32> = pids()
+        .into_iter()
+        .filter_map(|p| Some((p, parent_of(p)?)))
+        .collect();
+    let mut out = Vec::new();
+    let mut frontier = vec![root];
+    while let Some(p) = frontier.pop() {
+        for (&child, _) in parents.iter().filter(|(_, &pp)| pp == p) {
+            out.push(child);
+            frontier.push(child);
+        }
+    }
+    out.sort_unstable();
+    out
+}

@@ -19,7 +19,7 @@ mod writer;
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
-pub use crate::stacks::fingerprint::fingerprint_text;
+pub use crate::output::frame::fingerprint_text;
 pub use writer::Recorder;
 
 use crate::error::{Error, Result};
@@ -80,7 +80,7 @@ pub fn annotate(cmd: &AnnotateCmd) -> Result<i32> {
                             .iter()
                             .chain(&s.user)
                             .take(3)
-                            .map(|f| f.render(crate::stacks::symbolize::FrameStyle::Function))
+                            .map(|f| f.render(crate::output::frame::FrameStyle::Function))
                             .collect();
                         found.insert((id, top.join(" <- ")));
                     }

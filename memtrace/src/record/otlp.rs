@@ -15,7 +15,7 @@ use super::format::{Recording, Stack as RecStack};
 use super::otlp_proto::*;
 use super::pprof::{group_labels, stacks_and_types, values};
 use crate::error::Result;
-use crate::stacks::fingerprint::Frame;
+use crate::output::frame::Frame;
 
 /// Items by value, each once, index 0 the zero item (the schema's rule for
 /// every dictionary table).

@@ -12,7 +12,7 @@ use prost::Message;
 use super::format::{Recording, Stack};
 use super::report::summed;
 use crate::error::Result;
-use crate::stacks::fingerprint::Frame;
+use crate::output::frame::Frame;
 
 #[derive(Clone, PartialEq, Message)]
 pub struct Profile {

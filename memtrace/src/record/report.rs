@@ -9,9 +9,9 @@ use super::annotate::Annotations;
 use super::args::{ReportArgs, ViewArgs};
 use super::format::{Recording, Stack};
 use crate::error::{Error, Result};
+use crate::output::frame::fingerprint_text;
+use crate::output::frame::FrameStyle;
 use crate::output::{self, fold, merge_stacks, Format, StackReport};
-use crate::stacks::fingerprint::fingerprint_text;
-use crate::stacks::symbolize::FrameStyle;
 
 /// One report of a recording: its kind, title and stacks.
 pub struct Group<'a> {

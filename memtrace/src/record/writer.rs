@@ -10,9 +10,9 @@ use std::time::Instant;
 use super::format::{self, Header, Item, Report, Stack, Trailer};
 use super::stream::Items;
 use crate::error::{Error, Result};
+use crate::output::frame::Frame;
+use crate::output::frame::FrameStyle;
 use crate::output::{Col, Hist, Printer, Rest, Row, StackReport, Summary, Value};
-use crate::stacks::fingerprint::Frame;
-use crate::stacks::symbolize::FrameStyle;
 
 /// Per-event stacks are summed and written this often (and at the end).
 const EVENT_STACKS_EVERY: std::time::Duration = std::time::Duration::from_secs(1);

@@ -6,10 +6,11 @@ use memtrace_common::{names, stack_mode, Filter};
 
 use crate::error::Result;
 use crate::kernel::Format;
+use crate::output::frame::FrameStyle;
 use crate::run::args::Common;
 use crate::run::tool::{Prep, Tool};
 use crate::session::{Loader, Session};
-use crate::stacks::symbolize::FrameStyle;
+use crate::stacks::Traced;
 
 /// The EVENTS ring buffer's size in the kernel object, unless a tool sets one.
 const DEFAULT_RING_BYTES: u32 = 256 * 1024;
@@ -21,7 +22,7 @@ pub fn attach(
     common: &Common,
     target: Option<u32>,
     follow: bool,
-) -> Result<Session> {
+) -> Result<Traced> {
     let system_wide = target.is_none();
     match attach_with(tool, common, target, follow, false) {
         // In-kernel unwinding refused (verifier, BTF, memory): the copy
@@ -53,7 +54,7 @@ pub(crate) fn attach_with(
     target: Option<u32>,
     follow: bool,
     copy_only: bool,
-) -> Result<Session> {
+) -> Result<Traced> {
     let mut loader = Loader::default();
     let mut filter = Filter {
         tgid: target.unwrap_or(0),
@@ -84,7 +85,7 @@ pub(crate) fn attach_with(
     // Stacks of processes gone before their maps could be read: their
     // executable mappings as the kernel made them.
     let learn = filter.stacks & stack_mode::USER != 0
-        && crate::process::exemaps::configure(&mut loader, common.verbose);
+        && crate::probes::exemaps::configure(&mut loader, common.verbose);
     tool.prepare(&mut Prep {
         loader: &mut loader,
         target,
@@ -99,7 +100,7 @@ pub(crate) fn attach_with(
     let ring = loader.size_of(names::EVENTS).unwrap_or(DEFAULT_RING_BYTES);
     loader.global(names::WAKE_BYTES, &(ring as u64 / 8));
 
-    let mut session = Session::load(&loader, common.attach, common.verbose)?;
+    let mut session = Traced::new(Session::load(&loader, common.attach, common.verbose)?);
     session.dwarf = dwarf;
     session.filtered = target.is_some();
     session.walked_user_stacks = filter.stacks & stack_mode::WALK != 0;
@@ -109,12 +110,12 @@ pub(crate) fn attach_with(
         _ => FrameStyle::Function,
     };
     if follow || kunwind {
-        session.attach(&crate::process::follow::fork_probe())?;
+        session.attach(&crate::probes::follow::fork_probe())?;
     }
     if kunwind {
         session.attach(&crate::stacks::ktables::exit_probe())?;
     }
-    if learn && crate::process::exemaps::attach(&mut session, common.verbose)? {
+    if learn && crate::probes::exemaps::attach(&mut session, common.verbose)? {
         let mut maps = session.sym.maps.lock().unwrap();
         maps.learns = true;
         maps.hold_own_files();
@@ -128,7 +129,7 @@ pub(crate) fn attach_with(
             .iter()
             .any(|p| p.ways.iter().any(|w| w.prog == names::NAME_EXEC));
         if !has_exec {
-            session.attach(&crate::process::follow::exec_probe())?;
+            session.attach(&crate::probes::follow::exec_probe())?;
         }
     }
     for p in tool.probes() {

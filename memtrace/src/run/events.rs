@@ -11,7 +11,7 @@ use crate::error::Result;
 use crate::output::{self, Printer};
 use crate::run::args::Common;
 use crate::run::tool::Tool;
-use crate::session::Session;
+use crate::stacks::Traced;
 
 struct Fd(OwnedFd);
 impl AsRawFd for Fd {
@@ -61,9 +61,9 @@ impl Reclaim {
         self.soon || self.last.elapsed() >= RECLAIM_EVERY
     }
 
-    fn run(&mut self, tool: &mut dyn Tool, session: &mut Session) -> Result<()> {
+    fn run(&mut self, tool: &mut dyn Tool, session: &mut Traced) -> Result<()> {
         let mut moved = session.harvest_user_stacks()?;
-        moved = moved.max(crate::process::follow::forget_exited(session)?);
+        moved = moved.max(crate::probes::follow::forget_exited(session)?);
         moved = moved.max(tool.forget_exited(session)?);
         if let Some(d) = session.dwarf.as_mut() {
             d.forget_exited(crate::process::proc::alive);
@@ -106,7 +106,7 @@ impl Signals {
 #[allow(clippy::too_many_arguments)]
 pub(crate) async fn event_loop(
     tool: &mut dyn Tool,
-    session: &mut Session,
+    session: &mut Traced,
     out: &mut dyn Printer,
     common: &Common,
     mut sig: Signals,
@@ -262,11 +262,11 @@ pub(crate) async fn event_loop(
 fn dispatch(
     item: &[u8],
     tool: &mut dyn Tool,
-    session: &mut Session,
+    session: &mut Traced,
     out: &mut dyn Printer,
 ) -> Result<()> {
-    if crate::process::follow::on_record(item, session)
-        || crate::process::exemaps::on_record(item, session)
+    if crate::probes::follow::on_record(item, session)
+        || crate::probes::exemaps::on_record(item, session)
     {
         return Ok(());
     }

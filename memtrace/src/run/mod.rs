@@ -18,11 +18,11 @@ use std::time::Instant;
 use tokio::signal::unix::{signal, SignalKind};
 
 use crate::error::{Error, Result};
+use crate::output::frame::FrameStyle;
 use crate::output::{self, Format as OutFormat, Summary, Value};
 use crate::run::args::Common;
 use crate::run::events::{event_loop, Signals};
 use crate::run::tool::Tool;
-use crate::stacks::symbolize::FrameStyle;
 
 fn pidfd_open(pid: u32) -> Option<OwnedFd> {
     // SAFETY: plain syscall; a valid fd is owned by the caller.
@@ -157,7 +157,7 @@ pub fn run(tool: &mut dyn Tool, common: &Common) -> Result<i32> {
         return Err(e);
     }
     let adopted = match (common.pid, common.children) {
-        (Some(p), true) => Some(crate::process::follow::adopt_descendants(&mut session, p)?),
+        (Some(p), true) => Some(crate::probes::follow::adopt_descendants(&mut session, p)?),
         _ => None,
     };
     tool.on_start(&mut session)?;

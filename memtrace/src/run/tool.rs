@@ -10,8 +10,9 @@ use crate::error::Result;
 use crate::output::{Printer, Value};
 use crate::run::args::IntervalArgs;
 use crate::session::attach::Probe;
-use crate::session::{Fold, Session};
+use crate::session::Fold;
 use crate::stacks::args::StackArgs;
+use crate::stacks::Traced;
 
 /// One tool: its probes, its aggregation, its report.
 pub trait Tool {
@@ -53,41 +54,41 @@ pub trait Tool {
         None
     }
     /// Once attached, before the banner: initial state the kernel needs.
-    fn on_start(&mut self, _s: &mut Session) -> Result<()> {
+    fn on_start(&mut self, _s: &mut Traced) -> Result<()> {
         Ok(())
     }
     /// A ring-buffer record.
-    fn on_record(&mut self, _data: &[u8], _s: &mut Session, _out: &mut dyn Printer) -> Result<()> {
+    fn on_record(&mut self, _data: &[u8], _s: &mut Traced, _out: &mut dyn Printer) -> Result<()> {
         Ok(())
     }
     /// Reports what the kernel counted; with `clear` the counts start afresh
     /// (interval reports). Counting tools implement only this.
-    fn report(&mut self, _s: &mut Session, _out: &mut dyn Printer, _clear: bool) -> Result<()> {
+    fn report(&mut self, _s: &mut Traced, _out: &mut dyn Printer, _clear: bool) -> Result<()> {
         Ok(())
     }
     /// Every second or so when no interval reports clear the kernel's maps:
     /// counting tools move what the kernel counted into their own totals,
     /// so a long run never fills a map (processes come and go all day).
     /// Returns how many keys it moved.
-    fn drain(&mut self, _s: &mut Session) -> Result<usize> {
+    fn drain(&mut self, _s: &mut Traced) -> Result<usize> {
         Ok(0)
     }
     /// Every second or so, intervals or not: the tool lets go of what the
     /// kernel keeps for processes that exited (a long run meets thousands).
     /// Returns how many keys it moved.
-    fn forget_exited(&mut self, _s: &mut Session) -> Result<usize> {
+    fn forget_exited(&mut self, _s: &mut Traced) -> Result<usize> {
         Ok(0)
     }
     /// Every interval.
-    fn on_interval(&mut self, s: &mut Session, out: &mut dyn Printer) -> Result<()> {
+    fn on_interval(&mut self, s: &mut Traced, out: &mut dyn Printer) -> Result<()> {
         self.report(s, out, true)
     }
     /// SIGUSR1: a report now, without ending the run or clearing counts.
-    fn on_mark(&mut self, s: &mut Session, out: &mut dyn Printer) -> Result<()> {
+    fn on_mark(&mut self, s: &mut Traced, out: &mut dyn Printer) -> Result<()> {
         self.report(s, out, false)
     }
     /// The final report: what is left since the last interval, or everything.
-    fn finish(&mut self, s: &mut Session, out: &mut dyn Printer) -> Result<()> {
+    fn finish(&mut self, s: &mut Traced, out: &mut dyn Printer) -> Result<()> {
         let per_interval = self.interval().is_some();
         self.report(s, out, per_interval)
     }
@@ -97,7 +98,7 @@ pub trait Tool {
     fn wakeup_fd(&self) -> Option<std::os::fd::RawFd> {
         None
     }
-    fn on_wakeup(&mut self, _s: &mut Session, _out: &mut dyn Printer) -> Result<()> {
+    fn on_wakeup(&mut self, _s: &mut Traced, _out: &mut dyn Printer) -> Result<()> {
         Ok(())
     }
     /// The tool saw what the run was for (`--fail` after a warning): end it.

@@ -310,7 +310,6 @@ impl Session {
         if !self.filtered {
             out.push(("missed_runs", self.skipped_runs()));
         }
-        out.push(("stack_evicted", self.stacks.missed.get()));
         out.push(("map_read_fail", self.read_fails.get()));
         out
     }

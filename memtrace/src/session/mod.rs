@@ -1,5 +1,6 @@
 //! A tracing session: the loaded object (`loader`), its probes attached
-//! through their fallback chains (`engine`), and its maps read (`maps`).
+//! through their fallback chains (`engine`), its maps read (`maps`), and the
+//! records its programs send decoded (`records`).
 //! Dropping it detaches and unloads everything.
 
 pub mod attach;
@@ -11,8 +12,9 @@ mod maps;
 mod misses;
 mod multi;
 mod prep;
-mod stacks;
+pub mod records;
 pub mod uprobe;
+mod ustacks;
 
 use std::collections::HashSet;
 
@@ -21,12 +23,9 @@ use aya::{Btf, Ebpf};
 pub use loader::{compat, Loader};
 pub use maps::{first_name, is_degradation, Fold, DEGRADATIONS};
 pub use prep::Prep;
-pub use stacks::StackStore;
 
 use crate::error::Result;
 use crate::session::attach::Method;
-use crate::stacks::symbolize::Symbolizer;
-use crate::stacks::unwind::DwarfStacks;
 
 pub struct Session {
     pub(crate) bpf: Ebpf,
@@ -41,13 +40,6 @@ pub struct Session {
     ruled_out: Vec<(&'static str, String)>,
     /// (probe, method, target) for each probe attached.
     pub attached: Vec<(String, String, String)>,
-    pub sym: Symbolizer,
-    /// `--stack-mode dwarf`: the unwinder and the unwound samples.
-    pub dwarf: Option<DwarfStacks>,
-    /// User stack ids name USTACKS entries (walked in the program), not STACKS.
-    pub walked_user_stacks: bool,
-    /// Walked user stacks taken out of USTACKS (`harvest_user_stacks`).
-    pub stacks: StackStore,
     /// Links memtrace made itself (tracepoints with a cookie); closing them
     /// detaches.
     raw_links: Vec<std::os::fd::OwnedFd>,
@@ -67,8 +59,6 @@ pub struct Session {
     pub filtered: bool,
     /// Count generations (`generations`).
     gens: generations::Generations,
-    /// The group of each process a stack is reported for.
-    pub groups: crate::process::groups::Groups,
 }
 
 /// An error and its causes on one line.
@@ -146,10 +136,6 @@ impl Session {
             loaded: HashSet::new(),
             ruled_out: spec.ruled_out().to_vec(),
             attached: Vec::new(),
-            sym: Symbolizer::new(),
-            dwarf: None,
-            walked_user_stacks: false,
-            stacks: StackStore::new(),
             raw_links: Vec::new(),
             links: Vec::new(),
             raw_progs: Vec::new(),
@@ -157,7 +143,6 @@ impl Session {
             filtered: false,
             read_fails: std::cell::Cell::new(0),
             gens: generations::Generations::new()?,
-            groups: Default::default(),
         })
     }
 

@@ -114,7 +114,7 @@ impl<K, V> Kept<K, V> {
     }
 
     /// The unwound samples of dwarf mode are kept under the same bound.
-    pub fn bound_samples(&self, s: &mut crate::session::Session) {
+    pub fn bound_samples(&self, s: &mut crate::stacks::Traced) {
         if let Some(d) = s.dwarf.as_mut() {
             d.samples.max = self.max;
         }

@@ -4,9 +4,12 @@
 
 pub mod args;
 pub mod buildid;
-pub mod fingerprint;
 pub mod kept;
 pub mod ktables;
+pub mod store;
 pub mod symbolize;
+mod traced;
 pub mod unwind;
 pub mod ustack;
+
+pub use traced::Traced;

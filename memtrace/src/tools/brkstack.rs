@@ -12,10 +12,10 @@ use crate::output::{clock, Printer, StackReport};
 use crate::run::args::IntervalArgs;
 use crate::run::tool::{Prep, Tool};
 use crate::session::attach::Probe;
-use crate::session::Session;
 use crate::stacks::args::StackArgs;
 use crate::stacks::kept::{resolved, Kept};
 use crate::stacks::ustack::{sampled_reports, sampled_title, stack_report};
+use crate::stacks::Traced;
 
 #[derive(Debug, Clone, clap::Args)]
 pub struct Args {
@@ -112,7 +112,7 @@ impl Tool for Brkstack {
         Ok(())
     }
 
-    fn report(&mut self, s: &mut Session, out: &mut dyn Printer, clear: bool) -> Result<()> {
+    fn report(&mut self, s: &mut Traced, out: &mut dyn Printer, clear: bool) -> Result<()> {
         let mut v = s.read_counts(BRK_STACKS, clear)?;
         if !self.kept.counts.is_empty() {
             let mut all = Kept::new(self.kept.max);
@@ -144,7 +144,7 @@ impl Tool for Brkstack {
             None => v
                 .into_iter()
                 .map(|(k, val)| {
-                    let comm = crate::probes::records::comm(&val.comm);
+                    let comm = crate::session::records::comm(&val.comm);
                     let ids = (k.ustack, k.kstack);
                     stack_report(s, k.tgid, comm, ids, mode, val.count, Some(val.bytes))
                 })
@@ -160,7 +160,7 @@ impl Tool for Brkstack {
         Ok(())
     }
 
-    fn drain(&mut self, s: &mut Session) -> Result<usize> {
+    fn drain(&mut self, s: &mut Traced) -> Result<usize> {
         let v = s.read_counts(BRK_STACKS, true)?;
         let n = v.len();
         for (k, val) in v {
@@ -170,7 +170,7 @@ impl Tool for Brkstack {
         let mode = self.stack_mode();
         self.kept
             .resolve_exited(crate::process::proc::alive, |k, val| {
-                let comm = crate::probes::records::comm(&val.comm);
+                let comm = crate::session::records::comm(&val.comm);
                 let ids = (k.ustack, k.kstack);
                 let r = stack_report(s, k.tgid, comm, ids, mode, val.count, Some(val.bytes));
                 resolved(r)
@@ -182,7 +182,7 @@ impl Tool for Brkstack {
         self.seen.max(self.drained)
     }
 
-    fn on_start(&mut self, s: &mut Session) -> Result<()> {
+    fn on_start(&mut self, s: &mut Traced) -> Result<()> {
         self.kept.bound_samples(s);
         Ok(())
     }

@@ -10,10 +10,10 @@ use crate::error::Result;
 use crate::kernel::cgroupid;
 use crate::output::{clock, Col, Hist, Printer, Row, Value};
 use crate::probes::reclaim::{prepare_reclaim, reclaim_probes};
-use crate::probes::records::{comm, record};
 use crate::run::tool::{Prep, Tool};
 use crate::session::attach::Probe;
-use crate::session::Session;
+use crate::session::records::{comm, record};
+use crate::stacks::Traced;
 
 #[derive(Debug, Clone, clap::Args)]
 pub struct Args {
@@ -78,7 +78,7 @@ impl Tool for Drsnoop {
         )
     }
 
-    fn on_record(&mut self, data: &[u8], _s: &mut Session, out: &mut dyn Printer) -> Result<()> {
+    fn on_record(&mut self, data: &[u8], _s: &mut Traced, out: &mut dyn Printer) -> Result<()> {
         let Some(ev) = record::<ReclaimEvent>(data, kind::RECLAIM) else {
             return Ok(());
         };
@@ -105,7 +105,7 @@ impl Tool for Drsnoop {
         Ok(())
     }
 
-    fn finish(&mut self, _s: &mut Session, out: &mut dyn Printer) -> Result<()> {
+    fn finish(&mut self, _s: &mut Traced, out: &mut dyn Printer) -> Result<()> {
         if self.hist.total() > 0 {
             out.histogram(&self.hist);
         }

@@ -12,12 +12,12 @@ use memtrace_common::{
 
 use crate::error::Result;
 use crate::output::{clock, Col, Printer, Row};
-use crate::probes::records::{comm, record};
 use crate::process::proc::{read_maps, split_dev};
 use crate::run::args::IntervalArgs;
 use crate::run::tool::{Prep, Tool};
 use crate::session::attach::Probe;
-use crate::session::Session;
+use crate::session::records::{comm, record};
+use crate::stacks::Traced;
 
 #[derive(Debug, Clone, clap::Args)]
 pub struct Args {
@@ -66,7 +66,7 @@ impl Ffaults {
         })
     }
 
-    fn report_files(&mut self, s: &mut Session, out: &mut dyn Printer, clear: bool) -> Result<()> {
+    fn report_files(&mut self, s: &mut Traced, out: &mut dyn Printer, clear: bool) -> Result<()> {
         let raw = s.read_counts(FILE_FAULTS, clear)?;
         let n: u64 = raw.iter().map(|(_, c)| c).sum();
         // A report that does not clear (SIGUSR1) shows counts that the next
@@ -139,7 +139,7 @@ impl Tool for Ffaults {
         Ok(())
     }
 
-    fn on_record(&mut self, data: &[u8], _s: &mut Session, _out: &mut dyn Printer) -> Result<()> {
+    fn on_record(&mut self, data: &[u8], _s: &mut Traced, _out: &mut dyn Printer) -> Result<()> {
         let Some(ev) = record::<FileSeen>(data, kind::FILE_SEEN) else {
             return Ok(());
         };
@@ -159,7 +159,7 @@ impl Tool for Ffaults {
         Ok(())
     }
 
-    fn report(&mut self, s: &mut Session, out: &mut dyn Printer, clear: bool) -> Result<()> {
+    fn report(&mut self, s: &mut Traced, out: &mut dyn Printer, clear: bool) -> Result<()> {
         self.report_files(s, out, clear)
     }
 

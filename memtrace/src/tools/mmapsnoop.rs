@@ -11,14 +11,14 @@ use memtrace_common::names;
 
 use crate::error::Result;
 use crate::output::{clock, Col, Printer, Row, Value};
-use crate::probes::records::{comm, record};
 use crate::probes::syscalls::decode::{errno_name, mmap_flags, mremap_flags, prot};
 use crate::probes::syscalls::{arg_offsets, hex, ret_offset, self_tgid};
 use crate::process::proc::split_dev;
 use crate::run::tool::{Prep, Tool};
 use crate::session::attach::Probe;
-use crate::session::Session;
+use crate::session::records::{comm, record};
 use crate::stacks::symbolize::{read_maps, Mapping};
+use crate::stacks::Traced;
 
 #[derive(Debug, Clone, clap::Args)]
 pub struct Args {
@@ -261,7 +261,7 @@ impl Tool for Mmapsnoop {
         Ok(())
     }
 
-    fn on_record(&mut self, data: &[u8], s: &mut Session, out: &mut dyn Printer) -> Result<()> {
+    fn on_record(&mut self, data: &[u8], s: &mut Traced, out: &mut dyn Printer) -> Result<()> {
         let Some(ev) = record::<SyscallEvent>(data, kind::MMAP_CALL) else {
             return Ok(());
         };

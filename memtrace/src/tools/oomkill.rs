@@ -14,10 +14,10 @@ use crate::error::Result;
 use crate::kernel::{btf::page_size, cgroupid};
 use crate::output::{clock, Col, Printer, Row, StackReport, Value};
 use crate::probes::heap::watch::HeapWatch;
-use crate::probes::records::{comm, record};
 use crate::run::tool::{Prep, Tool};
 use crate::session::attach::Probe;
-use crate::session::Session;
+use crate::session::records::{comm, record};
+use crate::stacks::Traced;
 
 #[derive(Debug, Clone, clap::Args)]
 pub struct Args {
@@ -153,7 +153,7 @@ impl Oomkill {
     /// Reads the maps of a process in reclaim. Not only reclaim that freed
     /// nothing: on 6.1 the last ones before a memcg OOM still freed a few
     /// pages (the workload's own file pages).
-    fn prefetch(&mut self, r: &ReclaimEvent, s: &mut Session) {
+    fn prefetch(&mut self, r: &ReclaimEvent, s: &mut Traced) {
         let now = std::time::Instant::now();
         if self
             .prefetched
@@ -173,7 +173,7 @@ impl Oomkill {
     /// With --heap: the processes traced (-p's and its children, or every
     /// one) that are new since the last look: their maps are read while
     /// they live, and a new allocator is probed.
-    fn follow(&mut self, s: &mut Session) -> Result<()> {
+    fn follow(&mut self, s: &mut Traced) -> Result<()> {
         let Some(h) = self.heap.as_mut() else {
             return Ok(());
         };
@@ -193,7 +193,7 @@ impl Oomkill {
         &mut self,
         ev: &OomEvent,
         victim: &str,
-        s: &mut Session,
+        s: &mut Traced,
         out: &mut dyn Printer,
     ) -> Result<()> {
         let Some(h) = self.heap.as_mut() else {
@@ -272,7 +272,7 @@ impl Tool for Oomkill {
         crate::probes::oom::prepare(k)
     }
 
-    fn on_record(&mut self, data: &[u8], s: &mut Session, out: &mut dyn Printer) -> Result<()> {
+    fn on_record(&mut self, data: &[u8], s: &mut Traced, out: &mut dyn Printer) -> Result<()> {
         if let Some(r) = record::<ReclaimEvent>(data, kind::RECLAIM) {
             self.prefetch(&r, s);
             return Ok(());
@@ -382,11 +382,11 @@ impl Tool for Oomkill {
         Ok(())
     }
 
-    fn on_start(&mut self, s: &mut Session) -> Result<()> {
+    fn on_start(&mut self, s: &mut Traced) -> Result<()> {
         self.follow(s)
     }
 
-    fn forget_exited(&mut self, s: &mut Session) -> Result<usize> {
+    fn forget_exited(&mut self, s: &mut Traced) -> Result<usize> {
         self.follow(s)?;
         match self.heap.as_mut() {
             Some(h) => h.forget_exited(s),

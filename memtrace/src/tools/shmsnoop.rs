@@ -11,12 +11,12 @@ use memtrace_common::names;
 
 use crate::error::Result;
 use crate::output::{clock, Col, Printer, Row, Value};
-use crate::probes::records::{comm, record};
 use crate::probes::syscalls::decode::{errno_name, shm_key, shmat_flags, shmctl_cmd, shmget_flags};
 use crate::probes::syscalls::{arg_offsets, ret_offset, self_tgid};
 use crate::run::tool::{Prep, Tool};
 use crate::session::attach::Probe;
-use crate::session::Session;
+use crate::session::records::{comm, record};
+use crate::stacks::Traced;
 
 #[derive(Debug, Clone, clap::Args)]
 pub struct Args {
@@ -139,7 +139,7 @@ impl Tool for Shmsnoop {
         Ok(())
     }
 
-    fn on_record(&mut self, data: &[u8], _s: &mut Session, out: &mut dyn Printer) -> Result<()> {
+    fn on_record(&mut self, data: &[u8], _s: &mut Traced, out: &mut dyn Printer) -> Result<()> {
         let Some(ev) = record::<SyscallEvent>(data, kind::SHM_CALL) else {
             return Ok(());
         };

@@ -9,11 +9,11 @@ use memtrace_common::names::{SWAPINS, SWAPIN_FENTRY, SWAPIN_KPROBE};
 
 use crate::error::Result;
 use crate::output::{clock, Col, Printer, Row};
-use crate::probes::records::comm;
 use crate::run::args::IntervalArgs;
 use crate::run::tool::{Prep, Tool};
 use crate::session::attach::Probe;
-use crate::session::Session;
+use crate::session::records::comm;
+use crate::stacks::Traced;
 
 #[derive(Debug, Clone, clap::Args)]
 pub struct Args {
@@ -67,7 +67,7 @@ impl Tool for Swapin {
         Ok(())
     }
 
-    fn report(&mut self, s: &mut Session, out: &mut dyn Printer, clear: bool) -> Result<()> {
+    fn report(&mut self, s: &mut Traced, out: &mut dyn Printer, clear: bool) -> Result<()> {
         let mut v = s.read_counts(SWAPINS, clear)?;
         v.sort_by_key(|e| std::cmp::Reverse(e.1.count));
         // A report that does not clear (SIGUSR1) shows counts the next one

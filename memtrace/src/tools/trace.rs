@@ -12,14 +12,14 @@ use memtrace_common::{
 use crate::error::Result;
 use crate::kernel::tracefs::Field;
 use crate::output::{clock, Col, Printer, Row, Value};
-use crate::probes::records::{comm, record};
 use crate::probes::tpspec::{
     expand, own_fields, parse_filter, tracepoint_probes, FilterSpec, Selected, Spec,
 };
 use crate::run::tool::{Prep, Tool};
 use crate::session::attach::Probe;
-use crate::session::Session;
+use crate::session::records::{comm, record};
 use crate::stacks::args::StackArgs;
+use crate::stacks::Traced;
 
 #[derive(Debug, Clone, clap::Args)]
 pub struct Args {
@@ -215,7 +215,7 @@ impl Tool for Trace {
         Ok(())
     }
 
-    fn on_start(&mut self, s: &mut Session) -> Result<()> {
+    fn on_start(&mut self, s: &mut Traced) -> Result<()> {
         for (i, sel) in self.selected.iter().enumerate() {
             let mut cfg = self.spec.config(i, sel, copy_size(sel))?;
             if let Some(f) = user_string(sel) {
@@ -230,7 +230,7 @@ impl Tool for Trace {
         Ok(())
     }
 
-    fn on_record(&mut self, data: &[u8], s: &mut Session, out: &mut dyn Printer) -> Result<()> {
+    fn on_record(&mut self, data: &[u8], s: &mut Traced, out: &mut dyn Printer) -> Result<()> {
         let Some(h) = record::<TraceHdr>(data, kind::TRACE) else {
             return Ok(());
         };

@@ -11,11 +11,11 @@ use memtrace_common::reclaim::{total, ReclaimConfig, KIND_DIRECT};
 use crate::error::Result;
 use crate::output::{clock, Col, Printer, Row, Value};
 use crate::probes::reclaim::{prepare_reclaim, read_totals, reclaim_probes};
-use crate::probes::records::comm;
 use crate::run::args::IntervalArgs;
 use crate::run::tool::{Prep, Tool};
 use crate::session::attach::Probe;
-use crate::session::Session;
+use crate::session::records::comm;
+use crate::stacks::Traced;
 
 #[derive(Debug, Clone, clap::Args)]
 pub struct Args {
@@ -63,7 +63,7 @@ impl Vmscan {
         })
     }
 
-    fn row(&mut self, s: &mut Session, out: &mut dyn Printer) -> Result<()> {
+    fn row(&mut self, s: &mut Traced, out: &mut dyn Printer) -> Result<()> {
         let now = read_totals(s)?;
         let d: Vec<u64> = now.iter().zip(self.last).map(|(a, b)| a - b).collect();
         self.last = now;
@@ -95,7 +95,7 @@ impl Vmscan {
         Ok(())
     }
 
-    fn per_process(&self, s: &mut Session, out: &mut dyn Printer) -> Result<()> {
+    fn per_process(&self, s: &mut Traced, out: &mut dyn Printer) -> Result<()> {
         let mut v = s.read_counts(PROC_RECLAIM, true)?;
         if v.is_empty() {
             return Ok(());
@@ -160,12 +160,12 @@ impl Tool for Vmscan {
         )
     }
 
-    fn on_interval(&mut self, s: &mut Session, out: &mut dyn Printer) -> Result<()> {
+    fn on_interval(&mut self, s: &mut Traced, out: &mut dyn Printer) -> Result<()> {
         self.row(s, out)
     }
 
     /// A dashboard: rows are whole intervals, none at the end.
-    fn finish(&mut self, _s: &mut Session, _out: &mut dyn Printer) -> Result<()> {
+    fn finish(&mut self, _s: &mut Traced, _out: &mut dyn Printer) -> Result<()> {
         Ok(())
     }
 

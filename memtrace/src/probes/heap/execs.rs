@@ -9,7 +9,7 @@ use memtrace_common::{names::ML_EXECS, stacks::StackKey};
 
 use super::report::Tables;
 use crate::error::Result;
-use crate::session::Session;
+use crate::stacks::Traced;
 
 #[derive(Default)]
 pub struct Execs {
@@ -24,7 +24,7 @@ pub struct Execs {
 
 impl Execs {
     /// Takes out the blocks made before each exec the kernel noted.
-    pub fn sweep(&mut self, s: &mut Session, t: Tables) -> Result<()> {
+    pub fn sweep(&mut self, s: &mut Traced, t: Tables) -> Result<()> {
         let execs = s.hash_entries(ML_EXECS);
         if execs.is_empty() {
             return Ok(());
@@ -51,7 +51,7 @@ impl Execs {
     /// A process that exec'd a statically linked program other than the
     /// one probed (a shell line's): no shim loads into it and its own
     /// allocator has no probe, so its blocks go unseen. Said once a program.
-    fn say_static(&mut self, s: &Session, tgids: impl Iterator<Item = u32>) {
+    fn say_static(&mut self, s: &Traced, tgids: impl Iterator<Item = u32>) {
         let maps = s.sym.maps.lock().unwrap();
         for tgid in tgids {
             let Some(m) = maps.maps(tgid) else { continue };

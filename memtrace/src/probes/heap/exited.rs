@@ -14,8 +14,8 @@ use memtrace_common::{memleak::AllocStats, stacks::StackKey};
 use super::report::Tables;
 use crate::error::Result;
 use crate::output::Value;
-use crate::session::Session;
 use crate::stacks::kept::{Kept, Tally};
+use crate::stacks::Traced;
 
 impl Tally for AllocStats {
     fn add(&mut self, o: &Self) {
@@ -60,7 +60,7 @@ impl Exited {
 
     /// Moves the totals of processes that exited out of the kernel's map,
     /// and sweeps their blocks when due; how many keys moved.
-    pub fn reclaim(&mut self, s: &mut Session, t: Tables, target: Option<u32>) -> Result<usize> {
+    pub fn reclaim(&mut self, s: &mut Traced, t: Tables, target: Option<u32>) -> Result<usize> {
         let mut alive: HashMap<u32, bool> = HashMap::new();
         let gone: Vec<StackKey> = s
             .percpu_keys(t.stacks)?

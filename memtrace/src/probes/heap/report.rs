@@ -27,9 +27,10 @@ pub const KERNEL: Tables = Tables {
 
 use crate::error::Result;
 use crate::output::{AllocFigures, StackReport};
-use crate::session::{first_name, Fold, Session};
+use crate::session::{first_name, Fold};
 use crate::stacks::kept::Tally;
 use crate::stacks::ustack::stack_report;
+use crate::stacks::Traced;
 
 impl Fold for AllocStats {
     fn fold(vals: &[Self]) -> Self {
@@ -52,7 +53,7 @@ pub struct Phase {
 }
 
 impl Phase {
-    pub fn start(s: &mut Session, t: Tables) -> Result<Phase> {
+    pub fn start(s: &mut Traced, t: Tables) -> Result<Phase> {
         Ok(Phase {
             since_ns: monotonic_ns(),
             base: s.read_folded(t.stacks, false)?.into_iter().collect(),
@@ -106,7 +107,7 @@ pub type Adjust<'a> = (
 /// The stacks holding most, symbolized, best first (enough of them for
 /// `--top` after merging).
 pub fn outstanding(
-    s: &mut Session,
+    s: &mut Traced,
     t: Tables,
     args: View,
     (phase, exited, execd): Adjust,
@@ -161,7 +162,7 @@ pub fn outstanding(
         .filter_map(|(k, (n, bytes))| {
             let v = stats.get(&k).copied().unwrap_or_default();
             let base = phase.base.get(&k).copied().unwrap_or_default();
-            let comm = crate::probes::records::comm(&v.comm);
+            let comm = crate::session::records::comm(&v.comm);
             let ids = (k.ustack, k.kstack);
             let mut r = stack_report(s, k.tgid, comm, ids, mode, n, Some(bytes));
             // The shim's frames (its probe site, and its malloc under dwarf

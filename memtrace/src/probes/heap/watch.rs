@@ -20,7 +20,7 @@ use crate::output::{Printer, Value};
 use crate::process::proc::{read_maps, Mapping};
 use crate::session::attach::Probe;
 use crate::session::uprobe::is_libc;
-use crate::session::Session;
+use crate::stacks::Traced;
 
 /// Live blocks and stacks the kernel's tables hold (allocated as used).
 const MAX_ALLOCS: u32 = 1 << 20;
@@ -200,7 +200,7 @@ impl HeapWatch {
     /// it: on a host starting thousands a second, the short-lived ones are
     /// never read (their stacks symbolize from the mappings the kernel
     /// reports at their exec).
-    pub fn follow(&mut self, s: &mut Session, pids: &[u32], settle: bool) -> Result<()> {
+    pub fn follow(&mut self, s: &mut Traced, pids: &[u32], settle: bool) -> Result<()> {
         let before = std::mem::take(&mut self.candidates);
         for &pid in pids {
             if self.seen.contains(&pid) {
@@ -230,7 +230,7 @@ impl HeapWatch {
         Ok(())
     }
 
-    fn read_counts(&mut self, s: &Session) -> Result<()> {
+    fn read_counts(&mut self, s: &Traced) -> Result<()> {
         for (i, per_cpu) in s.read_percpu_array(ML_COUNTS)?.iter().enumerate() {
             if let Some(c) = self.counts.get_mut(i) {
                 *c = per_cpu.iter().sum();
@@ -241,7 +241,7 @@ impl HeapWatch {
 
     /// What exited processes held moves out of the kernel's tables (kept
     /// for reports), and the blocks of images that exec'd away go.
-    pub fn forget_exited(&mut self, s: &mut Session) -> Result<usize> {
+    pub fn forget_exited(&mut self, s: &mut Traced) -> Result<usize> {
         self.read_counts(s)?;
         self.seen.retain(|&p| crate::process::proc::alive(p));
         self.execs.sweep(s, USER)?;
@@ -251,7 +251,7 @@ impl HeapWatch {
     /// What `pids` hold, by stack, biggest first, printed as `kind`.
     pub fn report(
         &mut self,
-        s: &mut Session,
+        s: &mut Traced,
         pids: &HashSet<u32>,
         kind: &'static str,
         title: &str,
@@ -288,7 +288,7 @@ impl HeapWatch {
 
     /// The `n` processes of `among` that hold most (by the estimate's
     /// bytes), biggest first; processes holding nothing are not named.
-    pub fn biggest(&mut self, s: &mut Session, among: &HashSet<u32>, n: usize) -> Result<Vec<u32>> {
+    pub fn biggest(&mut self, s: &mut Traced, among: &HashSet<u32>, n: usize) -> Result<Vec<u32>> {
         let mut by_pid: std::collections::HashMap<u32, u64> = Default::default();
         let live = s.read_folded(USER.stacks, false)?;
         let kept = self.exited.kept.counts.iter().map(|(k, v)| (*k, *v));

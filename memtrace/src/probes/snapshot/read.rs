@@ -15,10 +15,11 @@ use memtrace_common::{
 
 use super::{OomKill, Snapshot};
 use crate::error::Result;
-use crate::probes::records::{comm, record};
 use crate::session::attach::Probe;
+use crate::session::records::{comm, record};
 use crate::session::Prep;
-use crate::session::{first_name, Fold, Session};
+use crate::session::{first_name, Fold};
+use crate::stacks::Traced;
 
 impl Fold for MmapCount {
     fn fold(vals: &[Self]) -> Self {
@@ -48,7 +49,7 @@ impl Counters {
         p.push(Probe::new("rss changes").tracepoint(RSS_STAT, "kmem", "rss_stat"));
         p.extend(crate::probes::oom::probes());
         // The name each process takes at exec.
-        p.push(crate::process::follow::exec_probe());
+        p.push(crate::probes::follow::exec_probe());
         p
     }
 
@@ -120,7 +121,7 @@ impl Counters {
 
     /// Empties the count maps into `snap`: one interval. Returns the
     /// events it counted (every view's event total).
-    pub fn read(&self, s: &mut Session, snap: &mut Snapshot) -> Result<u64> {
+    pub fn read(&self, s: &mut Traced, snap: &mut Snapshot) -> Result<u64> {
         snap.begin();
         let gen = s.next_generation()?;
         let mut faults = s.take_counts(FAULTS, gen)?;
@@ -193,7 +194,7 @@ impl Counters {
         // exec'd in (its first faults may come before it was moved there).
         // Kept a few seconds past the process in the snapshot (`learned`),
         // for a process whose counts come after its exec was read.
-        for (pid, (name, memcg)) in crate::process::follow::exec_identities(s) {
+        for (pid, (name, memcg)) in crate::probes::follow::exec_identities(s) {
             // Marked gone at an earlier read (which looked at /proc).
             let gone = match snap.procs.get(&pid) {
                 Some(p) => p.gone.is_some(),

@@ -14,9 +14,9 @@ use serde::{Deserialize, Serialize};
 use super::budget;
 use super::frame::Next;
 use crate::error::{Error, Result};
+use crate::output::frame::FrameStyle;
+use crate::output::frame::{fingerprint, Frame};
 use crate::output::{AllocFigures, StackReport};
-use crate::stacks::fingerprint::{fingerprint, Frame};
-use crate::stacks::symbolize::FrameStyle;
 
 /// What the header's `magic` says.
 pub const MAGIC: &str = "memtrace-record";

@@ -309,7 +309,7 @@ fn bias(segments: &[(u64, u64, u64)], m: &Mapping) -> Option<u64> {
 /// The summary's figures for in-kernel unwinding: how each unwind ended
 /// (`UNWIND_STATS`) and what the tables hold and left out.
 pub fn summary(
-    s: &crate::session::Session,
+    s: &crate::stacks::Traced,
     t: &TableStats,
     seeded: Option<seed::Seeded>,
 ) -> Vec<(&'static str, crate::output::Value)> {

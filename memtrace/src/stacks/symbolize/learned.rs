@@ -1,4 +1,4 @@
-//! Mappings the kernel programs saw made (`crate::process::exemaps`), added to the
+//! Mappings the kernel programs saw made (`crate::probes::exemaps`), added to the
 //! process model without /proc: a process that execs, maps its libraries
 //! and exits before its maps could be read still has an image. Files are
 //! found by device and inode among those held open (most libraries are

@@ -14,6 +14,7 @@ use blazesym::symbolize::{
     Input, Symbolized, Symbolizer as Blaze,
 };
 
+use crate::output::frame::{FrameStyle, NOT_A_FILE};
 use crate::process::proc::exiting;
 pub use crate::process::proc::{parse_maps, read_maps, Mapping};
 
@@ -50,7 +51,7 @@ pub struct MapsCache {
     /// programs as they are read.
     pub ktables: Option<crate::stacks::ktables::KTables>,
     /// The kernel programs report execs and executable mmaps
-    /// (`crate::process::exemaps`): an exec is handled from that record.
+    /// (`crate::probes::exemaps`): an exec is handled from that record.
     pub learns: bool,
 }
 
@@ -259,15 +260,16 @@ impl MapsCache {
 
 pub type SharedMaps = Arc<Mutex<MapsCache>>;
 
-/// How a frame is written: by function (the default, so that the same code
-/// path merges across call sites, processes and flame-graph tools), with
-/// its source line (`--lines`), or with the raw offset (`--addresses`).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub enum FrameStyle {
-    #[default]
-    Function,
-    Lines,
-    Addresses,
+impl crate::process::command::Images for MapsCache {
+    fn exec(&mut self, pid: u32) {
+        MapsCache::exec(self, pid)
+    }
+    fn snapshot(&mut self, pid: u32) -> bool {
+        MapsCache::snapshot(self, pid)
+    }
+    fn unwinds_in_kernel(&self) -> bool {
+        self.ktables.is_some()
+    }
 }
 
 pub struct Symbolizer {
@@ -286,14 +288,6 @@ impl Default for Symbolizer {
         Self::new()
     }
 }
-
-/// What stands for the module of an address no file holds: the process's
-/// maps did not place it, the code is anonymous, or the process was gone.
-pub const NOT_A_FILE: [&str; 3] = [
-    "unknown",
-    "anonymous",
-    "process exited before its maps were read",
-];
 
 /// The frame that stands for addresses no file placed in an exited
 /// process's stack.

@@ -13,7 +13,7 @@ use crate::stacks::symbolize::MapsCache;
 /// Splits a `kind::STACK_SAMPLE` record into its header and stack bytes.
 fn parse_sample(data: &[u8]) -> Option<(StackSample, &[u8])> {
     let hdr: StackSample =
-        crate::probes::records::record(data, memtrace_common::kind::STACK_SAMPLE)?;
+        crate::session::records::record(data, memtrace_common::kind::STACK_SAMPLE)?;
     let stack = data.get(STACK_SAMPLE_HDR..STACK_SAMPLE_HDR + hdr.size as usize)?;
     Some((hdr, stack))
 }
@@ -113,7 +113,7 @@ impl DwarfStacks {
         let v = SampleVal {
             count: 1,
             value: h.value,
-            comm: crate::probes::records::comm(&h.comm),
+            comm: crate::session::records::comm(&h.comm),
             end: (end != End::Complete).then_some(end),
         };
         self.samples.add(key, &v);

@@ -9,7 +9,7 @@ use memtrace_common::{
 };
 
 use crate::output::StackReport;
-use crate::session::Session;
+use crate::stacks::Traced;
 
 mod setup;
 pub(crate) use setup::setup;
@@ -52,7 +52,7 @@ impl StackRef {
     }
 }
 
-impl Session {
+impl Traced {
     /// Instruction pointers of stack `id` in STACKS, innermost first.
     pub fn stack(&self, id: i32) -> Option<Vec<u64>> {
         let StackRef::Id(id) = StackRef::from_raw(id) else {
@@ -151,7 +151,7 @@ fn is_tracing_frame(f: &str) -> bool {
 /// In dwarf mode, the unwound samples as stack reports, largest first,
 /// scaled by the sampling rate (estimates when sampled); None in fp mode.
 pub fn sampled_reports(
-    s: &mut Session,
+    s: &mut Traced,
     clear: bool,
     mode: u32,
     top: usize,
@@ -194,7 +194,7 @@ pub fn sampled_reports(
 }
 
 /// A title note for sampled stacks, empty when every event was unwound.
-pub fn sampled_title(s: &Session) -> String {
+pub fn sampled_title(s: &Traced) -> String {
     match &s.dwarf {
         Some(d) if d.every > 1 => format!("stacks sampled 1 in {}: counts are estimates", d.every),
         _ => String::new(),
@@ -203,7 +203,7 @@ pub fn sampled_title(s: &Session) -> String {
 
 /// A stack-keyed count, symbolized, for any tool that counts by stack.
 pub fn stack_report(
-    s: &mut Session,
+    s: &mut Traced,
     pid: u32,
     comm: String,
     ids: (i32, i32),
@@ -240,7 +240,7 @@ pub fn stack_report(
 }
 
 /// The memory cgroup of process `pid`, for a stack's labels.
-pub fn group_of(s: &mut Session, pid: u32) -> Option<String> {
+pub fn group_of(s: &mut Traced, pid: u32) -> Option<String> {
     // Taken out while the maps are read for the id.
     let mut groups = std::mem::take(&mut s.groups);
     let g = groups.of(pid, || {

@@ -8,8 +8,8 @@ use memtrace_common::generic::{CountKey, CountVal};
 
 use crate::kernel::cgroupid;
 use crate::output::Value;
-use crate::probes::records::comm;
 use crate::process::container;
+use crate::session::records::comm;
 
 /// A key column: what `--by` named.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

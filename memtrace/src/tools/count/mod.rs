@@ -15,14 +15,15 @@ use memtrace_common::{
 
 use crate::error::{Error, Result};
 use crate::output::{clock, Col, Printer, Row, StackReport, Value};
-use crate::probes::records::comm;
 use crate::probes::tpspec::{expand, parse_filter, tracepoint_probes, FilterSpec, Selected, Spec};
 use crate::run::args::{parse_duration, IntervalArgs};
 use crate::run::tool::{Drained, Prep, Tool};
 use crate::session::attach::Probe;
-use crate::session::{first_name, Fold, Session};
+use crate::session::records::comm;
+use crate::session::{first_name, Fold};
 use crate::stacks::args::StackArgs;
 use crate::stacks::ustack::{sampled_reports, stack_report};
+use crate::stacks::Traced;
 use keys::KeyCol;
 
 #[derive(Debug, Clone, clap::Args)]
@@ -209,7 +210,7 @@ impl Count {
 
     fn stack_reports(
         &self,
-        s: &mut Session,
+        s: &mut Traced,
         clear: bool,
         v: &[(CountKey, CountVal)],
         index: u32,
@@ -290,7 +291,7 @@ impl Tool for Count {
         Ok(())
     }
 
-    fn on_start(&mut self, s: &mut Session) -> Result<()> {
+    fn on_start(&mut self, s: &mut Traced) -> Result<()> {
         for (i, sel) in self.selected.iter().enumerate() {
             let cfg = self.spec.config(i, sel, 0)?;
             s.set_array(COUNT_TPS, i as u32, cfg)?;
@@ -298,7 +299,7 @@ impl Tool for Count {
         Ok(())
     }
 
-    fn report(&mut self, s: &mut Session, out: &mut dyn Printer, clear: bool) -> Result<()> {
+    fn report(&mut self, s: &mut Traced, out: &mut dyn Printer, clear: bool) -> Result<()> {
         let read = s.read_counts(COUNTS, clear)?;
         let n: u64 = read.iter().map(|(_, val)| val.count).sum();
         let drained: u64 = self.kept.values().map(|c| c.count).sum();
@@ -358,7 +359,7 @@ impl Tool for Count {
         Ok(())
     }
 
-    fn drain(&mut self, s: &mut Session) -> Result<usize> {
+    fn drain(&mut self, s: &mut Traced) -> Result<usize> {
         Ok(self.kept.add(s.read_counts(COUNTS, true)?))
     }
 

@@ -8,13 +8,13 @@ use memtrace_common::faults::FaultKey;
 use super::Faults;
 use crate::error::Result;
 use crate::output::{Col, Printer, Row, Value};
-use crate::session::Session;
 use crate::stacks::symbolize::Mapping;
+use crate::stacks::Traced;
 
 impl Faults {
     pub(super) fn by_mapping(
         &self,
-        s: &mut Session,
+        s: &mut Traced,
         out: &mut dyn Printer,
         data: &[(FaultKey, u64, String)],
         title: &str,

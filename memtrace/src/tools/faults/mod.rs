@@ -12,13 +12,13 @@ use memtrace_common::{
 
 use crate::error::{Error, Result};
 use crate::output::{clock, Col, Printer, Row, StackReport};
-use crate::probes::records::comm;
-use crate::process::follow::{exec_names, exec_probe};
+use crate::probes::follow::{exec_names, exec_probe};
 use crate::run::args::IntervalArgs;
 use crate::run::tool::{Prep, Tool};
 use crate::session::attach::Probe;
-use crate::session::Session;
+use crate::session::records::comm;
 use crate::stacks::ustack::{sampled_reports, sampled_title, stack_report};
+use crate::stacks::Traced;
 
 mod kept;
 mod mapping;
@@ -132,7 +132,7 @@ impl Faults {
     }
 
     /// Reads (and with `clear`, empties) the per-CPU counters.
-    fn collect(&mut self, s: &mut Session, clear: bool) -> Result<Vec<(FaultKey, u64, String)>> {
+    fn collect(&mut self, s: &mut Traced, clear: bool) -> Result<Vec<(FaultKey, u64, String)>> {
         // One of the two maps is used, depending on how the probe attached.
         let raw = if clear {
             let gen = s.next_generation()?;
@@ -210,7 +210,7 @@ impl Faults {
         Ok(all.into_iter().map(|(k, (c, n))| (k, c, n)).collect())
     }
 
-    fn report_counts(&mut self, s: &mut Session, out: &mut dyn Printer, clear: bool) -> Result<()> {
+    fn report_counts(&mut self, s: &mut Traced, out: &mut dyn Printer, clear: bool) -> Result<()> {
         let data = self.collect(s, clear)?;
         let title = if self.args.interval.every().is_some() {
             format!("{} page faults", clock())
@@ -360,11 +360,11 @@ impl Tool for Faults {
         Ok(())
     }
 
-    fn report(&mut self, s: &mut Session, out: &mut dyn Printer, clear: bool) -> Result<()> {
+    fn report(&mut self, s: &mut Traced, out: &mut dyn Printer, clear: bool) -> Result<()> {
         self.report_counts(s, out, clear)
     }
 
-    fn drain(&mut self, s: &mut Session) -> Result<usize> {
+    fn drain(&mut self, s: &mut Traced) -> Result<usize> {
         // `collect` adds what is kept to what it reads: kept aside meanwhile.
         let kept = std::mem::take(&mut self.kept.counts);
         let moved = self.collect(s, true)?;
@@ -397,7 +397,7 @@ impl Tool for Faults {
         self.seen
     }
 
-    fn on_start(&mut self, s: &mut Session) -> Result<()> {
+    fn on_start(&mut self, s: &mut Traced) -> Result<()> {
         self.kept.bound_samples(s);
         Ok(())
     }

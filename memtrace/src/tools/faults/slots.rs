@@ -6,9 +6,9 @@ use std::collections::{HashMap, HashSet};
 use memtrace_common::names::{FAULT_SLOTS, FAULT_SLOT_FREE};
 
 use crate::error::Result;
-use crate::probes::records::comm;
-use crate::process::follow::alive;
-use crate::session::Session;
+use crate::process::proc::alive;
+use crate::session::records::comm;
+use crate::stacks::Traced;
 
 /// What the count-by-process slots (see `FaultSlot`) held at the last read.
 #[derive(Default)]
@@ -26,7 +26,7 @@ impl Slots {
     /// zeroed from here (a plain write would race the kernel's adds): a
     /// process's slot is given up only one read after it was found gone,
     /// when its counts can no longer move.
-    pub(super) fn read(&mut self, s: &mut Session) -> Result<()> {
+    pub(super) fn read(&mut self, s: &mut Traced) -> Result<()> {
         let slots = s.read_percpu_array(FAULT_SLOTS)?;
         let mut held: HashSet<(u32, u32)> = HashSet::new();
         for (i, per_cpu) in slots.iter().enumerate() {

@@ -9,7 +9,7 @@
 use memtrace_common::{faults::FaultKey, names::FAULT_SPILL};
 
 use crate::error::Result;
-use crate::session::Session;
+use crate::stacks::Traced;
 
 /// The name on their line.
 pub const NAME: &str = "[count map full]";
@@ -24,7 +24,7 @@ pub struct Spill {
 
 impl Spill {
     /// What was spilled since the last clearing read, by mode.
-    pub fn read(&mut self, s: &Session, clear: bool) -> Result<Vec<(FaultKey, u64, String)>> {
+    pub fn read(&mut self, s: &Traced, clear: bool) -> Result<Vec<(FaultKey, u64, String)>> {
         let mut out = Vec::new();
         for (mode, per_cpu) in s.read_percpu_array(FAULT_SPILL)?.iter().enumerate().take(2) {
             let total: u64 = per_cpu.iter().sum();

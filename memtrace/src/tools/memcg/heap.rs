@@ -8,7 +8,7 @@ use super::Memcg;
 use crate::error::Result;
 use crate::output::Printer;
 use crate::process::cgroup::Group;
-use crate::session::Session;
+use crate::stacks::Traced;
 
 impl Memcg {
     /// Every process in the watched groups and in the groups below them.
@@ -25,7 +25,7 @@ impl Memcg {
     /// are followed from now (the kernel counts their calls from the moment
     /// they are in: this reads their maps, and probes a new allocator).
     /// `all`: the groups and their descendants, as the sample walked them.
-    pub(super) fn follow_members(&mut self, all: &[Group], s: &mut Session) -> Result<()> {
+    pub(super) fn follow_members(&mut self, all: &[Group], s: &mut Traced) -> Result<()> {
         match self.heap.as_mut() {
             Some(h) => h.follow(s, &members_of(all), false),
             None => Ok(()),
@@ -36,7 +36,7 @@ impl Memcg {
     pub(super) fn biggest_of(
         &mut self,
         among: &HashSet<u32>,
-        s: &mut Session,
+        s: &mut Traced,
     ) -> Result<HashSet<u32>> {
         match self.heap.as_mut() {
             Some(h) => Ok(h.biggest(s, among, 5)?.into_iter().collect()),
@@ -50,7 +50,7 @@ impl Memcg {
         pids: &HashSet<u32>,
         kind: &'static str,
         title: &str,
-        s: &mut Session,
+        s: &mut Traced,
         out: &mut dyn Printer,
     ) -> Result<()> {
         match self.heap.as_mut() {

@@ -20,12 +20,12 @@ use crate::error::{Error, Result};
 use crate::output::{Printer, Value};
 use crate::probes::heap::watch::HeapWatch;
 use crate::probes::reclaim::{prepare_reclaim, reclaim_probes};
-use crate::probes::records::record;
 use crate::process::cgroup::{notify::Poller, Events, Group, Psi, Version};
 use crate::run::args::IntervalArgs;
 use crate::run::tool::{Prep, Tool};
 use crate::session::attach::Probe;
-use crate::session::Session;
+use crate::session::records::record;
+use crate::stacks::Traced;
 
 pub use args::Args;
 
@@ -278,7 +278,7 @@ impl Tool for Memcg {
         Ok(())
     }
 
-    fn on_start(&mut self, s: &mut Session) -> Result<()> {
+    fn on_start(&mut self, s: &mut Traced) -> Result<()> {
         self.sample(s)?;
         if self.runup_events() {
             self.set_lines(s)?;
@@ -286,7 +286,7 @@ impl Tool for Memcg {
         self.arm()
     }
 
-    fn on_record(&mut self, data: &[u8], s: &mut Session, out: &mut dyn Printer) -> Result<()> {
+    fn on_record(&mut self, data: &[u8], s: &mut Traced, out: &mut dyn Printer) -> Result<()> {
         if let Some(ev) = record::<MemcgCross>(data, kind::MEMCG_CROSS) {
             return self.on_cross(&ev, s, out);
         }
@@ -301,7 +301,7 @@ impl Tool for Memcg {
         self.poller.as_ref().map(Poller::fd)
     }
 
-    fn on_wakeup(&mut self, s: &mut Session, out: &mut dyn Printer) -> Result<()> {
+    fn on_wakeup(&mut self, s: &mut Traced, out: &mut dyn Printer) -> Result<()> {
         let tags = self.poller.as_mut().map(Poller::ready).unwrap_or_default();
         for tag in tags {
             if tag == TAG_PREKILL {
@@ -341,7 +341,7 @@ impl Tool for Memcg {
         self.args.fail && self.warnings > 0
     }
 
-    fn report(&mut self, s: &mut Session, out: &mut dyn Printer, _clear: bool) -> Result<()> {
+    fn report(&mut self, s: &mut Traced, out: &mut dyn Printer, _clear: bool) -> Result<()> {
         self.table(s, out)
     }
 
@@ -351,7 +351,7 @@ impl Tool for Memcg {
         self.rows + self.warnings + self.kills + self.prekills
     }
 
-    fn forget_exited(&mut self, s: &mut Session) -> Result<usize> {
+    fn forget_exited(&mut self, s: &mut Traced) -> Result<usize> {
         match self.heap.as_mut() {
             Some(h) => h.forget_exited(s),
             None => Ok(0),

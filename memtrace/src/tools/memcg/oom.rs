@@ -8,14 +8,14 @@ use memtrace_common::{kind, names, oom::OomEvent};
 use super::Memcg;
 use crate::error::Result;
 use crate::output::{clock, Col, Printer, Row, Value};
-use crate::probes::records::{comm, record};
-use crate::session::Session;
+use crate::session::records::{comm, record};
+use crate::stacks::Traced;
 
 impl Memcg {
     pub(super) fn on_oom(
         &mut self,
         data: &[u8],
-        s: &mut Session,
+        s: &mut Traced,
         out: &mut dyn Printer,
     ) -> Result<()> {
         let Some(ev) = record::<OomEvent>(data, kind::OOM) else {

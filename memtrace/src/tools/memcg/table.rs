@@ -6,10 +6,10 @@ use super::Memcg;
 use crate::error::Result;
 use crate::output::{clock, Col, Printer, Row, Value};
 use crate::process::cgroup::Version;
-use crate::session::Session;
+use crate::stacks::Traced;
 
 impl Memcg {
-    pub(super) fn table(&mut self, s: &mut Session, out: &mut dyn Printer) -> Result<()> {
+    pub(super) fn table(&mut self, s: &mut Traced, out: &mut dyn Printer) -> Result<()> {
         let stalls: Vec<(u64, u64)> = s
             .read_folded(names::MEMCG_RECLAIM, false)?
             .into_iter()

@@ -8,9 +8,9 @@ use memtrace_common::{memcg::MemcgCross, names};
 use super::{rss, Memcg};
 use crate::error::Result;
 use crate::output::{clock, Col, Printer, Row, Value};
-use crate::probes::records::comm;
 use crate::run::tool::Tool;
-use crate::session::Session;
+use crate::session::records::comm;
+use crate::stacks::Traced;
 
 /// Processes listed (and stacks printed) per warning.
 const TOP: usize = 5;
@@ -22,7 +22,7 @@ impl Memcg {
         &mut self,
         i: usize,
         why: &str,
-        s: &mut Session,
+        s: &mut Traced,
         out: &mut dyn Printer,
     ) -> Result<()> {
         let Some(pct) = self.args.warn else {
@@ -48,7 +48,7 @@ impl Memcg {
     pub(super) fn on_cross(
         &mut self,
         ev: &MemcgCross,
-        s: &mut Session,
+        s: &mut Traced,
         out: &mut dyn Printer,
     ) -> Result<()> {
         for i in 0..self.groups.len() {
@@ -71,7 +71,7 @@ impl Memcg {
         i: usize,
         why: &str,
         usage: Option<u64>,
-        s: &mut Session,
+        s: &mut Traced,
         out: &mut dyn Printer,
     ) -> Result<()> {
         if self.groups[i].warned {
@@ -91,7 +91,7 @@ impl Memcg {
 
     /// systemd-oomd is about to kill groups: each one watched (or under a
     /// watched one) is described, and oomd answered after.
-    pub(super) fn on_prekill(&mut self, s: &mut Session, out: &mut dyn Printer) -> Result<()> {
+    pub(super) fn on_prekill(&mut self, s: &mut Traced, out: &mut dyn Printer) -> Result<()> {
         let calls = self.hook.as_ref().map(|h| h.calls()).unwrap_or_default();
         for (conn, call) in calls {
             if let super::prekill::Call::Notify(g) = &call {
@@ -124,7 +124,7 @@ impl Memcg {
         why: &str,
         usage: Option<u64>,
         title: &str,
-        s: &mut Session,
+        s: &mut Traced,
         out: &mut dyn Printer,
     ) -> Result<()> {
         let w = &self.groups[i];

@@ -16,7 +16,7 @@ use super::{
 use crate::error::Result;
 use crate::process::cgroup::notify::Poller;
 use crate::process::cgroup::{Group, Version};
-use crate::session::Session;
+use crate::stacks::Traced;
 
 impl Memcg {
     /// Arms the kernel's notifiers for each group, and the sampling timer.
@@ -67,7 +67,7 @@ impl Memcg {
     /// Usage crossed a tenth of group `i`'s limit: a point of its run-up.
     /// Each limiting group's line for the kernel: the warning's, and on v2
     /// the run-up's steps (v1's come from the kernel's notifier).
-    pub(super) fn set_lines(&mut self, s: &mut Session) -> Result<()> {
+    pub(super) fn set_lines(&mut self, s: &mut Traced) -> Result<()> {
         let page = crate::kernel::btf::page_size();
         for w in &self.groups {
             let Some((limit, at)) = &w.limit else {
@@ -113,7 +113,7 @@ impl Memcg {
 
     /// Samples usage and pressure for the timeline, and the RSS of the
     /// processes the kernel follows; refreshes the ids it follows.
-    pub(super) fn sample(&mut self, s: &mut Session) -> Result<()> {
+    pub(super) fn sample(&mut self, s: &mut Traced) -> Result<()> {
         let now = Instant::now();
         // Each followed group's id, and how many levels up the group that
         // sets its limit is (the kernel checks that one's usage).

@@ -23,8 +23,8 @@ use crate::probes::heap::{execs, exited, points, report};
 use crate::run::args::IntervalArgs;
 use crate::run::tool::{Prep, Tool};
 use crate::session::attach::Probe;
-use crate::session::Session;
 use crate::stacks::args::StackArgs;
+use crate::stacks::Traced;
 
 pub struct Memleak {
     args: Args,
@@ -104,7 +104,7 @@ impl Memleak {
         .all(|&i| self.counts[i as usize] == 0)
     }
 
-    fn read_counts(&mut self, s: &Session) -> Result<()> {
+    fn read_counts(&mut self, s: &Traced) -> Result<()> {
         for (i, per_cpu) in s.read_percpu_array(ML_COUNTS)?.iter().enumerate() {
             if let Some(c) = self.counts.get_mut(i) {
                 *c = per_cpu.iter().sum();
@@ -262,7 +262,7 @@ impl Tool for Memleak {
         Ok(())
     }
 
-    fn report(&mut self, s: &mut Session, out: &mut dyn Printer, _clear: bool) -> Result<()> {
+    fn report(&mut self, s: &mut Traced, out: &mut dyn Printer, _clear: bool) -> Result<()> {
         // Outstanding allocations are a state, not a count per interval:
         // every report shows all that is held (as BCC does).
         self.read_counts(s)?;
@@ -300,11 +300,11 @@ impl Tool for Memleak {
         Ok(())
     }
 
-    fn on_interval(&mut self, s: &mut Session, out: &mut dyn Printer) -> Result<()> {
+    fn on_interval(&mut self, s: &mut Traced, out: &mut dyn Printer) -> Result<()> {
         self.report(s, out, false)
     }
 
-    fn finish(&mut self, s: &mut Session, out: &mut dyn Printer) -> Result<()> {
+    fn finish(&mut self, s: &mut Traced, out: &mut dyn Printer) -> Result<()> {
         self.report(s, out, false)?;
         if self.preload.is_some() && self.counts[counter::PRELOADED as usize] == 0 {
             say!(
@@ -333,7 +333,7 @@ impl Tool for Memleak {
 
     /// SIGUSR1: what is outstanding now, then a new phase: later reports
     /// show only what is allocated after this point and still held.
-    fn on_mark(&mut self, s: &mut Session, out: &mut dyn Printer) -> Result<()> {
+    fn on_mark(&mut self, s: &mut Traced, out: &mut dyn Printer) -> Result<()> {
         self.report(s, out, false)?;
         self.phase = report::Phase::start(s, self.tables())?;
         say!("memtrace: memleak: new phase: reports now show allocations made from here on");
@@ -344,7 +344,7 @@ impl Tool for Memleak {
         self.counts[counter::ALLOCS as usize] + self.counts[counter::FREES as usize]
     }
 
-    fn forget_exited(&mut self, s: &mut Session) -> Result<usize> {
+    fn forget_exited(&mut self, s: &mut Traced) -> Result<usize> {
         // For --progress: the counts so far, not only at reports.
         self.read_counts(s)?;
         // Kernel objects outlive the process that allocated them.

@@ -6,16 +6,16 @@ use memtrace_common::rss::{RssCross, ANON, FILE, SHMEM};
 use super::Rss;
 use crate::error::Result;
 use crate::output::{clock, Col, Printer, Row, Value};
-use crate::probes::records::comm;
 use crate::run::tool::Tool;
-use crate::session::Session;
+use crate::session::records::comm;
+use crate::stacks::Traced;
 
 impl Rss {
     /// One threshold crossing: the counters, the allocating stack and the
     /// largest mappings.
     pub(super) fn print_cross(
         &mut self,
-        s: &mut Session,
+        s: &mut Traced,
         out: &mut dyn Printer,
         ev: &RssCross,
         at_start: bool,

@@ -16,12 +16,12 @@ use memtrace_common::names;
 
 use crate::error::{Error, Result};
 use crate::output::{clock, Col, Printer, Row, Value};
-use crate::probes::records::{comm, record};
 use crate::run::args::IntervalArgs;
 use crate::run::tool::{Prep, Tool};
 use crate::session::attach::Probe;
-use crate::session::Session;
+use crate::session::records::{comm, record};
 use crate::stacks::args::parse_size;
+use crate::stacks::Traced;
 
 #[derive(Debug, Clone, clap::Args)]
 pub struct Args {
@@ -52,7 +52,7 @@ pub fn probes() -> Vec<Probe> {
     vec![
         Probe::new("rss changes").tracepoint(names::RSS_STAT, "kmem", "rss_stat"),
         // The name each process took at exec, for its rows and exit row.
-        crate::process::follow::exec_probe(),
+        crate::probes::follow::exec_probe(),
     ]
 }
 
@@ -95,14 +95,14 @@ impl Rss {
         })
     }
 
-    fn read(&self, s: &Session) -> Result<Vec<(u32, RssVal)>> {
+    fn read(&self, s: &Traced) -> Result<Vec<(u32, RssVal)>> {
         let mut v = s.hash_entries(names::RSS);
         v.sort_by_key(|(p, _)| *p);
         Ok(v)
     }
 
     /// Recomputes the excluded bytes of each traced process for the kernel.
-    fn refresh_excluded(&self, s: &mut Session, pids: &[u32]) -> Result<HashMap<u32, u64>> {
+    fn refresh_excluded(&self, s: &mut Traced, pids: &[u32]) -> Result<HashMap<u32, u64>> {
         let mut out = HashMap::new();
         if self.excludes.is_empty() {
             return Ok(out);
@@ -117,7 +117,7 @@ impl Rss {
 
     /// Forgets a process that exited: its counters, its exclusions and the
     /// mm it owned, so that neither the table nor the maps keep it.
-    fn forget(&mut self, s: &mut Session, pid: u32) -> Result<()> {
+    fn forget(&mut self, s: &mut Traced, pid: u32) -> Result<()> {
         s.hash_remove(names::RSS, &pid)?;
         s.hash_remove(names::RSS_EXCLUDED, &pid)?;
         // A pid reused later must not take this process's exec name.
@@ -139,14 +139,14 @@ impl Rss {
         Ok(())
     }
 
-    fn table(&mut self, s: &mut Session, out: &mut dyn Printer) -> Result<()> {
+    fn table(&mut self, s: &mut Traced, out: &mut dyn Printer) -> Result<()> {
         if let Some(ev) = self.over_at_start.take() {
             self.print_cross(s, out, &ev, true)?;
         }
         // A process that exited gets a last row (unless hidden) and leaves
         // the table; a new child is seeded; a stranger is never listed.
         // Names taken at exec, read before `forget` lets go of them.
-        let renamed = crate::process::follow::exec_names(s);
+        let renamed = crate::probes::follow::exec_names(s);
         let mut gone = Vec::new();
         let mut last = Vec::new();
         for (pid, v) in self.read(s)? {
@@ -306,14 +306,14 @@ impl Tool for Rss {
         Ok(())
     }
 
-    fn on_record(&mut self, data: &[u8], s: &mut Session, out: &mut dyn Printer) -> Result<()> {
+    fn on_record(&mut self, data: &[u8], s: &mut Traced, out: &mut dyn Printer) -> Result<()> {
         let Some(ev) = record::<RssCross>(data, kind::RSS_CROSS) else {
             return Ok(());
         };
         self.print_cross(s, out, &ev, false)
     }
 
-    fn on_start(&mut self, s: &mut Session) -> Result<()> {
+    fn on_start(&mut self, s: &mut Traced) -> Result<()> {
         // The kernel only reports changes: seed the counters with what the
         // process already has, read from /proc at the same moment.
         // Exclusions known before the first change, so the threshold never
@@ -358,7 +358,7 @@ impl Tool for Rss {
     }
 
     /// The table shows the counters as they stand, not what changed.
-    fn report(&mut self, s: &mut Session, out: &mut dyn Printer, _clear: bool) -> Result<()> {
+    fn report(&mut self, s: &mut Traced, out: &mut dyn Printer, _clear: bool) -> Result<()> {
         self.table(s, out)
     }
 

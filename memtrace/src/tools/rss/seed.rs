@@ -13,7 +13,7 @@ use memtrace_common::rss::{RssVal, ANON, FILE, NR, SHMEM, SWAP};
 
 use crate::error::Result;
 use crate::process::proc;
-use crate::session::Session;
+use crate::stacks::Traced;
 
 /// The counters of `pid` now, from /proc/PID/status, as the kernel keeps them.
 pub fn seed(pid: u32) -> Option<RssVal> {
@@ -84,7 +84,7 @@ impl Born {
     /// is gone.
     pub fn seed_into(
         &mut self,
-        s: &mut Session,
+        s: &mut Traced,
         pid: u32,
         adjust: impl FnOnce(&mut RssVal),
     ) -> Result<bool> {

@@ -11,7 +11,7 @@ use prometheus_client::registry::Registry;
 
 use super::Serve;
 use crate::probes::snapshot::{Figures, OomKill};
-use crate::session::Session;
+use crate::stacks::Traced;
 
 type Labels = Vec<(String, String)>;
 type Counters = Family<Labels, Counter>;
@@ -188,7 +188,7 @@ impl FigureFamilies {
     }
 }
 
-pub fn render(sv: &Serve, s: &Session) -> String {
+pub fn render(sv: &Serve, s: &Traced) -> String {
     let mut reg = Registry::default();
     let per_proc = FigureFamilies::new(&mut reg, "memtrace", "process");
     let per_cg = FigureFamilies::new(&mut reg, "memtrace_cgroup", "memory cgroup");

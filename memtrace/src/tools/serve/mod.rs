@@ -15,7 +15,7 @@ use crate::output::Printer;
 use crate::probes::snapshot::{Counters, Snapshot};
 use crate::run::tool::{Prep, Tool};
 use crate::session::attach::Probe;
-use crate::session::Session;
+use crate::stacks::Traced;
 
 use series::Series;
 
@@ -93,7 +93,7 @@ impl Serve {
         })
     }
 
-    fn refresh(&mut self, s: &Session) {
+    fn refresh(&mut self, s: &Traced) {
         let tick = self.snap.tick;
         let active: Vec<(u32, _)> = self.snap.procs.values().map(|p| (p.pid, p.last)).collect();
         let procs = &self.snap.procs;
@@ -130,7 +130,7 @@ impl Tool for Serve {
         self.counters.prepare(k)
     }
 
-    fn on_start(&mut self, s: &mut Session) -> Result<()> {
+    fn on_start(&mut self, s: &mut Traced) -> Result<()> {
         if self.args.common.pid.is_none() && self.args.common.command.is_none() {
             self.snap.seed_from_proc();
         }
@@ -154,22 +154,22 @@ impl Tool for Serve {
         Ok(())
     }
 
-    fn on_record(&mut self, data: &[u8], _s: &mut Session, _out: &mut dyn Printer) -> Result<()> {
+    fn on_record(&mut self, data: &[u8], _s: &mut Traced, _out: &mut dyn Printer) -> Result<()> {
         self.counters.on_record(data, &mut self.snap);
         Ok(())
     }
 
-    fn on_interval(&mut self, s: &mut Session, _out: &mut dyn Printer) -> Result<()> {
+    fn on_interval(&mut self, s: &mut Traced, _out: &mut dyn Printer) -> Result<()> {
         self.events += self.counters.read(s, &mut self.snap)?;
         self.refresh(s);
         Ok(())
     }
 
-    fn on_mark(&mut self, _s: &mut Session, _out: &mut dyn Printer) -> Result<()> {
+    fn on_mark(&mut self, _s: &mut Traced, _out: &mut dyn Printer) -> Result<()> {
         Ok(())
     }
 
-    fn finish(&mut self, _s: &mut Session, _out: &mut dyn Printer) -> Result<()> {
+    fn finish(&mut self, _s: &mut Traced, _out: &mut dyn Printer) -> Result<()> {
         Ok(())
     }
 

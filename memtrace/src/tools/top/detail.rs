@@ -15,9 +15,9 @@ use crate::error::Result;
 use crate::run::args::Common;
 use crate::run::tool::{Prep, Tool};
 use crate::session::attach::Probe;
-use crate::session::Session;
 use crate::stacks::args::{StackArgs, StackMode};
 use crate::stacks::ustack::stack_report;
+use crate::stacks::Traced;
 
 /// Stacks shown of each kind.
 const TOP: usize = 3;
@@ -63,7 +63,7 @@ impl Tool for Stacks {
 
 pub struct Detail {
     pub pid: u32,
-    session: Session,
+    session: Traced,
     comm: String,
 }
 

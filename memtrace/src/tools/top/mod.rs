@@ -16,7 +16,7 @@ use crate::probes::snapshot::{Counters, Snapshot};
 use crate::run::args::IntervalArgs;
 use crate::run::tool::{Prep, Tool};
 use crate::session::attach::Probe;
-use crate::session::Session;
+use crate::stacks::Traced;
 
 use table::Filter;
 pub use table::SortKey;
@@ -176,13 +176,13 @@ impl Tool for Top {
         self.counters.prepare(k)
     }
 
-    fn on_start(&mut self, _s: &mut Session) -> Result<()> {
+    fn on_start(&mut self, _s: &mut Traced) -> Result<()> {
         match self.target {
             None => self.snap.seed_from_proc(),
             Some(t) => {
                 self.snap.seed(t);
                 if self.args.common.children {
-                    for c in crate::process::follow::descendants(t) {
+                    for c in crate::process::proc::descendants(t) {
                         self.snap.seed(c);
                     }
                 }
@@ -191,12 +191,12 @@ impl Tool for Top {
         Ok(())
     }
 
-    fn on_record(&mut self, data: &[u8], _s: &mut Session, _out: &mut dyn Printer) -> Result<()> {
+    fn on_record(&mut self, data: &[u8], _s: &mut Traced, _out: &mut dyn Printer) -> Result<()> {
         self.counters.on_record(data, &mut self.snap);
         Ok(())
     }
 
-    fn on_interval(&mut self, s: &mut Session, out: &mut dyn Printer) -> Result<()> {
+    fn on_interval(&mut self, s: &mut Traced, out: &mut dyn Printer) -> Result<()> {
         self.events += self.counters.read(s, &mut self.snap)?;
         if self.ui.is_none() {
             self.print_text(out);
@@ -205,12 +205,12 @@ impl Tool for Top {
         self.redraw()
     }
 
-    fn on_mark(&mut self, _s: &mut Session, _out: &mut dyn Printer) -> Result<()> {
+    fn on_mark(&mut self, _s: &mut Traced, _out: &mut dyn Printer) -> Result<()> {
         Ok(())
     }
 
     /// A live view: each refresh is whole, nothing is added at the end.
-    fn finish(&mut self, _s: &mut Session, _out: &mut dyn Printer) -> Result<()> {
+    fn finish(&mut self, _s: &mut Traced, _out: &mut dyn Printer) -> Result<()> {
         if let Some(ui) = self.ui.as_mut() {
             ui.leave();
         }
@@ -221,7 +221,7 @@ impl Tool for Top {
         self.ui.as_ref().map(|_| libc::STDIN_FILENO)
     }
 
-    fn on_wakeup(&mut self, _s: &mut Session, _out: &mut dyn Printer) -> Result<()> {
+    fn on_wakeup(&mut self, _s: &mut Traced, _out: &mut dyn Printer) -> Result<()> {
         let Some(ui) = self.ui.as_mut() else {
             return Ok(());
         };

@@ -12,7 +12,8 @@ use crate::error::Result;
 use crate::kernel::tracefs::Format;
 use crate::kernel::KernelBtf;
 use crate::session::attach::Probe;
-use crate::session::{Loader, Session};
+use crate::session::Loader;
+use crate::stacks::Traced;
 
 /// Threads inside an executable mmap at once, at most.
 const PENDING: u32 = 1024;
@@ -79,7 +80,7 @@ fn probes() -> [Probe; 3] {
 
 /// Attaches the programs; true when all did. Otherwise the maps of
 /// processes come from /proc alone, as -v says.
-pub fn attach(s: &mut Session, verbose: bool) -> Result<bool> {
+pub fn attach(s: &mut Traced, verbose: bool) -> Result<bool> {
     for p in probes() {
         if let Err(why) = s.first_way(&p) {
             if verbose {
@@ -96,14 +97,14 @@ pub fn attach(s: &mut Session, verbose: bool) -> Result<bool> {
 
 /// A `PROC_IMAGE` or `PROC_MAP` record: the mapping joins its process's
 /// current image. False for any other record.
-pub fn on_record(data: &[u8], s: &mut Session) -> bool {
+pub fn on_record(data: &[u8], s: &mut Traced) -> bool {
     let k = data
         .get(..4)
         .map(|k| u32::from_ne_bytes([k[0], k[1], k[2], k[3]]));
     let Some(k @ (kind::PROC_MAP | kind::PROC_IMAGE)) = k else {
         return false;
     };
-    let Some(ev) = crate::probes::records::record::<ExeMap>(data, k) else {
+    let Some(ev) = crate::session::records::record::<ExeMap>(data, k) else {
         return true;
     };
     let n = ev

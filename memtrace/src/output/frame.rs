@@ -1,11 +1,28 @@
-//! Frames as the record file keeps them (parsed back from the symbolizer's
-//! text), and the stack fingerprint: a stable hash of function names and
+//! A frame as text: how it is written (`FrameStyle`), parsed back from the
+//! symbolizer's text as the record file keeps it, and the stack fingerprint: a stable hash of function names and
 //! modules, so a stack keeps its id across ASLR, rebuilds that move code,
 //! and frame styles (`--lines`, `--addresses`).
 
 use serde::{Deserialize, Serialize};
 
-use crate::stacks::symbolize::FrameStyle;
+/// How a frame is written: by function (the default, so that the same code
+/// path merges across call sites, processes and flame-graph tools), with
+/// its source line (`--lines`), or with the raw offset (`--addresses`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum FrameStyle {
+    #[default]
+    Function,
+    Lines,
+    Addresses,
+}
+
+/// What stands for the module of an address no file holds: the process's
+/// maps did not place it, the code is anonymous, or the process was gone.
+pub const NOT_A_FILE: [&str; 3] = [
+    "unknown",
+    "anonymous",
+    "process exited before its maps were read",
+];
 
 /// One symbolized frame.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -71,11 +88,10 @@ impl Frame {
     /// its file (the same in every run), or, for code that is no file's
     /// (an address memtrace could not place), only "some code there".
     fn identity(&self) -> &str {
-        let in_file = self.module.as_deref().is_some_and(|m| {
-            !m.is_empty()
-                && !m.starts_with('[')
-                && !crate::stacks::symbolize::NOT_A_FILE.contains(&m)
-        });
+        let in_file = self
+            .module
+            .as_deref()
+            .is_some_and(|m| !m.is_empty() && !m.starts_with('[') && !NOT_A_FILE.contains(&m));
         if self.func.starts_with("0x") && !in_file {
             "?"
         } else {

@@ -4,15 +4,12 @@
 //! processes, and every later stack failed); memtrace keeps them here,
 //! bounded, and the map only holds what arrived since the last harvest.
 
+use memtrace_common::stacks::UserStack;
 use std::cell::Cell;
 use std::collections::HashMap;
-use std::os::fd::{AsFd, AsRawFd};
 
-use aya::maps::HashMap as AyaHashMap;
-use memtrace_common::{names, stacks::UserStack};
-
-use super::{chain, maps::take, Session};
-use crate::error::{Error, Result};
+use super::Traced;
+use crate::error::Result;
 
 /// Stacks kept: a few dozen bytes plus 8 per frame each, so some MiB at
 /// most. Past it the least recently seen go first.
@@ -24,10 +21,10 @@ pub struct StackStore {
     /// Orders uses: the larger, the more recent.
     clock: Cell<u64>,
     /// Stacks let go under the bound.
-    pub(crate) evicted: u64,
+    pub evicted: u64,
     /// Ids looked up that were in neither the kernel's map nor here: a
     /// report line without its stack.
-    pub(crate) missed: Cell<u64>,
+    pub missed: Cell<u64>,
     max: usize,
 }
 
@@ -113,50 +110,19 @@ impl StackStore {
     }
 }
 
-impl Session {
+impl Traced {
     /// Moves the walked user stacks that arrived since the last call out
-    /// of the kernel's map into the store; how many. Each is read and
-    /// deleted in one call, and the programs only insert where an id is
-    /// free, so no stack stored meanwhile is lost.
+    /// of the kernel's map into the store; how many.
     pub fn harvest_user_stacks(&mut self) -> Result<usize> {
         if !self.walked_user_stacks {
             return Ok(0);
         }
-        let Some(m) = self.bpf.map(names::USTACKS.name) else {
-            return Ok(0);
-        };
-        let h =
-            AyaHashMap::<_, u32, UserStack>::try_from(m).map_err(|e| Error::Runtime(chain(&e)))?;
-        let keys: Vec<u32> = h.keys().filter_map(|k| self.counted(k)).collect();
-        let fd = match m {
-            aya::maps::Map::HashMap(d) => d.fd().as_fd().as_raw_fd(),
-            _ => return Ok(0),
-        };
-        let mut n = 0;
-        for id in keys {
-            let s = match take::<u32, UserStack>(fd, &id, 1) {
-                Ok(Some(mut v)) => v.pop(),
-                Ok(None) => None,
-                // Kernels before 5.14: read, then delete.
-                Err(_) => {
-                    let m = self
-                        .bpf
-                        .map_mut(names::USTACKS.name)
-                        .expect("map seen above");
-                    let mut h = AyaHashMap::<_, u32, UserStack>::try_from(m)
-                        .map_err(|e| Error::Runtime(chain(&e)))?;
-                    let s = h.get(&id, 0).ok();
-                    let _ = h.remove(&id);
-                    s
-                }
-            };
-            if let Some(s) = s {
-                self.stacks.keep(id, &s);
-                n += 1;
-            }
+        let taken = self.session.take_user_stacks()?;
+        for (id, s) in &taken {
+            self.stacks.keep(*id, s);
         }
         self.stacks.bound();
-        Ok(n)
+        Ok(taken.len())
     }
 }
 

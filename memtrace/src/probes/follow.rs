@@ -7,9 +7,9 @@ use memtrace_common::names::{EXEC_NAMES, FOLLOWED, FOLLOW_FORK, NAME_EXEC};
 use memtrace_common::{kind, ProcEvent};
 
 use crate::error::Result;
-use crate::probes::records::comm;
 use crate::session::attach::Probe;
-use crate::session::Session;
+use crate::session::records::comm;
+use crate::stacks::Traced;
 
 /// Follows forks of traced processes into FOLLOWED.
 pub fn fork_probe() -> Probe {
@@ -18,7 +18,7 @@ pub fn fork_probe() -> Probe {
 
 /// A fork or exec of a followed process (`ProcEvent`): its maps are kept
 /// for symbolization. False for any other record.
-pub fn on_record(data: &[u8], s: &mut Session) -> bool {
+pub fn on_record(data: &[u8], s: &mut Traced) -> bool {
     // Every record passes here: look at its kind before anything else.
     let kind = data
         .get(..4)
@@ -26,7 +26,7 @@ pub fn on_record(data: &[u8], s: &mut Session) -> bool {
     let Some(k @ (kind::PROC_FORK | kind::PROC_EXEC)) = kind else {
         return false;
     };
-    let Some(ev) = crate::probes::records::record::<ProcEvent>(data, k) else {
+    let Some(ev) = crate::session::records::record::<ProcEvent>(data, k) else {
         return false;
     };
     let mut maps = s.sym.maps.lock().unwrap();
@@ -39,29 +39,11 @@ pub fn on_record(data: &[u8], s: &mut Session) -> bool {
     true
 }
 
-/// Every descendant of `root` alive now, found through /proc.
-pub fn descendants(root: u32) -> Vec<u32> {
-    let parents: HashMap<u32, u32> = crate::process::proc::pids()
-        .into_iter()
-        .filter_map(|p| Some((p, crate::process::proc::parent_of(p)?)))
-        .collect();
-    let mut out = Vec::new();
-    let mut frontier = vec![root];
-    while let Some(p) = frontier.pop() {
-        for (&child, _) in parents.iter().filter(|(_, &pp)| pp == p) {
-            out.push(child);
-            frontier.push(child);
-        }
-    }
-    out.sort_unstable();
-    out
-}
-
 /// `--children` of a running process: its existing descendants join the
 /// followed set (the fork probe, attached before, catches any forked
 /// meanwhile). Returns how many there were.
-pub fn adopt_descendants(s: &mut Session, root: u32) -> Result<usize> {
-    let found = descendants(root);
+pub fn adopt_descendants(s: &mut Traced, root: u32) -> Result<usize> {
+    let found = crate::process::proc::descendants(root);
     for &p in &found {
         s.hash_insert(FOLLOWED, p, 1u8, 0)?;
     }
@@ -78,7 +60,7 @@ pub fn adopt_descendants(s: &mut Session, root: u32) -> Result<usize> {
 /// Forgets followed processes that have exited: under churn (a build, a
 /// shell loop) FOLLOWED filled after 8192 children and later ones went
 /// unfollowed. Returns how many.
-pub fn forget_exited(s: &mut Session) -> Result<usize> {
+pub fn forget_exited(s: &mut Traced) -> Result<usize> {
     let gone: Vec<u32> = s
         .hash_entries(FOLLOWED)
         .into_iter()
@@ -101,7 +83,7 @@ pub fn exec_probe() -> Probe {
 
 /// Processes that exec'd during the trace, by the name they took (the tool
 /// sizes EXEC_NAMES).
-pub fn exec_names(s: &Session) -> HashMap<u32, String> {
+pub fn exec_names(s: &Traced) -> HashMap<u32, String> {
     s.hash_entries(EXEC_NAMES)
         .into_iter()
         .map(|(pid, e)| (pid, comm(&e.comm)))
@@ -109,14 +91,9 @@ pub fn exec_names(s: &Session) -> HashMap<u32, String> {
 }
 
 /// The same with the memory cgroup each was in at its exec (kernfs id).
-pub fn exec_identities(s: &Session) -> HashMap<u32, (String, u64)> {
+pub fn exec_identities(s: &Traced) -> HashMap<u32, (String, u64)> {
     s.hash_entries(EXEC_NAMES)
         .into_iter()
         .map(|(pid, e)| (pid, (comm(&e.comm), e.memcg_id)))
         .collect()
-}
-
-/// Whether process `pid` still exists.
-pub fn alive(pid: u32) -> bool {
-    std::path::Path::new(&format!("/proc/{pid}")).exists()
 }

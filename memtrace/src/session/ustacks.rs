@@ -1,0 +1,52 @@
+//! Walked user stacks taken out of the kernel's map (USTACKS): each is
+//! read and deleted in one call, and the programs only insert where an id
+//! is free, so no stack stored meanwhile is lost. What is kept of them, and
+//! for how long, is the stacks wing's (`stacks::store`).
+
+use std::os::fd::{AsFd, AsRawFd};
+
+use aya::maps::HashMap as AyaHashMap;
+use memtrace_common::{names, stacks::UserStack};
+
+use super::{chain, maps::take, Session};
+use crate::error::{Error, Result};
+
+impl Session {
+    /// Every walked user stack that arrived since the last call, taken out
+    /// of USTACKS; none when the object has no such map.
+    pub fn take_user_stacks(&mut self) -> Result<Vec<(u32, UserStack)>> {
+        let Some(m) = self.bpf.map(names::USTACKS.name) else {
+            return Ok(Vec::new());
+        };
+        let h =
+            AyaHashMap::<_, u32, UserStack>::try_from(m).map_err(|e| Error::Runtime(chain(&e)))?;
+        let keys: Vec<u32> = h.keys().filter_map(|k| self.counted(k)).collect();
+        let fd = match m {
+            aya::maps::Map::HashMap(d) => d.fd().as_fd().as_raw_fd(),
+            _ => return Ok(Vec::new()),
+        };
+        let mut out = Vec::new();
+        for id in keys {
+            let s = match take::<u32, UserStack>(fd, &id, 1) {
+                Ok(Some(mut v)) => v.pop(),
+                Ok(None) => None,
+                // Kernels before 5.14: read, then delete.
+                Err(_) => {
+                    let m = self
+                        .bpf
+                        .map_mut(names::USTACKS.name)
+                        .expect("map seen above");
+                    let mut h = AyaHashMap::<_, u32, UserStack>::try_from(m)
+                        .map_err(|e| Error::Runtime(chain(&e)))?;
+                    let s = h.get(&id, 0).ok();
+                    let _ = h.remove(&id);
+                    s
+                }
+            };
+            if let Some(s) = s {
+                out.push((id, s));
+            }
+        }
+        Ok(out)
+    }
+}
