@@ -89,9 +89,12 @@ pub unsafe fn call<T>(cmd: libc::c_long, attr: &T) -> io::Result<()> {
 }
 
 /// bpf(2) with `attr` for a command that returns a new descriptor.
-pub fn call_fd<T>(cmd: libc::c_long, attr: &T) -> io::Result<OwnedFd> {
-    // SAFETY: attr is a valid bpf_attr prefix of the size passed; every
-    // pointer in it outlives the call.
+///
+/// # Safety
+/// As `raw`: the kernel reads (and for a load's log, writes) through the
+/// pointers the caller put in `attr`.
+pub unsafe fn call_fd<T>(cmd: libc::c_long, attr: &T) -> io::Result<OwnedFd> {
+    // SAFETY: passed on from the caller.
     let r = unsafe { raw(cmd, attr) }?;
     // SAFETY: the syscall returned a new descriptor that nothing else owns.
     Ok(unsafe { OwnedFd::from_raw_fd(r as i32) })

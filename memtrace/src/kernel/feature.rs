@@ -23,7 +23,8 @@ pub fn fentry_loads(btf_id: u32) -> io::Result<()> {
         ..Default::default()
     };
     // Dropping the descriptor unloads the probe.
-    call_fd(BPF_PROG_LOAD, &attr)?;
+    // SAFETY: insns and license are live for the call; no log is asked.
+    unsafe { call_fd(BPF_PROG_LOAD, &attr) }?;
     Ok(())
 }
 

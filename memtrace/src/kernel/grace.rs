@@ -43,11 +43,15 @@ impl GracePeriod {
             inner_map_fd,
             ..Default::default()
         };
-        let inner = bpfsys::call_fd(BPF_MAP_CREATE, &array(BPF_MAP_TYPE_ARRAY, 4, 0))?;
-        let outer = bpfsys::call_fd(
-            BPF_MAP_CREATE,
-            &array(BPF_MAP_TYPE_ARRAY_OF_MAPS, 4, inner.as_raw_fd() as u32),
-        )?;
+        // SAFETY: BPF_MAP_CREATE's attribute holds no pointers.
+        let inner = unsafe { bpfsys::call_fd(BPF_MAP_CREATE, &array(BPF_MAP_TYPE_ARRAY, 4, 0)) }?;
+        // SAFETY: as above.
+        let outer = unsafe {
+            bpfsys::call_fd(
+                BPF_MAP_CREATE,
+                &array(BPF_MAP_TYPE_ARRAY_OF_MAPS, 4, inner.as_raw_fd() as u32),
+            )
+        }?;
         Ok(GracePeriod { outer, inner })
     }
 

@@ -174,6 +174,36 @@ pub fn program_path(word: &str) -> Option<std::path::PathBuf> {
 /// are read as it execs and as it exits, however short it lives.
 const CHILD_OPTS: libc::c_int = libc::PTRACE_O_TRACEFORK | libc::PTRACE_O_TRACEVFORK;
 
+/// Stops `pid` at its entry; a failure is said (the process then runs its
+/// first instructions before its libraries' tables are in place).
+fn arm(stops: &mut EntryStops, pid: libc::pid_t) {
+    match stops.arm(pid) {
+        Ok(()) => {}
+        // Gone meanwhile: waitpid reports how.
+        Err(e) if e.raw_os_error() == Some(libc::ESRCH) => {}
+        Err(e) => say!(
+            "memtrace: warning: cannot stop process {pid} at its entry ({e}): its first \
+             events may be unwound before its libraries' tables are in place (tables_pending)"
+        ),
+    }
+}
+
+/// At a SIGTRAP stop: whether `pid` stopped at its entry breakpoint. One
+/// whose entry could not be restored would run a broken instruction: it
+/// is killed, and said.
+fn at_entry(stops: &mut EntryStops, pid: libc::pid_t) -> bool {
+    match stops.hit(pid) {
+        Ok(hit) => hit,
+        Err(e) if e.raw_os_error() == Some(libc::ESRCH) => false,
+        Err(e) => {
+            say!("memtrace: error: cannot restore process {pid}'s entry after stopping it there ({e}): killed");
+            // SAFETY: a signal to our own tracee.
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+            false
+        }
+    }
+}
+
 /// Runs the command's process tree to the end of its first process: each
 /// process stops at its execs and its exit, where its maps are read; the
 /// first process's exit status goes to `exit_tx`. Processes left when it
@@ -242,9 +272,9 @@ fn follow_tree(
             maps.lock().unwrap().exec(w as u32);
             stops.forget(w);
             if kunwind {
-                stops.arm(w);
+                arm(&mut stops, w);
             }
-        } else if event == 0 && sig == libc::SIGTRAP && stops.hit(w) {
+        } else if event == 0 && sig == libc::SIGTRAP && at_entry(&mut stops, w) {
             // At its entry: the libraries it links are mapped now.
             maps.lock().unwrap().snapshot(w as u32);
         } else if event == libc::PTRACE_EVENT_EXIT {
@@ -358,7 +388,7 @@ pub fn spawn_traced(
             let mut m = maps.lock().unwrap();
             m.snapshot(pid as u32);
             if m.unwinds_in_kernel() {
-                stops.arm(pid);
+                arm(&mut stops, pid);
             }
         }
         if let Err(e) = ptrace(libc::PTRACE_CONT, pid, 0) {

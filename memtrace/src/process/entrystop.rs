@@ -5,6 +5,7 @@
 //! in place.
 
 use std::collections::HashMap;
+use std::io;
 
 use libc::pid_t;
 
@@ -18,6 +19,14 @@ fn entry_of(pid: pid_t) -> Option<u64> {
     })
 }
 
+/// ptrace's answer as a result.
+fn ok(r: libc::c_long) -> io::Result<()> {
+    match r {
+        0.. => Ok(()),
+        _ => Err(io::Error::last_os_error()),
+    }
+}
+
 /// Breakpoints set, by process: (entry, the word they replaced).
 #[derive(Default)]
 pub struct EntryStops {
@@ -25,45 +34,47 @@ pub struct EntryStops {
 }
 
 impl EntryStops {
-    /// Puts an int3 on stopped process `pid`'s entry point.
-    pub fn arm(&mut self, pid: pid_t) {
-        let Some(entry) = entry_of(pid) else {
-            return;
-        };
+    /// Puts an int3 on stopped process `pid`'s entry point. An error
+    /// leaves the process as it was, unstopped at its entry.
+    pub fn arm(&mut self, pid: pid_t) -> io::Result<()> {
+        let entry = entry_of(pid)
+            .ok_or_else(|| io::Error::other("no entry point in its auxiliary vector"))?;
         // SAFETY: ptrace requests on a stopped tracee; errno tells a word
         // that reads as -1 from a failure.
         unsafe {
             *libc::__errno_location() = 0;
             let word = libc::ptrace(libc::PTRACE_PEEKTEXT, pid, entry, 0) as u64;
             if *libc::__errno_location() != 0 {
-                return;
+                return Err(io::Error::last_os_error());
             }
             let trap = (word & !0xff) | 0xcc;
-            if libc::ptrace(libc::PTRACE_POKETEXT, pid, entry, trap) == 0 {
-                self.armed.insert(pid, (entry, word));
-            }
+            ok(libc::ptrace(libc::PTRACE_POKETEXT, pid, entry, trap))?;
+            self.armed.insert(pid, (entry, word));
         }
+        Ok(())
     }
 
     /// At a SIGTRAP stop of `pid`: true when it is the entry breakpoint,
     /// which is then removed and the instruction it stood on run as if it
-    /// had never been there.
-    pub fn hit(&mut self, pid: pid_t) -> bool {
+    /// had never been there. An error means the process cannot go on as
+    /// it was (its entry or its instruction pointer is not restored).
+    pub fn hit(&mut self, pid: pid_t) -> io::Result<bool> {
         let Some(&(entry, word)) = self.armed.get(&pid) else {
-            return false;
+            return Ok(false);
         };
         // SAFETY: as above; `regs` is written by the kernel.
         unsafe {
             let mut regs: libc::user_regs_struct = std::mem::zeroed();
-            if libc::ptrace(libc::PTRACE_GETREGS, pid, 0, &mut regs) < 0 || regs.rip != entry + 1 {
-                return false;
+            ok(libc::ptrace(libc::PTRACE_GETREGS, pid, 0, &mut regs))?;
+            if regs.rip != entry + 1 {
+                return Ok(false);
             }
             self.armed.remove(&pid);
             regs.rip = entry;
-            libc::ptrace(libc::PTRACE_POKETEXT, pid, entry, word);
-            libc::ptrace(libc::PTRACE_SETREGS, pid, 0, &regs);
+            ok(libc::ptrace(libc::PTRACE_POKETEXT, pid, entry, word))?;
+            ok(libc::ptrace(libc::PTRACE_SETREGS, pid, 0, &regs))?;
         }
-        true
+        Ok(true)
     }
 
     /// `pid` exec'd or exited: its breakpoint went with its image.

@@ -22,11 +22,35 @@ pub fn is_degradation(reason: &str) -> bool {
     DEGRADATIONS.contains(&reason)
 }
 
+/// A hash map's descriptor, once aya's typed view of it has checked that its
+/// keys and values are `K`'s and `V`'s sizes: `take` gives the kernel a
+/// buffer sized by `V`, and the kernel writes the map's own size.
+pub(super) struct KnownSizes<K, V>(RawFd, std::marker::PhantomData<(K, V)>);
+
+impl<K: Pod, V: Pod> KnownSizes<K, V> {
+    /// `m`'s descriptor if it is a hash map (per-CPU or not) of `K` to `V`.
+    pub(super) fn of(m: &aya::maps::Map) -> Result<KnownSizes<K, V>> {
+        use aya::maps::Map;
+        let fd = match m {
+            Map::HashMap(d) => {
+                AyaHashMap::<_, K, V>::try_from(m).map_err(|e| Error::Runtime(chain(&e)))?;
+                d.fd()
+            }
+            Map::PerCpuHashMap(d) => {
+                PerCpuHashMap::<_, K, V>::try_from(m).map_err(|e| Error::Runtime(chain(&e)))?;
+                d.fd()
+            }
+            _ => return Err(Error::Runtime("not a hash map".into())),
+        };
+        Ok(KnownSizes(fd.as_fd().as_raw_fd(), std::marker::PhantomData))
+    }
+}
+
 /// BPF_MAP_LOOKUP_AND_DELETE_ELEM on a hash map (aya does not expose it
 /// for hash maps): the key's value on each of `cpus` CPUs (1 for a map
 /// that is not per-CPU), or None when the key is gone.
 pub(super) fn take<K: Pod, V: Pod>(
-    fd: RawFd,
+    map: &KnownSizes<K, V>,
     key: &K,
     cpus: usize,
 ) -> std::io::Result<Option<Vec<V>>> {
@@ -35,14 +59,15 @@ pub(super) fn take<K: Pod, V: Pod>(
     let stride = std::mem::size_of::<V>().div_ceil(8) * 8;
     let mut buf = vec![0u64; stride / 8 * cpus];
     let attr = crate::kernel::bpfsys::ElemAttr {
-        map_fd: fd as u32,
+        map_fd: map.0 as u32,
         _pad: 0,
         key: key as *const K as u64,
         value: buf.as_mut_ptr() as u64,
         flags: 0,
     };
-    // SAFETY: attr points at a live key and a buffer of the size the
-    // kernel writes for this map.
+    // SAFETY: attr points at a live key of the map's key size (`KnownSizes`)
+    // and a buffer of what the kernel writes: the map's value size
+    // (`KnownSizes` again), 8-byte aligned, per CPU.
     if let Err(e) = unsafe { crate::kernel::bpfsys::call(BPF_MAP_LOOKUP_AND_DELETE_ELEM, &attr) } {
         return match e.raw_os_error() {
             Some(libc::ENOENT) => Ok(None),
@@ -111,13 +136,13 @@ impl Session {
     ) -> Result<Vec<(K, Vec<V>)>> {
         let name = map.name;
         let fd = match self.bpf.map(name) {
-            Some(aya::maps::Map::PerCpuHashMap(d)) => Some(d.fd().as_fd().as_raw_fd()),
+            Some(m @ aya::maps::Map::PerCpuHashMap(_)) => Some(KnownSizes::<K, V>::of(m)?),
             _ => None,
         };
         let cpus = aya::util::nr_cpus().map_err(|(_, e)| Error::Runtime(e.to_string()))?;
         let mut out = Vec::with_capacity(keys.len());
         for &k in keys {
-            match fd.map(|fd| take::<K, V>(fd, &k, cpus)) {
+            match fd.as_ref().map(|fd| take(fd, &k, cpus)) {
                 Some(Ok(Some(vals))) => out.push((k, vals)),
                 Some(Ok(None)) => {}
                 // Kernels before 5.14: read, then delete.

@@ -122,7 +122,9 @@ pub fn load_prog(bpf: &Ebpf, name: &str, kind: Kind) -> Result<OwnedFd, String> 
                 btf_size: bytes.len() as u32,
                 ..Default::default()
             };
-            Some(call_fd(BPF_BTF_LOAD, &attr).map_err(|e| format!("BPF_BTF_LOAD: {e}"))?)
+            // SAFETY: `bytes` is live and `btf_size` long; no log is asked.
+            let fd = unsafe { call_fd(BPF_BTF_LOAD, &attr) };
+            Some(fd.map_err(|e| format!("BPF_BTF_LOAD: {e}"))?)
         }
         _ => None,
     };
@@ -161,7 +163,9 @@ pub fn load_prog(bpf: &Ebpf, name: &str, kind: Kind) -> Result<OwnedFd, String> 
     }
     let n = name.len().min(15);
     attr.prog_name[..n].copy_from_slice(&name.as_bytes()[..n]);
-    call_fd(BPF_PROG_LOAD, &attr).or_else(|e| {
+    // SAFETY: the instructions, license, name and func_info the attribute
+    // points at live until the function returns.
+    unsafe { call_fd(BPF_PROG_LOAD, &attr) }.or_else(|e| {
         // Again with the verifier's log, for its last words.
         // Large enough for the whole log of a refused program (a cut one
         // ends mid-way, not with the reason).
@@ -169,7 +173,8 @@ pub fn load_prog(bpf: &Ebpf, name: &str, kind: Kind) -> Result<OwnedFd, String> 
         attr.log_level = 1;
         attr.log_size = log.len() as u32;
         attr.log_buf = log.as_mut_ptr() as u64;
-        let again = call_fd(BPF_PROG_LOAD, &attr);
+        // SAFETY: as above, and the log buffer is `log_size` bytes.
+        let again = unsafe { call_fd(BPF_PROG_LOAD, &attr) };
         let text = String::from_utf8_lossy(&log);
         let last = text
             .trim_end_matches('\0')
@@ -206,5 +211,8 @@ pub fn attach(
         pid: pid.unwrap_or(0),
         ..Default::default()
     };
-    call_fd(BPF_LINK_CREATE, &attr).map_err(|e| format!("BPF_LINK_CREATE ({}): {e}", kind.name()))
+    // SAFETY: the path, offsets and cookies are live for the call and
+    // `cnt` long.
+    unsafe { call_fd(BPF_LINK_CREATE, &attr) }
+        .map_err(|e| format!("BPF_LINK_CREATE ({}): {e}", kind.name()))
 }

@@ -3,12 +3,11 @@
 //! is free, so no stack stored meanwhile is lost. What is kept of them, and
 //! for how long, is the stacks wing's (`stacks::store`).
 
-use std::os::fd::{AsFd, AsRawFd};
-
 use aya::maps::HashMap as AyaHashMap;
 use memtrace_common::{names, stacks::UserStack};
 
-use super::{chain, maps::take, Session};
+use super::maps::{take, KnownSizes};
+use super::{chain, Session};
 use crate::error::{Error, Result};
 
 impl Session {
@@ -21,13 +20,10 @@ impl Session {
         let h =
             AyaHashMap::<_, u32, UserStack>::try_from(m).map_err(|e| Error::Runtime(chain(&e)))?;
         let keys: Vec<u32> = h.keys().filter_map(|k| self.counted(k)).collect();
-        let fd = match m {
-            aya::maps::Map::HashMap(d) => d.fd().as_fd().as_raw_fd(),
-            _ => return Ok(Vec::new()),
-        };
+        let fd = KnownSizes::<u32, UserStack>::of(m)?;
         let mut out = Vec::new();
         for id in keys {
-            let s = match take::<u32, UserStack>(fd, &id, 1) {
+            let s = match take(&fd, &id, 1) {
                 Ok(Some(mut v)) => v.pop(),
                 Ok(None) => None,
                 // Kernels before 5.14: read, then delete.
