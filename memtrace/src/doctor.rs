@@ -117,7 +117,7 @@ pub fn doctor() -> Result<i32> {
                 for (name, p) in probes {
                     match s.first_way(&p) {
                         Ok(_) => add(name, yes(true, "loads and attaches")),
-                        Err(e) => add(name, yes(false, e)),
+                        Err(e) => add(name, yes(false, e.to_string())),
                     }
                 }
                 drop(s);

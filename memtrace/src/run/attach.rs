@@ -28,12 +28,10 @@ pub fn attach(
         // In-kernel unwinding refused (verifier, BTF, memory): the copy
         // path still gives complete stacks, at a copy per event.
         Err(e) if tool_unwinds_in_kernel(tool, system_wide) => {
-            // The verifier's log is long: its first line names the program
-            // (-v adds the log's end, where it says why: the whole log of a
-            // million instructions is megabytes).
-            let why = crate::error::verifier_brief(&e.to_string(), common.verbose);
-            // The next line names the fallback.
-            say!("memtrace: in-kernel unwinding could not be set up: {why}");
+            // The reasons give a refused program's first line (-v the end
+            // of the verifier's log, where it says why); the next line
+            // names the fallback.
+            say!("memtrace: in-kernel unwinding could not be set up: {e}");
             attach_with(tool, common, target, follow, true)
         }
         r => r,

@@ -14,6 +14,7 @@ use aya::util::online_cpus;
 use super::{chain, Session};
 use crate::error::{Error, Result};
 use crate::session::attach::{Method, Probe, Target, Way};
+use crate::session::why::{Reasons, WayError};
 
 impl Session {
     /// Attaches `probe` by the first of its ways that works here. Returns the
@@ -34,12 +35,10 @@ impl Session {
     fn attach_or(&mut self, probe: &Probe, refused_fails: bool) -> Result<Option<Way>> {
         match self.first_way(probe) {
             Ok(way) => Ok(Some(way)),
-            Err(reasons)
-                if probe.required || (refused_fails && reasons.contains("BPF_PROG_LOAD")) =>
-            {
+            Err(reasons) if probe.required || (refused_fails && reasons.refused()) => {
                 Err(Error::Unsupported {
                     what: probe.what.to_string(),
-                    reasons,
+                    reasons: reasons.to_string(),
                 })
             }
             Err(reasons) => {
@@ -50,12 +49,15 @@ impl Session {
     }
 
     /// The way that attached, or every way's reason for failing.
-    pub fn first_way(&mut self, probe: &Probe) -> std::result::Result<Way, String> {
+    pub fn first_way(&mut self, probe: &Probe) -> std::result::Result<Way, Reasons> {
         let mut reasons = Vec::new();
         let candidates: Vec<Way> = probe.candidates(self.forced).into_iter().cloned().collect();
         if candidates.is_empty() {
             let m = self.forced.map(|m| m.name()).unwrap_or("?");
-            reasons.push(format!("it cannot be attached by {m} (forced by --attach)"));
+            reasons.push((
+                String::new(),
+                WayError::Unavailable(format!("it cannot be attached by {m} (forced by --attach)")),
+            ));
         }
         for way in candidates {
             match self.try_way(&way) {
@@ -83,22 +85,24 @@ impl Session {
                             probe.what,
                             way.method,
                             way.target,
-                            crate::error::verifier_brief(&why, true)
+                            why.brief(true)
                         );
                     }
-                    let why = crate::error::verifier_brief(&why, self.verbose);
-                    reasons.push(format!("{} {}: {why}", way.method, way.target));
+                    reasons.push((format!("{} {}", way.method, way.target), why));
                 }
             }
         }
-        Err(reasons.join("; "))
+        Err(Reasons {
+            ways: reasons,
+            verbose: self.verbose,
+        })
     }
 
-    fn try_way(&mut self, way: &Way) -> std::result::Result<(), String> {
+    fn try_way(&mut self, way: &Way) -> std::result::Result<(), WayError> {
         if let Some((_, why)) = self.ruled_out.iter().find(|(p, _)| *p == way.prog.0) {
-            return Err(why.clone());
+            return Err(WayError::Unavailable(why.clone()));
         }
-        precheck(way)?;
+        precheck(way).map_err(WayError::Unavailable)?;
         if let Target::UserSet { path, points, pid } = &way.target {
             return self.try_user_set(way, path, points, *pid);
         }
@@ -116,11 +120,11 @@ impl Session {
         // next way (kprobe, tracepoint: the target is given at attach);
         // `load_err` marks it not loaded.
         let mut load_failed = false;
-        let mut load_err = |m: String| {
+        let mut load_err = |x: aya::programs::ProgramError| {
             load_failed = true;
-            m
+            WayError::load(x)
         };
-        let res: std::result::Result<(), String> = (|| {
+        let res: std::result::Result<(), WayError> = (|| {
             // A program whose target is bound at load (fentry, tp_btf):
             // attached, its link kept; refused, unloaded, so that another
             // way loads it for its own target.
@@ -134,7 +138,7 @@ impl Session {
                             if first {
                                 let _ = $p.unload();
                             }
-                            return Err(load_err(e(&x)));
+                            return Err(WayError::Failed(e(&x)));
                         }
                     }
                 };
@@ -143,7 +147,7 @@ impl Session {
                 (Method::Kprobe, Target::Func(f)) => {
                     let p: &mut KProbe = prog.try_into().map_err(|x| e(&x))?;
                     if first {
-                        p.load().map_err(|x| load_err(e(&x)))?;
+                        p.load().map_err(&mut load_err)?;
                     }
                     let id = p.attach(f.as_ref(), 0).map_err(|x| e(&x))?;
                     self.links
@@ -152,21 +156,21 @@ impl Session {
                 (Method::Fentry, Target::Func(f)) => {
                     let p: &mut FEntry = prog.try_into().map_err(|x| e(&x))?;
                     if let Some(btf) = &btf {
-                        p.load(f.as_ref(), btf).map_err(|x| load_err(e(&x)))?;
+                        p.load(f.as_ref(), btf).map_err(&mut load_err)?;
                     }
                     attach_bound!(p);
                 }
                 (Method::TpBtf, Target::Tp(_, n)) => {
                     let p: &mut BtfTracePoint = prog.try_into().map_err(|x| e(&x))?;
                     if let Some(btf) = &btf {
-                        p.load(n.as_ref(), btf).map_err(|x| load_err(e(&x)))?;
+                        p.load(n.as_ref(), btf).map_err(&mut load_err)?;
                     }
                     attach_bound!(p);
                 }
                 (Method::RawTp, Target::Tp(_, n)) => {
                     let p: &mut RawTracePoint = prog.try_into().map_err(|x| e(&x))?;
                     if first {
-                        p.load().map_err(|x| load_err(e(&x)))?;
+                        p.load().map_err(&mut load_err)?;
                     }
                     let id = p.attach(n.as_ref()).map_err(|x| e(&x))?;
                     self.links
@@ -175,7 +179,7 @@ impl Session {
                 (Method::Tracepoint, Target::Tp(c, n)) => {
                     let p: &mut TracePoint = prog.try_into().map_err(|x| e(&x))?;
                     if first {
-                        p.load().map_err(|x| load_err(e(&x)))?;
+                        p.load().map_err(&mut load_err)?;
                     }
                     if way.cookie == 0 {
                         let id = p.attach(c.as_ref(), n.as_ref()).map_err(|x| e(&x))?;
@@ -190,7 +194,7 @@ impl Session {
                 (Method::Perf, Target::PageFaults) => {
                     let p: &mut PerfEvent = prog.try_into().map_err(|x| e(&x))?;
                     if first {
-                        p.load().map_err(|x| load_err(e(&x)))?;
+                        p.load().map_err(&mut load_err)?;
                     }
                     let cpus = online_cpus().map_err(|(_, x)| x.to_string())?;
                     for cpu in cpus {
@@ -209,7 +213,7 @@ impl Session {
                 (Method::Uprobe | Method::Uretprobe, Target::User { path, offset, pid }) => {
                     let p: &mut UProbe = prog.try_into().map_err(|x| e(&x))?;
                     if first {
-                        p.load().map_err(|x| load_err(e(&x)))?;
+                        p.load().map_err(&mut load_err)?;
                     }
                     let scope = match pid.and_then(std::num::NonZeroU32::new) {
                         Some(pid) => UProbeScope::OneProcess(pid),
@@ -223,7 +227,7 @@ impl Session {
                     self.links
                         .push(Box::new(p.take_link(id).map_err(|x| e(&x))?));
                 }
-                _ => return Err("method does not fit target".into()),
+                _ => return Err(WayError::Failed("method does not fit target".into())),
             }
             Ok(())
         })();
@@ -244,7 +248,7 @@ impl Session {
         path: &str,
         points: &[(u64, u64)],
         pid: Option<u32>,
-    ) -> std::result::Result<(), String> {
+    ) -> std::result::Result<(), WayError> {
         if let Some(kind) = super::multi::Kind::of(way.method) {
             let prog = super::multi::load_prog(&self.bpf, way.prog.0, kind)?;
             let link = super::multi::attach(&prog, kind, path, points, pid)?;
@@ -253,7 +257,7 @@ impl Session {
             return Ok(());
         }
         if way.method != Method::Uprobe {
-            return Err("method does not fit target".into());
+            return Err(WayError::Failed("method does not fit target".into()));
         }
         let scope = match pid.and_then(std::num::NonZeroU32::new) {
             Some(pid) => UProbeScope::OneProcess(pid),
@@ -292,7 +296,7 @@ impl Session {
             if self.loaded.insert(prog.0) {
                 if let Err(x) = p.load() {
                     self.loaded.remove(prog.0);
-                    return Err(chain(&x));
+                    return Err(WayError::load(x));
                 }
             }
             for &(offset, cookie) in points {
@@ -331,11 +335,17 @@ fn precheck(way: &Way) -> std::result::Result<(), String> {
 }
 
 /// Puts the kernel's terse answers into words.
-fn explain(way: &Way, msg: String) -> String {
-    if way.method == Method::Fentry
-        && (msg.contains("Operation not permitted") || msg.contains("EPERM"))
+fn explain(way: &Way, e: WayError) -> WayError {
+    let msg = e.to_string();
+    if way.method != Method::Fentry
+        || !(msg.contains("Operation not permitted") || msg.contains("EPERM"))
     {
-        return format!("the kernel refused to load an fentry program ({msg})");
+        return e;
     }
-    msg
+    let what = format!("the kernel refused to load an fentry program ({msg})");
+    match e {
+        WayError::Refused { log, .. } => WayError::Refused { what, log },
+        WayError::Failed(_) => WayError::Failed(what),
+        e => e,
+    }
 }

@@ -15,6 +15,7 @@ mod prep;
 pub mod records;
 pub mod uprobe;
 mod ustacks;
+pub mod why;
 
 use std::collections::HashSet;
 

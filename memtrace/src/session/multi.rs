@@ -14,6 +14,7 @@ use aya::maps::{Map, MapData};
 use aya::Ebpf;
 
 use super::attach::Method;
+use super::why::WayError;
 
 use crate::kernel::bpfsys::{
     call_fd, BtfLoad, ProgLoad, BPF_BTF_LOAD, BPF_LINK_CREATE, BPF_PROG_LOAD,
@@ -108,7 +109,7 @@ fn map_data(m: &Map) -> &MapData {
 
 /// Loads program `name` of the embedded object for a `kind` link, sharing
 /// `bpf`'s maps.
-pub fn load_prog(bpf: &Ebpf, name: &str, kind: Kind) -> Result<OwnedFd, String> {
+pub fn load_prog(bpf: &Ebpf, name: &str, kind: Kind) -> Result<OwnedFd, WayError> {
     let mut obj = aya_obj::Object::parse(super::loader::object()).map_err(|e| e.to_string())?;
     // The object's BTF, for the functions' info: without it the kernel
     // refuses a callback (bpf_loop's frame step). Kernels with these links
@@ -176,15 +177,15 @@ pub fn load_prog(bpf: &Ebpf, name: &str, kind: Kind) -> Result<OwnedFd, String> 
         // SAFETY: as above, and the log buffer is `log_size` bytes.
         let again = unsafe { call_fd(BPF_PROG_LOAD, &attr) };
         let text = String::from_utf8_lossy(&log);
-        let last = text
-            .trim_end_matches('\0')
-            .lines()
-            .rev()
-            .find(|l| !l.is_empty());
-        match (again, last) {
-            (Ok(fd), _) => Ok(fd),
-            (Err(_), Some(l)) => Err(format!("BPF_PROG_LOAD for {}: {e} ({l})", kind.name())),
-            (Err(_), None) => Err(format!("BPF_PROG_LOAD for {}: {e}", kind.name())),
+        match again {
+            Ok(fd) => Ok(fd),
+            Err(_) => Err(WayError::Refused {
+                what: format!(
+                    "the kernel refused the program (BPF_PROG_LOAD for {}: {e})",
+                    kind.name()
+                ),
+                log: Some(text.trim_end_matches('\0').to_string()),
+            }),
         }
     })
 }
