@@ -251,11 +251,20 @@ fn a_full_ring_buffer_warns_with_buffer_size_advice() {
         .status()
         .unwrap();
     assert!(st.success());
-    // The warning comes from the 250 ms housekeeping tick.
-    std::thread::sleep(Duration::from_millis(600));
+    // The warning comes from the 250 ms housekeeping tick: memtrace is
+    // stopped once it has said it.
+    let mut stderr = String::new();
+    let deadline = Instant::now() + WAIT;
+    while let Ok(l) = err.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
+        stderr.push_str(&l);
+        stderr.push('\n');
+        if l.contains("lost so far") {
+            break;
+        }
+    }
     unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
     let st = child.wait().unwrap();
-    let stderr = rest(&err);
+    stderr.push_str(&rest(&err));
     assert_eq!(st.code(), Some(0), "{stderr}");
     let w = stderr
         .lines()

@@ -87,7 +87,7 @@ fn warning_at_75_percent_comes_before_the_oom_kill_and_names_the_grower() {
     }
     let cg = Memcg::new("warn", "128M");
     let path = format!("/{}", cg.name);
-    let tracer = Tracer::start(&["memcg", "--cgroup", &path, "--warn", "75", "--json"]);
+    let mut tracer = Tracer::start(&["memcg", "--cgroup", &path, "--warn", "75", "--json"]);
     // 10 MiB every 100 ms up to 300 MiB: through 96 MiB, then killed at 128.
     let mut child = cg
         .command(&workload_bin())
@@ -98,7 +98,7 @@ fn warning_at_75_percent_comes_before_the_oom_kill_and_names_the_grower() {
     let pid = child.id();
     let st = wait_child(&mut child, WAIT);
     assert_eq!(st.signal(), Some(libc::SIGKILL), "not OOM-killed: {st:?}");
-    std::thread::sleep(Duration::from_millis(1500));
+    tracer.record("memcg_oom", |_| true, WAIT);
     let out = tracer.interrupt();
     assert_eq!(out.code, 0, "{}", out.stderr);
     let types: Vec<String> = out

@@ -244,13 +244,17 @@ fn older_keeps_only_allocations_older_than_asked() {
 
 #[test]
 fn usr1_reports_and_starts_a_new_phase() {
-    let mut w = Workload::start(&["phases", &K.to_string(), &SIZE.to_string(), "1500"]);
+    let mut w = Workload::start(&["phases", &K.to_string(), &SIZE.to_string(), "0", "step"]);
     let pid = w.pid.to_string();
-    let t = Tracer::start(&["memleak", "-p", &pid]);
-    w.go();
-    // Between the two leaks (at 0 and 1.5 s).
-    std::thread::sleep(Duration::from_millis(750));
+    let mut t = Tracer::start(&["memleak", "-p", &pid]);
+    w.send("go");
+    // Between the two leaks: the first is made, the second waits for the
+    // new phase to start.
+    assert_eq!(w.line().trim(), "first phase done");
     t.signal(libc::SIGUSR1);
+    let phase = t.stderr_line(|l| l.contains("new phase"), WAIT);
+    assert!(phase.is_some(), "no new phase: {}", t.early_stderr);
+    w.go();
     assert!(w.wait().success());
     let out = t.wait(Duration::from_secs(20));
     assert_eq!(out.code, 0, "{}", out.stderr);

@@ -26,7 +26,7 @@ fn oom_in_memcg(
     let cg = Memcg::new("oom", "64M");
     let mut args = vec!["oomkill", "--json"];
     args.extend_from_slice(extra);
-    let tracer = Tracer::start(&args);
+    let mut tracer = Tracer::start(&args);
     let mut child = cg
         .command(&workload_bin())
         .args(["alloc", "200"])
@@ -40,7 +40,12 @@ fn oom_in_memcg(
         Some(libc::SIGKILL),
         "workload was not OOM-killed: {st:?}"
     );
-    std::thread::sleep(Duration::from_millis(500));
+    if extra.contains(&"-p") {
+        // The kill must not be shown: there is no line to wait for.
+        std::thread::sleep(Duration::from_millis(500));
+    } else {
+        tracer.record("oom_kill", |k| k["victim_pid"] == victim, WAIT);
+    }
     let out = tracer.interrupt();
     assert_eq!(out.code, 0, "{}", out.stderr);
     let kills = json_of(&out.stdout, "oom_kill");
@@ -97,7 +102,7 @@ fn stack_option_symbolizes_the_trigger_of_another_process_kill() {
     // The victim holds 40 MiB and volunteers (oom_score_adj 1000); the trigger
     // then allocates 40 MiB more in the same 64 MiB memcg and survives.
     let cg = Memcg::new("oomstack", "64M");
-    let tracer = Tracer::start(&["oomkill", "--json", "--stack"]);
+    let mut tracer = Tracer::start(&["oomkill", "--json", "--stack"]);
     let mut holder = cg.command(&workload_bin());
     holder
         .args(["hold", "40"])
@@ -123,7 +128,8 @@ fn stack_option_symbolizes_the_trigger_of_another_process_kill() {
         "the trigger was killed instead"
     );
     wait_child(&mut holder, WAIT);
-    std::thread::sleep(Duration::from_millis(300));
+    // The kill's stack is printed after the kill itself.
+    tracer.record("oom_stack", |_| true, WAIT);
     let out = tracer.interrupt();
     let _ = trigger.kill();
     wait_child(&mut trigger, WAIT);
@@ -254,7 +260,7 @@ fn a_kill_under_a_limit_set_on_the_parent_names_the_parent() {
     let cg = Memcg::new("oomparent", "64M");
     let kid = cg.path.join("kid");
     std::fs::create_dir_all(&kid).unwrap();
-    let tracer = Tracer::start(&["oomkill", "--json"]);
+    let mut tracer = Tracer::start(&["oomkill", "--json"]);
     let procs = kid.join("cgroup.procs");
     let mut cmd = std::process::Command::new(workload_bin());
     cmd.args(["alloc", "200"]);
@@ -265,7 +271,7 @@ fn a_kill_under_a_limit_set_on_the_parent_names_the_parent() {
     let mut child = cmd.spawn().unwrap();
     let victim = child.id();
     wait_child(&mut child, WAIT);
-    std::thread::sleep(Duration::from_millis(500));
+    tracer.record("oom_kill", |k| k["victim_pid"] == victim, WAIT);
     let out = tracer.interrupt();
     for _ in 0..50 {
         if std::fs::remove_dir(&kid).is_ok() {

@@ -48,3 +48,42 @@ pub fn dispatch(cli: Cli) -> crate::error::Result<i32> {
         Command::Annotate(a) => crate::record::annotate(&a),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use clap::{CommandFactory, Parser};
+
+    #[test]
+    fn every_tool_is_a_subcommand_named_and_described_by_its_about() {
+        let cli = super::Cli::command();
+        let subs: Vec<(String, String)> = cli
+            .get_subcommands()
+            .map(|c| {
+                let about = c.get_about().map(|a| a.to_string()).unwrap_or_default();
+                (c.get_name().to_string(), about)
+            })
+            .collect();
+        assert_eq!(crate::tools::NAMES.len(), 16);
+        for name in crate::tools::NAMES {
+            let (_, about) = subs
+                .iter()
+                .find(|(n, _)| n == name)
+                .unwrap_or_else(|| panic!("no subcommand {name}: {subs:?}"));
+            assert!(
+                !about.is_empty() && !about.ends_with('.'),
+                "{name}: {about:?}"
+            );
+        }
+        let oomkill = subs.iter().find(|(n, _)| n == "oomkill").unwrap();
+        assert_eq!(
+            oomkill.1,
+            "OOM kills: trigger, victim, RSS, memcg, pages considered"
+        );
+        // Parsed back to the tool the name says.
+        let parsed = super::Cli::try_parse_from(["memtrace", "top", "-p", "1"]).unwrap();
+        match parsed.cmd {
+            super::Command::Tool(t) => assert_eq!(t.build().unwrap().0.name(), "top"),
+            _ => panic!("top parsed as something else"),
+        }
+    }
+}

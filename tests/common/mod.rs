@@ -102,6 +102,52 @@ impl Tracer {
         None
     }
 
+    /// The first stderr line matching `pred` printed within `timeout` (kept
+    /// in what `wait` returns).
+    pub fn stderr_line(
+        &mut self,
+        pred: impl Fn(&str) -> bool,
+        timeout: Duration,
+    ) -> Option<String> {
+        let deadline = Instant::now() + timeout;
+        while let Ok(l) = self
+            .stderr
+            .recv_timeout(deadline.saturating_duration_since(Instant::now()))
+        {
+            self.early_stderr.push_str(&l);
+            self.early_stderr.push('\n');
+            if pred(&l) {
+                return Some(l);
+            }
+        }
+        None
+    }
+
+    /// The first JSON record of type `ty` matching `pred` printed within
+    /// `timeout`: the handshake that memtrace has reported an event, in
+    /// place of a sleep before stopping it. Panics after the timeout.
+    pub fn record(
+        &mut self,
+        ty: &str,
+        pred: impl Fn(&serde_json::Value) -> bool,
+        timeout: Duration,
+    ) -> serde_json::Value {
+        let line = self.stdout_line(
+            |l| {
+                serde_json::from_str::<serde_json::Value>(l)
+                    .is_ok_and(|v| v["type"] == ty && pred(&v))
+            },
+            timeout,
+        );
+        let line = line.unwrap_or_else(|| {
+            panic!(
+                "no {ty} record within {timeout:?}; stdout so far:\n{}",
+                self.seen_stdout
+            )
+        });
+        serde_json::from_str(&line).unwrap()
+    }
+
     pub fn pid(&self) -> i32 {
         self.child.id() as i32
     }

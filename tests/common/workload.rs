@@ -71,6 +71,14 @@ impl Workload {
         s.write_all(b"go\n").unwrap();
     }
 
+    /// A line to its stdin, which stays open (a workload that waits for
+    /// more than one go-ahead); `go` sends the last.
+    pub fn send(&mut self, line: &str) {
+        let s = self.stdin.as_mut().unwrap();
+        s.write_all(format!("{line}\n").as_bytes()).unwrap();
+        s.flush().unwrap();
+    }
+
     /// The next line it prints (a handshake: "done").
     pub fn line(&mut self) -> String {
         let mut line = String::new();

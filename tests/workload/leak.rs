@@ -67,7 +67,9 @@ pub fn leak(k: usize, size: usize, m: usize, big: usize, n: usize, linger_ms: u6
     std::thread::sleep(Duration::from_millis(linger_ms));
 }
 
-/// `phases K SIZE GAP_MS`: K blocks, a pause, K more from another function.
+/// `phases K SIZE GAP_MS [step]`: K blocks, a pause, K more from another
+/// function. With `step`, after the first K it says "first phase done"
+/// and waits for a line on stdin (or its end) instead of the pause.
 #[inline(never)]
 pub fn leak_in_second_phase(k: usize, size: usize) {
     for _ in 0..k {
@@ -76,9 +78,16 @@ pub fn leak_in_second_phase(k: usize, size: usize) {
     }
 }
 
-pub fn phases(k: usize, size: usize, gap_ms: u64) {
+pub fn phases(k: usize, size: usize, gap_ms: u64, step: bool) {
     leak_small_blocks(k, size);
-    std::thread::sleep(Duration::from_millis(gap_ms));
+    if step {
+        use std::io::{BufRead, Write};
+        println!("first phase done");
+        std::io::stdout().flush().unwrap();
+        let _ = std::io::stdin().lock().read_line(&mut String::new());
+    } else {
+        std::thread::sleep(Duration::from_millis(gap_ms));
+    }
     leak_in_second_phase(k, size);
     std::thread::sleep(Duration::from_millis(gap_ms));
 }

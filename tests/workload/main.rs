@@ -441,7 +441,12 @@ fn main() {
             arg(&args, 6, 0),
         ),
         "leak-mapping" => leak::leak_mapping(arg(&args, 1, 1 << 20)),
-        "phases" => leak::phases(arg(&args, 1, 10), arg(&args, 2, 100), arg(&args, 3, 1000)),
+        "phases" => leak::phases(
+            arg(&args, 1, 10),
+            arg(&args, 2, 100),
+            arg(&args, 3, 1000),
+            args.get(4).is_some_and(|s| s == "step"),
+        ),
         "pipes" => leak::pipes(arg(&args, 1, 100), arg(&args, 2, 1) != 0, arg(&args, 3, 0)),
         // malloc-loop, calloc-loop, realloc-loop N: timed allocator loops.
         "malloc-loop" | "calloc-loop" | "realloc-loop" => {

@@ -7,16 +7,11 @@ use std::path::{Path, PathBuf};
 /// Mount points of the memory controller, v1 first.
 pub fn memory_roots() -> Vec<PathBuf> {
     let mut out = Vec::new();
-    let mounts = std::fs::read_to_string("/proc/self/mounts").unwrap_or_default();
-    for line in mounts.lines() {
-        let f: Vec<&str> = line.split_whitespace().collect();
-        if f.len() < 4 {
-            continue;
-        }
-        if f[2] == "cgroup" && f[3].split(',').any(|o| o == "memory") {
-            out.insert(0, PathBuf::from(f[1]));
-        } else if f[2] == "cgroup2" {
-            out.push(PathBuf::from(f[1]));
+    for (ty, at, options) in crate::kernel::mounts::with_options() {
+        if ty == "cgroup" && options.split(',').any(|o| o == "memory") {
+            out.insert(0, at);
+        } else if ty == "cgroup2" {
+            out.push(at);
         }
     }
     out

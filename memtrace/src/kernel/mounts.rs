@@ -4,11 +4,19 @@
 /// (filesystem type, mount point) of every mount memtrace can see, from
 /// /proc/self/mounts (octal escapes such as `\040` decoded).
 pub fn mounts() -> Vec<(String, std::path::PathBuf)> {
+    with_options()
+        .into_iter()
+        .map(|(t, at, _)| (t, at))
+        .collect()
+}
+
+/// The same with each mount's options (a v1 cgroup's are its controllers).
+pub fn with_options() -> Vec<(String, std::path::PathBuf, String)> {
     let text = std::fs::read_to_string("/proc/self/mounts").unwrap_or_default();
     parse_mounts(&text)
 }
 
-pub fn parse_mounts(text: &str) -> Vec<(String, std::path::PathBuf)> {
+pub fn parse_mounts(text: &str) -> Vec<(String, std::path::PathBuf, String)> {
     let unescape = |s: &str| {
         let b = s.as_bytes();
         let mut out = Vec::with_capacity(b.len());
@@ -36,7 +44,11 @@ pub fn parse_mounts(text: &str) -> Vec<(String, std::path::PathBuf)> {
         .filter_map(|l| {
             let mut f = l.split_whitespace();
             let (_, at, ty) = (f.next()?, f.next()?, f.next()?);
-            Some((ty.to_string(), unescape(at)))
+            Some((
+                ty.to_string(),
+                unescape(at),
+                f.next().unwrap_or("").to_string(),
+            ))
         })
         .collect()
 }

@@ -99,37 +99,48 @@ fn unescape_newlines(path: &[u8]) -> std::borrow::Cow<'_, [u8]> {
     std::borrow::Cow::Owned(out)
 }
 
-/// Whether `pid` is gone or tearing down its memory (PF_EXITING, in the
-/// flags field of /proc/PID/stat).
+/// The fields of /proc/PID/stat memtrace reads, from one read. The command
+/// name may hold spaces and parentheses: fields are counted after its last
+/// ')'.
+struct Stat {
+    state: String,
+    ppid: u32,
+    flags: u64,
+    /// Clock ticks since boot.
+    start_time: u64,
+}
+
+const PF_EXITING: u64 = 0x4;
+const PF_KTHREAD: u64 = 0x0020_0000;
+
+fn stat(pid: u32) -> Option<Stat> {
+    let text = std::fs::read(format!("/proc/{pid}/stat")).ok()?;
+    let close = text.iter().rposition(|&b| b == b')')?;
+    let rest = std::str::from_utf8(&text[close + 1..]).ok()?;
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    Some(Stat {
+        state: f.first()?.to_string(),
+        ppid: f.get(1)?.parse().ok()?,
+        flags: f.get(6)?.parse().ok()?,
+        start_time: f.get(19)?.parse().ok()?,
+    })
+}
+
+/// Whether `pid` is gone or tearing down its memory (PF_EXITING).
 pub fn exiting(pid: u32) -> bool {
-    const PF_EXITING: u64 = 0x4;
-    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
-        return true;
-    };
-    // The command name may hold spaces: fields are counted after its ')'.
-    let flags = stat
-        .rsplit_once(')')
-        .and_then(|(_, rest)| rest.split_whitespace().nth(6))
-        .and_then(|f| f.parse::<u64>().ok());
-    flags.is_none_or(|f| f & PF_EXITING != 0)
+    stat(pid).is_none_or(|s| s.flags & PF_EXITING != 0)
 }
 
 /// Why process `pid` has nothing a tool could trace, if so: a kernel thread
 /// (PF_KTHREAD: no user memory), a zombie (exited, waiting for its parent)
-/// or one already exiting. From /proc/PID/stat's state and flags.
+/// or one already exiting.
 pub fn untraceable(pid: u32) -> Option<&'static str> {
-    const PF_EXITING: u64 = 0x4;
-    const PF_KTHREAD: u64 = 0x0020_0000;
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    let (_, rest) = stat.rsplit_once(')')?;
-    let fields: Vec<&str> = rest.split_whitespace().collect();
-    let state = fields.first()?;
-    let flags: u64 = fields.get(6)?.parse().ok()?;
-    if flags & PF_KTHREAD != 0 {
+    let s = stat(pid)?;
+    if s.flags & PF_KTHREAD != 0 {
         Some("a kernel thread: it has no user memory to trace")
-    } else if *state == "Z" || *state == "X" {
+    } else if s.state == "Z" || s.state == "X" {
         Some("a zombie: it has exited and waits for its parent")
-    } else if flags & PF_EXITING != 0 {
+    } else if s.flags & PF_EXITING != 0 {
         Some("exiting: it is tearing down its memory")
     } else {
         None
@@ -173,6 +184,36 @@ pub fn cgroup_of(pid: u32) -> String {
     v1.or(v2).unwrap_or_default()
 }
 
+/// The memory counters of /proc/PID/status, in bytes (0 where absent);
+/// None for a process gone, or without memory of its own (a kernel
+/// thread has no VmRSS line).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Status {
+    pub rss_file: i64,
+    pub rss_anon: i64,
+    pub rss_shmem: i64,
+    pub swap: i64,
+}
+
+pub fn status(pid: u32) -> Option<Status> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let kb = |key: &str| -> i64 {
+        text.lines()
+            .find_map(|l| l.strip_prefix(key))
+            .and_then(|v| v.split_whitespace().next()?.parse::<i64>().ok())
+            .unwrap_or(0)
+            * 1024
+    };
+    text.lines()
+        .any(|l| l.starts_with("VmRSS:"))
+        .then(|| Status {
+            rss_file: kb("RssFile:"),
+            rss_anon: kb("RssAnon:"),
+            rss_shmem: kb("RssShmem:"),
+            swap: kb("VmSwap:"),
+        })
+}
+
 /// The name of process `pid` (its comm), if it is still there.
 pub fn comm(pid: u32) -> Option<String> {
     std::fs::read_to_string(format!("/proc/{pid}/comm"))
@@ -180,31 +221,20 @@ pub fn comm(pid: u32) -> Option<String> {
         .map(|s| s.trim_end().to_string())
 }
 
-/// MemTotal from /proc/meminfo, in kB.
-/// The parent of process `pid` (field 4 of /proc/PID/stat, after the
-/// parenthesised name, which may itself hold spaces and parentheses).
+/// The parent of process `pid`.
 pub fn parent_of(pid: u32) -> Option<u32> {
-    let stat = std::fs::read(format!("/proc/{pid}/stat")).ok()?;
-    let close = stat.iter().rposition(|&b| b == b')')?;
-    let rest = std::str::from_utf8(&stat[close + 1..]).ok()?;
-    rest.split_whitespace().nth(1)?.parse().ok()
+    stat(pid).map(|s| s.ppid)
 }
 
-/// When `pid` started (field 22 of /proc/PID/stat, in clock ticks since
-/// boot): with the pid, a process's identity, since pids are reused.
+/// When `pid` started (clock ticks since boot): with the pid, a process's
+/// identity, since pids are reused.
 pub fn start_time(pid: u32) -> Option<u64> {
-    started_and_exiting(pid).map(|(t, _)| t)
+    stat(pid).map(|s| s.start_time)
 }
 
 /// `start_time` and whether it is exiting (PF_EXITING), from one read.
 pub fn started_and_exiting(pid: u32) -> Option<(u64, bool)> {
-    const PF_EXITING: u64 = 0x4;
-    let stat = std::fs::read(format!("/proc/{pid}/stat")).ok()?;
-    let close = stat.iter().rposition(|&b| b == b')')?;
-    let rest = std::str::from_utf8(&stat[close + 1..]).ok()?;
-    let fields: Vec<&str> = rest.split_whitespace().collect();
-    let flags: u64 = fields.get(6)?.parse().ok()?;
-    Some((fields.get(19)?.parse().ok()?, flags & PF_EXITING != 0))
+    stat(pid).map(|s| (s.start_time, s.flags & PF_EXITING != 0))
 }
 
 /// Every process id in /proc now.
@@ -221,6 +251,7 @@ pub fn pids() -> Vec<u32> {
 // through them): parsed there, and read through here like any /proc file.
 pub use crate::kernel::mounts::{mounts, parse_mounts};
 
+/// MemTotal from /proc/meminfo, in kB.
 pub fn mem_total_kb() -> Option<u64> {
     let s = std::fs::read_to_string("/proc/meminfo").ok()?;
     s.lines()
@@ -288,8 +319,12 @@ mod tests {
              tmpfs /sys/kernel/tracing tmpfs rw 0 0\n\
              tmpfs /mnt/a\\040b tmpfs rw 0 0\n",
         );
-        assert_eq!(m[1], ("tmpfs".into(), "/sys/kernel/tracing".into()));
+        assert_eq!(
+            m[1],
+            ("tmpfs".into(), "/sys/kernel/tracing".into(), "rw".into())
+        );
         assert_eq!(m[2].1, std::path::PathBuf::from("/mnt/a b"));
+        assert_eq!(m[0].2, "rw,nosuid");
     }
 }
 

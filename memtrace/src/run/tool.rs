@@ -14,11 +14,30 @@ use crate::session::Fold;
 use crate::stacks::args::StackArgs;
 use crate::stacks::Traced;
 
+/// What a tool is, declared once in its file (`pub const ABOUT`): the
+/// command list takes its subcommand and help from it, and the run its
+/// banner and default interval.
+pub struct About {
+    /// The subcommand.
+    pub name: &'static str,
+    /// One line for `memtrace --help`.
+    pub help: &'static str,
+    /// "OOM kills", for the banner "Tracing OOM kills..." (a tool whose
+    /// banner depends on its arguments says it in `what`).
+    pub traces: &'static str,
+    /// The interval when none is given: dashboards print every second.
+    pub interval: Option<Duration>,
+}
+
 /// One tool: its probes, its aggregation, its report.
 pub trait Tool {
-    fn name(&self) -> &'static str;
-    /// "OOM kills", for the banner "Tracing OOM kills...".
-    fn what(&self) -> String;
+    fn about(&self) -> &'static About;
+    fn name(&self) -> &'static str {
+        self.about().name
+    }
+    fn what(&self) -> String {
+        self.about().traces.into()
+    }
     fn probes(&self) -> Vec<Probe>;
     /// `stack_mode` bits the kernel programs should capture.
     fn stack_mode(&self) -> u32 {
@@ -49,9 +68,10 @@ pub trait Tool {
     fn intervals(&self) -> Option<&IntervalArgs> {
         None
     }
-    /// The interval when none is given: dashboards print every second.
+    /// The interval when none is given (`About::interval`, unless the
+    /// arguments say otherwise).
     fn default_interval(&self) -> Option<Duration> {
-        None
+        self.about().interval
     }
     /// Once attached, before the banner: initial state the kernel needs.
     fn on_start(&mut self, _s: &mut Traced) -> Result<()> {

@@ -10,7 +10,7 @@ use memtrace_common::{
 use crate::error::Result;
 use crate::output::{clock, Printer, StackReport};
 use crate::run::args::IntervalArgs;
-use crate::run::tool::{Prep, Tool};
+use crate::run::tool::{About, Prep, Tool};
 use crate::session::attach::Probe;
 use crate::stacks::args::StackArgs;
 use crate::stacks::kept::{resolved, Kept};
@@ -74,12 +74,16 @@ impl Brkstack {
     }
 }
 
+pub const ABOUT: About = About {
+    name: "brkstack",
+    help: "Heap growth (brk) counted by user stack",
+    traces: "brk calls by user stack",
+    interval: None,
+};
+
 impl Tool for Brkstack {
-    fn name(&self) -> &'static str {
-        "brkstack"
-    }
-    fn what(&self) -> String {
-        "brk calls by user stack".into()
+    fn about(&self) -> &'static About {
+        &ABOUT
     }
     fn probes(&self) -> Vec<Probe> {
         probes()

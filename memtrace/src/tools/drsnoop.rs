@@ -10,7 +10,7 @@ use crate::error::Result;
 use crate::kernel::cgroupid;
 use crate::output::{clock, Col, Hist, Printer, Row, Value};
 use crate::probes::reclaim::{prepare_reclaim, reclaim_probes};
-use crate::run::tool::{Prep, Tool};
+use crate::run::tool::{About, Prep, Tool};
 use crate::session::attach::Probe;
 use crate::session::records::{comm, record};
 use crate::stacks::Traced;
@@ -54,12 +54,16 @@ impl Drsnoop {
     }
 }
 
+pub const ABOUT: About = About {
+    name: "drsnoop",
+    help: "One line per direct or memcg reclaim stall",
+    traces: "direct and memcg reclaim stalls",
+    interval: None,
+};
+
 impl Tool for Drsnoop {
-    fn name(&self) -> &'static str {
-        "drsnoop"
-    }
-    fn what(&self) -> String {
-        "direct and memcg reclaim stalls".into()
+    fn about(&self) -> &'static About {
+        &ABOUT
     }
     fn probes(&self) -> Vec<Probe> {
         probes()

@@ -14,7 +14,7 @@ use crate::error::Result;
 use crate::output::{clock, Col, Printer, Row};
 use crate::process::proc::{read_maps, split_dev};
 use crate::run::args::IntervalArgs;
-use crate::run::tool::{Prep, Tool};
+use crate::run::tool::{About, Prep, Tool};
 use crate::session::attach::Probe;
 use crate::session::records::{comm, record};
 use crate::stacks::Traced;
@@ -119,12 +119,16 @@ impl Ffaults {
     }
 }
 
+pub const ABOUT: About = About {
+    name: "ffaults",
+    help: "File-backed page faults by file",
+    traces: "file-backed page faults",
+    interval: None,
+};
+
 impl Tool for Ffaults {
-    fn name(&self) -> &'static str {
-        "ffaults"
-    }
-    fn what(&self) -> String {
-        "file-backed page faults".into()
+    fn about(&self) -> &'static About {
+        &ABOUT
     }
     fn probes(&self) -> Vec<Probe> {
         probes()

@@ -14,7 +14,7 @@ use crate::output::{clock, Col, Printer, Row, Value};
 use crate::probes::syscalls::decode::{errno_name, mmap_flags, mremap_flags, prot};
 use crate::probes::syscalls::{arg_offsets, hex, ret_offset, self_tgid};
 use crate::process::proc::split_dev;
-use crate::run::tool::{Prep, Tool};
+use crate::run::tool::{About, Prep, Tool};
 use crate::session::attach::Probe;
 use crate::session::records::{comm, record};
 use crate::stacks::symbolize::{read_maps, Mapping};
@@ -207,9 +207,16 @@ impl Mmapsnoop {
     }
 }
 
+pub const ABOUT: About = About {
+    name: "mmapsnoop",
+    help: "One line per mmap, munmap, mremap and brk call, with its result",
+    traces: "mmap, munmap, mremap and brk calls",
+    interval: None,
+};
+
 impl Tool for Mmapsnoop {
-    fn name(&self) -> &'static str {
-        "mmapsnoop"
+    fn about(&self) -> &'static About {
+        &ABOUT
     }
     fn what(&self) -> String {
         let which = if self.args.failed { "failed " } else { "" };

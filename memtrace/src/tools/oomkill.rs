@@ -14,7 +14,7 @@ use crate::error::Result;
 use crate::kernel::{btf::page_size, cgroupid};
 use crate::output::{clock, Col, Printer, Row, StackReport, Value};
 use crate::probes::heap::watch::HeapWatch;
-use crate::run::tool::{Prep, Tool};
+use crate::run::tool::{About, Prep, Tool};
 use crate::session::attach::Probe;
 use crate::session::records::{comm, record};
 use crate::stacks::Traced;
@@ -211,15 +211,17 @@ fn mem_total_pages() -> u64 {
     crate::process::proc::mem_total_kb().map_or(0, |kb| kb * 1024 / page_size())
 }
 
+pub const ABOUT: About = About {
+    name: "oomkill",
+    help: "OOM kills: trigger, victim, RSS, memcg, pages considered",
+    traces: "OOM kills",
+    interval: None,
+};
+
 impl Tool for Oomkill {
-    fn name(&self) -> &'static str {
-        "oomkill"
+    fn about(&self) -> &'static About {
+        &ABOUT
     }
-
-    fn what(&self) -> String {
-        "OOM kills".into()
-    }
-
     fn probes(&self) -> Vec<Probe> {
         let mut p = probes();
         if self.stack {

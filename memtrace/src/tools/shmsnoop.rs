@@ -13,7 +13,7 @@ use crate::error::Result;
 use crate::output::{clock, Col, Printer, Row, Value};
 use crate::probes::syscalls::decode::{errno_name, shm_key, shmat_flags, shmctl_cmd, shmget_flags};
 use crate::probes::syscalls::{arg_offsets, ret_offset, self_tgid};
-use crate::run::tool::{Prep, Tool};
+use crate::run::tool::{About, Prep, Tool};
 use crate::session::attach::Probe;
 use crate::session::records::{comm, record};
 use crate::stacks::Traced;
@@ -109,9 +109,16 @@ impl Shmsnoop {
     }
 }
 
+pub const ABOUT: About = About {
+    name: "shmsnoop",
+    help: "One line per SysV shm call (shmget, shmat, shmdt, shmctl)",
+    traces: "SysV shared memory calls",
+    interval: None,
+};
+
 impl Tool for Shmsnoop {
-    fn name(&self) -> &'static str {
-        "shmsnoop"
+    fn about(&self) -> &'static About {
+        &ABOUT
     }
     fn what(&self) -> String {
         let which = if self.args.failed { "failed " } else { "" };

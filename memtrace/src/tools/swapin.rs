@@ -10,7 +10,7 @@ use memtrace_common::names::{SWAPINS, SWAPIN_FENTRY, SWAPIN_KPROBE};
 use crate::error::Result;
 use crate::output::{clock, Col, Printer, Row};
 use crate::run::args::IntervalArgs;
-use crate::run::tool::{Prep, Tool};
+use crate::run::tool::{About, Prep, Tool};
 use crate::session::attach::Probe;
 use crate::session::records::comm;
 use crate::stacks::Traced;
@@ -46,21 +46,22 @@ impl Swapin {
     }
 }
 
+pub const ABOUT: About = About {
+    name: "swapin",
+    help: "Swap-ins by process (needs kprobe or fentry)",
+    traces: "swap-ins",
+    interval: Some(Duration::from_secs(1)),
+};
+
 impl Tool for Swapin {
-    fn name(&self) -> &'static str {
-        "swapin"
-    }
-    fn what(&self) -> String {
-        "swap-ins".into()
+    fn about(&self) -> &'static About {
+        &ABOUT
     }
     fn probes(&self) -> Vec<Probe> {
         probes()
     }
     fn intervals(&self) -> Option<&IntervalArgs> {
         Some(&self.args.interval)
-    }
-    fn default_interval(&self) -> Option<Duration> {
-        Some(Duration::from_secs(1))
     }
     fn prepare(&mut self, k: &mut Prep) -> Result<()> {
         k.loader.max_entries(SWAPINS, 8192);

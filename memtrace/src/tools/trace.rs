@@ -15,7 +15,7 @@ use crate::output::{clock, Col, Printer, Row, Value};
 use crate::probes::tpspec::{
     expand, own_fields, parse_filter, tracepoint_probes, FilterSpec, Selected, Spec,
 };
-use crate::run::tool::{Prep, Tool};
+use crate::run::tool::{About, Prep, Tool};
 use crate::session::attach::Probe;
 use crate::session::records::{comm, record};
 use crate::stacks::args::StackArgs;
@@ -185,9 +185,16 @@ fn decode(f: &Field, rec: &[u8]) -> Option<(Value, bool)> {
     Some((Value::U(v), false))
 }
 
+pub const ABOUT: About = About {
+    name: "trace",
+    help: "One line per event of any tracepoint, fields decoded from its format",
+    traces: "tracepoint events",
+    interval: None,
+};
+
 impl Tool for Trace {
-    fn name(&self) -> &'static str {
-        "trace"
+    fn about(&self) -> &'static About {
+        &ABOUT
     }
     fn what(&self) -> String {
         crate::probes::tpspec::what(&self.selected)

@@ -12,7 +12,7 @@ use crate::error::Result;
 use crate::output::{clock, Col, Printer, Row, Value};
 use crate::probes::reclaim::{prepare_reclaim, read_totals, reclaim_probes};
 use crate::run::args::IntervalArgs;
-use crate::run::tool::{Prep, Tool};
+use crate::run::tool::{About, Prep, Tool};
 use crate::session::attach::Probe;
 use crate::session::records::comm;
 use crate::stacks::Traced;
@@ -133,12 +133,16 @@ impl Vmscan {
     }
 }
 
+pub const ABOUT: About = About {
+    name: "vmscan",
+    help: "Reclaim dashboard: slab, direct and memcg reclaim time per interval",
+    traces: "reclaim",
+    interval: Some(Duration::from_secs(1)),
+};
+
 impl Tool for Vmscan {
-    fn name(&self) -> &'static str {
-        "vmscan"
-    }
-    fn what(&self) -> String {
-        "reclaim".into()
+    fn about(&self) -> &'static About {
+        &ABOUT
     }
     fn probes(&self) -> Vec<Probe> {
         probes()
@@ -146,10 +150,6 @@ impl Tool for Vmscan {
     fn intervals(&self) -> Option<&IntervalArgs> {
         Some(&self.args.interval)
     }
-    fn default_interval(&self) -> Option<Duration> {
-        Some(Duration::from_secs(1))
-    }
-
     fn prepare(&mut self, k: &mut Prep) -> Result<()> {
         prepare_reclaim(
             k,

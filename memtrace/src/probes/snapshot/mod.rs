@@ -293,25 +293,10 @@ impl Snapshot {
     /// Process `pid` with its RSS from /proc; kernel threads (no memory of
     /// their own) and processes already gone are left out.
     pub fn seed(&mut self, pid: u32) {
-        let Ok(status) = std::fs::read_to_string(format!("/proc/{pid}/status")) else {
+        let Some(st) = crate::process::proc::status(pid) else {
             return;
         };
-        let kb = |key: &str| -> i64 {
-            status
-                .lines()
-                .find_map(|l| l.strip_prefix(key))
-                .and_then(|v| v.split_whitespace().next()?.parse().ok())
-                .unwrap_or(0)
-        };
-        if !status.lines().any(|l| l.starts_with("VmRSS:")) {
-            return;
-        }
-        let rss = [
-            kb("RssFile:") << 10,
-            kb("RssAnon:") << 10,
-            0,
-            kb("RssShmem:") << 10,
-        ];
+        let rss = [st.rss_file, st.rss_anon, 0, st.rss_shmem];
         self.proc_mut(pid, "").rss = rss;
     }
 }

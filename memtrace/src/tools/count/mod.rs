@@ -17,7 +17,7 @@ use crate::error::{Error, Result};
 use crate::output::{clock, Col, Printer, Row, StackReport, Value};
 use crate::probes::tpspec::{expand, parse_filter, tracepoint_probes, FilterSpec, Selected, Spec};
 use crate::run::args::{parse_duration, IntervalArgs};
-use crate::run::tool::{Drained, Prep, Tool};
+use crate::run::tool::{About, Drained, Prep, Tool};
 use crate::session::attach::Probe;
 use crate::session::records::comm;
 use crate::session::{first_name, Fold};
@@ -249,9 +249,16 @@ impl Fold for CountVal {
     }
 }
 
+pub const ABOUT: About = About {
+    name: "count",
+    help: "Events of any tracepoint counted in the kernel, by process, stack or field",
+    traces: "tracepoint events",
+    interval: None,
+};
+
 impl Tool for Count {
-    fn name(&self) -> &'static str {
-        "count"
+    fn about(&self) -> &'static About {
+        &ABOUT
     }
     fn what(&self) -> String {
         crate::probes::tpspec::what(&self.selected)

@@ -14,7 +14,7 @@ use crate::error::{Error, Result};
 use crate::output::{clock, Col, Printer, Row, StackReport};
 use crate::probes::follow::{exec_names, exec_probe};
 use crate::run::args::IntervalArgs;
-use crate::run::tool::{Prep, Tool};
+use crate::run::tool::{About, Prep, Tool};
 use crate::session::attach::Probe;
 use crate::session::records::comm;
 use crate::stacks::ustack::{sampled_reports, sampled_title, stack_report};
@@ -302,12 +302,16 @@ impl Faults {
     }
 }
 
+pub const ABOUT: About = About {
+    name: "faults",
+    help: "Page faults counted in the kernel, by process, stack or mapping",
+    traces: "page faults",
+    interval: None,
+};
+
 impl Tool for Faults {
-    fn name(&self) -> &'static str {
-        "faults"
-    }
-    fn what(&self) -> String {
-        "page faults".into()
+    fn about(&self) -> &'static About {
+        &ABOUT
     }
     fn probes(&self) -> Vec<Probe> {
         probes()

@@ -22,7 +22,7 @@ use crate::probes::heap::watch::HeapWatch;
 use crate::probes::reclaim::{prepare_reclaim, reclaim_probes};
 use crate::process::cgroup::{notify::Poller, Events, Group, Psi, Version};
 use crate::run::args::IntervalArgs;
-use crate::run::tool::{Prep, Tool};
+use crate::run::tool::{About, Prep, Tool};
 use crate::session::attach::Probe;
 use crate::session::records::record;
 use crate::stacks::Traced;
@@ -184,9 +184,16 @@ fn rss(v: &MemcgProc) -> u64 {
     (v.bytes[FILE] + v.bytes[ANON] + v.bytes[SHMEM]).max(0) as u64
 }
 
+pub const ABOUT: About = About {
+    name: "memcg",
+    help: "Memory cgroups: usage against the limit in force, pressure, events, and a warning before the OOM kill",
+    traces: "memory cgroups",
+    interval: None,
+};
+
 impl Tool for Memcg {
-    fn name(&self) -> &'static str {
-        "memcg"
+    fn about(&self) -> &'static About {
+        &ABOUT
     }
     fn what(&self) -> String {
         format!("{} memory cgroups", self.groups.len())

@@ -21,7 +21,7 @@ use crate::error::{Error, Result};
 use crate::output::{Printer, Value};
 use crate::probes::heap::{execs, exited, points, report};
 use crate::run::args::IntervalArgs;
-use crate::run::tool::{Prep, Tool};
+use crate::run::tool::{About, Prep, Tool};
 use crate::session::attach::Probe;
 use crate::stacks::args::StackArgs;
 use crate::stacks::Traced;
@@ -114,9 +114,16 @@ impl Memleak {
     }
 }
 
+pub const ABOUT: About = About {
+    name: "memleak",
+    help: "Allocations outstanding by stack: a process's allocator, or the kernel's",
+    traces: "outstanding allocations",
+    interval: None,
+};
+
 impl Tool for Memleak {
-    fn name(&self) -> &'static str {
-        "memleak"
+    fn about(&self) -> &'static About {
+        &ABOUT
     }
     fn what(&self) -> String {
         let what = if self.user {

@@ -17,7 +17,7 @@ use memtrace_common::names;
 use crate::error::{Error, Result};
 use crate::output::{clock, Col, Printer, Row, Value};
 use crate::run::args::IntervalArgs;
-use crate::run::tool::{Prep, Tool};
+use crate::run::tool::{About, Prep, Tool};
 use crate::session::attach::Probe;
 use crate::session::records::{comm, record};
 use crate::stacks::args::parse_size;
@@ -264,21 +264,22 @@ impl Rss {
     }
 }
 
+pub const ABOUT: About = About {
+    name: "rss",
+    help: "RSS of a process from the kernel's counter changes, with a threshold guard",
+    traces: "RSS changes",
+    interval: Some(Duration::from_secs(1)),
+};
+
 impl Tool for Rss {
-    fn name(&self) -> &'static str {
-        "rss"
-    }
-    fn what(&self) -> String {
-        "RSS changes".into()
+    fn about(&self) -> &'static About {
+        &ABOUT
     }
     fn probes(&self) -> Vec<Probe> {
         probes()
     }
     fn intervals(&self) -> Option<&IntervalArgs> {
         Some(&self.args.interval)
-    }
-    fn default_interval(&self) -> Option<Duration> {
-        Some(Duration::from_secs(1))
     }
     fn user_stacks(&self) -> Option<(&crate::stacks::args::StackArgs, bool)> {
         // Crossing the threshold happens once: its stack is copied whole.

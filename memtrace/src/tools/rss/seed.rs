@@ -17,20 +17,12 @@ use crate::stacks::Traced;
 
 /// The counters of `pid` now, from /proc/PID/status, as the kernel keeps them.
 pub fn seed(pid: u32) -> Option<RssVal> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    let kb = |field: &str| -> i64 {
-        status
-            .lines()
-            .find_map(|l| l.strip_prefix(field))
-            .and_then(|v| v.split_whitespace().next()?.parse::<i64>().ok())
-            .unwrap_or(0)
-            * 1024
-    };
+    let st = proc::status(pid)?;
     let mut v = RssVal::default();
-    v.bytes[FILE] = kb("RssFile:");
-    v.bytes[ANON] = kb("RssAnon:");
-    v.bytes[SHMEM] = kb("RssShmem:");
-    v.bytes[SWAP] = kb("VmSwap:");
+    v.bytes[FILE] = st.rss_file;
+    v.bytes[ANON] = st.rss_anon;
+    v.bytes[SHMEM] = st.rss_shmem;
+    v.bytes[SWAP] = st.swap;
     v.peak = (v.bytes[FILE] + v.bytes[ANON] + v.bytes[SHMEM]).max(0) as u64;
     let name = crate::process::proc::comm(pid).unwrap_or_default();
     for (d, s) in v.comm.iter_mut().zip(name.bytes().take(15)) {

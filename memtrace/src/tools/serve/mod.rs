@@ -13,7 +13,7 @@ use std::time::Duration;
 use crate::error::{Error, Result};
 use crate::output::Printer;
 use crate::probes::snapshot::{Counters, Snapshot};
-use crate::run::tool::{Prep, Tool};
+use crate::run::tool::{About, Prep, Tool};
 use crate::session::attach::Probe;
 use crate::stacks::Traced;
 
@@ -112,9 +112,16 @@ impl Serve {
     }
 }
 
+pub const ABOUT: About = About {
+    name: "serve",
+    help: "Keep the counters attached and serve them to Prometheus on /metrics",
+    traces: "memory activity for Prometheus",
+    interval: None,
+};
+
 impl Tool for Serve {
-    fn name(&self) -> &'static str {
-        "serve"
+    fn about(&self) -> &'static About {
+        &ABOUT
     }
     fn what(&self) -> String {
         format!("memory activity for http://{}/metrics", self.addr)

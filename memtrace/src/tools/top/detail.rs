@@ -13,7 +13,7 @@ use memtrace_common::{
 
 use crate::error::Result;
 use crate::run::args::Common;
-use crate::run::tool::{Prep, Tool};
+use crate::run::tool::{About, Prep, Tool};
 use crate::session::attach::Probe;
 use crate::stacks::args::{StackArgs, StackMode};
 use crate::stacks::ustack::stack_report;
@@ -30,8 +30,8 @@ struct Stacks {
 }
 
 impl Tool for Stacks {
-    fn name(&self) -> &'static str {
-        "top"
+    fn about(&self) -> &'static About {
+        &super::ABOUT
     }
     fn what(&self) -> String {
         "fault and brk stacks".into()

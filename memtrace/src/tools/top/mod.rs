@@ -14,7 +14,7 @@ use crate::error::Result;
 use crate::output::{clock, Col, Printer, Row, Value};
 use crate::probes::snapshot::{Counters, Snapshot};
 use crate::run::args::IntervalArgs;
-use crate::run::tool::{Prep, Tool};
+use crate::run::tool::{About, Prep, Tool};
 use crate::session::attach::Probe;
 use crate::stacks::Traced;
 
@@ -154,12 +154,16 @@ impl Top {
     }
 }
 
+pub const ABOUT: About = About {
+    name: "top",
+    help: "Live table of memory activity by process: RSS, faults, brk, mmap, reclaim, OOM kills",
+    traces: "memory activity by process",
+    interval: Some(Duration::from_secs(1)),
+};
+
 impl Tool for Top {
-    fn name(&self) -> &'static str {
-        "top"
-    }
-    fn what(&self) -> String {
-        "memory activity by process".into()
+    fn about(&self) -> &'static About {
+        &ABOUT
     }
     fn probes(&self) -> Vec<Probe> {
         self.counters.probes()
@@ -167,10 +171,6 @@ impl Tool for Top {
     fn intervals(&self) -> Option<&IntervalArgs> {
         Some(&self.interval)
     }
-    fn default_interval(&self) -> Option<Duration> {
-        Some(Duration::from_secs(1))
-    }
-
     fn prepare(&mut self, k: &mut Prep) -> Result<()> {
         self.target = k.target;
         self.counters.prepare(k)
