@@ -102,3 +102,28 @@ fn unplaced_addresses_become_one_frame_and_placed_ones_stay() {
     let b = placeless(f(&["0x7f6decde8df9 [unknown]", "0x7f6decdea0c5 [unknown]"]));
     assert_eq!(b, f(&[NOT_PLACED]));
 }
+
+#[test]
+fn locate_finds_the_mapping_by_address_and_none_in_gaps() {
+    let t = "1000-2000 r-xp 00000000 fe:01 11 /a\n\
+             3000-5000 r-xp 00002000 fe:01 12 /b\n\
+             5000-6000 r-xp 00000000 fe:01 13 /c\n";
+    let mut c = MapsCache::default();
+    let maps = Arc::new(parse_maps(t));
+    c.procs.insert(
+        7,
+        Snapshot {
+            maps,
+            earlier: Vec::new(),
+        },
+    );
+    let at = |a: u64| c.locate(7, a).map(|(m, off, _)| (m.inode, off));
+    assert_eq!(at(0xfff), None);
+    assert_eq!(at(0x1000), Some((11, 0)));
+    assert_eq!(at(0x1fff), Some((11, 0xfff)));
+    assert_eq!(at(0x2000), None);
+    assert_eq!(at(0x3000), Some((12, 0x2000)));
+    assert_eq!(at(0x4fff), Some((12, 0x3fff)));
+    assert_eq!(at(0x5000), Some((13, 0)));
+    assert_eq!(at(0x6000), None);
+}
