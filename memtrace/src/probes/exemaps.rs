@@ -98,10 +98,8 @@ pub fn attach(s: &mut Traced, verbose: bool) -> Result<bool> {
 /// A `PROC_IMAGE` or `PROC_MAP` record: the mapping joins its process's
 /// current image. False for any other record.
 pub fn on_record(data: &[u8], s: &mut Traced) -> bool {
-    let k = data
-        .get(..4)
-        .map(|k| u32::from_ne_bytes([k[0], k[1], k[2], k[3]]));
-    let Some(k @ (kind::PROC_MAP | kind::PROC_IMAGE)) = k else {
+    let Some(k @ (kind::PROC_MAP | kind::PROC_IMAGE)) = crate::session::records::kind_of(data)
+    else {
         return false;
     };
     let Some(ev) = crate::session::records::record::<ExeMap>(data, k) else {

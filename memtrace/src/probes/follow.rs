@@ -20,10 +20,8 @@ pub fn fork_probe() -> Probe {
 /// for symbolization. False for any other record.
 pub fn on_record(data: &[u8], s: &mut Traced) -> bool {
     // Every record passes here: look at its kind before anything else.
-    let kind = data
-        .get(..4)
-        .map(|k| u32::from_ne_bytes([k[0], k[1], k[2], k[3]]));
-    let Some(k @ (kind::PROC_FORK | kind::PROC_EXEC)) = kind else {
+    let Some(k @ (kind::PROC_FORK | kind::PROC_EXEC)) = crate::session::records::kind_of(data)
+    else {
         return false;
     };
     let Some(ev) = crate::session::records::record::<ProcEvent>(data, k) else {

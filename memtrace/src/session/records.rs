@@ -19,6 +19,13 @@ pub fn first_comm<'a>(comms: impl IntoIterator<Item = &'a [u8; TASK_COMM_LEN]>) 
         .unwrap_or_default()
 }
 
+/// The kind of a record (its first field, as in every record); None for
+/// data too short to have one.
+pub fn kind_of(data: &[u8]) -> Option<u32> {
+    data.get(..4)
+        .map(|k| u32::from_ne_bytes([k[0], k[1], k[2], k[3]]))
+}
+
 /// Reads a record of `kind` (its first field, as in every record) from
 /// ring-buffer bytes; None for other kinds or short data.
 pub fn record<T: Pod>(data: &[u8], kind: u32) -> Option<T> {
