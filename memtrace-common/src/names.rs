@@ -180,6 +180,7 @@ globals! {
     FFAULT_CFG: FfaultsConfig;
     OOM_TP: OomTpOffsets;
     OOM_CONTROL: OomKprobeOffsets;
+    OOM_STACKS: u32;
     RECLAIM_CFG: ReclaimConfig;
     RSS_CFG: RssConfig;
     MEMCG_CFG: RssConfig;

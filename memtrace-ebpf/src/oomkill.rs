@@ -33,6 +33,15 @@ static OOM_TP: Global<OomTpOffsets> = Global::new(OomTpOffsets {
     has_rss: 0,
 });
 
+/// 1: the trigger's stacks are taken (`oomkill --stack`). Tools that watch
+/// kills without them (memcg, top, serve) leave it 0, and, a constant to
+/// the verifier, the stack code is then never checked: with their
+/// allocation probes' in-kernel unwinder in it, 6.12 refused these programs
+/// ("combined stack size ... too large") and memcg fell back to frame
+/// pointers everywhere.
+#[unsafe(no_mangle)]
+static OOM_STACKS: Global<u32> = Global::new(0);
+
 #[unsafe(no_mangle)]
 static OOM_CONTROL: Global<OomKprobeOffsets> = Global::new(OomKprobeOffsets {
     totalpages: 0,
@@ -49,7 +58,10 @@ const MM_SHMEMPAGES: u32 = 3;
 #[inline(always)]
 fn new_event<C: aya_ebpf::programs::tracing::StackIdContext>(ctx: &C, how: u32) -> OomEvent {
     let id = bpf_get_current_pid_tgid();
-    let (ustack, kstack) = stack_ids(ctx, 0, 0);
+    let (ustack, kstack) = match OOM_STACKS.load() {
+        0 => (-1, -1),
+        _ => stack_ids(ctx, 0, 0),
+    };
     OomEvent {
         kind: kind::OOM,
         method: how,

@@ -21,7 +21,10 @@ pub fn probes() -> Vec<Probe> {
 
 /// Sets the task offsets and each way's own offsets; a way whose offsets
 /// are missing is ruled out with the reason (the others may still work).
-pub fn prepare(k: &mut Prep) -> Result<()> {
+/// The OOM probes' offsets; with `stacks`, the trigger's stacks are taken
+/// too (as the tool's stack mode says).
+pub fn prepare(k: &mut Prep, stacks: bool) -> Result<()> {
+    k.loader.global(names::OOM_STACKS, &(stacks as u32));
     k.task_offsets()?;
     let mut r = k.btf()?.resolver();
     let oc = OomKprobeOffsets {

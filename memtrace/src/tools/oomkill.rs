@@ -271,7 +271,7 @@ impl Tool for Oomkill {
             };
             crate::probes::reclaim::prepare_reclaim(k, cfg)?;
         }
-        crate::probes::oom::prepare(k)
+        crate::probes::oom::prepare(k, self.stack)
     }
 
     fn on_record(&mut self, data: &[u8], s: &mut Traced, out: &mut dyn Printer) -> Result<()> {

@@ -94,7 +94,7 @@ pub(super) struct Case {
     pub forced: bool,
 }
 
-const fn case(name: &'static str, tool: &'static str) -> Case {
+pub(super) const fn case(name: &'static str, tool: &'static str) -> Case {
     Case {
         name,
         tool,

@@ -7,12 +7,41 @@ use serde_json::Value;
 use super::check::{of_type, Case, Guest};
 
 pub(super) fn check(g: &Guest, case: &Case, v: &[Value], wpid: i64, why: &mut Vec<String>) {
+    unwinds_in_kernel(g, case, why);
     match case.name {
         "warn-fail" => warn_fail(g.info.contains("cgroup=v1"), v, why),
         "psi" => psi(v, wpid, why),
         "psi-fail" => psi_fail(v, wpid, why),
         "heap" => heap(v, wpid, why),
         _ => usage_line(v, wpid, why),
+    }
+}
+
+/// The kernel version of the guest's `MT-INFO` line, as (major, minor).
+fn kernel(info: &str) -> Option<(u32, u32)> {
+    let v = info
+        .split_whitespace()
+        .find_map(|w| w.strip_prefix("kernel="))?;
+    let mut n = v.split(['.', '-', '+']).map(|x| x.parse::<u32>().ok());
+    Some((n.next()??, n.next()??))
+}
+
+/// memcg's OOM probe takes no stacks (memcg never shows them), so from 6.12
+/// (whose verifier leaves the unwinder that probe never calls out of its
+/// stack-size check) memcg keeps unwinding in the kernel. Before, 6.12
+/// refused the OOM probe with the unwinder in it, and memcg fell back to
+/// frame pointers after some 40 s of refusals under emulation. 6.1 still
+/// counts the unwinder in the OOM program's stack, and falls back.
+fn unwinds_in_kernel(g: &Guest, case: &Case, why: &mut Vec<String>) {
+    if case.name != "memcg" || kernel(&g.info).is_none_or(|k| k < (6, 12)) {
+        return;
+    }
+    let refused = g.err.get(case.name).is_some_and(|e| {
+        e.iter()
+            .any(|l| l.contains("in-kernel unwinding could not be set up"))
+    });
+    if refused {
+        why.push("memcg fell back from unwinding in the kernel".into());
     }
 }
 
@@ -204,5 +233,47 @@ fn warn_fail(v1: bool, v: &[Value], why: &mut Vec<String>) {
             "memory.events high {:?} in the last row",
             events(v, "high")
         ));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_guest_kernel_version_is_read_from_its_info_line() {
+        assert_eq!(
+            super::kernel("kernel=6.12.117+deb12-amd64 cgroup=v2 cpus=2"),
+            Some((6, 12))
+        );
+        assert_eq!(
+            super::kernel("kernel=6.1.0-48-amd64 cgroup=v1"),
+            Some((6, 1))
+        );
+        assert_eq!(super::kernel("kernel=5.10.0-46-amd64"), Some((5, 10)));
+        assert_eq!(super::kernel("cgroup=v1"), None);
+    }
+
+    #[test]
+    fn a_memcg_that_fell_back_from_unwinding_in_the_kernel_fails_on_6_12() {
+        let case = crate::kernels::check::case("memcg", "memcg");
+        let log = |kernel: &str| {
+            format!(
+                "MT-INFO kernel={kernel} cgroup=v2\n\
+                 MT-ERR memcg memtrace: in-kernel unwinding could not be set up: cannot trace oom kill\n"
+            )
+        };
+        let mut why = Vec::new();
+        super::unwinds_in_kernel(
+            &crate::kernels::check::parse(&log("6.12.117")),
+            &case,
+            &mut why,
+        );
+        assert_eq!(why.len(), 1, "{why:?}");
+        why.clear();
+        super::unwinds_in_kernel(
+            &crate::kernels::check::parse(&log("6.1.0")),
+            &case,
+            &mut why,
+        );
+        assert!(why.is_empty(), "{why:?}");
     }
 }

@@ -87,7 +87,7 @@ impl Counters {
             .global(RSS_CFG, &crate::probes::rssstat::config(k, 0)?);
         k.loader.max_entries(RSS, KEYS);
         k.loader.max_entries(RSS_OWNER, KEYS);
-        crate::probes::oom::prepare(k)
+        crate::probes::oom::prepare(k, false)
     }
 
     /// An OOM kill record; false for any other.

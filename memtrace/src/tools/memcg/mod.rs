@@ -258,7 +258,7 @@ impl Tool for Memcg {
             },
         )?;
         k.loader.max_entries(names::MEMCG_RECLAIM, 1024);
-        crate::probes::oom::prepare(k)?;
+        crate::probes::oom::prepare(k, false)?;
         if self.runup_events() {
             k.loader.max_entries(names::MEMCG_WATCH, 1024);
             let cfg = crate::probes::rssstat::config(k, 0)?;
