@@ -159,6 +159,7 @@ maps! {
     COUNT_TPS: u32 => TpConfig, OnDemand;
     COUNTS: CountKey => CountVal, OnDemand;
     TRACE_SCRATCH: () => (), Compiled;
+    OOM_SCRATCH: () => (), Compiled;
     ML_PENDING: u32 => PendingSlot, OnDemand;
     ML_ALLOCS: AllocKey => AllocInfo, OnDemand;
     ML_STACKS: StackKey => AllocStats, OnDemand;

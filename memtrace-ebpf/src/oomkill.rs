@@ -4,7 +4,8 @@
 
 use aya_ebpf::{
     helpers::{bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_probe_read_kernel_str_bytes},
-    macros::{btf_tracepoint, fentry, kprobe, raw_tracepoint, tracepoint},
+    macros::{btf_tracepoint, fentry, kprobe, map, raw_tracepoint, tracepoint},
+    maps::PerCpuArray,
     programs::{
         BtfTracePointContext, FEntryContext, ProbeContext, RawTracePointContext, TracePointContext,
     },
@@ -55,35 +56,54 @@ const MM_FILEPAGES: u32 = 0;
 const MM_ANONPAGES: u32 = 1;
 const MM_SHMEMPAGES: u32 = 3;
 
+/// The event being put together: in a per-CPU slot, not on the stack, so
+/// that the programs' own frame leaves the in-kernel unwinder room. 6.1
+/// counts the unwinder against the 512-byte combined stack even where
+/// `OOM_STACKS` keeps it from being called, and refused these programs
+/// with the event on the stack.
+#[map]
+static OOM_SCRATCH: PerCpuArray<OomEvent> = PerCpuArray::with_max_entries(1, 0);
+
+/// A new event in the scratch slot, its trigger filled in; None (counted)
+/// if the slot cannot be had.
 #[inline(always)]
-fn new_event<C: aya_ebpf::programs::tracing::StackIdContext>(ctx: &C, how: u32) -> OomEvent {
+fn new_event<C: aya_ebpf::programs::tracing::StackIdContext>(
+    ctx: &C,
+    how: u32,
+) -> Option<&'static mut OomEvent> {
+    let Some(ev) = OOM_SCRATCH.get_ptr_mut(0) else {
+        count_loss(loss::READ);
+        return None;
+    };
+    // SAFETY: this CPU's slot; the program runs to its end on this CPU.
+    let ev = unsafe { &mut *ev };
     let id = bpf_get_current_pid_tgid();
     let (ustack, kstack) = match OOM_STACKS.load() {
         0 => (-1, -1),
         _ => stack_ids(ctx, 0, 0),
     };
-    OomEvent {
-        kind: kind::OOM,
-        method: how,
-        trigger_pid: (id >> 32) as u32,
-        trigger_tid: id as u32,
-        victim_pid: 0,
-        victim_tid: 0,
-        uid: 0,
-        oom_score_adj: 0,
-        total_vm_kb: 0,
-        anon_rss_kb: 0,
-        file_rss_kb: 0,
-        shmem_rss_kb: 0,
-        totalpages: 0,
-        memcg_id: 0,
-        memcg_source: 0,
-        ustack,
-        kstack,
-        _pad: 0,
-        trigger_comm: bpf_get_current_comm().unwrap_or([0; TASK_COMM_LEN]),
-        victim_comm: [0; TASK_COMM_LEN],
-    }
+    // Field by field: a struct literal may be built on the stack first.
+    ev.kind = kind::OOM;
+    ev.method = how;
+    ev.trigger_pid = (id >> 32) as u32;
+    ev.trigger_tid = id as u32;
+    ev.victim_pid = 0;
+    ev.victim_tid = 0;
+    ev.uid = 0;
+    ev.oom_score_adj = 0;
+    ev.total_vm_kb = 0;
+    ev.anon_rss_kb = 0;
+    ev.file_rss_kb = 0;
+    ev.shmem_rss_kb = 0;
+    ev.totalpages = 0;
+    ev.memcg_id = 0;
+    ev.memcg_source = 0;
+    ev.ustack = ustack;
+    ev.kstack = kstack;
+    ev._pad = 0;
+    ev.trigger_comm = bpf_get_current_comm().unwrap_or([0; TASK_COMM_LEN]);
+    ev.victim_comm = [0; TASK_COMM_LEN];
+    Some(ev)
 }
 
 /// Fills the victim's identity and memory from its `task_struct`.
@@ -126,7 +146,9 @@ unsafe fn on_oom_control<C: aya_ebpf::programs::tracing::StackIdContext>(
     how: u32,
 ) {
     let o = OOM_CONTROL.load();
-    let mut ev = new_event(ctx, how);
+    let Some(ev) = new_event(ctx, how) else {
+        return;
+    };
     unsafe {
         ev.totalpages = read0::<u64>(oc, o.totalpages);
         let memcg = read0::<*const u8>(oc, o.memcg);
@@ -135,9 +157,9 @@ unsafe fn on_oom_control<C: aya_ebpf::programs::tracing::StackIdContext>(
             ev.memcg_source = 1;
         }
         let chosen = read0::<*const u8>(oc, o.chosen);
-        fill_victim(&mut ev, chosen);
+        fill_victim(ev, chosen);
     }
-    emit(&ev);
+    emit(ev);
 }
 
 #[kprobe]
@@ -160,9 +182,11 @@ pub fn oom_fentry(ctx: FEntryContext) -> i32 {
 #[raw_tracepoint(tracepoint = "mark_victim")]
 pub fn oom_raw_tp(ctx: RawTracePointContext) -> i32 {
     let task = ctx.arg::<u64>(0) as *const u8;
-    let mut ev = new_event(&ctx, method::RAW_TP);
-    unsafe { fill_victim(&mut ev, task) };
-    emit(&ev);
+    let Some(ev) = new_event(&ctx, method::RAW_TP) else {
+        return 0;
+    };
+    unsafe { fill_victim(ev, task) };
+    emit(ev);
     0
 }
 
@@ -170,9 +194,11 @@ pub fn oom_raw_tp(ctx: RawTracePointContext) -> i32 {
 #[btf_tracepoint(function = "mark_victim")]
 pub fn oom_tp_btf(ctx: BtfTracePointContext) -> i32 {
     let task: *const u8 = ctx.arg(0);
-    let mut ev = new_event(&ctx, method::TP_BTF);
-    unsafe { fill_victim(&mut ev, task) };
-    emit(&ev);
+    let Some(ev) = new_event(&ctx, method::TP_BTF) else {
+        return 0;
+    };
+    unsafe { fill_victim(ev, task) };
+    emit(ev);
     0
 }
 
@@ -181,7 +207,9 @@ pub fn oom_tp_btf(ctx: BtfTracePointContext) -> i32 {
 #[tracepoint]
 pub fn oom_tracepoint(ctx: TracePointContext) -> u32 {
     let o = OOM_TP.load();
-    let mut ev = new_event(&ctx, method::TRACEPOINT);
+    let Some(ev) = new_event(&ctx, method::TRACEPOINT) else {
+        return 0;
+    };
     let pid = tp_field::<i32>(&ctx, o.pid) as u32;
     ev.victim_tid = pid;
     ev.victim_pid = pid;
@@ -202,6 +230,6 @@ pub fn oom_tracepoint(ctx: TracePointContext) -> u32 {
     }
     ev.memcg_id = unsafe { memcg_id(current_task()) };
     ev.memcg_source = 3;
-    emit(&ev);
+    emit(ev);
     0
 }
