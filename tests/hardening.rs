@@ -254,14 +254,7 @@ fn a_full_ring_buffer_warns_with_buffer_size_advice() {
     // The warning comes from the 250 ms housekeeping tick: memtrace is
     // stopped once it has said it.
     let mut stderr = String::new();
-    let deadline = Instant::now() + WAIT;
-    while let Ok(l) = err.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
-        stderr.push_str(&l);
-        stderr.push('\n');
-        if l.contains("lost so far") {
-            break;
-        }
-    }
+    first_line(&err, &mut stderr, |l| l.contains("lost so far"), WAIT);
     unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
     let st = child.wait().unwrap();
     stderr.push_str(&rest(&err));

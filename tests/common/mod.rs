@@ -27,6 +27,25 @@ pub struct Output {
     pub code: i32,
 }
 
+/// The first line from `rx` matching `pred` within `timeout`; every line
+/// read on the way is kept in `seen`.
+pub fn first_line(
+    rx: &mpsc::Receiver<String>,
+    seen: &mut String,
+    pred: impl Fn(&str) -> bool,
+    timeout: Duration,
+) -> Option<String> {
+    let deadline = Instant::now() + timeout;
+    while let Ok(l) = rx.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
+        seen.push_str(&l);
+        seen.push('\n');
+        if pred(&l) {
+            return Some(l);
+        }
+    }
+    None
+}
+
 /// memtrace running in the background, attached once `start` returns.
 pub struct Tracer {
     child: Child,
@@ -90,16 +109,7 @@ impl Tracer {
         pred: impl Fn(&str) -> bool,
         timeout: Duration,
     ) -> Option<String> {
-        let rx = &self.stdout;
-        let deadline = Instant::now() + timeout;
-        while let Ok(l) = rx.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
-            self.seen_stdout.push_str(&l);
-            self.seen_stdout.push('\n');
-            if pred(&l) {
-                return Some(l);
-            }
-        }
-        None
+        first_line(&self.stdout, &mut self.seen_stdout, pred, timeout)
     }
 
     /// The first stderr line matching `pred` printed within `timeout` (kept
@@ -109,18 +119,7 @@ impl Tracer {
         pred: impl Fn(&str) -> bool,
         timeout: Duration,
     ) -> Option<String> {
-        let deadline = Instant::now() + timeout;
-        while let Ok(l) = self
-            .stderr
-            .recv_timeout(deadline.saturating_duration_since(Instant::now()))
-        {
-            self.early_stderr.push_str(&l);
-            self.early_stderr.push('\n');
-            if pred(&l) {
-                return Some(l);
-            }
-        }
-        None
+        first_line(&self.stderr, &mut self.early_stderr, pred, timeout)
     }
 
     /// The first JSON record of type `ty` matching `pred` printed within
