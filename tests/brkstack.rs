@@ -376,3 +376,43 @@ fn every_call_of_thousands_of_children_is_in_every_report() {
         .sum();
     assert_eq!(folded, events, "folded lines against the summary");
 }
+
+/// Children forked one after another share their parent's image: their
+/// identical stacks are one key in the kernel, so 2,500 of them fit a map
+/// of 32 keys with nothing lost, and the row names each child. Keyed by
+/// process (`--per-pid`), the same map is full at once.
+#[test]
+fn forked_children_share_their_stacks_keys_in_the_kernel() {
+    const N: u64 = 2500;
+    let cmd = format!("{} fork-sbrk-many {N} 5", workload_bin().display());
+    let out = run(&["brkstack", "--keys", "32", "--json", "-c", &cmd]);
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    let summary = &json_of(&out.stdout, "summary")[0];
+    assert_eq!(summary["lost_total"].as_u64(), Some(0), "{summary}");
+    let children = stacks(&out.stdout)
+        .into_iter()
+        .find(|s| {
+            user_frames(s)
+                .iter()
+                .any(|f| f.contains("grow_heap_with_sbrk"))
+        })
+        .unwrap_or_else(|| panic!("no stack through grow_heap_with_sbrk"));
+    assert_eq!(children["count"].as_u64(), Some(5 * N), "{children}");
+    assert_eq!(children["processes"].as_u64(), Some(N), "{children}");
+
+    let out = run(&[
+        "brkstack",
+        "--keys",
+        "32",
+        "--per-pid",
+        "--json",
+        "-c",
+        &cmd,
+    ]);
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    let summary = &json_of(&out.stdout, "summary")[0];
+    assert!(
+        summary["lost"]["map_full"].as_u64().unwrap() > N,
+        "keyed by process, the map should have filled: {summary}"
+    );
+}

@@ -61,4 +61,8 @@ pub struct FaultVal {
     /// taken), so a process gone before memtrace reads it keeps its group.
     pub memcg_id: u64,
     pub comm: [u8; TASK_COMM_LEN],
+    /// The process that counted here last on this CPU (see
+    /// `stacks::StackMember`).
+    pub last: u32,
+    pub _pad: u32,
 }

@@ -52,7 +52,11 @@ pub mod loss {
     /// not ready yet (a process seen for the first time) and was walked by
     /// frame pointers from there: kept, maybe without some callers.
     pub const TABLES_PENDING: u32 = 9;
-    pub const NR: u32 = 10;
+    /// A process's first count on a stack its image shares could not be
+    /// told to userspace (ring buffer full): the count is exact, the row's
+    /// number of processes is short.
+    pub const MEMBER_LOST: u32 = 10;
+    pub const NR: u32 = 11;
     pub const NAMES: [&str; NR as usize] = [
         "ringbuf_full",
         "stack_fail",
@@ -64,6 +68,7 @@ pub mod loss {
         "missed_return",
         "count_spilled",
         "tables_pending",
+        "processes_uncounted",
     ];
 }
 
@@ -96,6 +101,8 @@ pub mod kind {
     /// A watched memory cgroup's usage crossed a tenth of its limit
     /// (`memcg::MemcgCross`).
     pub const MEMCG_STEP: u32 = 15;
+    /// A process counted on a stack keyed by its image (`stacks::StackMember`).
+    pub const STACK_MEMBER: u32 = 16;
 }
 
 /// A process the kernel programs follow started or changed image: memtrace
@@ -243,6 +250,8 @@ mod pod {
     unsafe impl aya::Pod for super::ExecName {}
     unsafe impl aya::Pod for super::ProcKey {}
     unsafe impl aya::Pod for super::TaskOffsets {}
+    unsafe impl aya::Pod for super::stacks::ImageOffsets {}
+    unsafe impl aya::Pod for super::stacks::StackMember {}
     unsafe impl aya::Pod for super::stacks::UstackConfig {}
     unsafe impl aya::Pod for super::stacks::UserStack {}
     unsafe impl aya::Pod for super::kunwind::UnwindRule {}

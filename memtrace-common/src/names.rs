@@ -22,7 +22,7 @@ use crate::{
     reclaim::{ProcReclaimKey, ProcReclaimVal, ReclaimConfig, ReclaimTotals},
     rss::{RssConfig, RssVal},
     snoop::{MmapSnoopConfig, PendingCall, ShmSnoopConfig},
-    stacks::{BrkConfig, StackKey, StackVal, UserStack, UstackConfig},
+    stacks::{BrkConfig, ImageOffsets, StackKey, StackVal, UserStack, UstackConfig},
     top::{MmapCount, TopConfig},
     ExecName, Filter, ProcKey, TaskOffsets,
 };
@@ -173,6 +173,7 @@ maps! {
 globals! {
     FILTER: Filter;
     TASK: TaskOffsets;
+    IMAGE: ImageOffsets;
     USTACK: UstackConfig;
     UNWIND_VMA: VmaOffsets;
     WAKE_BYTES: u64;

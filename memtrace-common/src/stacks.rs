@@ -32,6 +32,45 @@ pub struct StackVal {
     /// Bytes the heap grew by (brk).
     pub bytes: u64,
     pub comm: [u8; TASK_COMM_LEN],
+    /// The process that counted here last on this CPU (see `StackMember`).
+    pub last: u32,
+    pub _pad: u32,
+}
+
+/// Where a process's image is, for keying counts by image: processes forked
+/// from one exec, under one name, run the same code at the same addresses,
+/// so their identical stacks are one key, under the eldest's pid (see
+/// `StackMember`). `levels` 0: keyed by process.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct ImageOffsets {
+    pub task_group_leader: u32,
+    pub task_real_parent: u32,
+    pub task_tgid: u32,
+    pub task_comm: u32,
+    pub task_mm: u32,
+    pub mm_exe_file: u32,
+    pub mm_mmap_base: u32,
+    /// Ancestors looked at, at most.
+    pub levels: u32,
+}
+
+/// Ancestors an image key looks through (a bounded loop).
+pub const MAX_IMAGE_LEVELS: u32 = 8;
+
+/// A process counted under a key of its image (`owner`, the stack ids) for
+/// the first time on this CPU since another did: userspace keeps the set of
+/// processes per key, so a row still says how many processes took it
+/// while the kernel keeps one entry for all of them.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct StackMember {
+    pub kind: u32,
+    pub member: u32,
+    pub owner: u32,
+    pub ustack: i32,
+    pub kstack: i32,
+    pub _pad: u32,
 }
 
 /// Where user registers and the main thread's stack top are: what both the

@@ -17,8 +17,8 @@ use memtrace_common::{
 };
 
 use crate::helpers::{
-    bump_by_stack, capture_stacks, count_gen, count_loss, current_mm_u64, current_tgid, tp_field,
-    wanted, Stacks, NO_PREALLOC, TASK,
+    bump_by_stack, capture_stacks, count_gen, count_loss, current_mm_u64, current_tgid,
+    image_owner, note_member, tell_member, tp_field, wanted, Stacks, NO_PREALLOC, TASK,
 };
 
 #[unsafe(no_mangle)]
@@ -45,7 +45,7 @@ pub fn brk_enter(ctx: TracePointContext) -> u32 {
     };
     let mut st = capture_stacks(&ctx, grew, 0);
     let mut key = StackKey {
-        tgid,
+        tgid: image_owner(tgid),
         ustack: st.user,
         kstack: st.kern,
         ustack_check: st.user_check,
@@ -53,9 +53,10 @@ pub fn brk_enter(ctx: TracePointContext) -> u32 {
     };
     let set_user =
         |k: &mut StackKey, st: &Stacks| (k.ustack, k.ustack_check) = (st.user, st.user_check);
-    let bump = |v: &mut StackVal| {
+    let bump = |k: &StackKey, v: &mut StackVal| {
         v.count += 1;
         v.bytes += grew;
+        note_member(&mut v.last, tgid, k.tgid, k.ustack, k.kstack);
     };
     if bump_by_stack(&BRK_STACKS, &mut key, &mut st, set_user, bump) {
         return 0;
@@ -64,9 +65,13 @@ pub fn brk_enter(ctx: TracePointContext) -> u32 {
         count: 1,
         bytes: grew,
         comm: bpf_get_current_comm().unwrap_or([0; TASK_COMM_LEN]),
+        last: tgid,
+        _pad: 0,
     };
     if BRK_STACKS.insert(&key, &v, 0).is_err() {
         count_loss(loss::MAP_FULL);
+        return 0;
     }
+    tell_member(tgid, key.tgid, key.ustack, key.kstack);
     0
 }

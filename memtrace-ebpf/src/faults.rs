@@ -21,7 +21,7 @@ use memtrace_common::{
 
 use crate::helpers::{
     bump_by_stack, capture_stacks, capturing, count_gen, count_loss, current_task, current_tgid,
-    memcg_id, tp_field, wanted, Stacks, FILTER, NO_PREALLOC,
+    image_owner, memcg_id, note_member, tell_member, tp_field, wanted, Stacks, FILTER, NO_PREALLOC,
 };
 
 #[unsafe(no_mangle)]
@@ -123,7 +123,7 @@ fn count<C: StackIdContext>(
     }
     let mut st = capture_stacks(ctx, addr, kernel_mode);
     let mut key = FaultKey {
-        tgid,
+        tgid: image_owner(tgid),
         kernel_mode: kernel_mode as u8,
         gen: count_gen() as u8,
         ustack_check: st.user_check as u16,
@@ -134,9 +134,28 @@ fn count<C: StackIdContext>(
     let set_user = |k: &mut FaultKey, st: &Stacks| {
         (k.ustack, k.ustack_check) = (st.user, st.user_check as u16)
     };
-    if bump_by_stack(map, &mut key, &mut st, set_user, |v| v.count += 1) {
+    let bump = |k: &FaultKey, v: &mut FaultVal| {
+        v.count += 1;
+        note_member(&mut v.last, tgid, k.tgid, k.ustack, k.kstack);
+    };
+    if bump_by_stack(map, &mut key, &mut st, set_user, bump) {
         return;
     }
+    insert(map, &key, tgid, kernel_mode, slots);
+}
+
+/// A new key's first count. A function of its own: the value's bytes stay
+/// off the stack of the program, which with the in-kernel unwinder's went
+/// past the 512 bytes a kernel before 6.13 allows.
+#[inline(never)]
+fn insert(
+    map: &PerCpuHashMap<FaultKey, FaultVal>,
+    key: &FaultKey,
+    tgid: u32,
+    kernel_mode: u32,
+    slots: bool,
+) {
+    let cfg = FAULT_CFG.load();
     let v = FaultVal {
         count: 1,
         // On the insert path only: once per key and drain, never per fault.
@@ -146,10 +165,14 @@ fn count<C: StackIdContext>(
             0
         },
         comm: bpf_get_current_comm().unwrap_or([0; TASK_COMM_LEN]),
+        last: tgid,
+        _pad: 0,
     };
-    if map.insert(&key, &v, 0).is_err() {
+    if map.insert(key, &v, 0).is_err() {
         spill(tgid, kernel_mode, if slots { cfg.spill_mask } else { 0 });
+        return;
     }
+    tell_member(tgid, key.tgid, key.ustack, key.kstack);
 }
 
 #[btf_tracepoint(function = "page_fault_user")]

@@ -192,7 +192,7 @@ fn count(ctx: &TracePointContext, index: u32) -> u32 {
     }
     let set_user =
         |k: &mut CountKey, st: &Stacks| (k.ustack, k.ustack_check) = (st.user, st.user_check);
-    let bump = |v: &mut CountVal| {
+    let bump = |_: &CountKey, v: &mut CountVal| {
         v.count += 1;
         v.sum = v.sum.wrapping_add(add);
     };
@@ -210,7 +210,7 @@ fn count(ctx: &TracePointContext, index: u32) -> u32 {
         // key is there for every CPU): count into it. Otherwise the map is
         // full (E2BIG) or the key could not be allocated here.
         match COUNTS.get_ptr_mut(&key) {
-            Some(v) => bump(unsafe { &mut *v }),
+            Some(v) => bump(&key, unsafe { &mut *v }),
             None if e == -E2BIG => count_loss(loss::MAP_FULL),
             None => count_loss(loss::MAP_BUSY),
         }

@@ -33,6 +33,8 @@ fn count() {
         count: 1,
         memcg_id: 0,
         comm: bpf_get_current_comm().unwrap_or([0; TASK_COMM_LEN]),
+        last: 0,
+        _pad: 0,
     };
     if SWAPINS.insert(&key, &v, 0).is_err() {
         count_loss(loss::MAP_FULL);

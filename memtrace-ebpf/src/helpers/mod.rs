@@ -8,6 +8,7 @@ mod exemaps;
 mod filter;
 mod floor;
 mod generation;
+mod image;
 mod kunwind;
 mod process;
 mod reads;
@@ -23,6 +24,7 @@ mod walk;
 pub use emit::{count_loss, emit};
 pub use filter::{current_tgid, in_watched_group, wanted, FILTER, MEMCG_WATCH};
 pub use generation::count_gen;
+pub use image::{image_owner, note_member, tell_member};
 pub use reads::{
     css_cgroup_id, current_mm_u64, current_task, fd_file, memcg_id, read, read0, tp_field, TASK,
 };

@@ -89,10 +89,10 @@ pub fn bump_by_stack<K, V>(
     key: &mut K,
     st: &mut Stacks,
     set_user: impl Fn(&mut K, &Stacks),
-    bump: impl Fn(&mut V),
+    bump: impl Fn(&K, &mut V),
 ) -> bool {
     if let Some(v) = map.get_ptr_mut(&*key) {
-        bump(unsafe { &mut *v });
+        bump(key, unsafe { &mut *v });
         return true;
     }
     let user = st.user;
@@ -100,7 +100,7 @@ pub fn bump_by_stack<K, V>(
     if st.user != user {
         set_user(key, st);
         if let Some(v) = map.get_ptr_mut(&*key) {
-            bump(unsafe { &mut *v });
+            bump(key, unsafe { &mut *v });
             return true;
         }
     }

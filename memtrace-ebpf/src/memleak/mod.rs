@@ -212,7 +212,7 @@ fn record_stacks(
     let (n, bytes) = weight;
     let set_user =
         |k: &mut StackKey, st: &Stacks| (k.ustack, k.ustack_check) = (st.user, st.user_check);
-    let add = |v: &mut AllocStats| {
+    let add = |_: &StackKey, v: &mut AllocStats| {
         v.allocs += n;
         v.bytes += bytes;
     };

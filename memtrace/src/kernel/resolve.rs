@@ -1,7 +1,12 @@
 //! Offsets resolved as a set: a member or enumerator this kernel's BTF
 //! lacks is remembered and named, never turned into a read at offset 0.
 
-use memtrace_common::{kunwind::VmaOffsets, snoop::FdFileOffsets, TaskOffsets};
+use memtrace_common::{
+    kunwind::VmaOffsets,
+    snoop::FdFileOffsets,
+    stacks::{ImageOffsets, MAX_IMAGE_LEVELS},
+    TaskOffsets,
+};
 
 use super::btf::{page_size, KernelBtf};
 use crate::error::Error;
@@ -73,6 +78,23 @@ impl KernelBtf {
             valid: 1,
         };
         r.done("the mapping offsets", o)
+    }
+
+    /// What tells a process's image (executable file, mappings' base, name)
+    /// and its ancestors, for counts keyed by image.
+    pub fn image_offsets(&self) -> Result<ImageOffsets, Error> {
+        let mut r = self.resolver();
+        let o = ImageOffsets {
+            task_group_leader: r.member("task_struct", "group_leader"),
+            task_real_parent: r.member("task_struct", "real_parent"),
+            task_tgid: r.member("task_struct", "tgid"),
+            task_comm: r.member("task_struct", "comm"),
+            task_mm: r.member("task_struct", "mm"),
+            mm_exe_file: r.member("mm_struct", "exe_file"),
+            mm_mmap_base: r.member("mm_struct", "mmap_base"),
+            levels: MAX_IMAGE_LEVELS,
+        };
+        r.done("the image offsets", o)
     }
 
     /// The offsets from a task's fd to its file's device and inode.

@@ -274,6 +274,10 @@ fn dispatch(
         session.sym.maps.lock().unwrap().refresh_missed();
         return Ok(());
     }
+    if let Some(m) = crate::session::records::record(item, kind::STACK_MEMBER) {
+        session.members.note(&m);
+        return Ok(());
+    }
     if item.get(..4) == Some(&kind::STACK_SAMPLE.to_ne_bytes()) {
         if let Some(d) = session.dwarf.as_mut() {
             d.add(&mut session.sym.maps.lock().unwrap(), item);

@@ -17,6 +17,7 @@ pub fn advice(reason: &str) -> &'static str {
         "read_fail" => "kernel memory reads failed (usually processes exiting meanwhile)",
         "stack_truncated" => "stacks deeper than the walk keeps were cut (counted, still reported)",
         "tables_pending" => "stacks met code whose unwind tables were not built yet (a process just started) and were walked by frame pointers from there (still reported)",
+        "processes_uncounted" => "which process took a stack shared by its image could not be told (ring buffer full): counts exact, some rows name fewer processes (--buffer-size)",
         "map_busy" => "a new key could not be allocated where the event fired (an interrupt, or inside the allocator traced)",
         "missed_runs" => {
             "the kernel skipped memtrace's programs while another BPF program ran on that CPU"

@@ -16,7 +16,12 @@ use crate::error::{Error, Result};
 /// Counters of events kept in a lesser form, not lost: a stack cut at the
 /// walk's bound is reported (truncated), a fault counted while the count
 /// map was full is reported without its process. Shown apart from losses.
-pub const DEGRADATIONS: [&str; 3] = ["stack_truncated", "count_spilled", "tables_pending"];
+pub const DEGRADATIONS: [&str; 4] = [
+    "stack_truncated",
+    "count_spilled",
+    "tables_pending",
+    "processes_uncounted",
+];
 
 pub fn is_degradation(reason: &str) -> bool {
     DEGRADATIONS.contains(&reason)
@@ -373,6 +378,7 @@ impl Fold for FaultVal {
                 .find(|&m| m != 0)
                 .unwrap_or(0),
             comm: first_name(vals.iter().map(|v| v.comm)),
+            ..Default::default()
         }
     }
 }
@@ -383,6 +389,7 @@ impl Fold for StackVal {
             count: vals.iter().map(|v| v.count).sum(),
             bytes: vals.iter().map(|v| v.bytes).sum(),
             comm: first_name(vals.iter().map(|v| v.comm)),
+            ..Default::default()
         }
     }
 }

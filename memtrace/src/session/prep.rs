@@ -33,6 +33,27 @@ impl Prep<'_> {
         Ok(())
     }
 
+    /// Counts by stack keyed by image rather than by process (unless
+    /// `per_pid`): `IMAGE` set. Where this kernel's BTF lacks an offset,
+    /// counts stay keyed by process, as it says. Whether they are.
+    pub fn image_keys(&mut self, per_pid: bool) -> bool {
+        if per_pid {
+            return false;
+        }
+        match self.btf().and_then(|b| b.image_offsets()) {
+            Ok(o) => {
+                self.loader.global(memtrace_common::names::IMAGE, &o);
+                true
+            }
+            Err(e) => {
+                say!(
+                    "memtrace: identical stacks of forked processes stay apart in the kernel: {e}"
+                );
+                false
+            }
+        }
+    }
+
     pub fn format(&self, cat: &str, name: &str) -> Result<Format> {
         Format::load(cat, name)
     }

@@ -15,6 +15,7 @@ use std::hash::Hash;
 use memtrace_common::stacks::{StackKey, StackVal, USTACK_FOLDED};
 
 use crate::output::StackReport;
+use crate::stacks::members::Pids;
 
 /// Keys kept before folding, about 100 bytes each.
 pub const MAX_KEPT: usize = 65_536;
@@ -54,36 +55,8 @@ pub type Shown = (u32, String, Vec<String>, Vec<String>, Option<String>);
 /// rows kept (a churn of processes with stacks no two of which are alike).
 pub const ROWS_FULL: &str = "[stacks past memtrace's bound on kept rows]";
 
-/// The processes a row counts: each once, up to a bound, then each new one
-/// counted (a churn of processes brings new pids only, but for reuse).
-#[derive(Clone, Debug, Default)]
-pub struct Pids {
-    pub set: HashSet<u32>,
-    pub more: usize,
-}
-
-/// Pids kept per row.
-const MAX_PIDS: usize = 1 << 14;
-
 /// Rows of exited processes' stacks kept (past it, one row per name).
 const MAX_ROWS: usize = 1 << 16;
-
-impl Pids {
-    fn one(pid: u32) -> Pids {
-        Pids {
-            set: [pid].into(),
-            more: 0,
-        }
-    }
-
-    fn insert(&mut self, pid: u32) {
-        if self.set.len() < MAX_PIDS {
-            self.set.insert(pid);
-        } else if !self.set.contains(&pid) {
-            self.more += 1;
-        }
-    }
-}
 
 impl<K, V> Kept<K, V> {
     /// `stacks_folded` (and `stacks_resolved`) for the summary, when any were.
@@ -138,6 +111,16 @@ impl<K: StackKeyed, V: Tally + Clone> Kept<K, V> {
     pub fn per_pid(mut self, per_pid: bool) -> Self {
         self.per_pid = per_pid;
         self
+    }
+
+    /// Lets go of the processes named under keys whose owner has exited and
+    /// whose counts were all resolved.
+    pub fn forget_members(&self, s: &mut crate::stacks::Traced, alive: impl Fn(u32) -> bool) {
+        if s.members.is_empty() {
+            return;
+        }
+        let held: HashSet<u32> = self.counts.keys().map(|k| k.tgid()).collect();
+        s.members.forget(|pid| held.contains(&pid) || alive(pid));
     }
 
     pub fn add(&mut self, k: K, v: &V) {
@@ -248,11 +231,11 @@ impl<K: StackKeyed, V: Tally + Clone> Kept<K, V> {
                         (Some(a), Some(b)) => Some(a + b),
                         (a, b) => a.or(b),
                     };
-                    pids.insert(r.pid);
+                    pids.absorb(&r);
                 }
                 None => {
-                    let pid = r.pid;
-                    self.resolved.insert(key, (r, Pids::one(pid)));
+                    let pids = Pids::of(&r);
+                    self.resolved.insert(key, (r, pids));
                 }
             }
             self.resolved_keys += 1;

@@ -6,6 +6,7 @@ pub mod args;
 pub mod buildid;
 pub mod kept;
 pub mod ktables;
+pub mod members;
 pub mod store;
 pub mod symbolize;
 mod traced;

@@ -21,6 +21,8 @@ pub struct Traced {
     pub stacks: StackStore,
     /// The group of each process a stack is reported for.
     pub groups: crate::process::groups::Groups,
+    /// The processes behind each stack counted by image.
+    pub members: super::members::Members,
 }
 
 impl Traced {
@@ -32,6 +34,7 @@ impl Traced {
             walked_user_stacks: false,
             stacks: StackStore::new(),
             groups: Default::default(),
+            members: Default::default(),
         }
     }
 

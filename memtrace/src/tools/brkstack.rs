@@ -112,6 +112,7 @@ impl Tool for Brkstack {
 
     fn prepare(&mut self, k: &mut Prep) -> Result<()> {
         crate::probes::counters::prepare_brk(k)?;
+        k.image_keys(self.args.common.per_pid);
         k.loader.max_entries(BRK_STACKS, self.args.keys);
         Ok(())
     }
@@ -161,6 +162,9 @@ impl Tool for Brkstack {
             (false, t) => t,
         };
         out.stacks("brk_stack", &title, &reports);
+        if clear {
+            s.members.clear();
+        }
         Ok(())
     }
 
@@ -179,6 +183,7 @@ impl Tool for Brkstack {
                 let r = stack_report(s, k.tgid, comm, ids, mode, val.count, Some(val.bytes));
                 resolved(r)
             });
+        self.kept.forget_members(s, crate::process::proc::alive);
         Ok(n)
     }
 

@@ -81,6 +81,12 @@ fn stack_costs(
                 Some(s(&[m, "faults", "--stacks"])),
                 "Tracing",
             ),
+            // Keyed by process: what finding each process's image costs.
+            cfg(
+                "memtrace faults --stacks --per-pid (keyed by process)",
+                Some(s(&[m, "faults", "--stacks", "--per-pid"])),
+                "Tracing",
+            ),
             cfg(
                 "memtrace faults --stacks --stack-mode fp",
                 Some(s(&[m, "faults", "--stacks", "--stack-mode", "fp"])),

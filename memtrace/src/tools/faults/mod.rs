@@ -256,6 +256,9 @@ impl Faults {
                 t => format!("{title} ({t})"),
             };
             out.stacks("fault_stack", &title, &reports);
+            if clear {
+                s.members.clear();
+            }
             return Ok(());
         }
         let mut agg: HashMap<u32, (u64, u64, String)> = HashMap::new();
@@ -360,6 +363,9 @@ impl Tool for Faults {
             k.loader.max_entries(FAULT_SLOT_FREE, SPILL_SLOTS);
         }
         k.loader.max_entries(EXEC_NAMES, 4096);
+        if self.mode() != 0 && !self.args.by_mapping {
+            k.image_keys(self.args.common.per_pid);
+        }
         crate::probes::counters::prepare_faults(k, cfg, size)?;
         Ok(())
     }
@@ -391,6 +397,7 @@ impl Tool for Faults {
                     None,
                 ))
             });
+        self.kept.forget_members(s, crate::process::proc::alive);
         for k in self.kept.counts.keys().filter(|k| k.ustack >= 0) {
             s.stacks.touch(k.ustack as u32);
         }

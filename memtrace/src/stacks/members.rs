@@ -1,0 +1,163 @@
+//! Which processes counted under each stack keyed by image. The kernel keeps
+//! one count for the forked processes of one image (`image_owner`) and says
+//! once per change which process counted (`StackMember`): the rows still
+//! say how many processes took a stack, and which.
+
+use std::collections::{HashMap, HashSet};
+
+use memtrace_common::stacks::StackMember;
+
+use crate::output::StackReport;
+
+/// The processes a row counts: each once, up to a bound, then each new one
+/// counted (a churn of processes brings new pids only, but for reuse).
+#[derive(Clone, Debug, Default)]
+pub struct Pids {
+    pub set: HashSet<u32>,
+    pub more: usize,
+}
+
+/// Pids kept per row.
+const MAX_PIDS: usize = 1 << 14;
+
+impl Pids {
+    pub fn one(pid: u32) -> Pids {
+        Pids {
+            set: [pid].into(),
+            more: 0,
+        }
+    }
+
+    pub fn insert(&mut self, pid: u32) {
+        if self.set.len() < MAX_PIDS {
+            self.set.insert(pid);
+        } else if !self.set.contains(&pid) {
+            self.more += 1;
+        }
+    }
+
+    /// The processes a report counts: its pid, the others it names, and
+    /// those it counts without naming them.
+    pub fn of(r: &StackReport) -> Pids {
+        let mut p = Pids::one(r.pid);
+        p.absorb(r);
+        p
+    }
+
+    /// Adds a report's processes (`of`).
+    pub fn absorb(&mut self, r: &StackReport) {
+        self.insert(r.pid);
+        for pid in &r.pids {
+            self.insert(*pid);
+        }
+        self.more += r.processes.saturating_sub(1 + r.pids.len());
+    }
+}
+
+/// A count key of an image: the owner's pid and the stack ids.
+type Key = (u32, i32, i32);
+
+#[derive(Default)]
+pub struct Members {
+    by_key: HashMap<Key, Pids>,
+}
+
+impl Members {
+    pub fn note(&mut self, m: &StackMember) {
+        self.by_key
+            .entry((m.owner, m.ustack, m.kstack))
+            .or_default()
+            .insert(m.member);
+    }
+
+    /// Names in `r` (counted under the key of `r.pid` and `ids`) the
+    /// processes that took it: `r.pid` stays the owner where the owner
+    /// itself counted there, else it is the first of the others.
+    pub fn name(&self, r: &mut StackReport, ids: (i32, i32)) {
+        let Some(p) = self.by_key.get(&(r.pid, ids.0, ids.1)) else {
+            return;
+        };
+        if !p.set.contains(&r.pid) {
+            if let Some(first) = p.set.iter().min() {
+                r.pid = *first;
+            }
+        }
+        r.processes = p.set.len() + p.more;
+        r.pids = p.set.iter().copied().filter(|q| *q != r.pid).collect();
+        r.pids.sort_unstable();
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.by_key.is_empty()
+    }
+
+    /// Interval reports start afresh.
+    pub fn clear(&mut self) {
+        self.by_key.clear();
+    }
+
+    /// Lets go of the keys of owners that are gone and hold no counts
+    /// (`kept`: their counts were resolved).
+    pub fn forget(&mut self, kept: impl Fn(u32) -> bool) {
+        let mut seen: HashMap<u32, bool> = HashMap::new();
+        self.by_key
+            .retain(|k, _| *seen.entry(k.0).or_insert_with(|| kept(k.0)));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn member(member: u32, owner: u32, ustack: i32) -> StackMember {
+        StackMember {
+            member,
+            owner,
+            ustack,
+            kstack: -1,
+            ..Default::default()
+        }
+    }
+
+    fn report(pid: u32) -> StackReport {
+        StackReport {
+            pid,
+            processes: 1,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn a_row_names_the_processes_that_took_its_key_each_once() {
+        let mut m = Members::default();
+        for rec in [member(10, 10, 1), member(11, 10, 1), member(10, 10, 1)] {
+            m.note(&rec);
+        }
+        m.note(&member(12, 10, 2));
+        let mut r = report(10);
+        m.name(&mut r, (1, -1));
+        assert_eq!((r.pid, r.processes, r.pids.clone()), (10, 2, vec![11]));
+        // The owner never took stack 2: its one process stands for it.
+        let mut r = report(10);
+        m.name(&mut r, (2, -1));
+        assert_eq!((r.pid, r.processes, r.pids.clone()), (12, 1, vec![]));
+        // A key no record named stays as it was.
+        let mut r = report(10);
+        m.name(&mut r, (3, -1));
+        assert_eq!((r.pid, r.processes), (10, 1));
+        assert_eq!(Pids::of(&r).set.len(), 1);
+        m.forget(|pid| pid != 10);
+        let mut r = report(10);
+        m.name(&mut r, (1, -1));
+        assert_eq!(r.processes, 1);
+    }
+
+    #[test]
+    fn pids_of_a_report_count_the_unnamed_too() {
+        let mut r = report(5);
+        r.pids = vec![6, 7];
+        r.processes = 10;
+        let p = Pids::of(&r);
+        assert_eq!((p.set.len(), p.more), (3, 7));
+    }
+}
