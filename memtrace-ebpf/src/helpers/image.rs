@@ -15,7 +15,7 @@ use memtrace_common::{
 use super::{
     emit::{batched_wakeup, count_loss, EVENTS},
     filter::wanted,
-    reads::{current_task, read0},
+    reads::{current_task_typed, field},
 };
 
 /// Set by userspace for the tools that count by stack, unless `--per-pid`.
@@ -43,14 +43,14 @@ struct Image {
 
 #[inline(always)]
 unsafe fn image_of(o: &ImageOffsets, task: *const u8) -> Option<Image> {
-    let mm: *const u8 = unsafe { read0(task, o.task_mm) };
+    let mm: *const u8 = unsafe { field(task, o.task_mm) };
     if mm.is_null() {
         return None;
     }
     Some(Image {
-        exe: unsafe { read0(mm, o.mm_exe_file) },
-        base: unsafe { read0(mm, o.mm_mmap_base) },
-        comm: unsafe { read0(task, o.task_comm) },
+        exe: unsafe { field(mm, o.mm_exe_file) },
+        base: unsafe { field(mm, o.mm_mmap_base) },
+        comm: unsafe { field(task, o.task_comm) },
     })
 }
 
@@ -63,7 +63,7 @@ pub fn image_owner(tgid: u32) -> u32 {
     if o.levels == 0 {
         return tgid;
     }
-    let mut t: *const u8 = unsafe { read0(current_task(), o.task_group_leader) };
+    let mut t: *const u8 = unsafe { field(current_task_typed(), o.task_group_leader) };
     let Some(me) = (unsafe { image_of(&o, t) }) else {
         return tgid;
     };
@@ -75,11 +75,11 @@ pub fn image_owner(tgid: u32) -> u32 {
         if i >= o.levels {
             break;
         }
-        let p: *const u8 = unsafe { read0(t, o.task_real_parent) };
+        let p: *const u8 = unsafe { field(t, o.task_real_parent) };
         if p.is_null() || unsafe { image_of(&o, p) }.is_none_or(|im| im != me) {
             break;
         }
-        let ptgid: u32 = unsafe { read0(p, o.task_tgid) };
+        let ptgid: u32 = unsafe { field(p, o.task_tgid) };
         if ptgid == 0 || ptgid == owner || !wanted(ptgid) {
             break;
         }

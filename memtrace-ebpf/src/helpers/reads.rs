@@ -66,6 +66,34 @@ unsafe fn load<T: Copy>(base: *const u8, off: u32) -> T {
     unsafe { core::ptr::read_volatile(base.add(off as usize) as *const T) }
 }
 
+/// A field of a task (or of what it points to) at `off`, for reads on
+/// every event: loaded straight from a BTF-typed pointer (`load`), or read
+/// by helper on kernels before 5.11, whose tasks are not BTF-typed.
+#[cfg(not(feature = "compat"))]
+#[inline(always)]
+pub(super) unsafe fn field<T: Copy>(base: *const u8, off: u32) -> T {
+    unsafe { load(base, off) }
+}
+
+#[cfg(feature = "compat")]
+#[inline(always)]
+pub(super) unsafe fn field<T: Copy>(base: *const u8, off: u32) -> T {
+    unsafe { read0(base, off) }
+}
+
+/// The current task, for `field`.
+#[cfg(not(feature = "compat"))]
+#[inline(always)]
+pub(super) fn current_task_typed() -> *const u8 {
+    unsafe { bpf_get_current_task_btf() as *const u8 }
+}
+
+#[cfg(feature = "compat")]
+#[inline(always)]
+pub(super) fn current_task_typed() -> *const u8 {
+    current_task()
+}
+
 /// The current task's user ip, sp and bp, loaded from its saved registers
 /// (each helper call costs tens of ns on a mitigated kernel: none here
 /// but the two that find the registers).
