@@ -328,6 +328,8 @@ fn every_call_of_thousands_of_children_is_in_every_report() {
     let events = summary["events"].as_u64().unwrap();
     assert!(events >= 5 * N, "{summary}");
     assert_eq!(summary["lost_total"].as_u64(), Some(0), "{summary}");
+    let uncounted = &summary["degraded"]["processes_uncounted"];
+    assert_eq!(uncounted.as_u64(), Some(0), "{summary}");
     let (calls, _) = totals(&out.stdout);
     assert_eq!(calls, events, "JSON rows against the summary");
     assert!(json_of(&out.stdout, "rest").is_empty(), "JSON was cut");
@@ -389,6 +391,8 @@ fn forked_children_share_their_stacks_keys_in_the_kernel() {
     assert_eq!(out.code, 0, "{}", out.stderr);
     let summary = &json_of(&out.stdout, "summary")[0];
     assert_eq!(summary["lost_total"].as_u64(), Some(0), "{summary}");
+    let uncounted = &summary["degraded"]["processes_uncounted"];
+    assert_eq!(uncounted.as_u64(), Some(0), "{summary}");
     let children = stacks(&out.stdout)
         .into_iter()
         .find(|s| {

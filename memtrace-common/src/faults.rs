@@ -36,11 +36,16 @@ pub struct FaultSlot {
     pub comm: [u8; TASK_COMM_LEN],
 }
 
+/// `FaultKey::kernel_mode`'s bit for counts of forked processes.
+pub const FORKED: u8 = 2;
+
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub struct FaultKey {
     pub tgid: u32,
-    /// 0: the fault was taken in user mode, 1: in kernel mode.
+    /// 0: the fault was taken in user mode, 1: in kernel mode; `FORKED`
+    /// added: counted by processes forked from `tgid`'s image (see
+    /// `stacks::StackKey::forked`).
     pub kernel_mode: u8,
     /// The count generation (see `Generational`).
     pub gen: u8,

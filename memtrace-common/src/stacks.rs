@@ -23,6 +23,9 @@ pub struct StackKey {
     pub ustack_check: u32,
     /// The count generation (see `Generational`).
     pub gen: u32,
+    /// 1: counted by processes forked from `tgid`'s image, not by `tgid`
+    /// (see `ImageOffsets`); which ones, `StackMember` records say.
+    pub forked: u32,
 }
 
 #[repr(C)]
@@ -58,10 +61,11 @@ pub struct ImageOffsets {
 /// Ancestors an image key looks through (a bounded loop).
 pub const MAX_IMAGE_LEVELS: u32 = 8;
 
-/// A process counted under a key of its image (`owner`, the stack ids) for
-/// the first time on this CPU since another did: userspace keeps the set of
-/// processes per key, so a row still says how many processes took it
-/// while the kernel keeps one entry for all of them.
+/// A forked process counted under its image's key (`owner`, the stack ids,
+/// forked) for the first time on this CPU since another did: userspace
+/// keeps the set of processes per key, so a row still says how many
+/// processes took it while the kernel keeps one entry for all of them.
+/// The owner's own counts are a key of their own and need no record.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
 pub struct StackMember {

@@ -44,8 +44,10 @@ pub fn brk_enter(ctx: TracePointContext) -> u32 {
         0
     };
     let mut st = capture_stacks(&ctx, grew, 0);
+    let owner = image_owner(tgid);
     let mut key = StackKey {
-        tgid: image_owner(tgid),
+        tgid: owner,
+        forked: (owner != tgid) as u32,
         ustack: st.user,
         kstack: st.kern,
         ustack_check: st.user_check,
@@ -56,7 +58,9 @@ pub fn brk_enter(ctx: TracePointContext) -> u32 {
     let bump = |k: &StackKey, v: &mut StackVal| {
         v.count += 1;
         v.bytes += grew;
-        note_member(&mut v.last, tgid, k.tgid, k.ustack, k.kstack);
+        if k.forked != 0 {
+            note_member(&mut v.last, tgid, k.tgid, k.ustack, k.kstack);
+        }
     };
     if bump_by_stack(&BRK_STACKS, &mut key, &mut st, set_user, bump) {
         return 0;
@@ -72,6 +76,8 @@ pub fn brk_enter(ctx: TracePointContext) -> u32 {
         count_loss(loss::MAP_FULL);
         return 0;
     }
-    tell_member(tgid, key.tgid, key.ustack, key.kstack);
+    if key.forked != 0 {
+        tell_member(tgid, key.tgid, key.ustack, key.kstack);
+    }
     0
 }

@@ -15,7 +15,7 @@ use aya_ebpf::{
     EbpfContext, Global,
 };
 use memtrace_common::{
-    faults::{FaultConfig, FaultKey, FaultSlot, FaultVal},
+    faults::{FaultConfig, FaultKey, FaultSlot, FaultVal, FORKED},
     loss, TASK_COMM_LEN,
 };
 
@@ -122,9 +122,10 @@ fn count<C: StackIdContext>(
         return;
     }
     let mut st = capture_stacks(ctx, addr, kernel_mode);
+    let owner = image_owner(tgid);
     let mut key = FaultKey {
-        tgid: image_owner(tgid),
-        kernel_mode: kernel_mode as u8,
+        tgid: owner,
+        kernel_mode: kernel_mode as u8 | if owner != tgid { FORKED } else { 0 },
         gen: count_gen() as u8,
         ustack_check: st.user_check as u16,
         ustack: st.user,
@@ -136,7 +137,9 @@ fn count<C: StackIdContext>(
     };
     let bump = |k: &FaultKey, v: &mut FaultVal| {
         v.count += 1;
-        note_member(&mut v.last, tgid, k.tgid, k.ustack, k.kstack);
+        if k.kernel_mode & FORKED != 0 {
+            note_member(&mut v.last, tgid, k.tgid, k.ustack, k.kstack);
+        }
     };
     if bump_by_stack(map, &mut key, &mut st, set_user, bump) {
         return;
@@ -169,10 +172,16 @@ fn insert(
         _pad: 0,
     };
     if map.insert(key, &v, 0).is_err() {
-        spill(tgid, kernel_mode, if slots { cfg.spill_mask } else { 0 });
+        spill(
+            tgid,
+            kernel_mode & 1,
+            if slots { cfg.spill_mask } else { 0 },
+        );
         return;
     }
-    tell_member(tgid, key.tgid, key.ustack, key.kstack);
+    if key.kernel_mode & FORKED != 0 {
+        tell_member(tgid, key.tgid, key.ustack, key.kstack);
+    }
 }
 
 #[btf_tracepoint(function = "page_fault_user")]

@@ -174,20 +174,28 @@ pub fn setup() -> Result<()> {
         .env("LLVM_PREFIX", &prefix))
 }
 
-/// Programs the tests read memtrace's output with, independently of it:
-/// installed with apt where missing (tests that need one skip, with the
+/// Programs the tests read memtrace's output with, independently of it,
+/// and libraries their workloads run on: installed with apt where missing (tests that need one skip, with the
 /// reason, where it cannot be had).
 pub fn test_readers() {
     // protoc decodes --pprof output against the published schema.
     const READERS: [(&str, &str); 1] = [("protoc", "protobuf-compiler")];
-    for (bin, pkg) in READERS {
-        let have = Command::new(bin)
-            .arg("--version")
-            .output()
-            .is_ok_and(|o| o.status.success());
-        if have {
-            continue;
-        }
+    // jemalloc: the allocator tests' programs run on it too.
+    const LIBS: [(&str, &str); 1] =
+        [("/usr/lib/x86_64-linux-gnu/libjemalloc.so.2", "libjemalloc2")];
+    let missing = READERS
+        .into_iter()
+        .filter(|(bin, _)| {
+            !Command::new(bin)
+                .arg("--version")
+                .output()
+                .is_ok_and(|o| o.status.success())
+        })
+        .chain(
+            LIBS.into_iter()
+                .filter(|(path, _)| cfg!(target_arch = "x86_64") && !Path::new(path).exists()),
+        );
+    for (bin, pkg) in missing {
         eprintln!("xtask: installing {pkg} (apt) for the tests' {bin}");
         let ok = works(
             Command::new("apt-get")

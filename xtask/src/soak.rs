@@ -36,6 +36,30 @@ fn cpu_ticks(pid: u32) -> u64 {
     n(11) + n(12)
 }
 
+/// Kernel memory of the BPF maps `pid` holds open (the `memlock` of each
+/// map descriptor's fdinfo): kept apart from its RSS, which counts a map
+/// only while it is mapped.
+fn maps_kib(pid: u32) -> u64 {
+    let Ok(dir) = std::fs::read_dir(format!("/proc/{pid}/fdinfo")) else {
+        return 0;
+    };
+    let mut bytes = 0;
+    for e in dir.flatten() {
+        let Ok(info) = std::fs::read_to_string(e.path()) else {
+            continue;
+        };
+        if !info.contains("map_type:") {
+            continue;
+        }
+        bytes += info
+            .lines()
+            .find_map(|l| l.strip_prefix("memlock:"))
+            .and_then(|v| v.trim().parse::<u64>().ok())
+            .unwrap_or(0);
+    }
+    bytes / 1024
+}
+
 fn rss_kib(pid: u32) -> u64 {
     std::fs::read_to_string(format!("/proc/{pid}/status"))
         .ok()
@@ -106,7 +130,9 @@ pub fn run(minutes: u64) -> Result<()> {
     ];
     let hz = 100.0; // USER_HZ on Linux
     let began = Instant::now();
-    println!("xtask: soak: {minutes} min; every minute: events, lost, RSS, CPU of each tool");
+    println!(
+        "xtask: soak: {minutes} min; every minute: events, lost, RSS, kernel memory of its BPF maps, CPU of each tool"
+    );
     for minute in 1..=minutes {
         std::thread::sleep(
             Duration::from_secs(60).saturating_sub(
@@ -123,10 +149,11 @@ pub fn run(minutes: u64) -> Result<()> {
             let cpu = (t - r.ticks.min(t)) as f64 / hz / 60.0 * 100.0;
             r.ticks = t;
             println!(
-                "  {minute:>3} min  {:<14} {:<44} RSS {:>7} KiB  CPU {cpu:>5.1}%",
+                "  {minute:>3} min  {:<14} {:<44} RSS {:>7} KiB  maps {:>7} KiB  CPU {cpu:>5.1}%",
                 r.name,
                 r.progress.lock().unwrap(),
-                rss_kib(pid)
+                rss_kib(pid),
+                maps_kib(pid)
             );
         }
     }

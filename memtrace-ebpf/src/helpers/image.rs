@@ -1,11 +1,16 @@
 //! Counts keyed by image: a process forked without exec runs its parent's
 //! code at its parent's addresses, so identical stacks of the processes of
-//! one image (one exec, one name) are one key, under the eldest's pid. A
-//! churn of forked children (backends, workers) then costs the count map
-//! one entry per stack, not one per process and stack; which processes took
-//! each key goes to userspace once per change (`StackMember`).
+//! one image (one exec, one name) are one key, under the eldest's pid: its
+//! own counts, and those of every process forked from it (the key marked
+//! forked). A churn of forked children (backends, workers) then costs the
+//! count map two entries per stack, not one per process and stack; which
+//! forked processes took each key goes to userspace once per change
+//! (`StackMember`), none for a process that never forks.
 
-use aya_ebpf::Global;
+use aya_ebpf::{
+    bindings::{BPF_RB_AVAIL_DATA, BPF_RB_RING_SIZE},
+    Global,
+};
 use memtrace_common::{
     kind, loss,
     stacks::{ImageOffsets, StackMember, MAX_IMAGE_LEVELS},
@@ -89,9 +94,9 @@ pub fn image_owner(tgid: u32) -> u32 {
     owner
 }
 
-/// Tells userspace that `tgid` counted under the key (`owner`, stacks) when
-/// it is not the process that counted there last on this CPU (`last`, in
-/// the value): one record per change, none per event.
+/// Tells userspace that forked process `tgid` counted under its image's key
+/// (`owner`, stacks) when it is not the process that counted there last on
+/// this CPU (`last`, in the value): one record per change, none per event.
 #[inline(always)]
 pub fn note_member(last: &mut u32, tgid: u32, owner: u32, ustack: i32, kstack: i32) {
     if *last == tgid {
@@ -101,13 +106,16 @@ pub fn note_member(last: &mut u32, tgid: u32, owner: u32, ustack: i32, kstack: i
     tell_member(tgid, owner, ustack, kstack);
 }
 
-/// Tells userspace that `tgid` counted under the key (`owner`, stacks): at
-/// a new key (whose value starts with `last` = `tgid`), and at a change. A
-/// function of its own: inlined, its record joined the stack of programs
-/// that also unwind, past the 512 bytes kernels before 6.13 allow.
+/// Tells userspace that forked process `tgid` counted under its image's
+/// key: at a new key (whose value starts with `last` = `tgid`), and at a
+/// change. A function of its own: inlined, its record joined the stack of
+/// programs that also unwind, past the 512 bytes kernels before 6.13 allow.
 #[inline(never)]
 pub fn tell_member(tgid: u32, owner: u32, ustack: i32, kstack: i32) {
-    if IMAGE.load().levels == 0 {
+    // Never at the cost of the records that carry events or mappings: a
+    // burst of forks leaves them half the buffer.
+    if EVENTS.query(BPF_RB_AVAIL_DATA as u64) > EVENTS.query(BPF_RB_RING_SIZE as u64) / 2 {
+        count_loss(loss::MEMBER_LOST);
         return;
     }
     let rec = StackMember {

@@ -208,6 +208,7 @@ fn record_stacks(
         kstack: st.kern,
         ustack_check: st.user_check,
         gen: 0,
+        forked: 0,
     };
     let (n, bytes) = weight;
     let set_user =

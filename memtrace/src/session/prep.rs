@@ -20,6 +20,9 @@ pub struct Prep<'a> {
     pub stacks: u32,
 }
 
+/// The ring buffer's size with counts keyed by image (`image_keys`).
+const IMAGE_RING_BYTES: u32 = 1 << 20;
+
 impl Prep<'_> {
     pub fn btf(&self) -> Result<&'static KernelBtf> {
         KernelBtf::shared()
@@ -43,6 +46,17 @@ impl Prep<'_> {
         match self.btf().and_then(|b| b.image_offsets()) {
             Ok(o) => {
                 self.loader.global(memtrace_common::names::IMAGE, &o);
+                // Room for the records of which forked process took which
+                // stack (32 bytes each) in a burst of forks: up to half of
+                // it, the rest stays for the other records.
+                let events = memtrace_common::names::EVENTS;
+                if self
+                    .loader
+                    .size_of(events)
+                    .is_none_or(|b| b < IMAGE_RING_BYTES)
+                {
+                    self.loader.max_entries(events, IMAGE_RING_BYTES);
+                }
                 true
             }
             Err(e) => {

@@ -293,6 +293,7 @@ mod tests {
             kstack: -1,
             ustack_check: 7,
             gen: 0,
+            forked: 0,
         }
     }
 
@@ -322,6 +323,7 @@ mod tests {
             kstack: -1,
             ustack_check: 0,
             gen: 0,
+            forked: 0,
         }];
         assert_eq!((folded.count, folded.bytes), (15, 150));
         assert_eq!(k.counts[&key(2, -1)].count, 1);

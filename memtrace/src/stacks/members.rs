@@ -70,17 +70,16 @@ impl Members {
             .insert(m.member);
     }
 
-    /// Names in `r` (counted under the key of `r.pid` and `ids`) the
-    /// processes that took it: `r.pid` stays the owner where the owner
-    /// itself counted there, else it is the first of the others.
+    /// Names in `r`, the counts of the processes forked from `r.pid`'s
+    /// image under the stack `ids`, the processes that took it (the first
+    /// as its pid). Where no record came (they were lost, and counted),
+    /// `r` stays as it is.
     pub fn name(&self, r: &mut StackReport, ids: (i32, i32)) {
         let Some(p) = self.by_key.get(&(r.pid, ids.0, ids.1)) else {
             return;
         };
-        if !p.set.contains(&r.pid) {
-            if let Some(first) = p.set.iter().min() {
-                r.pid = *first;
-            }
+        if let Some(first) = p.set.iter().min() {
+            r.pid = *first;
         }
         r.processes = p.set.len() + p.more;
         r.pids = p.set.iter().copied().filter(|q| *q != r.pid).collect();
@@ -130,17 +129,16 @@ mod tests {
     #[test]
     fn a_row_names_the_processes_that_took_its_key_each_once() {
         let mut m = Members::default();
-        for rec in [member(10, 10, 1), member(11, 10, 1), member(10, 10, 1)] {
+        for rec in [member(12, 10, 1), member(11, 10, 1), member(12, 10, 1)] {
             m.note(&rec);
         }
-        m.note(&member(12, 10, 2));
+        m.note(&member(13, 10, 2));
         let mut r = report(10);
         m.name(&mut r, (1, -1));
-        assert_eq!((r.pid, r.processes, r.pids.clone()), (10, 2, vec![11]));
-        // The owner never took stack 2: its one process stands for it.
+        assert_eq!((r.pid, r.processes, r.pids.clone()), (11, 2, vec![12]));
         let mut r = report(10);
         m.name(&mut r, (2, -1));
-        assert_eq!((r.pid, r.processes, r.pids.clone()), (12, 1, vec![]));
+        assert_eq!((r.pid, r.processes, r.pids.clone()), (13, 1, vec![]));
         // A key no record named stays as it was.
         let mut r = report(10);
         m.name(&mut r, (3, -1));

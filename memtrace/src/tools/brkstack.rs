@@ -151,7 +151,12 @@ impl Tool for Brkstack {
                 .map(|(k, val)| {
                     let comm = crate::session::records::comm(&val.comm);
                     let ids = (k.ustack, k.kstack);
-                    stack_report(s, k.tgid, comm, ids, mode, val.count, Some(val.bytes))
+                    let mut r =
+                        stack_report(s, k.tgid, comm, ids, mode, val.count, Some(val.bytes));
+                    if k.forked != 0 {
+                        s.members.name(&mut r, ids);
+                    }
+                    r
                 })
                 .collect(),
         };
@@ -180,7 +185,10 @@ impl Tool for Brkstack {
             .resolve_exited(crate::process::proc::alive, |k, val| {
                 let comm = crate::session::records::comm(&val.comm);
                 let ids = (k.ustack, k.kstack);
-                let r = stack_report(s, k.tgid, comm, ids, mode, val.count, Some(val.bytes));
+                let mut r = stack_report(s, k.tgid, comm, ids, mode, val.count, Some(val.bytes));
+                if k.forked != 0 {
+                    s.members.name(&mut r, ids);
+                }
                 resolved(r)
             });
         self.kept.forget_members(s, crate::process::proc::alive);

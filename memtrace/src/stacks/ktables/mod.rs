@@ -160,10 +160,12 @@ impl KTables {
         let by_file = BpfHash::try_from(take(bpf, names::UNWIND_FILES.name)?)
             .map_err(|e| Error::Usage(format!("UNWIND_FILES: {e}")))?;
         let rules_map = take(bpf, names::UNWIND_RULES.name)?;
-        let (ptr, len, bytes) = map_array(&rows_map, names::UNWIND_ROWS.name)?;
-        // SAFETY: mapped just above, `bytes` long, two words an entry,
-        // owned here.
-        let rows = unsafe { Rows::new(ptr.cast(), 2 * len, bytes) };
+        let Map::Array(data) = &rows_map else {
+            return Err(Error::Usage("UNWIND_ROWS is not an array".into()));
+        };
+        let len = data.info().map(|i| i.max_entries()).unwrap_or(0);
+        // Two words an entry; the map is kept open beside `rows`.
+        let rows = Rows::new(data.fd().as_fd().as_raw_fd(), 2 * len);
         let (rptr, rlen, rbytes) = map_array(&rules_map, names::UNWIND_RULES.name)?;
         // SAFETY: as above; a new array is zeroed.
         let rules = unsafe { Rules::new(rptr, rlen, rbytes) };

@@ -1,33 +1,38 @@
-//! The shared row array (4-byte words), mapped into memtrace, and which of
-//! its words are free: files' slices are placed first-fit, and a file's
-//! slice goes back when no live process's table refers to it (evicted to
-//! make room).
+//! The shared row array (4-byte words) and which of its words are free:
+//! files' slices are placed first-fit, and a file's slice goes back when no
+//! live process's table refers to it (evicted to make room).
+
+use std::os::fd::RawFd;
 
 pub(super) struct Rows {
-    ptr: *mut u32,
-    bytes: usize,
+    to: Target,
     /// Free extents (first, n), sorted by first, never adjacent.
     free: Vec<(u32, u32)>,
 }
 
-// SAFETY: the mapping is owned by `Rows` and written only through `&mut`.
-unsafe impl Send for Rows {}
-
-impl Drop for Rows {
-    fn drop(&mut self) {
-        // SAFETY: mapped in `KTables::new` with this length.
-        unsafe { libc::munmap(self.ptr.cast(), self.bytes) };
-    }
+/// Where rows are copied: the array map, mapped for each copy only (its
+/// pages are kernel memory either way; mapped for the whole run, all 32 MiB
+/// of them counted in memtrace's resident size), or the tests' memory.
+enum Target {
+    Map {
+        fd: RawFd,
+        page: usize,
+    },
+    #[cfg(test)]
+    Memory(*mut u32),
 }
 
+// SAFETY: the test memory is owned by the test and written only through `&mut`.
+unsafe impl Send for Rows {}
+
 impl Rows {
-    /// # Safety
-    /// `ptr` is a shared mapping of `bytes` bytes holding `len` words, owned
-    /// from here on.
-    pub(super) unsafe fn new(ptr: *mut u32, len: u32, bytes: usize) -> Rows {
+    /// `fd` is a BPF_F_MMAPABLE array of `len` words, open while `Rows` is.
+    pub(super) fn new(fd: RawFd, len: u32) -> Rows {
         Rows {
-            ptr,
-            bytes,
+            to: Target::Map {
+                fd,
+                page: crate::kernel::btf::page_size() as usize,
+            },
             free: if len > 0 { vec![(0, len)] } else { Vec::new() },
         }
     }
@@ -49,13 +54,54 @@ impl Rows {
         } else {
             self.free[i] = (first + n, len - n);
         }
-        // SAFETY: [first, first + n) is inside the mapping (a free extent);
-        // the programs read rows only through slices published after this
-        // copy.
-        unsafe {
-            std::ptr::copy_nonoverlapping(rows.as_ptr(), self.ptr.add(first as usize), rows.len())
-        };
+        if !self.copy(first, rows) {
+            self.release(first, n);
+            return None;
+        }
         Some(first)
+    }
+
+    /// Copies `rows` to word `first` (inside the array: a free extent). The
+    /// programs read rows only through slices published after this copy.
+    fn copy(&mut self, first: u32, rows: &[u32]) -> bool {
+        let (fd, page) = match self.to {
+            Target::Map { fd, page } => (fd, page),
+            #[cfg(test)]
+            Target::Memory(p) => {
+                // SAFETY: the test's memory holds every free extent.
+                unsafe {
+                    std::ptr::copy_nonoverlapping(rows.as_ptr(), p.add(first as usize), rows.len())
+                };
+                return true;
+            }
+        };
+        let start = first as usize * 4;
+        let off = start / page * page;
+        let len = (start + rows.len() * 4).div_ceil(page) * page - off;
+        // SAFETY: a shared mapping of the array's pages holding the extent.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                fd,
+                off as libc::off_t,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            return false;
+        }
+        // SAFETY: [start, start + 4 * n) lies in the mapped [off, off + len).
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                rows.as_ptr(),
+                p.cast::<u8>().add(start - off).cast::<u32>(),
+                rows.len(),
+            );
+            libc::munmap(p, len);
+        }
+        true
     }
 
     /// Gives back `[first, first + n)`, merged with free neighbours.
@@ -84,8 +130,7 @@ mod tests {
     fn rows(len: u32) -> (Rows, Vec<u32>) {
         let mut mem = vec![0u32; len as usize];
         let r = Rows {
-            ptr: mem.as_mut_ptr(),
-            bytes: 0,
+            to: Target::Memory(mem.as_mut_ptr()),
             free: vec![(0, len)],
         };
         (r, mem)
@@ -104,8 +149,7 @@ mod tests {
         assert_eq!(r.free, vec![(0, 100)]);
         assert_eq!(r.place(&[0u32; 100]), Some(0));
         assert_eq!(r.free_rows(), 0);
-        // Not unmapped: the test owns the memory.
-        std::mem::forget(r);
+        drop(r);
         drop(mem);
     }
 }

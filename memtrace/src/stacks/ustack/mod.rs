@@ -224,7 +224,7 @@ pub fn stack_report(
     } else {
         None
     };
-    let mut r = StackReport {
+    StackReport {
         pid,
         comm,
         count,
@@ -236,9 +236,7 @@ pub fn stack_report(
         alloc: None,
         pids: Vec::new(),
         group: group_of(s, pid),
-    };
-    s.members.name(&mut r, ids);
-    r
+    }
 }
 
 /// The memory cgroup of process `pid`, for a stack's labels.

@@ -4,7 +4,7 @@
 use std::collections::HashMap;
 
 use memtrace_common::{
-    faults::{FaultConfig, FaultKey},
+    faults::{FaultConfig, FaultKey, FORKED},
     names::{EXEC_NAMES, FAULTS, FAULTS_PERF, FAULT_SLOTS, FAULT_SLOT_FREE},
     stack_mode,
     stacks::USTACK_SPILLED,
@@ -221,10 +221,13 @@ impl Faults {
             return self.by_mapping(s, out, &data, &title);
         }
         if self.args.stacks || self.args.kernel_stacks {
-            let mut agg: HashMap<(u32, i32, i32), (u64, String)> = HashMap::new();
+            // The owner's own counts and its forks' apart (merged by
+            // what they show, with the processes of each).
+            let mut agg: HashMap<(u32, i32, i32, bool), (u64, String)> = HashMap::new();
             for (k, c, n) in &data {
+                let forked = k.kernel_mode & FORKED != 0;
                 let e = agg
-                    .entry((k.tgid, k.ustack, k.kstack))
+                    .entry((k.tgid, k.ustack, k.kstack, forked))
                     .or_insert((0, n.clone()));
                 e.0 += c;
             }
@@ -237,9 +240,12 @@ impl Faults {
                     Some(r) => r,
                     None => v
                         .into_iter()
-                        .map(|((pid, u, k), (c, n))| {
+                        .map(|((pid, u, k, forked), (c, n))| {
                             let faceless = pid == 0 && n == spill::NAME;
                             let mut r = stack_report(s, pid, n, (u, k), mode, c, None);
+                            if forked {
+                                s.members.name(&mut r, (u, k));
+                            }
                             if faceless {
                                 r.note = Some(spill::NOTE.into());
                             } else if u == USTACK_SPILLED {
@@ -387,15 +393,11 @@ impl Tool for Faults {
         self.kept
             .resolve_exited(crate::process::proc::alive, |k, (c, name)| {
                 let ids = (k.ustack, k.kstack);
-                crate::stacks::kept::resolved(stack_report(
-                    s,
-                    k.tgid,
-                    name.clone(),
-                    ids,
-                    mode,
-                    *c,
-                    None,
-                ))
+                let mut r = stack_report(s, k.tgid, name.clone(), ids, mode, *c, None);
+                if k.kernel_mode & FORKED != 0 {
+                    s.members.name(&mut r, ids);
+                }
+                crate::stacks::kept::resolved(r)
             });
         self.kept.forget_members(s, crate::process::proc::alive);
         for k in self.kept.counts.keys().filter(|k| k.ustack >= 0) {
