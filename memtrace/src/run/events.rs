@@ -171,10 +171,7 @@ pub(crate) async fn event_loop(
                     maps.refresh_due();
                     maps.refresh_missed();
                 }
-                let ring = rb.get_mut();
-                while let Some(item) = ring.next() {
-                    dispatch(&item, tool, session, out)?;
-                }
+                drain_ring(&mut rb, tool, session, out)?;
                 out.flush();
                 output::check(out)?;
                 if reclaim.soon {
@@ -190,12 +187,16 @@ pub(crate) async fn event_loop(
             _ = sig.term.recv() => break,
             _ = sig.hup.recv() => break,
             _ = sig.usr1.recv() => {
+                // Records already sent belong to the report (which
+                // processes took a stack keyed by image).
+                drain_ring(&mut rb, tool, session, out)?;
                 tool.on_mark(session, out)?;
                 out.flush();
                 output::check(out)?;
             }
             _ = tokio::time::sleep_until(deadline) => break,
             _ = interval.tick() => {
+                drain_ring(&mut rb, tool, session, out)?;
                 tool.on_interval(session, out)?;
                 out.flush();
                 output::check(out)?;
@@ -251,11 +252,22 @@ pub(crate) async fn event_loop(
         }
     }
     // Whatever is still in the buffer belongs to the report.
+    drain_ring(&mut rb, tool, session, out)?;
+    Ok((status, counted_out, warned_loss))
+}
+
+/// Every record waiting in the ring buffer, dispatched.
+fn drain_ring(
+    rb: &mut AsyncFd<aya::maps::RingBuf<aya::maps::MapData>>,
+    tool: &mut dyn Tool,
+    session: &mut Traced,
+    out: &mut dyn Printer,
+) -> Result<()> {
     let ring = rb.get_mut();
     while let Some(item) = ring.next() {
         dispatch(&item, tool, session, out)?;
     }
-    Ok((status, counted_out, warned_loss))
+    Ok(())
 }
 
 /// Copied stacks go to the unwinder, every other record to the tool.
