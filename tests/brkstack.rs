@@ -309,6 +309,18 @@ fn summary_events(stderr: &str) -> u64 {
         .unwrap()
 }
 
+/// The row of the stack through the children's sbrk loop.
+fn children_row(stdout: &str) -> serde_json::Value {
+    stacks(stdout)
+        .into_iter()
+        .find(|s| {
+            user_frames(s)
+                .iter()
+                .any(|f| f.contains("grow_heap_with_sbrk"))
+        })
+        .unwrap_or_else(|| panic!("no stack through grow_heap_with_sbrk"))
+}
+
 /// 2,500 children forked one after another, each calling sbrk 5 times from
 /// one function: every call is in the answer, however it is printed. The
 /// text report shows its top stacks and says what the others add up to;
@@ -334,14 +346,7 @@ fn every_call_of_thousands_of_children_is_in_every_report() {
     assert_eq!(calls, events, "JSON rows against the summary");
     assert!(json_of(&out.stdout, "rest").is_empty(), "JSON was cut");
     let all = stacks(&out.stdout);
-    let children = all
-        .iter()
-        .find(|s| {
-            user_frames(s)
-                .iter()
-                .any(|f| f.contains("grow_heap_with_sbrk"))
-        })
-        .unwrap_or_else(|| panic!("no stack through grow_heap_with_sbrk"));
+    let children = children_row(&out.stdout);
     assert_eq!(children["count"].as_u64(), Some(5 * N), "{children}");
     assert_eq!(children["processes"].as_u64(), Some(N), "{children}");
     assert!(
@@ -393,14 +398,7 @@ fn forked_children_share_their_stacks_keys_in_the_kernel() {
     assert_eq!(summary["lost_total"].as_u64(), Some(0), "{summary}");
     let uncounted = &summary["degraded"]["processes_uncounted"];
     assert_eq!(uncounted.as_u64(), Some(0), "{summary}");
-    let children = stacks(&out.stdout)
-        .into_iter()
-        .find(|s| {
-            user_frames(s)
-                .iter()
-                .any(|f| f.contains("grow_heap_with_sbrk"))
-        })
-        .unwrap_or_else(|| panic!("no stack through grow_heap_with_sbrk"));
+    let children = children_row(&out.stdout);
     assert_eq!(children["count"].as_u64(), Some(5 * N), "{children}");
     assert_eq!(children["processes"].as_u64(), Some(N), "{children}");
 

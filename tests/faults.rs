@@ -337,6 +337,18 @@ fn faults_while_the_count_map_is_full_are_counted_not_lost() {
     );
 }
 
+/// The stacks whose innermost frame is the workload's page-touching loop.
+fn touching(stacks: Vec<serde_json::Value>) -> Vec<serde_json::Value> {
+    stacks
+        .into_iter()
+        .filter(|r| {
+            user_frames(r)
+                .first()
+                .is_some_and(|f| f.contains("touch_fresh_pages"))
+        })
+        .collect()
+}
+
 /// Past the bound on kept counts, the per-stack counts of exited processes
 /// are symbolized and kept by what they show: every fault is counted with
 /// its stack, the children's touching function is one row for all of them
@@ -372,15 +384,7 @@ fn counts_of_exited_processes_resolve_past_the_bound_and_none_is_lost() {
                 .all(|r| !user_frames(r).iter().any(|f| f.contains("folded"))),
             "a folded row"
         );
-        let touching: Vec<serde_json::Value> = stacks
-            .into_iter()
-            .filter(|r| {
-                user_frames(r)
-                    .first()
-                    .is_some_and(|f| f.contains("touch_fresh_pages"))
-            })
-            .collect();
-        touching
+        touching(stacks)
     };
     // The loop's stack is one row for all the children; a child may fault
     // once more elsewhere in the function (a stack of its own, again one
@@ -504,14 +508,7 @@ fn forked_children_share_their_stacks_keys_in_the_kernel() {
         Some(0),
         "{s}"
     );
-    let touching: Vec<_> = json_of(&shared, "fault_stack")
-        .into_iter()
-        .filter(|r| {
-            user_frames(r)
-                .first()
-                .is_some_and(|f| f.contains("touch_fresh_pages"))
-        })
-        .collect();
+    let touching = touching(json_of(&shared, "fault_stack"));
     let faults: u64 = touching.iter().map(|r| r["count"].as_u64().unwrap()).sum();
     assert_eq!(faults, N * PAGES, "{touching:?}");
     assert!(
