@@ -255,18 +255,37 @@ fn cpp_new_served_by_jemalloc_is_seen_with_and_without_the_shim() {
     let out = run(&["memleak", "--json", "-c", &cmd]);
     assert_eq!(out.code, 0, "{}", out.stderr);
     assert_eq!(held(&out.stdout, "cpp_leak_inner"), want, "{}", out.stdout);
-    let mut p = Command::new(&prog)
-        .args([NEW.to_string(), "1500".into()])
+    let args = [NEW.to_string(), "1500".into()];
+    // The shim loaded into the process, then uprobes on jemalloc's own.
+    let out = by_pid(&prog, &args, &[]);
+    assert!(
+        out.stderr
+            .contains("libjemalloc.so.2, through the shim loaded"),
+        "{}",
+        out.stderr
+    );
+    assert_eq!(held(&out.stdout, "cpp_leak_inner"), want, "{}", out.stdout);
+    let out = by_pid(&prog, &args, &["--no-inject"]);
+    assert!(out.stderr.contains("_Znwm"), "{}", out.stderr);
+    assert_eq!(held(&out.stdout, "cpp_leak_inner"), want, "{}", out.stdout);
+}
+
+/// memleak `-p` of `prog ARGS` (which waits 1.5 s before its first call,
+/// its libraries mapped by 400 ms), to its end.
+fn by_pid(prog: &Path, args: &[String], extra: &[&str]) -> Output {
+    let mut p = Command::new(prog)
+        .args(args)
         .spawn()
-        .expect("spawn the C++ program");
-    // Its libraries mapped (it waits 1.5 s before its first new).
+        .expect("spawn the program");
     std::thread::sleep(std::time::Duration::from_millis(400));
-    let t = Tracer::start(&["memleak", "-v", "--json", "-p", &p.id().to_string()]);
+    let pid = p.id().to_string();
+    let mut argv = vec!["memleak", "-v", "--json", "-p", &pid];
+    argv.extend_from_slice(extra);
+    let t = Tracer::start(&argv);
     assert!(wait_child(&mut p, std::time::Duration::from_secs(30)).success());
     let out = t.wait(std::time::Duration::from_secs(30));
     assert_eq!(out.code, 0, "{}", out.stderr);
-    assert!(out.stderr.contains("_Znwm"), "{}", out.stderr);
-    assert_eq!(held(&out.stdout, "cpp_leak_inner"), want, "{}", out.stdout);
+    out
 }
 
 /// jemalloc's own API (mallocx, rallocx, xallocx, dallocx, sdallocx) on a
@@ -300,15 +319,16 @@ fn jemalloc_s_own_api_is_seen_with_and_without_the_shim() {
     let out = run(&["memleak", "--json", "-c", &cmd]);
     assert_eq!(out.code, 0, "{}", out.stderr);
     assert_eq!(held(&out.stdout, "je_leak_here"), want, "{}", out.stdout);
-    let mut p = Command::new(&prog)
-        .args([BLOCKS.to_string(), SIZE.to_string(), "1500".into()])
-        .spawn()
-        .expect("spawn the jemalloc program");
-    std::thread::sleep(std::time::Duration::from_millis(400));
-    let t = Tracer::start(&["memleak", "-v", "--json", "-p", &p.id().to_string()]);
-    assert!(wait_child(&mut p, std::time::Duration::from_secs(30)).success());
-    let out = t.wait(std::time::Duration::from_secs(30));
-    assert_eq!(out.code, 0, "{}", out.stderr);
+    let args = [BLOCKS.to_string(), SIZE.to_string(), "1500".into()];
+    let out = by_pid(&prog, &args, &[]);
+    assert!(
+        out.stderr
+            .contains("libjemalloc.so.2, through the shim loaded"),
+        "{}",
+        out.stderr
+    );
+    assert_eq!(held(&out.stdout, "je_leak_here"), want, "{}", out.stdout);
+    let out = by_pid(&prog, &args, &["--no-inject"]);
     for f in [
         "mallocx",
         "rallocx",

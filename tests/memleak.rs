@@ -199,7 +199,8 @@ fn a_block_sampled_then_reallocated_unsampled_is_released_by_uretprobe() {
 fn a_running_process_s_leaks_are_reported_exactly_by_stack() {
     let args = leak_args(300);
     let args: Vec<&str> = args.iter().map(|s| s.as_str()).collect();
-    let out = trace_workload(&args, &[&["memleak", "--top", "50"]]).remove(0);
+    // Uprobes on the allocator (tests/inject.rs has the shim loaded in).
+    let out = trace_workload(&args, &[&["memleak", "--top", "50", "--no-inject"]]).remove(0);
     assert_exact(&out);
     // Every allocation function was seen: 200 rounds of six, and the leaks.
     let summary = &json_of(&out, "summary")[0];

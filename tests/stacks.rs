@@ -288,20 +288,29 @@ fn cpp_memleak_stacks_name_the_caller_of_operator_new_by_default() {
     let cmd = format!("{} {N}", bin.display());
     let (by_cmd, summary) = trace(&["memleak", "--json", "-c", &cmd]);
     assert_default_unwinder(&summary);
-    let mut p = Command::new(&bin)
-        .args([N.to_string(), "1500".into()])
-        .spawn()
-        .expect("spawn the C++ workload");
-    let t = Tracer::start(&["memleak", "--json", "-p", &p.id().to_string()]);
-    assert!(wait_child(&mut p, WAIT).success());
-    let by_pid = t.wait(Duration::from_secs(30));
-    assert_eq!(by_pid.code, 0, "{}", by_pid.stderr);
+    let by_pid = |extra: &[&str]| {
+        let mut p = Command::new(&bin)
+            .args([N.to_string(), "1500".into()])
+            .spawn()
+            .expect("spawn the C++ workload");
+        let pid = p.id().to_string();
+        let mut argv = vec!["memleak", "--json", "-p", &pid];
+        argv.extend_from_slice(extra);
+        let t = Tracer::start(&argv);
+        assert!(wait_child(&mut p, WAIT).success());
+        let out = t.wait(Duration::from_secs(30));
+        assert_eq!(out.code, 0, "{}", out.stderr);
+        out.stdout
+    };
+    let (injected, probed) = (by_pid(&[]), by_pid(&["--no-inject"]));
     // The shim serves operator new itself (its frames are dropped): the
-    // stack starts at the caller. Through uprobes on malloc, at libstdc++'s
-    // operator new, then the caller.
+    // stack starts at the caller, preloaded or loaded into the process.
+    // Through uprobes on malloc, at libstdc++'s operator new, then the
+    // caller.
     for (out, first) in [
         (&by_cmd, "cpp_leak_inner"),
-        (&by_pid.stdout, "operator new"),
+        (&injected, "cpp_leak_inner"),
+        (&probed, "operator new"),
     ] {
         let s = through(out, "memleak", "cpp_leak_inner");
         let n: u64 = s.iter().map(|s| s["count"].as_u64().unwrap()).sum();

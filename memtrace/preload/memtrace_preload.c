@@ -190,6 +190,27 @@ static _Atomic int resolved;
 /* Inside the allocator, on this thread: its own mmaps are its blocks'. */
 static __thread int in_alloc __attribute__((tls_model("initial-exec")));
 
+/* Forward to what `handle` finds, function by function (glibc's where it
+ * finds none). */
+static void forward_to(dlsym_fn dl, void *handle) {
+#define NEXT(f)                                                                                    \
+  do {                                                                                             \
+    void *s = dl(handle, #f);                                                                      \
+    if (s)                                                                                         \
+      __builtin_memcpy(&next.f, &s, sizeof s);                                                     \
+  } while (0)
+  NEXT(malloc);
+  NEXT(free);
+  NEXT(calloc);
+  NEXT(realloc);
+  NEXT(memalign);
+  NEXT(aligned_alloc);
+  NEXT(posix_memalign);
+  NEXT(valloc);
+  NEXT(pvalloc);
+#undef NEXT
+}
+
 static __attribute__((noinline)) void resolve_slow(void) {
   static __thread int busy __attribute__((tls_model("initial-exec")));
   if (busy)
@@ -198,26 +219,27 @@ static __attribute__((noinline)) void resolve_slow(void) {
   /* Before glibc 2.34 without libdl: glibc's, as the shim always did. */
   dlsym_fn dl = memtrace_real_dlsym();
   void *m = dl ? dl(RTLD_NEXT, "malloc") : NULL;
-  if (m && m != (void *)__libc_malloc) {
-#define NEXT(f)                                                                                    \
-  do {                                                                                             \
-    void *s = dl(RTLD_NEXT, #f);                                                                   \
-    if (s)                                                                                         \
-      __builtin_memcpy(&next.f, &s, sizeof s);                                                     \
-  } while (0)
-    NEXT(malloc);
-    NEXT(free);
-    NEXT(calloc);
-    NEXT(realloc);
-    NEXT(memalign);
-    NEXT(aligned_alloc);
-    NEXT(posix_memalign);
-    NEXT(valloc);
-    NEXT(pvalloc);
-#undef NEXT
-  }
+  if (m && m != (void *)__libc_malloc)
+    forward_to(dl, RTLD_NEXT);
   atomic_store_explicit(&resolved, 1, memory_order_release);
   busy = 0;
+}
+
+/* `memleak -p`: memtrace loaded the shim into a running process (dlopen,
+ * in a thread it stopped) and calls this before pointing the process's
+ * allocator calls here. The calls go on to what the process's own
+ * lookups find (its main program's search list, which the shim is not
+ * in), not to RTLD_NEXT, which from a dlopen'd object is glibc's whatever
+ * the process uses. 0, or -1 when no malloc is found. */
+EXPORT int memtrace_injected(unsigned long sample) {
+  __atomic_store_n(&config, sample + 1, __ATOMIC_RELAXED);
+  dlsym_fn dl = memtrace_real_dlsym();
+  void *prog = dl ? dlopen(NULL, RTLD_NOW | RTLD_NOLOAD) : NULL;
+  if (!prog || !dl(prog, "malloc"))
+    return -1;
+  forward_to(dl, prog);
+  atomic_store_explicit(&resolved, 1, memory_order_release);
+  return 0;
 }
 
 INLINE void resolve(void) {

@@ -189,3 +189,32 @@ pub fn grow_heap_mib(mib: usize) {
         unsafe { std::ptr::write_volatile(p.add(i), 1) };
     }
 }
+
+/// `got-watch K SIZE`: where this program's calls of malloc go (read
+/// through its own GOT, as each call does) at start, then on each line on
+/// stdin: "during" (K blocks of SIZE leaked from `leak_small_blocks`,
+/// and whether malloc's address changed) or "after" (the same, plus
+/// churn that must still work), until stdin closes. memleak -p's
+/// injection rewrites that slot while it runs and must put it back.
+pub fn got_watch(k: usize, size: usize) {
+    use std::io::{BufRead, Write};
+    #[inline(never)]
+    fn malloc_now() -> usize {
+        black_box(libc::malloc as *const () as usize)
+    }
+    let start = malloc_now();
+    println!("ready");
+    std::io::stdout().flush().unwrap();
+    for line in std::io::stdin().lock().lines() {
+        let line = line.unwrap();
+        leak_small_blocks(k, size);
+        malloc_loop(1000);
+        let same = if malloc_now() == start {
+            "same"
+        } else {
+            "changed"
+        };
+        println!("{} {same}", line.trim());
+        std::io::stdout().flush().unwrap();
+    }
+}

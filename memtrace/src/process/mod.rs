@@ -8,5 +8,6 @@ pub mod command;
 pub mod container;
 pub mod entrystop;
 pub mod groups;
+pub mod inject;
 pub mod pmap;
 pub mod proc;

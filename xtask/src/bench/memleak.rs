@@ -12,6 +12,8 @@ use super::tracer::{have, median, memtrace, workload};
 const PAIRS: u64 = 200_000;
 /// The configuration that runs `memcg --heap` beside the loop.
 const MEMCG_HEAP: &str = "@memcg-heap";
+/// The configuration that starts the loop, attaches with `-p`, then runs it.
+const BY_PID: &str = "@pid";
 /// Where heaptrack writes its data (it adds .zst or .gz).
 const HEAPTRACK_OUT: &str = "/tmp/memtrace-bench-heaptrack";
 
@@ -32,6 +34,7 @@ fn once(lp: &str, argv: &[String]) -> Option<f64> {
     let mut c = match argv.split_first() {
         // memcg --heap watches the group the loop runs in.
         Some((prog, rest)) if prog == MEMCG_HEAP => return super::heap::once(lp, PAIRS, rest),
+        Some((prog, rest)) if prog == BY_PID => return by_pid(lp, rest),
         // heaptrack runs its program as its arguments, no -c.
         Some((prog, rest)) if prog == "heaptrack" => {
             let mut c = Command::new(prog);
@@ -57,6 +60,44 @@ fn once(lp: &str, argv: &[String]) -> Option<f64> {
     String::from_utf8_lossy(&out.stdout)
         .lines()
         .find_map(|l| l.strip_prefix("elapsed_ns ")?.trim().parse().ok())
+}
+
+/// The loop's time under `argv -p PID`: the loop waits for memtrace's
+/// start line before it runs.
+fn by_pid(lp: &str, argv: &[String]) -> Option<f64> {
+    use std::io::{BufRead, BufReader, Write};
+    let mut w = Command::new(workload())
+        .args(["--wait", lp, &PAIRS.to_string()])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .ok()?;
+    let mut lines = BufReader::new(w.stdout.take()?).lines();
+    let pid = lines.next()?.ok()?;
+    let (prog, rest) = argv.split_first()?;
+    let mut t = Command::new(prog)
+        .args(rest)
+        .args(["-p", pid.trim()])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .ok()?;
+    let started = BufReader::new(t.stderr.take()?)
+        .lines()
+        .map_while(|l| l.ok())
+        .any(|l| l.starts_with("Tracing"));
+    let mut stdin = w.stdin.take()?;
+    let _ = stdin.write_all(b"go\n");
+    drop(stdin);
+    let ns = lines
+        .map_while(|l| l.ok())
+        .find_map(|l| l.strip_prefix("elapsed_ns ")?.trim().parse().ok());
+    let _ = w.wait();
+    let _ = Command::new("kill")
+        .args(["-INT", &t.id().to_string()])
+        .status();
+    let _ = t.wait();
+    ns.filter(|_| started)
 }
 
 /// memleak.bt's classic program, with its entry and return probes on `f`
@@ -144,6 +185,26 @@ fn loop_cost(runs: usize, [lp, f, what, unit]: [&str; 4], out: &mut String) -> R
                 "--sample-bytes",
                 "512K",
                 "--no-uprobe-session",
+            ])),
+        ),
+        // A running process (-p): the shim loaded into it, or uprobes.
+        (
+            "memtrace memleak -p (shim injected)",
+            Some(owned(&[BY_PID, &m, "memleak"])),
+        ),
+        (
+            "memtrace memleak -p --sample-bytes 512K (shim injected)",
+            Some(owned(&[BY_PID, &m, "memleak", "--sample-bytes", "512K"])),
+        ),
+        (
+            "memtrace memleak -p --sample-bytes 512K --no-inject (uprobe session)",
+            Some(owned(&[
+                BY_PID,
+                &m,
+                "memleak",
+                "--sample-bytes",
+                "512K",
+                "--no-inject",
             ])),
         ),
         // The OOM heap (issue 36): its default, sampled by uprobes, for a

@@ -67,6 +67,11 @@ pub struct Args {
     /// memtrace's shim into the command (the shim is cheaper: see the README).
     #[arg(long)]
     pub no_preload: bool,
+    /// With -p, probe the allocator with uprobes instead of loading
+    /// memtrace's shim into the running process (ptrace, then dlopen in
+    /// it) and pointing its allocator calls at it until memtrace ends.
+    #[arg(long)]
+    pub no_inject: bool,
     /// Never attach by a uprobe session or uprobe_multi link (to measure
     /// and test the uprobe + uretprobe fallback on kernels that have them).
     #[arg(long, hide = true)]

@@ -4,6 +4,7 @@
 //! allocators by the kmem tracepoints and kernel stacks.
 
 mod args;
+mod inject;
 mod preload;
 
 use std::path::PathBuf;
@@ -36,6 +37,9 @@ pub struct Memleak {
     arenas: Vec<String>,
     /// The shim preloaded into the `-c` command, when it is.
     preload: Option<PathBuf>,
+    /// The shim to load into the `-p` process, until it is (or is not).
+    inject_from: Option<PathBuf>,
+    injection: Option<inject::Injection>,
     /// The process traced (`-p`, `-c`): its exit ends the run, and the
     /// final report reads its blocks, so they are never swept before.
     target: Option<u32>,
@@ -66,7 +70,12 @@ impl Memleak {
                 None
             }
         };
+        let inject_from = (a.common.pid.is_some() && preload::injectable(a))
+            .then(preload::install)
+            .and_then(|r| r.ok());
         Ok(Memleak {
+            inject_from,
+            injection: None,
             args: a.clone(),
             user,
             probes: Vec::new(),
@@ -192,7 +201,16 @@ impl Tool for Memleak {
             ..Default::default()
         };
         self.target = k.target;
-        let (probes, placements) = if let Some(shim) = &self.preload {
+        let injected = match (self.inject_from.take(), k.target) {
+            (Some(shim), Some(pid)) => {
+                inject::Injection::start(pid, &shim, self.args.sample_bytes.unwrap_or(0))?
+            }
+            _ => None,
+        };
+        let (probes, placements) = if let Some((i, p, said)) = injected {
+            self.injection = Some(i);
+            (p, said)
+        } else if let Some(shim) = &self.preload {
             let follow = self.args.common.children
                 || self
                     .args
@@ -311,7 +329,17 @@ impl Tool for Memleak {
         self.report(s, out, false)
     }
 
+    fn on_start(&mut self, _s: &mut Traced) -> Result<()> {
+        match &mut self.injection {
+            Some(i) => i.redirect(self.args.common.verbose),
+            None => Ok(()),
+        }
+    }
+
     fn finish(&mut self, s: &mut Traced, out: &mut dyn Printer) -> Result<()> {
+        if let Some(i) = &mut self.injection {
+            i.restore();
+        }
         self.report(s, out, false)?;
         if self.preload.is_some() && self.counts[counter::PRELOADED as usize] == 0 {
             say!(
@@ -384,6 +412,7 @@ impl Tool for Memleak {
             v.push(("blocks_gone_with_exec", Value::from(self.execs.blocks())));
         }
         v.extend(self.exited.summary());
+        v.extend(self.injection.iter().flat_map(|i| i.summary()));
         v
     }
 }

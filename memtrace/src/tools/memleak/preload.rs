@@ -56,6 +56,11 @@ pub fn unusable(a: &Args) -> Option<String> {
     }
 }
 
+/// Whether `-p` may load the shim into the process (else uprobes).
+pub fn injectable(a: &Args) -> bool {
+    !a.no_inject && a.object.is_none() && a.symbol_prefix.is_empty() && !SHIM.is_empty()
+}
+
 /// Writes the shim where the command can map it executable (content-named,
 /// so runs share it and a newer memtrace never loads an older one).
 pub fn install() -> Result<PathBuf> {

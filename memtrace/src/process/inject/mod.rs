@@ -1,0 +1,374 @@
+//! Loading memleak's allocator shim into a running process and pointing
+//! the process's allocator calls at it, then putting every call back: what
+//! heaptrack does through gdb, done with ptrace and /proc/PID/mem.
+//!
+//! 1. `load`: every thread is held; one blocked in a system call (not a
+//!    futex) calls glibc's `dlopen` on the shim, then the shim's
+//!    `memtrace_injected` (its sampling rate; it forwards to what the
+//!    process's own lookups find), then `dlsym` once per function the shim
+//!    defines, to learn where the process binds each. The threads go on.
+//! 2. `redirect`, once memleak's probes are on the shim: held again, every
+//!    GOT slot of every loaded object that binds one of those functions to
+//!    where the process binds it (or to its own lazy-binding stub) is
+//!    rewritten to the shim's.
+//! 3. `restore` (also on drop): held again, every slot still holding the
+//!    shim's address gets its old value back. The shim stays mapped (a
+//!    thread may be inside it); without memtrace's probes its report sites
+//!    are nops, so a memtrace killed before restoring leaves a process
+//!    that still works.
+
+mod got;
+mod ptrace;
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+use ptrace::{Held, DATA};
+
+/// Why the shim was not loaded (one line, said before uprobes take over).
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct NotInjected(pub String);
+
+type Result<T> = std::result::Result<T, NotInjected>;
+
+fn no(why: impl Into<String>) -> NotInjected {
+    NotInjected(why.into())
+}
+
+/// The allocator's own entry points: always sent through the shim, which
+/// forwards each to where the process binds it.
+const PRIMITIVES: &[&str] = &[
+    "malloc",
+    "free",
+    "calloc",
+    "realloc",
+    "reallocarray",
+    "memalign",
+    "aligned_alloc",
+    "posix_memalign",
+    "valloc",
+    "pvalloc",
+    "mmap",
+    "mmap64",
+    "munmap",
+    "dlsym",
+];
+/// What the shim defines that a running process must keep as it is: the
+/// exec wrappers carry a preload to children, the sites are memtrace's.
+fn never(name: &str) -> bool {
+    name.starts_with("memtrace_")
+        || matches!(
+            name,
+            "execve" | "fexecve" | "execvpe" | "posix_spawn" | "posix_spawnp" | "_init" | "_fini"
+        )
+}
+
+/// A function the shim takes over in the process.
+struct Target {
+    name: String,
+    /// Where the process binds it (dlsym from the main program).
+    theirs: u64,
+    ours: u64,
+}
+
+pub struct Injected {
+    pid: u32,
+    /// The shim as memtrace reaches it (for the probes on its sites).
+    pub shim: PathBuf,
+    /// The file that defines the process's malloc.
+    pub allocator: String,
+    /// Functions the shim defines but the process gets from elsewhere (a
+    /// C++ operator new of the program's own): left alone.
+    pub kept: Vec<String>,
+    targets: Vec<Target>,
+    /// Slots rewritten: address, old value, the shim's.
+    slots: Vec<(u64, u64, u64)>,
+    restored: bool,
+}
+
+/// A file mapped in `pid` and its load bias.
+struct Loaded {
+    shown: String,
+    host: PathBuf,
+    bias: u64,
+    /// Its mapped range, lowest to highest address.
+    span: (u64, u64),
+}
+
+fn loaded(pid: u32) -> Vec<Loaded> {
+    let maps = crate::process::proc::read_maps(pid).unwrap_or_default();
+    let page = crate::kernel::btf::page_size();
+    let mut out: Vec<Loaded> = Vec::new();
+    for m in &maps {
+        if !m.path.starts_with('/') || out.iter().any(|l| l.shown == m.path) {
+            continue;
+        }
+        let host = m.file_in(pid);
+        let Ok(first) = std::fs::read(&host)
+            .map_err(drop)
+            .and_then(|d| got::first_load(&d).ok_or(()))
+        else {
+            continue;
+        };
+        let same = |x: &&crate::process::proc::Mapping| x.path == m.path;
+        let Some(base) = maps
+            .iter()
+            .filter(same)
+            .find(|x| x.offset == first.1 & !(page - 1))
+        else {
+            continue;
+        };
+        let hi = maps
+            .iter()
+            .filter(same)
+            .map(|x| x.end)
+            .max()
+            .unwrap_or(base.end);
+        out.push(Loaded {
+            shown: m.path.clone(),
+            host,
+            bias: got::bias(base.start, first, page),
+            span: (base.start, hi),
+        });
+    }
+    out
+}
+
+fn file_name(p: &str) -> &str {
+    p.rsplit('/').next().unwrap_or(p)
+}
+
+/// An exported function of a loaded object, as an address in the process.
+fn function(l: &Loaded, name: &str) -> Option<u64> {
+    let data = std::fs::read(&l.host).ok()?;
+    got::exports(&data).ok()?.get(name).map(|a| l.bias + a)
+}
+
+/// Why `pid` must not be stopped and made to load a library, if so.
+fn unsafe_to_enter(pid: u32) -> Option<String> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let field = |k: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(k))
+            .map(|v| v.trim().to_string())
+    };
+    if field("Seccomp:").is_some_and(|v| v != "0") {
+        return Some("it runs under seccomp (a system call of the load could kill it)".into());
+    }
+    if let Some(t) = field("TracerPid:").filter(|t| t != "0") {
+        return Some(format!("it is already traced by pid {t}"));
+    }
+    None
+}
+
+/// Where the shim is for `pid`: its own path when they share a mount
+/// namespace, else a copy in the process's /tmp.
+fn reachable(pid: u32, shim: &Path) -> Result<String> {
+    let ns = |p: &str| std::fs::read_link(format!("/proc/{p}/ns/mnt")).ok();
+    if ns("self") == ns(&pid.to_string()) {
+        return Ok(shim.display().to_string());
+    }
+    let name = shim
+        .file_name()
+        .and_then(|n| n.to_str())
+        .unwrap_or("memtrace-preload.so");
+    let inside = format!("/tmp/{name}");
+    std::fs::copy(shim, format!("/proc/{pid}/root{inside}"))
+        .map_err(|e| no(format!("cannot copy the shim into its /tmp: {e}")))?;
+    Ok(inside)
+}
+
+impl Injected {
+    /// Loads the shim (installed at `shim`) into `pid`, sampling as asked
+    /// (0: every call).
+    pub fn load(pid: u32, shim: &Path, sample: u64) -> Result<Injected> {
+        if !cfg!(target_arch = "x86_64") {
+            return Err(no("injection is built for x86-64 only"));
+        }
+        if let Some(why) = unsafe_to_enter(pid) {
+            return Err(no(why));
+        }
+        let libs = loaded(pid);
+        let libc = libs
+            .iter()
+            .find(|l| file_name(&l.shown).starts_with("libc.so.6"))
+            .ok_or_else(|| no("it does not map glibc (static, or another C library)"))?;
+        let dlopen = function(libc, "dlopen").or_else(|| {
+            let dl = libs
+                .iter()
+                .find(|l| file_name(&l.shown).starts_with("libdl.so"))?;
+            function(dl, "dlopen")
+        });
+        let (Some(dlopen), Some(dlsym), Some(dlerror)) =
+            (dlopen, function(libc, "dlsym"), function(libc, "dlerror"))
+        else {
+            return Err(no(
+                "its glibc has no dlopen it can call (before 2.34, without libdl)",
+            ));
+        };
+        let path = reachable(pid, shim)?;
+        let mut held = Held::all(pid).map_err(|e| no(format!("cannot stop its threads: {e}")))?;
+        let tid = held.calm_thread();
+        let call = |h: &mut Held, f: u64, args: &[u64], data: &[u8]| {
+            h.call(tid, f, args, data)
+                .map_err(|e| no(format!("calling into thread {tid}: {e}")))
+        };
+        let cpath = [path.as_bytes(), b"\0"].concat();
+        if call(&mut held, dlopen, &[DATA, libc::RTLD_NOW as u64], &cpath)? == 0 {
+            let msg = call(&mut held, dlerror, &[], &[])?;
+            let msg = if msg == 0 {
+                String::new()
+            } else {
+                held.string(msg, 512)
+            };
+            return Err(no(format!("its dlopen of the shim failed: {msg}")));
+        }
+        let libs = loaded(pid);
+        let me = libs
+            .iter()
+            .find(|l| l.shown == path)
+            .ok_or_else(|| no("the shim is not in its maps after dlopen"))?;
+        let data = std::fs::read(&me.host).map_err(|e| no(format!("reading the shim: {e}")))?;
+        let ours: HashMap<String, u64> = got::exports(&data)
+            .map_err(|e| no(format!("the shim: {e}")))?
+            .into_iter()
+            .map(|(n, a)| (n, me.bias + a))
+            .collect();
+        let ready = ours
+            .get("memtrace_injected")
+            .copied()
+            .ok_or_else(|| no("the shim has no memtrace_injected"))?;
+        if call(&mut held, ready, &[sample], &[])? as i32 != 0 {
+            return Err(no("the shim found no malloc to forward to"));
+        }
+        let mut targets = Vec::new();
+        let mut names: Vec<&String> = ours.keys().filter(|n| !never(n)).collect();
+        names.sort();
+        for name in names {
+            let cname = [name.as_bytes(), b"\0"].concat();
+            let theirs = call(&mut held, dlsym, &[0, DATA], &cname)?;
+            if theirs != 0 {
+                targets.push(Target {
+                    name: name.clone(),
+                    theirs,
+                    ours: ours[name],
+                });
+            }
+        }
+        drop(held);
+        let owner = |a: u64| libs.iter().find(|l| (l.span.0..l.span.1).contains(&a));
+        let malloc = targets
+            .iter()
+            .find(|t| t.name == "malloc")
+            .map(|t| t.theirs);
+        let allocator = malloc
+            .and_then(owner)
+            .map(|l| l.shown.clone())
+            .unwrap_or_default();
+        // The shim's other functions (C++ new and delete, jemalloc's API)
+        // are built on malloc and free: they stand in only for versions
+        // that are too (the C++ library's, the allocator's own).
+        let mut kept = Vec::new();
+        targets.retain(|t| {
+            let from = owner(t.theirs)
+                .map(|l| file_name(&l.shown).to_string())
+                .unwrap_or_default();
+            let fits = PRIMITIVES.contains(&t.name.as_str())
+                || from.starts_with("libstdc++")
+                || from.starts_with("libc++")
+                || from.starts_with("libc.so")
+                || (!allocator.is_empty() && from == file_name(&allocator));
+            if !fits {
+                kept.push(t.name.clone());
+            }
+            fits
+        });
+        Ok(Injected {
+            pid,
+            shim: me.host.clone(),
+            allocator,
+            kept,
+            targets,
+            slots: Vec::new(),
+            restored: false,
+        })
+    }
+
+    /// Points every loaded object's calls of the shim's functions at it.
+    /// Returns the slots and objects rewritten.
+    pub fn redirect(&mut self) -> Result<(usize, usize)> {
+        let held = Held::all(self.pid).map_err(|e| no(format!("cannot stop its threads: {e}")))?;
+        let names: Vec<&str> = self.targets.iter().map(|t| t.name.as_str()).collect();
+        let mut objects = 0;
+        for l in loaded(self.pid) {
+            let name = file_name(&l.shown);
+            if l.host == self.shim || name.starts_with("ld-linux") || name.starts_with("ld64") {
+                continue;
+            }
+            let Ok(data) = std::fs::read(&l.host) else {
+                continue;
+            };
+            let Ok(slots) = got::slots(&data, &names) else {
+                continue;
+            };
+            let before = self.slots.len();
+            for s in slots {
+                let t = self
+                    .targets
+                    .iter()
+                    .find(|t| t.name == s.name)
+                    .expect("a named target");
+                let at = l.bias + s.offset;
+                let Ok(now) = held.read_u64(at) else { continue };
+                // Bound where the process binds it, or not bound yet (its
+                // own lazy-binding stub, which would bind it there).
+                let lazy = (l.span.0..l.span.1).contains(&now);
+                if (now == t.theirs || lazy) && held.write(at, &t.ours.to_ne_bytes()).is_ok() {
+                    self.slots.push((at, now, t.ours));
+                }
+            }
+            objects += usize::from(self.slots.len() > before);
+        }
+        Ok((self.slots.len(), objects))
+    }
+
+    /// Puts every rewritten slot back. Returns how many were, and how many
+    /// the process had rewritten since (left as it made them); None when
+    /// there is nothing to put back into (it exited or exec'd).
+    pub fn restore(&mut self) -> Result<Option<(usize, usize)>> {
+        self.restored = true;
+        if self.slots.is_empty() {
+            return Ok(Some((0, 0)));
+        }
+        let held = match Held::all(self.pid) {
+            Ok(h) => h,
+            Err(e) if matches!(e.raw_os_error(), Some(libc::ENOENT | libc::ESRCH)) => {
+                return Ok(None)
+            }
+            Err(e) => return Err(no(format!("cannot stop its threads: {e}"))),
+        };
+        if !loaded(self.pid).iter().any(|l| l.host == self.shim) {
+            return Ok(None);
+        }
+        let (mut put, mut changed) = (0, 0);
+        for &(at, old, ours) in &self.slots {
+            match held.read_u64(at) {
+                Ok(v) if v == ours => {
+                    put += usize::from(held.write(at, &old.to_ne_bytes()).is_ok())
+                }
+                _ => changed += 1,
+            }
+        }
+        Ok(Some((put, changed)))
+    }
+}
+
+impl Drop for Injected {
+    fn drop(&mut self) {
+        if !self.restored {
+            let _ = self.restore();
+        }
+    }
+}

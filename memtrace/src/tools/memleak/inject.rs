@@ -1,0 +1,122 @@
+//! `memleak -p` through the shim, loaded into the running process
+//! (process::inject): the process's allocator calls reach the shim's
+//! report sites as a `-c` command's do, so a sampled `-p` costs what a
+//! sampled `-c` costs instead of a trap per call. Where loading it is not
+//! safe or fails, one line says why and uprobes take over.
+
+use std::path::Path;
+
+use crate::error::{Error, Result};
+use crate::output::Value;
+use crate::process::inject::Injected;
+use crate::session::attach::Probe;
+
+/// The injection, the probes on the shim's sites and what to say of them.
+pub type Started = (Injection, Vec<Probe>, Vec<String>);
+
+pub struct Injection {
+    pid: u32,
+    inner: Injected,
+    /// Slots and objects redirected, slots put back and slots the process
+    /// had rewritten itself by then.
+    redirected: (usize, usize),
+    restored: Option<(usize, usize)>,
+}
+
+impl Injection {
+    /// Loads the shim into `pid`, with the probes on its sites; None (said)
+    /// when uprobes must do instead.
+    pub fn start(pid: u32, shim: &Path, sample: u64) -> Result<Option<Started>> {
+        let inner = match Injected::load(pid, shim, sample) {
+            Ok(i) => i,
+            Err(why) => {
+                say!("memtrace: memleak: not loading the allocator shim into pid {pid}: {why}; uprobes instead");
+                return Ok(None);
+            }
+        };
+        let (probes, _) = super::preload::probes(&inner.shim, Some(pid))?;
+        let mut said =
+            vec![format!(
+            "allocator: {}, through the shim loaded into pid {pid} from {} (its allocator calls \
+             are pointed at the shim once the probes are on; one probe per call, at an emulated \
+             nop; sampling done in the process)",
+            if inner.allocator.is_empty() { "the process's" } else { &inner.allocator },
+            shim.display()
+        )];
+        if !inner.kept.is_empty() {
+            said.push(format!(
+                "kept as the process defines them (not the shim's): {}",
+                inner.kept.join(", ")
+            ));
+        }
+        let me = Injection {
+            pid,
+            inner,
+            redirected: (0, 0),
+            restored: None,
+        };
+        Ok(Some((me, probes, said)))
+    }
+
+    /// Once the probes are on: the process's calls go to the shim.
+    pub fn redirect(&mut self, verbose: bool) -> Result<()> {
+        self.redirected = self
+            .inner
+            .redirect()
+            .map_err(|e| Error::Runtime(format!("memleak: pid {}: {e}", self.pid)))?;
+        let (slots, objects) = self.redirected;
+        if slots == 0 {
+            say!(
+                "memtrace: memleak: warning: no allocator call of pid {} could be pointed at the shim \
+                 (no object binds them by name): its allocations will not be seen",
+                self.pid
+            );
+        } else if verbose {
+            say!(
+                "memtrace: memleak: {slots} allocator call slots in {objects} objects of pid {} point at the shim",
+                self.pid
+            );
+        }
+        Ok(())
+    }
+
+    /// Every call put back as it was (said: the process was changed).
+    pub fn restore(&mut self) {
+        if self.restored.is_some() {
+            return;
+        }
+        match self.inner.restore() {
+            // Gone: nothing to put back into.
+            Ok(None) => self.restored = Some((0, 0)),
+            Ok(Some((put, changed))) => {
+                self.restored = Some((put, changed));
+                let also = if changed > 0 {
+                    format!(" ({changed} the process had rewritten since are left as it made them)")
+                } else {
+                    String::new()
+                };
+                if self.redirected.0 > 0 {
+                    say!(
+                        "memtrace: memleak: pid {}'s allocator calls put back ({put} of {} slots){also}",
+                        self.pid,
+                        self.redirected.0
+                    );
+                }
+            }
+            Err(e) => say!(
+                "memtrace: memleak: warning: pid {}'s allocator calls could not be put back: {e} \
+                 (they still go through the shim, which forwards them)",
+                self.pid
+            ),
+        }
+    }
+
+    pub fn summary(&self) -> Vec<(&'static str, Value)> {
+        let (put, changed) = self.restored.unwrap_or((0, 0));
+        vec![
+            ("injected_slots", Value::from(self.redirected.0 as u64)),
+            ("restored_slots", Value::from(put as u64)),
+            ("slots_changed_by_process", Value::from(changed as u64)),
+        ]
+    }
+}

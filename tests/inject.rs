@@ -1,0 +1,78 @@
+//! `memleak -p` with the shim loaded into the running process: exact
+//! leaks, the process's allocator calls pointed at the shim only while
+//! memtrace runs, and the process working as before once it ends.
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+
+fn summary(stdout: &str) -> serde_json::Value {
+    json_of(stdout, "summary")[0].clone()
+}
+
+#[test]
+fn a_running_process_gets_the_shim_and_is_put_back_as_it_was() {
+    let mut w = Workload::start(&["got-watch", "7", "1000"]);
+    let pid = w.pid.to_string();
+    w.send("go");
+    assert_eq!(w.line().trim(), "ready");
+    let t = Tracer::start(&["memleak", "-p", &pid, "--json", "-v"]);
+    // The workload reads where its malloc calls go through its own GOT.
+    w.send("during");
+    assert_eq!(w.line().trim(), "during changed", "{}", t.early_stderr);
+    t.signal(libc::SIGINT);
+    let out = t.wait(Duration::from_secs(20));
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    let rows = json_of(&out.stdout, "memleak");
+    assert_eq!(
+        held(&rows, "leak_small_blocks"),
+        (7, 7000),
+        "{}",
+        out.stdout
+    );
+    let s = summary(&out.stdout);
+    let slots = s["injected_slots"].as_u64().unwrap();
+    assert!(slots > 0, "{s}");
+    assert_eq!(s["restored_slots"].as_u64(), Some(slots), "{s}");
+    // 1,000 malloc/free pairs of churn went through the shim and are not held.
+    assert!(s["frees"].as_u64().unwrap() >= 1000, "{s}");
+    assert!(
+        out.stderr.contains("allocator calls put back"),
+        "{}",
+        out.stderr
+    );
+    // After: calls go where they went before memtrace, and still work.
+    w.send("after");
+    assert_eq!(w.line().trim(), "after same");
+    w.go();
+    assert_eq!(w.line().trim(), "go same");
+    assert!(w.wait().success());
+}
+
+#[test]
+fn without_injection_uprobes_see_the_same_leaks() {
+    let mut w = Workload::start(&["got-watch", "7", "1000"]);
+    let pid = w.pid.to_string();
+    w.send("go");
+    assert_eq!(w.line().trim(), "ready");
+    let t = Tracer::start(&["memleak", "-p", &pid, "--json", "--no-inject"]);
+    w.send("during");
+    // Nothing in the process changes under uprobes: the check can fail.
+    assert_eq!(w.line().trim(), "during same");
+    t.signal(libc::SIGINT);
+    let out = t.wait(Duration::from_secs(20));
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    let rows = json_of(&out.stdout, "memleak");
+    assert_eq!(
+        held(&rows, "leak_small_blocks"),
+        (7, 7000),
+        "{}",
+        out.stdout
+    );
+    assert!(summary(&out.stdout).get("injected_slots").is_none());
+    w.go();
+    assert_eq!(w.line().trim(), "go same");
+    assert!(w.wait().success());
+}
