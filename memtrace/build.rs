@@ -90,7 +90,7 @@ fn drop_line_info(obj: &mut [u8]) -> anyhow::Result<()> {
 
 /// Compiles memleak's allocator shim (preload/*.c) into a shared object
 /// that memtrace embeds and writes out for `memleak -c`. The system C
-/// compiler (`$CC`, else `cc`): four files with no dependency but glibc
+/// compiler (`$CC`, else `cc`): five files with no dependency but glibc
 /// (libc and libm), so no build system is needed around them.
 fn preload() -> anyhow::Result<()> {
     let srcs = [
@@ -98,6 +98,7 @@ fn preload() -> anyhow::Result<()> {
         "preload/compose.c",
         "preload/cxx.c",
         "preload/jemalloc.c",
+        "preload/frees.c",
         "preload/shim.h",
     ];
     for s in srcs {
@@ -123,9 +124,11 @@ fn preload() -> anyhow::Result<()> {
             "-o",
         ])
         .arg(&out)
-        .args(&srcs[..4])
+        .args(&srcs[..5])
         // log and expm1, for the sampling gaps and weights.
         .arg("-lm")
+        // pthread keys and atfork (in libc from glibc 2.34 on).
+        .arg("-pthread")
         .status()
         .with_context(|| format!("running the C compiler `{cc}` for {src} (set CC to another)"))?;
     if !status.success() {

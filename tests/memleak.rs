@@ -560,3 +560,33 @@ fn a_static_program_s_own_allocator_is_probed_or_named_when_stripped() {
         out.stderr
     );
 }
+
+/// Frees the shim holds in a batch, then the same addresses handed out
+/// again from another function, then _exit (no destructor runs): the new
+/// blocks are held, the old ones released (by the new allocations, and the
+/// batch reported at the exit by the kernel does not take the new ones).
+#[test]
+fn addresses_freed_in_a_batch_and_handed_out_again_keep_their_new_blocks() {
+    let cmd = format!("{} reuse-then-exit 20", workload_bin().display());
+    let out = run(&["memleak", "--json", "--top", "50", "-c", &cmd]);
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    let rows = json_of(&out.stdout, "memleak");
+    assert_eq!(held(&rows, "second_owner"), (20, 2000), "{}", out.stdout);
+    assert_eq!(held(&rows, "first_owner"), (0, 0), "{}", out.stdout);
+}
+
+/// A report while frees are still in the shim's batch (the command idles
+/// after freeing; -d ends the run first): memtrace reads them from the
+/// process and does not count their blocks as held.
+#[test]
+fn frees_still_in_a_batch_are_reported_before_a_report() {
+    let cmd = format!("{} freed-then-idle 20", workload_bin().display());
+    let out = run(&["memleak", "--json", "--top", "50", "-d", "2", "-c", &cmd]);
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    let rows = json_of(&out.stdout, "memleak");
+    assert_eq!(held(&rows, "first_owner"), (0, 0), "{}", out.stdout);
+    // Applied in the kernel or read from the batch, every free is counted.
+    let s = &json_of(&out.stdout, "summary")[0];
+    let frees = s["frees"].as_u64().unwrap() + s["frees_in_batches"].as_u64().unwrap();
+    assert!(frees >= 20, "{s}");
+}

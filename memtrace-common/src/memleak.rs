@@ -222,3 +222,19 @@ pub struct AllocStats {
     pub freed_bytes: u64,
     pub comm: [u8; TASK_COMM_LEN],
 }
+
+/// The shim's batches of frees (memtrace/preload/frees.c): at most this
+/// many in one report, each an address and the CLOCK_MONOTONIC time of
+/// its free.
+pub const FREE_BATCH: u32 = 64;
+
+/// Where a batch's entries start (frees.c's `struct batch`: a u32 count,
+/// a u32, a u64, then the entries).
+pub const BATCH_ENTRIES_AT: u64 = 16;
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct BatchedFree {
+    pub addr: u64,
+    pub ts_ns: u64,
+}

@@ -167,6 +167,8 @@ maps! {
     ML_KSTACKS: StackKey => AllocStats, OnDemand;
     ML_COUNTS: u32 => u64, OnDemand;
     ML_EXECS: u32 => u64, OnDemand;
+    ML_BATCHES: u32 => u64, Compiled;
+    ML_BLOCK: () => (), Compiled;
     MMAP_COUNTS: ProcKey => MmapCount, OnDemand;
 }
 
@@ -298,6 +300,9 @@ progs! {
     ML_PRELOAD_FREE = ml_preload_free,
     ML_PRELOAD_FULL = ml_preload_full,
     ML_PRELOAD_HELLO = ml_preload_hello,
+    ML_PRELOAD_FREES = ml_preload_frees,
+    ML_PRELOAD_BATCH = ml_preload_batch,
+    ML_BATCH_EXIT = ml_batch_exit,
     ML_KMALLOC = ml_kmalloc,
     ML_CACHE_ALLOC = ml_cache_alloc,
     ML_KFREE = ml_kfree,

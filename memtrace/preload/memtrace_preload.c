@@ -123,6 +123,7 @@ static unsigned long weight(size_t size, unsigned long n) {
  * never reported (a process none of whose calls was sampled still shows
  * its calls were seen). */
 __attribute__((destructor)) static void bye(void) {
+  memtrace_flush_all();
   if (skipped)
     memtrace_free_site(NULL, ORIGIN_USER, skipped);
   skipped = 0;
@@ -307,7 +308,9 @@ EXPORT void *malloc(size_t n) {
 }
 
 EXPORT void free(void *p) {
-  if (releasing(p)) {
+  /* Every call followed: in a batch (frees.c). Sampled: the rare sampled
+   * block's free on its own, with the count passed over. */
+  if (releasing(p) && (sample_bytes() != 0 || !memtrace_batched_free(p))) {
     memtrace_free_site(p, ORIGIN_USER, skipped);
     skipped = 0;
   }

@@ -9,4 +9,9 @@ typedef void *(*dlsym_fn)(void *, const char *);
  * program did not load libdl). */
 dlsym_fn memtrace_real_dlsym(void);
 
+/* frees.c: queues a followed block's free for a batch report (1), or
+ * says it must be reported on its own (0); and reports every thread's. */
+int memtrace_batched_free(void *p);
+void memtrace_flush_all(void);
+
 #endif

@@ -218,3 +218,39 @@ pub fn got_watch(k: usize, size: usize) {
         std::io::stdout().flush().unwrap();
     }
 }
+
+#[inline(never)]
+fn first_owner(k: usize) -> Vec<*mut libc::c_void> {
+    (0..k).map(|_| unsafe { libc::malloc(100) }).collect()
+}
+
+#[inline(never)]
+fn second_owner(k: usize) -> Vec<*mut libc::c_void> {
+    // calloc: a body of its own (identical functions are merged).
+    (0..k).map(|_| unsafe { libc::calloc(1, 100) }).collect()
+}
+
+/// `reuse-then-exit K`: K blocks of 100 bytes from `first_owner`, freed,
+/// K more from `second_owner` (the allocator hands the same addresses out
+/// again), then _exit: no destructor runs, and frees memleak's shim holds
+/// in a batch are only reported at the exit.
+pub fn reuse_then_exit(k: usize) {
+    for p in first_owner(k) {
+        unsafe { libc::free(p) };
+    }
+    black_box(second_owner(k));
+    unsafe { libc::_exit(0) };
+}
+
+/// `freed-then-idle K`: K blocks from `first_owner`, all freed, then "freed"
+/// and a minute of sleep (a report comes while the frees would still be in
+/// the shim's batch).
+pub fn freed_then_idle(k: usize) {
+    use std::io::Write;
+    for p in first_owner(k) {
+        unsafe { libc::free(p) };
+    }
+    println!("freed");
+    std::io::stdout().flush().unwrap();
+    std::thread::sleep(Duration::from_secs(60));
+}

@@ -447,6 +447,8 @@ fn main() {
             arg(&args, 3, 1000),
             args.get(4).is_some_and(|s| s == "step"),
         ),
+        "reuse-then-exit" => leak::reuse_then_exit(arg(&args, 1, 20)),
+        "freed-then-idle" => leak::freed_then_idle(arg(&args, 1, 20)),
         "got-watch" => leak::got_watch(arg(&args, 1, 10), arg(&args, 2, 100)),
         "pipes" => leak::pipes(arg(&args, 1, 100), arg(&args, 2, 1) != 0, arg(&args, 3, 0)),
         // malloc-loop, calloc-loop, realloc-loop N: timed allocator loops.

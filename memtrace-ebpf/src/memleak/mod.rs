@@ -13,7 +13,7 @@ use aya_ebpf::{
 use memtrace_common::{
     loss,
     memleak::{
-        counter, AllocInfo, AllocKey, AllocStats, MemleakConfig, PendingAlloc, PendingSlot,
+        counter, origin, AllocInfo, AllocKey, AllocStats, MemleakConfig, PendingAlloc, PendingSlot,
         PENDING_SLOTS, SAMPLE_G, SAMPLE_STEP, SAMPLE_STEPS, WEIGHT_ONE,
     },
     stacks::StackKey,
@@ -25,6 +25,13 @@ use crate::helpers::{bump_by_stack, capture_stacks, count_loss, Stacks, NO_PREAL
 mod kernel;
 mod preload;
 mod user;
+
+/// The block being recorded, per CPU (see `record_stacks`).
+#[map]
+static ML_BLOCK: PerCpuArray<(AllocKey, AllocInfo)> = PerCpuArray::with_max_entries(1, 0);
+
+/// A map update that must not replace an entry.
+const BPF_NOEXIST: u64 = 1;
 
 #[unsafe(no_mangle)]
 static MEMLEAK_CFG: Global<MemleakConfig> = Global::new(MemleakConfig::INIT);
@@ -230,24 +237,48 @@ fn record_stacks(
             return;
         }
     }
-    let info = AllocInfo {
+    // Built in a per-CPU slot, not on this program's stack, which the
+    // unwinder's calls leave little of (6.1: 512 bytes for the chain).
+    let Some(slot) = ML_BLOCK.get_ptr_mut(0) else {
+        return;
+    };
+    let slot = unsafe { &mut *slot };
+    slot.0 = AllocKey { addr, tgid, origin };
+    slot.1 = AllocInfo {
         size,
         ts_ns: unsafe { bpf_ktime_get_ns() },
         weight: n,
         weight_bytes: bytes,
         stack: key,
     };
-    let k = AllocKey { addr, tgid, origin };
-    if t.allocs.insert(&k, &info, 0).is_err() {
-        // Not kept: take it out of the stack's totals again, so that no
-        // figure claims what cannot be followed to its free.
-        if let Some(v) = t.stacks.get_ptr_mut(&key) {
-            let v = unsafe { &mut *v };
-            v.frees += n;
-            v.freed_bytes += bytes;
-        }
-        count_loss(loss::MAP_FULL);
+    keep(core::ptr::eq(t.allocs, &ML_KALLOCS));
+}
+
+/// Puts the block in `ML_BLOCK` in the table. An address handed out again
+/// means its old block was freed, and that free is in a batch not yet
+/// reported (the shim's) or was missed: the old block is released first,
+/// so its stack's figures do not keep it. A block the full table cannot
+/// take comes out of its stack's totals again, so that no figure claims
+/// what cannot be followed to its free. The block is in a map, not on the
+/// stack: beside the unwinder's calls, 6.1 has 512 bytes for the chain.
+#[inline(always)]
+fn keep(kernel: bool) {
+    let t = if kernel { KERNEL } else { USER };
+    let Some(slot) = ML_BLOCK.get_ptr(0) else {
+        return;
+    };
+    let (k, info) = unsafe { &*slot };
+    if t.allocs.insert(k, info, BPF_NOEXIST).is_ok()
+        || (release_at(t, k) && t.allocs.insert(k, info, 0).is_ok())
+    {
+        return;
     }
+    if let Some(v) = t.stacks.get_ptr_mut(&info.stack) {
+        let v = unsafe { &mut *v };
+        v.frees += info.weight;
+        v.freed_bytes += info.weight_bytes;
+    }
+    count_loss(loss::MAP_FULL);
 }
 
 /// Whether a block is in the table (a realloc that is not sampled needs its
@@ -257,22 +288,45 @@ fn tracked(t: Tables, tgid: u32, addr: u64, origin: u32) -> bool {
     unsafe { t.allocs.get(&AllocKey { addr, tgid, origin }) }.is_some()
 }
 
+/// A batched free at `ts`: the block there is released only if it was
+/// allocated before (else the address was handed out again since, and that
+/// allocation released the block this free was for).
+#[inline(always)]
+fn release_before(t: Tables, tgid: u32, addr: u64, ts: u64) {
+    let k = AllocKey {
+        addr,
+        tgid,
+        origin: origin::USER,
+    };
+    match unsafe { t.allocs.get(&k) } {
+        None => bump(counter::FREE_UNKNOWN),
+        Some(info) if info.ts_ns > ts => {}
+        Some(_) => {
+            release(t, tgid, addr, origin::USER);
+        }
+    }
+}
+
 /// Deletes a live allocation; true when it was one.
 #[inline(always)]
 fn release(t: Tables, tgid: u32, addr: u64, origin: u32) -> bool {
-    let k = AllocKey { addr, tgid, origin };
-    let Some(info) = (unsafe { t.allocs.get(&k) }).copied() else {
+    release_at(t, &AllocKey { addr, tgid, origin })
+}
+
+/// `release` by a key anywhere (a map's slot too). Read in place, not
+/// copied: the allocation programs' stack is short beside the unwinder.
+#[inline(always)]
+fn release_at(t: Tables, k: &AllocKey) -> bool {
+    let Some(info) = t.allocs.get_ptr(k) else {
         return false;
     };
-    let _ = t.allocs.remove(&k);
-    bump(counter::FREES);
-    let (n, bytes) = (info.weight, info.weight_bytes);
-    let sub = |v: &mut AllocStats| {
-        v.frees += n;
-        v.freed_bytes += bytes;
-    };
+    let info = unsafe { &*info };
     if let Some(v) = t.stacks.get_ptr_mut(&info.stack) {
-        sub(unsafe { &mut *v });
+        let v = unsafe { &mut *v };
+        v.frees += info.weight;
+        v.freed_bytes += info.weight_bytes;
     }
+    let _ = t.allocs.remove(k);
+    bump(counter::FREES);
     true
 }

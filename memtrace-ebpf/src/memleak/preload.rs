@@ -2,11 +2,24 @@
 //! probe site per reported call, at a nop the kernel emulates. The shim has already sampled, so an allocation
 //! reported here is recorded at the weight it gives without drawing again.
 
+use aya_ebpf::{
+    helpers::{bpf_get_current_pid_tgid, bpf_probe_read_user},
+    macros::{map, tracepoint},
+    maps::HashMap,
+    programs::TracePointContext,
+};
 use aya_ebpf::{macros::uprobe, programs::ProbeContext};
-use memtrace_common::{loss, memleak::counter, memleak::origin};
+use memtrace_common::{
+    loss,
+    memleak::{counter, origin, BatchedFree, BATCH_ENTRIES_AT, FREE_BATCH},
+};
 
-use super::{add, bump, record_stacks, release, weigh, USER};
-use crate::helpers::{capture_stacks, count_loss, current_tgid, wanted, Stacks};
+use super::{add, bump, record_stacks, release, release_before, weigh, USER};
+use crate::helpers::{capture_stacks, count_loss, current_tgid, wanted, Stacks, NO_PREALLOC};
+
+/// Each thread's batch of frees in the shim, by thread id.
+#[map]
+static ML_BATCHES: HashMap<u32, u64> = HashMap::with_max_entries(65536, NO_PREALLOC);
 
 /// `memtrace_alloc_site(p, size, old, skipped, origin, weight)`: a new block
 /// (or none: p is 0 when only the old one is reported), the block it
@@ -66,6 +79,74 @@ pub fn ml_preload_free(ctx: ProbeContext) -> u32 {
         super::user::free_user(tgid, p);
     }
     0
+}
+
+/// `memtrace_frees_site(entries, n)`: a thread's batch of frees (every call
+/// followed), each an address and the time of its free.
+#[uprobe]
+pub fn ml_preload_frees(ctx: ProbeContext) -> u32 {
+    let tgid = current_tgid();
+    if wanted(tgid) {
+        apply_batch(
+            tgid,
+            ctx.arg::<u64>(0).unwrap_or(0),
+            ctx.arg::<u64>(1).unwrap_or(0),
+        );
+    }
+    0
+}
+
+/// `memtrace_batch_site(batch, tid)`: thread `tid`'s batch (0: none any
+/// more), kept by thread so that its exit reports what it still holds (a
+/// process that ends without its destructors: _exit, a signal, a crash).
+#[uprobe]
+pub fn ml_preload_batch(ctx: ProbeContext) -> u32 {
+    if !wanted(current_tgid()) {
+        return 0;
+    }
+    let tid = ctx.arg::<u64>(1).unwrap_or(0) as u32;
+    match ctx.arg::<u64>(0).unwrap_or(0) {
+        0 => {
+            let _ = ML_BATCHES.remove(&tid);
+        }
+        at => {
+            let _ = ML_BATCHES.insert(&tid, &at, 0);
+        }
+    }
+    0
+}
+
+/// A thread's exit, before its memory goes: the frees left in its batch.
+#[tracepoint]
+pub fn ml_batch_exit(_ctx: TracePointContext) -> u32 {
+    let id = bpf_get_current_pid_tgid();
+    let Some(&at) = (unsafe { ML_BATCHES.get(&(id as u32)) }) else {
+        return 0;
+    };
+    let _ = ML_BATCHES.remove(&(id as u32));
+    match unsafe { bpf_probe_read_user(at as *const u32) } {
+        Ok(n) => apply_batch((id >> 32) as u32, at + BATCH_ENTRIES_AT, n as u64),
+        Err(_) => count_loss(loss::READ),
+    }
+    0
+}
+
+/// Applies `n` batched frees at `at`.
+#[inline(always)]
+fn apply_batch(tgid: u32, at: u64, n: u64) {
+    for i in 0..FREE_BATCH as u64 {
+        if i >= n {
+            break;
+        }
+        let e = at + i * core::mem::size_of::<BatchedFree>() as u64;
+        match unsafe { bpf_probe_read_user(e as *const BatchedFree) } {
+            Ok(f) => release_before(USER, tgid, f.addr, f.ts_ns),
+            Err(_) => {
+                count_loss(loss::READ);
+                break;
+            }
+        }
+    }
 }
 
 /// `memtrace_table_full_site(p)`: the shim's table of sampled addresses

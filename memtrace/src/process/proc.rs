@@ -226,6 +226,17 @@ pub fn parent_of(pid: u32) -> Option<u32> {
     stat(pid).map(|s| s.ppid)
 }
 
+/// The process thread `tid` belongs to (/proc finds threads by id too).
+pub fn tgid_of(tid: u32) -> Option<u32> {
+    std::fs::read_to_string(format!("/proc/{tid}/status"))
+        .ok()?
+        .lines()
+        .find_map(|l| l.strip_prefix("Tgid:"))?
+        .trim()
+        .parse()
+        .ok()
+}
+
 /// When `pid` started (clock ticks since boot): with the pid, a process's
 /// identity, since pids are reused.
 pub fn start_time(pid: u32) -> Option<u64> {

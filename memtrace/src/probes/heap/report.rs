@@ -4,7 +4,7 @@
 use std::collections::HashMap;
 
 use memtrace_common::{
-    memleak::{AllocInfo, AllocKey, AllocStats},
+    memleak::{origin, AllocInfo, AllocKey, AllocStats},
     names::{MapName, ML_ALLOCS, ML_KALLOCS, ML_KSTACKS, ML_STACKS},
     stacks::StackKey,
 };
@@ -75,6 +75,10 @@ fn monotonic_ns() -> u64 {
 /// What a report shows.
 #[derive(Clone, Copy, Default)]
 pub struct View<'a> {
+    /// Frees not yet applied in the kernel (the shim's batches): process,
+    /// address, time of the free. A block there allocated before it is
+    /// not held.
+    pub pending: &'a [(u32, u64, u64)],
     /// Ordered by outstanding bytes (else by allocations).
     pub by_bytes: bool,
     /// Only allocations older than this (read from the live table).
@@ -123,14 +127,33 @@ pub fn outstanding(
     for (k, v) in exited.iter().filter(|(k, _)| shown(k.tgid)) {
         stats.entry(*k).or_default().add(v);
     }
+    // Blocks whose frees are pending, by stack (user blocks only: the
+    // shim batches malloc's frees).
+    let mut freed: HashMap<StackKey, (u64, u64)> = HashMap::new();
+    let mut freed_at = std::collections::HashSet::new();
+    for &(tgid, addr, ts) in args.pending {
+        let key = AllocKey {
+            addr,
+            tgid,
+            origin: origin::USER,
+        };
+        if let Some(a) = s.hash_get(t.allocs, &key).filter(|a| a.ts_ns <= ts) {
+            if freed_at.insert((tgid, addr)) {
+                let f = freed.entry(a.stack).or_default();
+                f.0 += a.weight;
+                f.1 += a.weight_bytes;
+            }
+        }
+    }
     let mut held: HashMap<StackKey, (u64, u64)> = HashMap::new();
     if args.older.is_some() || phase.since_ns > 0 {
         let now = monotonic_ns();
         let min_age = args.older.map_or(0, |d| d.as_nanos() as u64);
-        for (_, a) in s.hash_entries(t.allocs) {
+        for (k, a) in s.hash_entries(t.allocs) {
             if a.ts_ns < phase.since_ns
                 || now.saturating_sub(a.ts_ns) < min_age
                 || !shown(a.stack.tgid)
+                || freed_at.contains(&(a.stack.tgid, k.addr))
             {
                 continue;
             }
@@ -142,8 +165,9 @@ pub fn outstanding(
         for (k, v) in &stats {
             // Less what went with an exec of the image that made it.
             let (gn, gb) = execd.get(k).copied().unwrap_or_default();
-            let n = v.allocs.saturating_sub(v.frees).saturating_sub(gn);
-            let b = v.bytes.saturating_sub(v.freed_bytes).saturating_sub(gb);
+            let (fn_, fb) = freed.get(k).copied().unwrap_or_default();
+            let n = v.allocs.saturating_sub(v.frees + gn + fn_);
+            let b = v.bytes.saturating_sub(v.freed_bytes + gb + fb);
             if n > 0 {
                 held.insert(*k, (n, b));
             }

@@ -260,6 +260,7 @@ impl HeapWatch {
         self.read_counts(s)?;
         self.execs.sweep(s, USER)?;
         let view = View {
+            pending: &[],
             by_bytes: true,
             estimated: self.sample > 0,
             only: Some(pids),

@@ -84,6 +84,9 @@ pub struct Injected {
     targets: Vec<Target>,
     /// Slots rewritten: address, old value, the shim's.
     slots: Vec<(u64, u64, u64)>,
+    /// The shim's `memtrace_flush_all`: the frees its threads still hold in
+    /// batches, reported before it is taken out.
+    flush_all: Option<u64>,
     restored: bool,
 }
 
@@ -292,6 +295,7 @@ impl Injected {
             kept,
             targets,
             slots: Vec::new(),
+            flush_all: ours.get("memtrace_flush_all").copied(),
             restored: false,
         })
     }
@@ -342,7 +346,7 @@ impl Injected {
         if self.slots.is_empty() {
             return Ok(Some((0, 0)));
         }
-        let held = match Held::all(self.pid) {
+        let mut held = match Held::all(self.pid) {
             Ok(h) => h,
             Err(e) if matches!(e.raw_os_error(), Some(libc::ENOENT | libc::ESRCH)) => {
                 return Ok(None)
@@ -360,6 +364,12 @@ impl Injected {
                 }
                 _ => changed += 1,
             }
+        }
+        // Every thread is held: no batch changes while it is read.
+        if let Some(f) = self.flush_all {
+            let tid = held.calm_thread();
+            held.call(tid, f, &[], &[])
+                .map_err(|e| no(format!("reporting its batched frees: {e}")))?;
         }
         Ok(Some((put, changed)))
     }

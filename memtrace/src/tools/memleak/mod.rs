@@ -4,6 +4,7 @@
 //! allocators by the kmem tracepoints and kernel stacks.
 
 mod args;
+mod batches;
 mod inject;
 mod preload;
 
@@ -40,6 +41,8 @@ pub struct Memleak {
     /// The shim to load into the `-p` process, until it is (or is not).
     inject_from: Option<PathBuf>,
     injection: Option<inject::Injection>,
+    /// Frees in the shim's batches at the last report (applied later).
+    pending_frees: u64,
     /// The process traced (`-p`, `-c`): its exit ends the run, and the
     /// final report reads its blocks, so they are never swept before.
     target: Option<u32>,
@@ -76,6 +79,7 @@ impl Memleak {
         Ok(Memleak {
             inject_from,
             injection: None,
+            pending_frees: 0,
             args: a.clone(),
             user,
             probes: Vec::new(),
@@ -294,7 +298,11 @@ impl Tool for Memleak {
         if self.user {
             self.execs.sweep(s, self.tables())?;
         }
+        // Frees the shim's threads still hold in batches: not held.
+        let pending = batches::pending(s);
+        self.pending_frees = pending.len() as u64;
         let view = report::View {
+            pending: &pending,
             by_bytes: self.args.sort == Sort::Size,
             older: self.args.older,
             churn: self.args.all,
@@ -397,6 +405,9 @@ impl Tool for Memleak {
             ("frees", c(counter::FREES)),
             ("frees_untracked", c(counter::FREE_UNKNOWN)),
         ];
+        if self.preload.is_some() || self.injection.is_some() {
+            v.push(("frees_in_batches", Value::from(self.pending_frees)));
+        }
         if self.preload.is_some() {
             v.push(("preloaded_processes", c(counter::PRELOADED)));
         } else if self.user {

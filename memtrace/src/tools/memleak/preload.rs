@@ -8,7 +8,8 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
 use memtrace_common::names::{
-    ML_PRELOAD_ALLOC, ML_PRELOAD_FREE, ML_PRELOAD_FULL, ML_PRELOAD_HELLO,
+    ML_BATCH_EXIT, ML_PRELOAD_ALLOC, ML_PRELOAD_BATCH, ML_PRELOAD_FREE, ML_PRELOAD_FREES,
+    ML_PRELOAD_FULL, ML_PRELOAD_HELLO,
 };
 
 use super::Args;
@@ -141,6 +142,16 @@ pub fn probes(shim: &Path, pid: Option<u32>) -> Result<(Vec<Probe>, Vec<String>)
             "frees (preloaded shim)",
         ),
         (
+            "memtrace_frees_site",
+            ML_PRELOAD_FREES,
+            "frees in batches (preloaded shim)",
+        ),
+        (
+            "memtrace_batch_site",
+            ML_PRELOAD_BATCH,
+            "threads' batches of frees (preloaded shim)",
+        ),
+        (
             "memtrace_table_full_site",
             ML_PRELOAD_FULL,
             "samples the shim could not keep",
@@ -157,6 +168,13 @@ pub fn probes(shim: &Path, pid: Option<u32>) -> Result<(Vec<Probe>, Vec<String>)
         probes.push(Probe::new(what).uprobe(prog, path.clone(), f.file_offset, pid));
     }
     probes.push(crate::probes::heap::points::execs());
+    probes.push(
+        Probe::new("frees left in an exiting thread's batch").tracepoint(
+            ML_BATCH_EXIT,
+            "sched",
+            "sched_process_exit",
+        ),
+    );
     let said = vec![format!(
         "allocator: glibc's, through the shim preloaded from {} (one probe per call, \
          at an emulated nop; sampling done in the process)",
