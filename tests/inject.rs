@@ -12,16 +12,20 @@ fn summary(stdout: &str) -> serde_json::Value {
     json_of(stdout, "summary")[0].clone()
 }
 
-#[test]
-fn a_running_process_gets_the_shim_and_is_put_back_as_it_was() {
+/// memleak -p (with `extra`) on the got-watch workload around one round of
+/// its leaks: what the workload said of its malloc slot during the run
+/// ("changed" or "same"), memtrace's output, and the workload, still running.
+fn watched(extra: &[&str]) -> (String, Output, Workload) {
     let mut w = Workload::start(&["got-watch", "7", "1000"]);
     let pid = w.pid.to_string();
     w.send("go");
     assert_eq!(w.line().trim(), "ready");
-    let t = Tracer::start(&["memleak", "-p", &pid, "--json", "-v"]);
+    let mut argv = vec!["memleak", "-p", &pid, "--json"];
+    argv.extend_from_slice(extra);
+    let t = Tracer::start(&argv);
     // The workload reads where its malloc calls go through its own GOT.
     w.send("during");
-    assert_eq!(w.line().trim(), "during changed", "{}", t.early_stderr);
+    let during = w.line().trim().to_string();
     t.signal(libc::SIGINT);
     let out = t.wait(Duration::from_secs(20));
     assert_eq!(out.code, 0, "{}", out.stderr);
@@ -32,6 +36,13 @@ fn a_running_process_gets_the_shim_and_is_put_back_as_it_was() {
         "{}",
         out.stdout
     );
+    (during, out, w)
+}
+
+#[test]
+fn a_running_process_gets_the_shim_and_is_put_back_as_it_was() {
+    let (during, out, mut w) = watched(&["-v"]);
+    assert_eq!(during, "during changed", "{}", out.stderr);
     let s = summary(&out.stdout);
     let slots = s["injected_slots"].as_u64().unwrap();
     assert!(slots > 0, "{s}");
@@ -53,24 +64,9 @@ fn a_running_process_gets_the_shim_and_is_put_back_as_it_was() {
 
 #[test]
 fn without_injection_uprobes_see_the_same_leaks() {
-    let mut w = Workload::start(&["got-watch", "7", "1000"]);
-    let pid = w.pid.to_string();
-    w.send("go");
-    assert_eq!(w.line().trim(), "ready");
-    let t = Tracer::start(&["memleak", "-p", &pid, "--json", "--no-inject"]);
-    w.send("during");
+    let (during, out, mut w) = watched(&["--no-inject"]);
     // Nothing in the process changes under uprobes: the check can fail.
-    assert_eq!(w.line().trim(), "during same");
-    t.signal(libc::SIGINT);
-    let out = t.wait(Duration::from_secs(20));
-    assert_eq!(out.code, 0, "{}", out.stderr);
-    let rows = json_of(&out.stdout, "memleak");
-    assert_eq!(
-        held(&rows, "leak_small_blocks"),
-        (7, 7000),
-        "{}",
-        out.stdout
-    );
+    assert_eq!(during, "during same");
     assert!(summary(&out.stdout).get("injected_slots").is_none());
     w.go();
     assert_eq!(w.line().trim(), "go same");
