@@ -107,8 +107,21 @@ fn short_lived_brk_stacks_symbolize_system_wide() {
                 .is_some_and(|f| f.contains("grow_heap_with_raw_brk"))
         })
         .collect();
-    assert_eq!(ours.len(), 1, "{stacks:#?}");
-    // Each: 20 calls in its loop and the brk(0) before it.
-    assert_eq!(ours[0]["count"], 21 * CHILDREN as u64, "{:#?}", ours[0]);
-    assert_eq!(ours[0]["processes"], CHILDREN as u64, "{:#?}", ours[0]);
+    // Each: 20 calls in its loop and the brk(0) before it, all counted.
+    // Now and then a child is gone before memtrace read its maps: its libc
+    // frames are `[code not placed: ...]` (counted, shown with that
+    // reason), so its calls are a row apart; the same race as the faults
+    // test above, open on issue 33. Seen once in a clean-clone CI run.
+    let sum = |key: &str| -> u64 { ours.iter().map(|s| s[key].as_u64().unwrap()).sum() };
+    assert_eq!(sum("count"), 21 * CHILDREN as u64, "{stacks:#?}");
+    assert_eq!(sum("processes"), CHILDREN as u64, "{stacks:#?}");
+    let placed: Vec<_> = ours
+        .iter()
+        .filter(|s| !user_frames(s).iter().any(|f| f.contains("code not placed")))
+        .collect();
+    assert_eq!(placed.len(), 1, "{stacks:#?}");
+    assert!(
+        placed[0]["processes"].as_u64().unwrap() >= CHILDREN as u64 - 1,
+        "{stacks:#?}"
+    );
 }
