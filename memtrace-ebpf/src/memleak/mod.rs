@@ -298,12 +298,8 @@ fn release_before(t: Tables, tgid: u32, addr: u64, ts: u64) {
         tgid,
         origin: origin::USER,
     };
-    match unsafe { t.allocs.get(&k) } {
-        None => bump(counter::FREE_UNKNOWN),
-        Some(info) if info.ts_ns > ts => {}
-        Some(_) => {
-            release(t, tgid, addr, origin::USER);
-        }
+    if release_if(t, &k, ts) == Released::None {
+        bump(counter::FREE_UNKNOWN);
     }
 }
 
@@ -317,10 +313,28 @@ fn release(t: Tables, tgid: u32, addr: u64, origin: u32) -> bool {
 /// copied: the allocation programs' stack is short beside the unwinder.
 #[inline(always)]
 fn release_at(t: Tables, k: &AllocKey) -> bool {
+    release_if(t, k, u64::MAX) == Released::Yes
+}
+
+#[derive(PartialEq, Eq)]
+enum Released {
+    Yes,
+    /// The block there was allocated after `not_after`: kept.
+    Newer,
+    None,
+}
+
+/// `release_at` of a block allocated at `not_after` or before, with one
+/// lookup of the table.
+#[inline(always)]
+fn release_if(t: Tables, k: &AllocKey, not_after: u64) -> Released {
     let Some(info) = t.allocs.get_ptr(k) else {
-        return false;
+        return Released::None;
     };
     let info = unsafe { &*info };
+    if info.ts_ns > not_after {
+        return Released::Newer;
+    }
     if let Some(v) = t.stacks.get_ptr_mut(&info.stack) {
         let v = unsafe { &mut *v };
         v.frees += info.weight;
@@ -328,5 +342,5 @@ fn release_at(t: Tables, k: &AllocKey) -> bool {
     }
     let _ = t.allocs.remove(k);
     bump(counter::FREES);
-    true
+    Released::Yes
 }

@@ -142,10 +142,13 @@ fn file_name(p: &str) -> &str {
     p.rsplit('/').next().unwrap_or(p)
 }
 
-/// An exported function of a loaded object, as an address in the process.
-fn function(l: &Loaded, name: &str) -> Option<u64> {
-    let data = std::fs::read(&l.host).ok()?;
-    got::exports(&data).ok()?.get(name).map(|a| l.bias + a)
+/// The exported functions of a loaded object, as addresses in the process
+/// (the file read and parsed once).
+fn functions(l: &Loaded) -> HashMap<String, u64> {
+    let data = std::fs::read(&l.host).unwrap_or_default();
+    got::exports(&data)
+        .map(|e| e.into_iter().map(|(n, a)| (n, l.bias + a)).collect())
+        .unwrap_or_default()
 }
 
 /// Why `pid` must not be stopped and made to load a library, if so.
@@ -198,15 +201,18 @@ impl Injected {
             .iter()
             .find(|l| file_name(&l.shown).starts_with("libc.so.6"))
             .ok_or_else(|| no("it does not map glibc (static, or another C library)"))?;
-        let dlopen = function(libc, "dlopen").or_else(|| {
+        let libc = functions(libc);
+        let dlopen = libc.get("dlopen").copied().or_else(|| {
             let dl = libs
                 .iter()
                 .find(|l| file_name(&l.shown).starts_with("libdl.so"))?;
-            function(dl, "dlopen")
+            functions(dl).get("dlopen").copied()
         });
-        let (Some(dlopen), Some(dlsym), Some(dlerror)) =
-            (dlopen, function(libc, "dlsym"), function(libc, "dlerror"))
-        else {
+        let (Some(dlopen), Some(dlsym), Some(dlerror)) = (
+            dlopen,
+            libc.get("dlsym").copied(),
+            libc.get("dlerror").copied(),
+        ) else {
             return Err(no(
                 "its glibc has no dlopen it can call (before 2.34, without libdl)",
             ));
