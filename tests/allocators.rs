@@ -255,7 +255,7 @@ fn cpp_new_served_by_jemalloc_is_seen_with_and_without_the_shim() {
     let out = run(&["memleak", "--json", "-c", &cmd]);
     assert_eq!(out.code, 0, "{}", out.stderr);
     assert_eq!(held(&out.stdout, "cpp_leak_inner"), want, "{}", out.stdout);
-    let args = [NEW.to_string(), "1500".into()];
+    let args = [NEW.to_string()];
     // The shim loaded into the process, then uprobes on jemalloc's own.
     let out = by_pid(&prog, &args, &[]);
     assert!(
@@ -273,16 +273,13 @@ fn cpp_new_served_by_jemalloc_is_seen_with_and_without_the_shim() {
 /// memleak `-p` of `prog ARGS` (which waits 1.5 s before its first call,
 /// its libraries mapped by 400 ms), to its end.
 fn by_pid(prog: &Path, args: &[String], extra: &[&str]) -> Output {
-    let mut p = Command::new(prog)
-        .args(args)
-        .spawn()
-        .expect("spawn the program");
-    std::thread::sleep(std::time::Duration::from_millis(400));
-    let pid = p.id().to_string();
+    let mut p = Paused::start(Command::new(prog).args(args));
+    let pid = p.pid();
     let mut argv = vec!["memleak", "-v", "--json", "-p", &pid];
     argv.extend_from_slice(extra);
     let t = Tracer::start(&argv);
-    assert!(wait_child(&mut p, std::time::Duration::from_secs(30)).success());
+    p.go();
+    assert!(wait_child(&mut p.child, std::time::Duration::from_secs(30)).success());
     let out = t.wait(std::time::Duration::from_secs(30));
     assert_eq!(out.code, 0, "{}", out.stderr);
     out
@@ -319,7 +316,7 @@ fn jemalloc_s_own_api_is_seen_with_and_without_the_shim() {
     let out = run(&["memleak", "--json", "-c", &cmd]);
     assert_eq!(out.code, 0, "{}", out.stderr);
     assert_eq!(held(&out.stdout, "je_leak_here"), want, "{}", out.stdout);
-    let args = [BLOCKS.to_string(), SIZE.to_string(), "1500".into()];
+    let args = [BLOCKS.to_string(), SIZE.to_string()];
     let out = by_pid(&prog, &args, &[]);
     assert!(
         out.stderr
@@ -355,20 +352,10 @@ fn sampled_jemalloc_arenas_are_not_counted_as_blocks() {
     };
     // 100,000 blocks of 200 bytes: 20 MB, about 300 samples at 64 KiB.
     const NEW: u64 = 100_000;
-    let mut p = Command::new(&prog)
-        .args([NEW.to_string(), "1500".into()])
-        .spawn()
-        .expect("spawn the C++ program");
-    std::thread::sleep(std::time::Duration::from_millis(400));
-    let t = Tracer::start(&[
-        "memleak",
-        "--json",
-        "--sample-bytes",
-        "64K",
-        "-p",
-        &p.id().to_string(),
-    ]);
-    assert!(wait_child(&mut p, std::time::Duration::from_secs(60)).success());
+    let mut p = Paused::start(Command::new(&prog).arg(NEW.to_string()));
+    let t = Tracer::start(&["memleak", "--json", "--sample-bytes", "64K", "-p", &p.pid()]);
+    p.go();
+    assert!(wait_child(&mut p.child, std::time::Duration::from_secs(60)).success());
     let out = t.wait(std::time::Duration::from_secs(30));
     assert_eq!(out.code, 0, "{}", out.stderr);
     let rows = json_of(&out.stdout, "memleak");

@@ -241,13 +241,15 @@ fn an_oom_kill_in_a_memcg_is_a_labelled_counter() {
         Some(1.0),
         "{text}"
     );
-    // The victim's faults are in its cgroup's series.
+    // The victim's faults are in its cgroup's series: most of the 16,384
+    // pages of the limit (the group's page tables and kernel memory are
+    // charged too, so the kill can come a few dozen pages short of it).
     let faults = value(
         &text,
         "memtrace_cgroup_page_faults_total",
         &[("cgroup", &path), ("mode", "user")],
     );
-    assert!(faults.unwrap_or(0.0) > 16384.0, "{faults:?}: {text}");
+    assert!(faults.unwrap_or(0.0) > 15000.0, "{faults:?}: {text}");
     let out = t.interrupt();
     assert_eq!(out.code, 0, "{}", out.stderr);
 }

@@ -88,9 +88,16 @@ fn system_wide_by_default_a_process_running_before_attach_unwinds_to_start() {
     const N: u64 = 2000;
     // Running (asleep) before memtrace starts: its table is built from the
     // running processes' maps, not from its exec.
-    let mut w = nofp(&["touch", &N.to_string()], 2500);
-    let t = Tracer::start(&["faults", "--stacks", "--json", "-d", "6"]);
-    assert!(wait_child(&mut w, WAIT).success());
+    let mut w = Paused::start(Command::new(c_workload()).args(["touch", &N.to_string()]));
+    let mut t = Tracer::start(&["faults", "--stacks", "--json", "-d", "6"]);
+    // Its work once memtrace has read the running processes' maps.
+    let read = t.stderr_line(
+        |l| l.contains("running processes read in"),
+        Duration::from_secs(30),
+    );
+    assert!(read.is_some(), "the running processes never read");
+    w.go();
+    assert!(wait_child(&mut w.child, WAIT).success());
     let out = t.wait(Duration::from_secs(30));
     assert_eq!(out.code, 0, "{}", out.stderr);
     let s = touch_stacks(&out.stdout, N);
@@ -101,10 +108,11 @@ fn system_wide_by_default_a_process_running_before_attach_unwinds_to_start() {
 #[test]
 fn with_pid_by_default_stacks_are_complete_with_exact_counts() {
     const N: u64 = 2500;
-    let mut w = nofp(&["touch", &N.to_string()], 2000);
-    let pid = w.id().to_string();
+    let mut w = Paused::start(Command::new(c_workload()).args(["touch", &N.to_string()]));
+    let pid = w.pid();
     let t = Tracer::start(&["faults", "--stacks", "--json", "-p", &pid]);
-    assert!(wait_child(&mut w, WAIT).success());
+    w.go();
+    assert!(wait_child(&mut w.child, WAIT).success());
     let out = t.wait(Duration::from_secs(30));
     let summary = json_of(&out.stdout, "summary").pop().expect("a summary");
     assert_default_unwinder(&summary);
@@ -289,15 +297,13 @@ fn cpp_memleak_stacks_name_the_caller_of_operator_new_by_default() {
     let (by_cmd, summary) = trace(&["memleak", "--json", "-c", &cmd]);
     assert_default_unwinder(&summary);
     let by_pid = |extra: &[&str]| {
-        let mut p = Command::new(&bin)
-            .args([N.to_string(), "1500".into()])
-            .spawn()
-            .expect("spawn the C++ workload");
-        let pid = p.id().to_string();
+        let mut p = Paused::start(Command::new(&bin).arg(N.to_string()));
+        let pid = p.pid();
         let mut argv = vec!["memleak", "--json", "-p", &pid];
         argv.extend_from_slice(extra);
         let t = Tracer::start(&argv);
-        assert!(wait_child(&mut p, WAIT).success());
+        p.go();
+        assert!(wait_child(&mut p.child, WAIT).success());
         let out = t.wait(Duration::from_secs(30));
         assert_eq!(out.code, 0, "{}", out.stderr);
         out.stdout

@@ -64,3 +64,19 @@ pub struct ExeMapsConfig {
     pub file: FdFileOffsets,
     pub valid: u32,
 }
+
+crate::names! {
+    maps {
+        EXEMAP_PENDING: u32 => ExeMapPending, OnDemand;
+    }
+    globals {
+        EXEMAPS_CFG: ExeMapsConfig;
+    }
+    progs {
+        EXEMAP_ENTER = exemap_enter,
+        EXEMAP_EXIT = exemap_exit,
+        EXEMAP_EXEC = exemap_exec,
+    }
+}
+
+crate::pod!(ExeMapsConfig, ExeMapPending, ExeMap);

@@ -71,3 +71,26 @@ pub struct FaultVal {
     pub last: u32,
     pub _pad: u32,
 }
+
+crate::names! {
+    maps {
+        FAULTS: FaultKey => FaultVal, OnDemand;
+        FAULTS_PERF: FaultKey => FaultVal, OnDemand;
+        FAULT_SLOTS: u32 => FaultSlot, OnDemand;
+        FAULT_SLOT_FREE: u32 => u32, OnDemand;
+        FAULT_SPILL: u32 => u64, Compiled;
+    }
+    globals {
+        FAULT_CFG: FaultConfig;
+    }
+    progs {
+        FAULTS_USER_BTF = faults_user_btf,
+        FAULTS_KERNEL_BTF = faults_kernel_btf,
+        FAULTS_RAW = faults_raw,
+        FAULTS_USER_TP = faults_user_tp,
+        FAULTS_KERNEL_TP = faults_kernel_tp,
+        FAULTS_PERF_PROG = faults_perf,
+    }
+}
+
+crate::pod!(FaultConfig, FaultKey, FaultVal, FaultSlot);

@@ -39,3 +39,20 @@ pub struct FileSeen {
     pub key: FileKey,
     pub comm: [u8; TASK_COMM_LEN],
 }
+
+crate::names! {
+    maps {
+        FILE_FAULTS: FileKey => u64, OnDemand;
+        FILES_SEEN: FileKey => u8, OnDemand;
+    }
+    globals {
+        FFAULT_CFG: FfaultsConfig;
+    }
+    progs {
+        FFAULTS_TP = ffaults_tp,
+        FFAULTS_KPROBE = ffaults_kprobe,
+        FFAULTS_FENTRY = ffaults_fentry,
+    }
+}
+
+crate::pod!(FileKey, FfaultsConfig, FileSeen);

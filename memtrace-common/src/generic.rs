@@ -203,3 +203,42 @@ mod tests {
         assert!(!p(op::AND, 0x1, 0).holds(0x6));
     }
 }
+
+crate::names! {
+    maps {
+        COUNT_TPS: u32 => TpConfig, OnDemand;
+        COUNTS: CountKey => CountVal, OnDemand;
+        TRACE_SCRATCH: () => (), Compiled;
+    }
+    globals {}
+    progs {
+        COUNT_TP = count_tp,
+        COUNT_ONE = count_one,
+        COUNT_AT1 = count_at1,
+        COUNT_AT2 = count_at2,
+        COUNT_AT3 = count_at3,
+        COUNT_AT4 = count_at4,
+        COUNT_AT5 = count_at5,
+        COUNT_AT6 = count_at6,
+        COUNT_AT7 = count_at7,
+        TRACE_TP = trace_tp,
+        TRACE_ONE = trace_one,
+        TRACE_AT1 = trace_at1,
+        TRACE_AT2 = trace_at2,
+        TRACE_AT3 = trace_at3,
+        TRACE_AT4 = trace_at4,
+        TRACE_AT5 = trace_at5,
+        TRACE_AT6 = trace_at6,
+        TRACE_AT7 = trace_at7,
+    }
+    /// For kernels without attach cookies (before 5.15): count's and
+    /// trace's program for each place in the list of tracepoints.
+    pub const COUNT_AT: [Prog; 8] = [
+        COUNT_ONE, COUNT_AT1, COUNT_AT2, COUNT_AT3, COUNT_AT4, COUNT_AT5, COUNT_AT6, COUNT_AT7,
+    ];
+    pub const TRACE_AT: [Prog; 8] = [
+        TRACE_ONE, TRACE_AT1, TRACE_AT2, TRACE_AT3, TRACE_AT4, TRACE_AT5, TRACE_AT6, TRACE_AT7,
+    ];
+}
+
+crate::pod!(TpConfig, CountKey, CountVal, TraceHdr);

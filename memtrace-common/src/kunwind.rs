@@ -204,3 +204,31 @@ pub struct VmaOffsets {
     pub page_shift: u32,
     pub valid: u32,
 }
+
+crate::names! {
+    maps {
+        UNWIND_STEP: () => (), Compiled;
+        UNWIND_ROWS: u32 => u64, OnDemand;
+        UNWIND_RULES: u32 => UnwindRule, OnDemand;
+        UNWIND_PROCS: u32 => UnwindProc, OnDemand;
+        UNWIND_MISSES: u32 => u8, OnDemand;
+        UNWIND_FILES: UnwindFileKey => UnwindFile, OnDemand;
+        VMA_FOUND: () => (), Compiled;
+        UNWIND_STATS: u32 => u64, Compiled;
+        UNWIND_CACHE: () => (), OnDemand;
+    }
+    globals {
+        UNWIND_VMA: VmaOffsets;
+    }
+    progs {
+        UNWIND_EXIT = unwind_exit,
+    }
+}
+
+crate::pod!(
+    UnwindRule,
+    UnwindProc,
+    UnwindFileKey,
+    UnwindFile,
+    VmaOffsets
+);

@@ -3,20 +3,76 @@
 //! Everything is `#[repr(C)]` and plain old data.
 #![no_std]
 
-pub mod exemaps;
-pub mod faults;
-pub mod ffaults;
-pub mod generic;
-pub mod kunwind;
-pub mod memcg;
-pub mod memleak;
-pub mod names;
-pub mod oom;
-pub mod reclaim;
-pub mod rss;
-pub mod snoop;
-pub mod stacks;
-pub mod top;
+pub mod naming;
+
+/// The modules, one line each: a module's types, and the names of its
+/// programs, maps and globals in the object (its `names!`), gathered into
+/// `names` (every name) with the lists the loader and its test read.
+macro_rules! modules {
+    ($($m:ident),* $(,)?) => {
+        $(pub mod $m;)*
+
+        /// Every program, map and global of the eBPF object, by name.
+        pub mod names {
+            pub use crate::naming::{GlobalName, MapName, Prog, Sizing};
+            pub use crate::shared::names::*;
+            $(pub use crate::$m::names::*;)*
+            /// Every map with its sizing policy, module by module.
+            pub const ALL_MAPS: &[&[(&str, Sizing)]] =
+                &[crate::shared::name_lists::MAPS, $(crate::$m::name_lists::MAPS),*];
+            pub const ALL_GLOBALS: &[&[&str]] =
+                &[crate::shared::name_lists::GLOBALS, $(crate::$m::name_lists::GLOBALS),*];
+            pub const ALL_PROGS: &[&[Prog]] =
+                &[crate::shared::name_lists::PROGS, $(crate::$m::name_lists::PROGS),*];
+        }
+    };
+}
+
+modules! {
+    brk,
+    exemaps,
+    faults,
+    ffaults,
+    generic,
+    kunwind,
+    memcg,
+    memleak,
+    oom,
+    reclaim,
+    rss,
+    snoop,
+    stacks,
+    swapin,
+    top,
+}
+
+/// What every tool's programs share: the ring buffer, the loss counters,
+/// the process filter and following, names at exec.
+mod shared {
+    use crate::{ExecName, Filter, TaskOffsets};
+
+    crate::names! {
+        maps {
+            EVENTS: () => (), Compiled;
+            LOSSES: u32 => u64, Compiled;
+            COUNT_GEN: u32 => u32, Compiled;
+            BUSY: u32 => u32, Compiled;
+            FOLLOWED: u32 => u8, OnDemand;
+            EXEC_NAMES: u32 => ExecName, OnDemand;
+        }
+        globals {
+            FILTER: Filter;
+            TASK: TaskOffsets;
+            WAKE_BYTES: u64;
+        }
+        progs {
+            FOLLOW_FORK = follow_fork,
+            NAME_EXEC = name_exec,
+            FLOOR_TP = floor_tp,
+            FLOOR_RAW = floor_raw,
+        }
+    }
+}
 
 pub const TASK_COMM_LEN: usize = 16;
 
@@ -242,67 +298,4 @@ generational!(
     ProcKey
 );
 
-#[cfg(feature = "user")]
-mod pod {
-    // SAFETY: all of these are repr(C) plain data without padding-sensitive invariants.
-    unsafe impl aya::Pod for super::Filter {}
-    unsafe impl aya::Pod for super::ProcEvent {}
-    unsafe impl aya::Pod for super::ExecName {}
-    unsafe impl aya::Pod for super::ProcKey {}
-    unsafe impl aya::Pod for super::TaskOffsets {}
-    unsafe impl aya::Pod for super::stacks::ImageOffsets {}
-    unsafe impl aya::Pod for super::stacks::StackMember {}
-    unsafe impl aya::Pod for super::stacks::UstackConfig {}
-    unsafe impl aya::Pod for super::stacks::UserStack {}
-    unsafe impl aya::Pod for super::kunwind::UnwindRule {}
-    unsafe impl aya::Pod for super::kunwind::UnwindProc {}
-    unsafe impl aya::Pod for super::kunwind::UnwindFileKey {}
-    unsafe impl aya::Pod for super::kunwind::UnwindFile {}
-    unsafe impl aya::Pod for super::kunwind::VmaOffsets {}
-    unsafe impl aya::Pod for super::oom::OomTpOffsets {}
-    unsafe impl aya::Pod for super::oom::OomKprobeOffsets {}
-    unsafe impl aya::Pod for super::faults::FaultConfig {}
-    unsafe impl aya::Pod for super::faults::FaultKey {}
-    unsafe impl aya::Pod for super::faults::FaultVal {}
-    unsafe impl aya::Pod for super::faults::FaultSlot {}
-    unsafe impl aya::Pod for super::ffaults::FileKey {}
-    unsafe impl aya::Pod for super::ffaults::FfaultsConfig {}
-    unsafe impl aya::Pod for super::reclaim::ReclaimConfig {}
-    unsafe impl aya::Pod for super::reclaim::ReclaimTotals {}
-    unsafe impl aya::Pod for super::reclaim::ProcReclaimKey {}
-    unsafe impl aya::Pod for super::reclaim::ProcReclaimVal {}
-    unsafe impl aya::Pod for super::stacks::StackKey {}
-    unsafe impl aya::Pod for super::stacks::StackVal {}
-    unsafe impl aya::Pod for super::stacks::BrkConfig {}
-    unsafe impl aya::Pod for super::top::TopConfig {}
-    unsafe impl aya::Pod for super::top::MmapCount {}
-    unsafe impl aya::Pod for super::generic::TpConfig {}
-    unsafe impl aya::Pod for super::generic::CountKey {}
-    unsafe impl aya::Pod for super::generic::CountVal {}
-    unsafe impl aya::Pod for super::generic::TraceHdr {}
-    unsafe impl aya::Pod for super::rss::RssConfig {}
-    unsafe impl aya::Pod for super::rss::RssVal {}
-    unsafe impl aya::Pod for super::memcg::MemcgProc {}
-    unsafe impl aya::Pod for super::memcg::MemcgOffsets {}
-    unsafe impl aya::Pod for super::memcg::MemcgLine {}
-    unsafe impl aya::Pod for super::memcg::MemcgCross {}
-    unsafe impl aya::Pod for super::snoop::MmapSnoopConfig {}
-    unsafe impl aya::Pod for super::snoop::ShmSnoopConfig {}
-    unsafe impl aya::Pod for super::snoop::FdFileOffsets {}
-    unsafe impl aya::Pod for super::exemaps::ExeMapsConfig {}
-    unsafe impl aya::Pod for super::exemaps::ExeMapPending {}
-    unsafe impl aya::Pod for super::exemaps::ExeMap {}
-    // Ring-buffer records.
-    unsafe impl aya::Pod for super::oom::OomEvent {}
-    unsafe impl aya::Pod for super::ffaults::FileSeen {}
-    unsafe impl aya::Pod for super::reclaim::ReclaimEvent {}
-    unsafe impl aya::Pod for super::rss::RssCross {}
-    unsafe impl aya::Pod for super::snoop::SyscallEvent {}
-    unsafe impl aya::Pod for super::snoop::PendingCall {}
-    unsafe impl aya::Pod for super::stacks::StackSample {}
-    unsafe impl aya::Pod for super::memleak::MemleakConfig {}
-    unsafe impl aya::Pod for super::memleak::PendingAlloc {}
-    unsafe impl aya::Pod for super::memleak::AllocKey {}
-    unsafe impl aya::Pod for super::memleak::AllocInfo {}
-    unsafe impl aya::Pod for super::memleak::AllocStats {}
-}
+crate::pod!(Filter, ProcEvent, ExecName, ProcKey, TaskOffsets);

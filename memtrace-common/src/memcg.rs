@@ -75,3 +75,21 @@ pub struct MemcgCross {
     pub usage_pages: u64,
     pub comm: [u8; TASK_COMM_LEN],
 }
+
+crate::names! {
+    maps {
+        MEMCG_WATCH: u64 => u8, OnDemand;
+        MEMCG_PROCS: u32 => MemcgProc, OnDemand;
+        MEMCG_LINES: u64 => MemcgLine, OnDemand;
+    }
+    globals {
+        MEMCG_CFG: crate::rss::RssConfig;
+        MEMCG_OFFS: MemcgOffsets;
+    }
+    progs {
+        MEMCG_RSS = memcg_rss,
+        MEMCG_LINE = memcg_line,
+    }
+}
+
+crate::pod!(MemcgProc, MemcgOffsets, MemcgLine, MemcgCross);

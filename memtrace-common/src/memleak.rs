@@ -238,3 +238,67 @@ pub struct BatchedFree {
     pub addr: u64,
     pub ts_ns: u64,
 }
+
+crate::names! {
+    maps {
+        ML_PENDING: u32 => PendingSlot, OnDemand;
+        ML_ALLOCS: AllocKey => AllocInfo, OnDemand;
+        ML_STACKS: StackKey => AllocStats, OnDemand;
+        ML_KALLOCS: AllocKey => AllocInfo, OnDemand;
+        ML_KSTACKS: StackKey => AllocStats, OnDemand;
+        ML_COUNTS: u32 => u64, OnDemand;
+        ML_EXECS: u32 => u64, OnDemand;
+        ML_BATCHES: u32 => u64, Compiled;
+        ML_BLOCK: () => (), Compiled;
+    }
+    globals {
+        MEMLEAK_CFG: MemleakConfig;
+        // Read-only: sampling's chances by size, compiled in.
+        ML_SAMPLE_G: [u32; SAMPLE_STEPS];
+    }
+    progs {
+        ML_ALLOC_ENTER = ml_alloc_enter,
+        ML_ENTER_SIZE = ml_enter_size,
+        ML_ENTER_CALLOC = ml_enter_calloc,
+        ML_ENTER_REALLOC = ml_enter_realloc,
+        ML_ENTER_REALLOCARRAY = ml_enter_reallocarray,
+        ML_ENTER_ALIGNED = ml_enter_aligned,
+        ML_ENTER_POSIX_MEMALIGN = ml_enter_posix_memalign,
+        ML_ENTER_PVALLOC = ml_enter_pvalloc,
+        ML_ALLOC_RETURN = ml_alloc_return,
+        ML_ALLOC_SESSION = ml_alloc_session,
+        ML_FREE = ml_free,
+        ML_MMAP_ENTER = ml_mmap_enter,
+        ML_MMAP_EXIT = ml_mmap_exit,
+        ML_MUNMAP = ml_munmap,
+        ML_EXEC = ml_exec,
+        ML_PRELOAD_ALLOC = ml_preload_alloc,
+        ML_PRELOAD_FREE = ml_preload_free,
+        ML_PRELOAD_FULL = ml_preload_full,
+        ML_PRELOAD_HELLO = ml_preload_hello,
+        ML_PRELOAD_FREES = ml_preload_frees,
+        ML_PRELOAD_BATCH = ml_preload_batch,
+        ML_BATCH_EXIT = ml_batch_exit,
+        ML_KMALLOC = ml_kmalloc,
+        ML_CACHE_ALLOC = ml_cache_alloc,
+        ML_KFREE = ml_kfree,
+        ML_CACHE_FREE = ml_cache_free,
+        ML_PAGE_ALLOC = ml_page_alloc,
+        ML_PAGE_FREE = ml_page_free,
+        ML_PCPU_ALLOC = ml_pcpu_alloc,
+        ML_PCPU_FREE = ml_pcpu_free,
+    }
+    /// For kernels without attach cookies: the entry program for each
+    /// allocator shape (the cookie `ML_ALLOC_ENTER` reads elsewhere).
+    pub const ML_ENTER_BY_SHAPE: &[(u64, Prog)] = &[
+        (shape::SIZE, ML_ENTER_SIZE),
+        (shape::CALLOC, ML_ENTER_CALLOC),
+        (shape::REALLOC, ML_ENTER_REALLOC),
+        (shape::REALLOCARRAY, ML_ENTER_REALLOCARRAY),
+        (shape::ALIGNED, ML_ENTER_ALIGNED),
+        (shape::POSIX_MEMALIGN, ML_ENTER_POSIX_MEMALIGN),
+        (shape::PVALLOC, ML_ENTER_PVALLOC),
+    ];
+}
+
+crate::pod!(MemleakConfig, PendingAlloc, AllocKey, AllocInfo, AllocStats);

@@ -59,3 +59,23 @@ pub struct OomEvent {
     pub trigger_comm: [u8; TASK_COMM_LEN],
     pub victim_comm: [u8; TASK_COMM_LEN],
 }
+
+crate::names! {
+    maps {
+        OOM_SCRATCH: () => (), Compiled;
+    }
+    globals {
+        OOM_TP: OomTpOffsets;
+        OOM_CONTROL: OomKprobeOffsets;
+        OOM_STACKS: u32;
+    }
+    progs {
+        OOM_KPROBE = oom_kprobe,
+        OOM_FENTRY = oom_fentry,
+        OOM_RAW_TP = oom_raw_tp,
+        OOM_TP_BTF = oom_tp_btf,
+        OOM_TRACEPOINT = oom_tracepoint,
+    }
+}
+
+crate::pod!(OomTpOffsets, OomKprobeOffsets, OomEvent);

@@ -71,3 +71,33 @@ pub struct ReclaimEvent {
     pub memcg_id: u64,
     pub comm: [u8; TASK_COMM_LEN],
 }
+
+crate::names! {
+    maps {
+        RECLAIM_START: u32 => [u64; 2], OnDemand;
+        SLAB_START: u32 => u64, OnDemand;
+        RECLAIM_TOTALS: u32 => ReclaimTotals, Compiled;
+        PROC_RECLAIM: ProcReclaimKey => ProcReclaimVal, OnDemand;
+        MEMCG_RECLAIM: u64 => ProcReclaimVal, OnDemand;
+    }
+    globals {
+        RECLAIM_CFG: ReclaimConfig;
+    }
+    progs {
+        DIRECT_RECLAIM_BEGIN = direct_reclaim_begin,
+        MEMCG_RECLAIM_BEGIN = memcg_reclaim_begin,
+        RECLAIM_END = reclaim_end,
+        SHRINK_SLAB_START = shrink_slab_start,
+        SHRINK_SLAB_END = shrink_slab_end,
+        KSWAPD_WAKE = kswapd_wake,
+        RECLAIM_WRITE = reclaim_write,
+    }
+}
+
+crate::pod!(
+    ReclaimConfig,
+    ReclaimTotals,
+    ProcReclaimKey,
+    ProcReclaimVal,
+    ReclaimEvent
+);

@@ -67,3 +67,19 @@ pub struct RssCross {
     pub comm: [u8; TASK_COMM_LEN],
     pub task_comm: [u8; TASK_COMM_LEN],
 }
+
+crate::names! {
+    maps {
+        RSS: u32 => RssVal, OnDemand;
+        RSS_OWNER: u32 => u32, OnDemand;
+        RSS_EXCLUDED: u32 => u64, OnDemand;
+    }
+    globals {
+        RSS_CFG: RssConfig;
+    }
+    progs {
+        RSS_STAT = rss_stat,
+    }
+}
+
+crate::pod!(RssConfig, RssVal, RssCross);

@@ -137,3 +137,39 @@ pub fn failed(op: u32, first_arg: u64, ret: i64) -> bool {
         (-4095..0).contains(&ret)
     }
 }
+
+crate::names! {
+    maps {
+        SNOOP_PENDING: u32 => PendingCall, OnDemand;
+    }
+    globals {
+        MMAP_SNOOP: MmapSnoopConfig;
+        SHM_SNOOP: ShmSnoopConfig;
+    }
+    progs {
+        MMAP_ENTER = mmap_enter,
+        MMAP_EXIT = mmap_exit,
+        MUNMAP_ENTER = munmap_enter,
+        MUNMAP_EXIT = munmap_exit,
+        MREMAP_ENTER = mremap_enter,
+        MREMAP_EXIT = mremap_exit,
+        SNOOP_BRK_ENTER = snoop_brk_enter,
+        SNOOP_BRK_EXIT = snoop_brk_exit,
+        SHMGET_ENTER = shmget_enter,
+        SHMGET_EXIT = shmget_exit,
+        SHMAT_ENTER = shmat_enter,
+        SHMAT_EXIT = shmat_exit,
+        SHMDT_ENTER = shmdt_enter,
+        SHMDT_EXIT = shmdt_exit,
+        SHMCTL_ENTER = shmctl_enter,
+        SHMCTL_EXIT = shmctl_exit,
+    }
+}
+
+crate::pod!(
+    MmapSnoopConfig,
+    ShmSnoopConfig,
+    FdFileOffsets,
+    SyscallEvent,
+    PendingCall
+);

@@ -4,14 +4,6 @@
 use crate::TASK_COMM_LEN;
 
 #[repr(C)]
-#[derive(Clone, Copy, Debug, Default)]
-pub struct BrkConfig {
-    /// `syscalls:sys_enter_brk` offset of `brk`.
-    pub tp_brk: u32,
-    pub _pad: u32,
-}
-
-#[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub struct StackKey {
     pub tgid: u32,
@@ -148,3 +140,29 @@ pub struct UserStack {
     /// Innermost first; only the first `nr` are set.
     pub ips: [u64; MAX_UFRAMES],
 }
+
+crate::names! {
+    maps {
+        STACKS: u32 => (), OnDemand;
+        USTACKS: u32 => UserStack, OnDemand;
+        WALK_SCRATCH: () => (), Compiled;
+        FP_STEP: () => (), Compiled;
+        SAMPLE_SCRATCH: () => (), OnDemand;
+        SAMPLE_TICK: u32 => u32, Compiled;
+    }
+    globals {
+        IMAGE: ImageOffsets;
+        USTACK: UstackConfig;
+    }
+    progs {}
+}
+
+crate::pod!(
+    ImageOffsets,
+    StackMember,
+    UstackConfig,
+    UserStack,
+    StackKey,
+    StackVal,
+    StackSample
+);

@@ -20,3 +20,17 @@ pub struct MmapCount {
     pub bytes: u64,
     pub comm: [u8; TASK_COMM_LEN],
 }
+
+crate::names! {
+    maps {
+        MMAP_COUNTS: crate::ProcKey => MmapCount, OnDemand;
+    }
+    globals {
+        TOP_CFG: TopConfig;
+    }
+    progs {
+        TOP_MMAP = top_mmap,
+    }
+}
+
+crate::pod!(TopConfig, MmapCount);

@@ -11,8 +11,9 @@ use aya_ebpf::{
     Global,
 };
 use memtrace_common::{
+    brk::BrkConfig,
     loss,
-    stacks::{BrkConfig, StackKey, StackVal},
+    stacks::{StackKey, StackVal},
     TASK_COMM_LEN,
 };
 

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use std::process::{Child, ChildStdin, Command, ExitStatus, Stdio};
 use std::time::Duration;
 
-use super::{read_all, wait_child, Tracer, WAIT};
+use super::{lines_of, read_all, wait_child, Tracer, WAIT};
 
 pub fn workload_bin() -> PathBuf {
     let p = std::env::var_os("MEMTRACE_WORKLOAD")
@@ -126,4 +126,46 @@ pub fn trace_workload(work: &[&str], tracers: &[&[&str]]) -> Vec<String> {
             out.stdout
         })
         .collect()
+}
+
+/// A test program started with `WORKLOAD_HANDSHAKE` (tests/workload/
+/// handshake.h): running, its libraries loaded, and waiting for `go`
+/// before its work. The handshake for tracers that attach by pid.
+pub struct Paused {
+    pub child: Child,
+    stdin: Option<ChildStdin>,
+}
+
+impl Paused {
+    pub fn start(cmd: &mut Command) -> Paused {
+        let mut child = cmd
+            .env("WORKLOAD_HANDSHAKE", "1")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("spawn the test program");
+        let lines = lines_of(child.stdout.take().unwrap());
+        match lines.recv_timeout(WAIT) {
+            Ok(l) if l == "ready" => {}
+            other => {
+                let _ = child.kill();
+                panic!("the test program did not say ready: {other:?}");
+            }
+        }
+        // Whatever it prints later is read, so that it never blocks on a
+        // full pipe.
+        std::thread::spawn(move || lines.iter().for_each(drop));
+        let stdin = child.stdin.take();
+        Paused { child, stdin }
+    }
+
+    pub fn pid(&self) -> String {
+        self.child.id().to_string()
+    }
+
+    /// Lets it do its work.
+    pub fn go(&mut self) {
+        let mut s = self.stdin.take().expect("go once");
+        s.write_all(b"go\n").expect("the test program reads its go");
+    }
 }

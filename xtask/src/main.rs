@@ -14,6 +14,7 @@ mod fuzz;
 mod kernels;
 mod setup;
 mod soak;
+mod tests;
 
 #[derive(Parser)]
 struct Cli {
@@ -27,6 +28,8 @@ enum Cmd {
     Setup,
     /// Build memtrace (release) with its eBPF object embedded.
     Build,
+    /// Format every Rust file (`cargo fmt` misses the modules a macro declares).
+    Fmt,
     /// Build and run memtrace as root: `cargo xtask run -- oomkill`.
     Run {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
@@ -126,6 +129,12 @@ fn main() -> Result<()> {
     match Cli::parse().cmd {
         Cmd::Setup => setup::setup(),
         Cmd::Build => build(),
+        Cmd::Fmt => {
+            if !rustfmt(false)? {
+                bail!("rustfmt failed");
+            }
+            Ok(())
+        }
         Cmd::Run { args } => {
             build()?;
             let bin = target_dir().join("release/memtrace");
@@ -139,9 +148,9 @@ fn main() -> Result<()> {
             }
             fmt_check()?;
             setup::test_readers();
-            let skips = skip_log();
+            let skips = tests::skip_log();
             let _ = std::fs::remove_file(&skips);
-            let (passed, failed) = test(&args)?;
+            let totals = tests::run(&args)?;
             kernels::run(false)?;
             // One plain closing line with the whole count; skips are
             // counted apart from passes (a skipped test returns early and
@@ -152,8 +161,9 @@ fn main() -> Result<()> {
             }
             let n = skipped.lines().count() as u64;
             println!(
-                "tests: {} passed, {failed} failed, {n} skipped",
-                passed.saturating_sub(n)
+                "tests: {} passed, {} failed, {n} skipped",
+                totals.passed.saturating_sub(n),
+                totals.failed
             );
             Ok(())
         }
@@ -172,105 +182,47 @@ fn main() -> Result<()> {
     }
 }
 
-/// Runs every test with the paths of the built binaries in the environment.
-/// Integration tests load eBPF programs and create cgroups, so they run as
-/// root and one at a time.
-/// Runs `cmd`, echoing its stdout, and adds up cargo's "test result" lines.
-fn run_counting(cmd: &mut Command) -> Result<(u64, u64, bool)> {
-    use std::io::BufRead;
-    let mut child = cmd.stdout(std::process::Stdio::piped()).spawn()?;
-    let (mut passed, mut failed) = (0, 0);
-    let out = child.stdout.take().unwrap();
-    for line in std::io::BufReader::new(out).lines().map_while(Result::ok) {
-        println!("{line}");
-        if let Some(rest) = line.strip_prefix("test result: ") {
-            let num = |word: &str| -> u64 {
-                rest.split([';', '.'])
-                    .find_map(|p| p.trim().strip_suffix(word)?.trim().parse().ok())
-                    .unwrap_or(0)
-            };
-            passed += num("passed");
-            failed += num("failed");
+/// Every Rust file of the repository, found by walking it: modules that a
+/// macro declares (the tool list, the common crate's module list) are
+/// files `cargo fmt` never visits.
+fn rust_files() -> Vec<PathBuf> {
+    fn walk(dir: &Path, out: &mut Vec<PathBuf>) {
+        let Ok(rd) = std::fs::read_dir(dir) else {
+            return;
+        };
+        let mut entries: Vec<PathBuf> = rd.flatten().map(|e| e.path()).collect();
+        entries.sort();
+        for p in entries {
+            let name = p.file_name().and_then(|n| n.to_str()).unwrap_or("");
+            if name.starts_with('.') || name == "target" {
+                continue;
+            }
+            if p.is_dir() {
+                walk(&p, out);
+            } else if name.ends_with(".rs") {
+                out.push(p);
+            }
         }
     }
-    Ok((passed, failed, child.wait()?.success()))
+    let mut out = Vec::new();
+    walk(&root(), &mut out);
+    out
 }
 
-/// Where the tests append the reasons they skipped (`tests/common/host.rs`).
-fn skip_log() -> PathBuf {
-    target_dir().join("test-skips.log")
+/// rustfmt over every Rust file (`--check`: only says which differ).
+fn rustfmt(check: bool) -> Result<bool> {
+    let mut c = Command::new("rustfmt");
+    c.current_dir(root()).args(["--edition", "2021"]);
+    if check {
+        c.arg("--check");
+    }
+    Ok(c.args(rust_files()).status()?.success())
 }
 
-/// Every file of the workspace formatted, the tools' included.
+/// Every file of the workspace formatted, those the macros declare included.
 fn fmt_check() -> Result<()> {
-    let st = Command::new("cargo")
-        .current_dir(root())
-        .args(["fmt", "--all", "--check"])
-        .status()?;
-    if !st.success() {
-        bail!("cargo fmt --all --check: files are not formatted (run cargo fmt --all)");
+    if !rustfmt(true)? {
+        bail!("files are not formatted (run cargo xtask fmt)");
     }
     Ok(())
-}
-
-fn test(args: &[String]) -> Result<(u64, u64)> {
-    let env = [
-        ("MEMTRACE_SKIP_LOG", skip_log()),
-        (
-            "MEMTRACE_WORKLOAD",
-            target_dir().join("release/memtrace-workload"),
-        ),
-        ("MEMTRACE_BIN", target_dir().join("release/memtrace")),
-    ];
-    let mut targs = vec!["--test-threads=1".to_string()];
-    targs.extend(args.iter().cloned());
-    if is_root() {
-        let mut c = Command::new("cargo");
-        c.current_dir(root())
-            .args(["test", "--release", "--"])
-            .args(&targs)
-            .envs(env.clone());
-        let (passed, failed, ok) = run_counting(&mut c)?;
-        if !ok || failed > 0 {
-            println!("tests: {passed} passed, {failed} failed");
-            bail!("tests failed");
-        }
-        return Ok((passed, failed));
-    }
-    // Not root: build as the user, run each test binary through sudo.
-    let out = Command::new("cargo")
-        .current_dir(root())
-        .args(["test", "--release", "--no-run", "--message-format=json"])
-        .output()?;
-    if !out.status.success() {
-        bail!(
-            "building the tests failed: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
-    let (mut passed, mut failed, mut bad) = (0, 0, 0);
-    for line in String::from_utf8_lossy(&out.stdout).lines() {
-        let Ok(v) = serde_json::from_str::<serde_json::Value>(line) else {
-            continue;
-        };
-        if v["reason"] != "compiler-artifact" || v["profile"]["test"] != true {
-            continue;
-        }
-        let Some(exe) = v["executable"].as_str() else {
-            continue;
-        };
-        let (p, f, ok) = run_counting(
-            as_root(Path::new(exe), &targs)
-                .envs(env.clone())
-                .current_dir(root()),
-        )?;
-        passed += p;
-        failed += f;
-        bad += (!ok) as usize;
-    }
-    if bad > 0 || failed > 0 {
-        println!("tests: {passed} passed, {failed} failed");
-        bail!("{bad} test binaries failed");
-    }
-    Ok((passed, failed))
 }

@@ -8,6 +8,7 @@ use std::os::fd::{FromRawFd, OwnedFd};
 pub const BPF_PROG_LOAD: libc::c_long = 5;
 pub const BPF_LINK_CREATE: libc::c_long = 28;
 pub const BPF_BTF_LOAD: libc::c_long = 18;
+pub const BPF_OBJ_GET_INFO_BY_FD: libc::c_long = 15;
 
 /// `BPF_BTF_LOAD`'s attribute prefix.
 #[repr(C)]
@@ -56,6 +57,34 @@ pub struct ElemAttr {
     pub key: u64,
     pub value: u64,
     pub flags: u64,
+}
+
+/// `union bpf_attr`'s `info` member (BPF_OBJ_GET_INFO_BY_FD).
+#[repr(C)]
+pub struct InfoAttr {
+    pub bpf_fd: u32,
+    pub info_len: u32,
+    pub info: u64,
+}
+
+/// The kernel's `bpf_*_info` of the object behind `fd`: the fields this
+/// kernel knows filled in, the rest zero (the size is `T`'s, so the kernel
+/// never writes past it).
+///
+/// # Safety
+/// `T` must be plain data valid for any bit pattern (a uapi info struct).
+pub unsafe fn obj_info<T>(fd: std::os::fd::BorrowedFd<'_>) -> io::Result<T> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: plain data by the caller's word; all-zero is a valid value.
+    let mut info: T = unsafe { std::mem::zeroed() };
+    let attr = InfoAttr {
+        bpf_fd: fd.as_raw_fd() as u32,
+        info_len: std::mem::size_of::<T>() as u32,
+        info: &mut info as *mut T as u64,
+    };
+    // SAFETY: attr points at a buffer of the size it claims.
+    unsafe { call(BPF_OBJ_GET_INFO_BY_FD, &attr) }?;
+    Ok(info)
 }
 
 /// bpf(2) with `attr`: what the kernel returned.

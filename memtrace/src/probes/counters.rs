@@ -3,6 +3,7 @@
 //! (ffaults, top, serve): their probes with fallbacks, and their globals.
 
 use memtrace_common::{
+    brk::BrkConfig,
     faults::FaultConfig,
     ffaults::FfaultsConfig,
     names::{
@@ -10,7 +11,6 @@ use memtrace_common::{
         FAULTS_PERF_PROG, FAULTS_RAW, FAULTS_USER_BTF, FAULTS_USER_TP, FAULT_CFG, FFAULTS_FENTRY,
         FFAULTS_KPROBE, FFAULTS_TP, FFAULT_CFG, FILE_FAULTS,
     },
-    stacks::BrkConfig,
 };
 
 use crate::error::Result;

@@ -302,7 +302,7 @@ pub fn spawn_traced(
     env: Vec<(String, String)>,
     oom_score_adj: Option<Vec<u8>>,
 ) -> Result<Traced> {
-    let (pid_tx, pid_rx) = mpsc::channel::<std::result::Result<u32, String>>();
+    let (pid_tx, pid_rx) = mpsc::channel::<Result<u32>>();
     let (go_tx, go_rx) = mpsc::channel::<SharedImages>();
     let (exit_tx, exit_rx) = tokio::sync::oneshot::channel::<i32>();
     let leave = Arc::new(AtomicBool::new(false));
@@ -334,7 +334,7 @@ pub fn spawn_traced(
         let child = match c.spawn() {
             Ok(c) => c,
             Err(e) => {
-                let _ = pid_tx.send(Err(format!("cannot run '{cmd}': {e}")));
+                let _ = pid_tx.send(Err(Error::Usage(format!("cannot run '{cmd}': {e}"))));
                 return;
             }
         };
@@ -348,7 +348,7 @@ pub fn spawn_traced(
         loop {
             // SAFETY: waiting for our own child.
             if unsafe { libc::waitpid(pid, &mut status, 0) } < 0 {
-                let _ = pid_tx.send(Err("waitpid failed".into()));
+                let _ = pid_tx.send(Err(Error::Runtime("waitpid failed".into())));
                 return;
             }
             if !libc::WIFSTOPPED(status) {
@@ -357,9 +357,9 @@ pub fn spawn_traced(
                 } else {
                     format!("by signal {}", libc::WTERMSIG(status))
                 };
-                let _ = pid_tx.send(Err(format!(
+                let _ = pid_tx.send(Err(Error::Usage(format!(
                     "'{cmd}' could not be run: it exited {how} before it started"
-                )));
+                ))));
                 return;
             }
             execs += 1;
@@ -368,14 +368,18 @@ pub fn spawn_traced(
                 | libc::PTRACE_O_EXITKILL
                 | CHILD_OPTS;
             if let Err(e) = ptrace(libc::PTRACE_SETOPTIONS, pid, opts as usize) {
-                let _ = pid_tx.send(Err(format!("cannot trace '{cmd}': ptrace: {e}")));
+                let _ = pid_tx.send(Err(Error::Usage(format!(
+                    "cannot trace '{cmd}': ptrace: {e}"
+                ))));
                 return;
             }
             if execs >= start_at {
                 break;
             }
             if let Err(e) = ptrace(libc::PTRACE_CONT, pid, 0) {
-                let _ = pid_tx.send(Err(format!("cannot run '{cmd}': ptrace: {e}")));
+                let _ = pid_tx.send(Err(Error::Usage(format!(
+                    "cannot run '{cmd}': ptrace: {e}"
+                ))));
                 return;
             }
         }
@@ -405,7 +409,7 @@ pub fn spawn_traced(
             exited: exit_rx,
             leave,
         }),
-        Ok(Err(e)) => Err(Error::Usage(e)),
+        Ok(Err(e)) => Err(e),
         Err(_) => Err(Error::Runtime("command runner died".into())),
     }
 }

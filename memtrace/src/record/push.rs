@@ -22,6 +22,23 @@ const PORT: u16 = 4318;
 const PATH: &str = "/v1development/profiles";
 const TIMEOUT: Duration = Duration::from_secs(10);
 
+/// Why a push did not get a 2xx.
+#[derive(Debug, thiserror::Error)]
+enum PushError {
+    #[error("{0}")]
+    Io(#[from] std::io::Error),
+    #[error("{0}")]
+    Http(#[from] hyper::Error),
+    #[error("{0}")]
+    Request(#[from] hyper::http::Error),
+    #[error("no reply within {} s", TIMEOUT.as_secs())]
+    Timeout,
+    #[error("the request's thread panicked")]
+    Panicked,
+    #[error("HTTP/1.1 {} {}", .0.as_u16(), .0.canonical_reason().unwrap_or(""))]
+    Status(StatusCode),
+}
+
 /// Where to send: host and port, and the request path.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Endpoint {
@@ -66,47 +83,33 @@ pub fn push(to: &Endpoint, body: &[u8]) -> Result<()> {
             let rt = tokio::runtime::Builder::new_current_thread()
                 .enable_io()
                 .enable_time()
-                .build()
-                .map_err(|e| e.to_string())?;
+                .build()?;
             rt.block_on(async {
                 match tokio::time::timeout(TIMEOUT, post(to, body)).await {
                     Ok(r) => r,
-                    Err(_) => Err(format!("no reply within {} s", TIMEOUT.as_secs())),
+                    Err(_) => Err(PushError::Timeout),
                 }
             })
         })
         .join()
-        .unwrap_or_else(|_| Err("the request's thread panicked".into()))
+        .unwrap_or(Err(PushError::Panicked))
     });
-    match sent.map_err(fail)? {
+    match sent.map_err(|e| fail(e.to_string()))? {
         s if s.is_success() => Ok(()),
-        s => Err(fail(format!(
-            "HTTP/1.1 {} {}",
-            s.as_u16(),
-            s.canonical_reason().unwrap_or("")
-        ))),
+        s => Err(fail(PushError::Status(s).to_string())),
     }
 }
 
-async fn post(to: &Endpoint, body: Bytes) -> std::result::Result<StatusCode, String> {
-    let tcp = tokio::net::TcpStream::connect((to.host.as_str(), to.port))
-        .await
-        .map_err(|e| e.to_string())?;
-    let (mut send, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tcp))
-        .await
-        .map_err(|e| e.to_string())?;
+async fn post(to: &Endpoint, body: Bytes) -> std::result::Result<StatusCode, PushError> {
+    let tcp = tokio::net::TcpStream::connect((to.host.as_str(), to.port)).await?;
+    let (mut send, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tcp)).await?;
     let conn = tokio::spawn(conn);
     let req = Request::post(&to.path)
         .header(HOST, format!("{}:{}", to.host, to.port))
         .header(CONTENT_TYPE, "application/x-protobuf")
         .header(USER_AGENT, concat!("memtrace/", env!("CARGO_PKG_VERSION")))
-        .body(Full::new(body))
-        .map_err(|e| e.to_string())?;
-    let status = send
-        .send_request(req)
-        .await
-        .map_err(|e| e.to_string())?
-        .status();
+        .body(Full::new(body))?;
+    let status = send.send_request(req).await?.status();
     conn.abort();
     Ok(status)
 }

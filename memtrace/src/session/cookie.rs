@@ -9,13 +9,13 @@
 use std::io;
 use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 
-use crate::kernel::tracefs;
+use super::why::WayError;
+use crate::kernel::{bpfsys, tracefs};
 
 const PERF_TYPE_TRACEPOINT: u32 = 2;
 /// `PERF_ATTR_SIZE_VER5`: every field past it is left zero, which the
 /// kernel accepts from any later size.
 const PERF_ATTR_SIZE: u32 = 112;
-const BPF_LINK_CREATE: libc::c_long = 28;
 const BPF_PERF_EVENT: u32 = 41;
 const PERF_FLAG_FD_CLOEXEC: libc::c_ulong = 8;
 
@@ -30,18 +30,26 @@ struct LinkCreate {
     bpf_cookie: u64,
 }
 
-fn event_id(cat: &str, name: &str) -> Result<u64, String> {
-    let root = tracefs::root().map_err(|e| e.to_string())?;
+fn event_id(cat: &str, name: &str) -> Result<u64, WayError> {
+    let root = tracefs::root().map_err(|e| WayError::Unavailable(e.to_string()))?;
     let path = root.join("events").join(cat).join(name).join("id");
     std::fs::read_to_string(&path)
         .ok()
         .and_then(|s| s.trim().parse().ok())
-        .ok_or_else(|| format!("no tracepoint {cat}:{name} ({} unreadable)", path.display()))
+        .ok_or_else(|| {
+            WayError::Unavailable(format!(
+                "no tracepoint {cat}:{name} ({} unreadable)",
+                path.display()
+            ))
+        })
 }
 
-fn fd(ret: libc::c_long, what: &str) -> Result<OwnedFd, String> {
+fn fd(ret: libc::c_long, what: &str) -> Result<OwnedFd, WayError> {
     if ret < 0 {
-        return Err(format!("{what}: {}", io::Error::last_os_error()));
+        return Err(WayError::Failed(format!(
+            "{what}: {}",
+            io::Error::last_os_error()
+        )));
     }
     // SAFETY: the syscall returned a new descriptor that nothing else owns.
     Ok(unsafe { OwnedFd::from_raw_fd(ret as i32) })
@@ -54,7 +62,7 @@ pub fn attach_tracepoint(
     cat: &str,
     name: &str,
     cookie: u64,
-) -> Result<[OwnedFd; 2], String> {
+) -> Result<[OwnedFd; 2], WayError> {
     let id = event_id(cat, name)?;
     // perf_event_attr: type, size, config; the rest zero.
     let mut attr = [0u8; PERF_ATTR_SIZE as usize];
@@ -84,17 +92,11 @@ pub fn attach_tracepoint(
         flags: 0,
         bpf_cookie: cookie,
     };
-    // SAFETY: la is a valid link_create attr of the size passed.
-    let link = fd(
-        unsafe {
-            libc::syscall(
-                libc::SYS_bpf,
-                BPF_LINK_CREATE,
-                &la as *const LinkCreate,
-                std::mem::size_of::<LinkCreate>(),
-            )
-        },
-        "BPF_LINK_CREATE with a cookie (needs Linux 5.15)",
-    )?;
+    // SAFETY: la holds no pointers.
+    let link = unsafe { bpfsys::call_fd(bpfsys::BPF_LINK_CREATE, &la) }.map_err(|e| {
+        WayError::Failed(format!(
+            "BPF_LINK_CREATE with a cookie (needs Linux 5.15): {e}"
+        ))
+    })?;
     Ok([link, perf])
 }

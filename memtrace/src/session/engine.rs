@@ -102,7 +102,7 @@ impl Session {
         if let Some((_, why)) = self.ruled_out.iter().find(|(p, _)| *p == way.prog.0) {
             return Err(WayError::Unavailable(why.clone()));
         }
-        precheck(way).map_err(WayError::Unavailable)?;
+        precheck(way)?;
         if let Target::UserSet { path, points, pid } = &way.target {
             return self.try_user_set(way, path, points, *pid);
         }
@@ -111,11 +111,10 @@ impl Session {
             Method::Fentry | Method::TpBtf if first => Some(self.btf()?.clone()),
             _ => None,
         };
-        let prog = self
-            .bpf
-            .program_mut(way.prog.0)
-            .ok_or_else(|| format!("program {} missing from the object", way.prog.0))?;
-        let e = |e: &dyn std::error::Error| chain(e);
+        let prog = self.bpf.program_mut(way.prog.0).ok_or_else(|| {
+            WayError::Failed(format!("program {} missing from the object", way.prog.0))
+        })?;
+        let e = |e: &dyn std::error::Error| WayError::Failed(chain(e));
         // A program that loaded and failed to attach stays loaded for the
         // next way (kprobe, tracepoint: the target is given at attach);
         // `load_err` marks it not loaded.
@@ -138,7 +137,7 @@ impl Session {
                             if first {
                                 let _ = $p.unload();
                             }
-                            return Err(WayError::Failed(e(&x)));
+                            return Err(e(&x));
                         }
                     }
                 };
@@ -196,7 +195,7 @@ impl Session {
                     if first {
                         p.load().map_err(&mut load_err)?;
                     }
-                    let cpus = online_cpus().map_err(|(_, x)| x.to_string())?;
+                    let cpus = online_cpus().map_err(|(_, x)| WayError::Failed(x.to_string()))?;
                     for cpu in cpus {
                         let id = p
                             .attach(
@@ -276,7 +275,9 @@ impl Session {
                     .find(|(c, _)| *c == cookie)
                     .map(|(_, p)| *p)
                     .ok_or_else(|| {
-                        format!("no program for cookie {cookie} on a kernel without attach cookies")
+                        WayError::Unavailable(format!(
+                            "no program for cookie {cookie} on a kernel without attach cookies"
+                        ))
                     })?,
             };
             match runs.iter_mut().find(|(p, _)| *p == prog) {
@@ -290,9 +291,11 @@ impl Session {
             let p: &mut UProbe = self
                 .bpf
                 .program_mut(prog.0)
-                .ok_or_else(|| format!("program {} missing from the object", prog.0))?
+                .ok_or_else(|| {
+                    WayError::Failed(format!("program {} missing from the object", prog.0))
+                })?
                 .try_into()
-                .map_err(|x| chain(&x))?;
+                .map_err(|x| WayError::Failed(chain(&x)))?;
             if self.loaded.insert(prog.0) {
                 if let Err(x) = p.load() {
                     self.loaded.remove(prog.0);
@@ -304,9 +307,12 @@ impl Session {
                     location: UProbeAttachLocation::AbsoluteOffset(offset),
                     cookie: (cookies && cookie != 0).then_some(cookie),
                 };
-                let id = p.attach(point, path, scope).map_err(|x| chain(&x))?;
-                self.links
-                    .push(Box::new(p.take_link(id).map_err(|x| chain(&x))?));
+                let id = p
+                    .attach(point, path, scope)
+                    .map_err(|x| WayError::Failed(chain(&x)))?;
+                self.links.push(Box::new(
+                    p.take_link(id).map_err(|x| WayError::Failed(chain(&x)))?,
+                ));
             }
         }
         Ok(())
@@ -314,21 +320,28 @@ impl Session {
 }
 
 /// Cheap checks that give a clearer reason than the load error would.
-fn precheck(way: &Way) -> std::result::Result<(), String> {
+fn precheck(way: &Way) -> std::result::Result<(), WayError> {
+    let no = |why: String| Err(WayError::Unavailable(why));
     match (way.method, &way.target) {
         (Method::Kprobe, _) if !Path::new("/sys/bus/event_source/devices/kprobe/type").exists() => {
-            Err("the kernel has no kprobes (CONFIG_KPROBES is off)".into())
+            no("the kernel has no kprobes (CONFIG_KPROBES is off)".into())
         }
         (Method::Tracepoint, Target::Tp(c, n)) if !crate::kernel::tracefs::exists(c, n) => {
-            Err("no such tracepoint on this kernel".into())
+            no("no such tracepoint on this kernel".into())
         }
         (Method::Fentry, Target::Func(f)) => {
-            let btf = crate::kernel::KernelBtf::shared().map_err(|e| e.to_string())?;
-            let id = btf
-                .func_id(f)
-                .ok_or_else(|| format!("no function {f} in kernel BTF"))?;
-            crate::kernel::feature::fentry_loads(id)
-                .map_err(|e| format!("the kernel refused to load an fentry program ({e})"))
+            let btf = match crate::kernel::KernelBtf::shared() {
+                Ok(b) => b,
+                Err(e) => return no(e.to_string()),
+            };
+            let Some(id) = btf.func_id(f) else {
+                return no(format!("no function {f} in kernel BTF"));
+            };
+            crate::kernel::feature::fentry_loads(id).or_else(|e| {
+                no(format!(
+                    "the kernel refused to load an fentry program ({e})"
+                ))
+            })
         }
         _ => Ok(()),
     }

@@ -86,7 +86,7 @@ impl Loader {
         raise_memlock();
         let mut loader = loader_without_kernel_btf();
         // Unused maps cost locked kernel memory; keep them tiny unless asked for.
-        for (m, sizing) in ALL_MAPS {
+        for (m, sizing) in ALL_MAPS.iter().copied().flatten() {
             if *sizing == Sizing::OnDemand && !self.sizes.iter().any(|(n, _)| n == m) {
                 loader.map_max_entries(m, 1);
             }
@@ -211,9 +211,23 @@ mod tests {
 
     #[test]
     fn every_name_is_in_the_object_and_every_object_name_is_named() {
-        let named_maps: BTreeSet<String> = ALL_MAPS.iter().map(|(n, _)| n.to_string()).collect();
-        let named_progs: BTreeSet<String> = ALL_PROGS.iter().map(|p| p.0.to_string()).collect();
-        let named_globals: BTreeSet<String> = ALL_GLOBALS.iter().map(|n| n.to_string()).collect();
+        let maps: Vec<&str> = ALL_MAPS.iter().copied().flatten().map(|m| m.0).collect();
+        let progs: Vec<&str> = ALL_PROGS.iter().copied().flatten().map(|p| p.0).collect();
+        let globals: Vec<&str> = ALL_GLOBALS.iter().copied().flatten().copied().collect();
+        let set = |v: &[&str]| -> BTreeSet<String> { v.iter().map(|n| n.to_string()).collect() };
+        let (named_maps, named_progs, named_globals) = (set(&maps), set(&progs), set(&globals));
+        // Each declared by one module only.
+        assert_eq!(
+            named_maps.len(),
+            maps.len(),
+            "a map is named twice: {maps:?}"
+        );
+        assert_eq!(named_progs.len(), progs.len(), "a program is named twice");
+        assert_eq!(
+            named_globals.len(),
+            globals.len(),
+            "a global is named twice"
+        );
         // Both objects, both ways: a name here that an object lacks would
         // fail at run time; a map there that is not named here would keep
         // its compiled size in every tool.

@@ -6,42 +6,18 @@
 //! 0.14's `ProgramInfo` does not expose the counter, so it is read here with
 //! BPF_OBJ_GET_INFO_BY_FD.
 
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
+use std::os::fd::{AsFd, BorrowedFd};
 
 use aya_obj::generated::bpf_prog_info;
 use memtrace_common::names;
 
 use super::Session;
 
-const BPF_OBJ_GET_INFO_BY_FD: libc::c_long = 15;
-
-/// `union bpf_attr`'s `info` member.
-#[repr(C)]
-struct InfoAttr {
-    bpf_fd: u32,
-    info_len: u32,
-    info: u64,
-}
-
 /// The program's skipped runs; None where the kernel does not say.
 fn recursion_misses(fd: BorrowedFd<'_>) -> Option<u64> {
-    // SAFETY: plain data; the kernel fills what it knows of it.
-    let mut info: bpf_prog_info = unsafe { std::mem::zeroed() };
-    let attr = InfoAttr {
-        bpf_fd: fd.as_raw_fd() as u32,
-        info_len: std::mem::size_of::<bpf_prog_info>() as u32,
-        info: &mut info as *mut bpf_prog_info as u64,
-    };
-    // SAFETY: attr points at a buffer of the size it claims.
-    let r = unsafe {
-        libc::syscall(
-            libc::SYS_bpf,
-            BPF_OBJ_GET_INFO_BY_FD,
-            &attr as *const InfoAttr,
-            std::mem::size_of::<InfoAttr>(),
-        )
-    };
-    (r == 0).then_some(info.recursion_misses)
+    // SAFETY: bpf_prog_info is the uapi's plain-data struct.
+    let info: bpf_prog_info = unsafe { crate::kernel::bpfsys::obj_info(fd) }.ok()?;
+    Some(info.recursion_misses)
 }
 
 /// Programs that run on kernel-mode page faults. One is re-entered only by

@@ -147,9 +147,11 @@ impl Session {
         })
     }
 
-    fn btf(&mut self) -> std::result::Result<&Btf, String> {
+    fn btf(&mut self) -> std::result::Result<&Btf, why::WayError> {
         if self.btf.is_none() {
-            self.btf = Some(Btf::from_sys_fs().map_err(|e| format!("no kernel BTF: {e}"))?);
+            let btf = Btf::from_sys_fs()
+                .map_err(|e| why::WayError::Unavailable(format!("no kernel BTF: {e}")))?;
+            self.btf = Some(btf);
         }
         Ok(self.btf.as_ref().unwrap())
     }

@@ -110,7 +110,8 @@ fn map_data(m: &Map) -> &MapData {
 /// Loads program `name` of the embedded object for a `kind` link, sharing
 /// `bpf`'s maps.
 pub fn load_prog(bpf: &Ebpf, name: &str, kind: Kind) -> Result<OwnedFd, WayError> {
-    let mut obj = aya_obj::Object::parse(super::loader::object()).map_err(|e| e.to_string())?;
+    let failed = |e: &dyn std::error::Error| WayError::Failed(super::chain(e));
+    let mut obj = aya_obj::Object::parse(super::loader::object()).map_err(|e| failed(&e))?;
     // The object's BTF, for the functions' info: without it the kernel
     // refuses a callback (bpf_loop's frame step). Kernels with these links
     // (6.6) have every BTF feature.
@@ -125,7 +126,7 @@ pub fn load_prog(bpf: &Ebpf, name: &str, kind: Kind) -> Result<OwnedFd, WayError
             };
             // SAFETY: `bytes` is live and `btf_size` long; no log is asked.
             let fd = unsafe { call_fd(BPF_BTF_LOAD, &attr) };
-            Some(fd.map_err(|e| format!("BPF_BTF_LOAD: {e}"))?)
+            Some(fd.map_err(|e| WayError::Failed(format!("BPF_BTF_LOAD: {e}")))?)
         }
         _ => None,
     };
@@ -139,12 +140,12 @@ pub fn load_prog(bpf: &Ebpf, name: &str, kind: Kind) -> Result<OwnedFd, WayError
         .collect();
     let text = obj.functions.keys().map(|(sec, _)| *sec).collect();
     obj.relocate_maps(fds.into_iter(), &text)
-        .map_err(|e| e.to_string())?;
-    obj.relocate_calls(&text).map_err(|e| e.to_string())?;
+        .map_err(|e| failed(&e))?;
+    obj.relocate_calls(&text).map_err(|e| failed(&e))?;
     let prog = obj
         .programs
         .get(name)
-        .ok_or_else(|| format!("program {name} missing from the object"))?;
+        .ok_or_else(|| WayError::Failed(format!("program {name} missing from the object")))?;
     let f = &obj.functions[&prog.function_key()];
     let insns = &f.instructions;
     let license = c"GPL";
@@ -198,8 +199,8 @@ pub fn attach(
     path: &str,
     points: &[(u64, u64)],
     pid: Option<u32>,
-) -> Result<OwnedFd, String> {
-    let cpath = CString::new(path).map_err(|e| e.to_string())?;
+) -> Result<OwnedFd, WayError> {
+    let cpath = CString::new(path).map_err(|e| WayError::Failed(e.to_string()))?;
     let offsets: Vec<u64> = points.iter().map(|p| p.0).collect();
     let cookies: Vec<u64> = points.iter().map(|p| p.1).collect();
     let attr = LinkCreate {
@@ -215,5 +216,5 @@ pub fn attach(
     // SAFETY: the path, offsets and cookies are live for the call and
     // `cnt` long.
     unsafe { call_fd(BPF_LINK_CREATE, &attr) }
-        .map_err(|e| format!("BPF_LINK_CREATE ({}): {e}", kind.name()))
+        .map_err(|e| WayError::Failed(format!("BPF_LINK_CREATE ({}): {e}", kind.name())))
 }

@@ -23,12 +23,6 @@ pub enum WayError {
     Failed(String),
 }
 
-impl From<String> for WayError {
-    fn from(s: String) -> WayError {
-        WayError::Failed(s)
-    }
-}
-
 impl WayError {
     /// A program load error from aya: refused when the kernel refused it,
     /// with the verifier's log.

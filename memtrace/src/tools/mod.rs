@@ -1,32 +1,17 @@
 //! The command list: one module per tool, each declaring what it is
 //! (`ABOUT`), its probes (with fallbacks), the globals its kernel programs
-//! need, its aggregation and its report. Adding a tool is one line here
-//! (and its `mod` line, written out so that rustfmt visits its file).
+//! need, its aggregation and its report. Adding a tool is one line here,
+//! which declares its module too (`cargo xtask fmt` formats it: `cargo fmt`
+//! does not visit modules a macro declares).
 
 use crate::error::Result;
 use crate::run::args::Common;
 use crate::run::tool::Tool;
 
-// Declared here, not by `tools!`, so that rustfmt visits every tool's file.
-pub mod brkstack;
-pub mod count;
-pub mod drsnoop;
-pub mod faults;
-pub mod ffaults;
-pub mod memcg;
-pub mod memleak;
-pub mod mmapsnoop;
-pub mod oomkill;
-pub mod rss;
-pub mod serve;
-pub mod shmsnoop;
-pub mod swapin;
-pub mod top;
-pub mod trace;
-pub mod vmscan;
-
 macro_rules! tools {
     ($($(#[$attr:meta])* $module:ident::$ty:ident,)*) => {
+        $(pub mod $module;)*
+
         #[derive(Debug, clap::Subcommand)]
         pub enum ToolCommand {
             $(

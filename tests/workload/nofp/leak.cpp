@@ -1,7 +1,9 @@
 // Leaks N objects through two named functions, built without frame
 // pointers: memleak's stacks must pass operator new (libstdc++, no frame
 // pointers either) to reach them. Held until the tracer reports. An
-// optional second argument waits that many ms first (for -p).
+// optional second argument waits that many ms first; WORKLOAD_HANDSHAKE
+// waits for the tracer's go (for -p).
+#include "../handshake.h"
 #include <cstdlib>
 #include <unistd.h>
 #include <vector>
@@ -30,6 +32,7 @@ int main(int argc, char **argv)
 	int n = argc > 1 ? atoi(argv[1]) : 100;
 	if (argc > 2)
 		usleep(atoi(argv[2]) * 1000);
+	handshake();
 	kept = new std::vector<Blob *>();
 	kept->reserve(n);
 	cpp_leak_outer(n);

@@ -11,6 +11,7 @@
 
 /* KEEP() and TOUCH_PAGES(), shared with lib.c. */
 #include "nofp.h"
+#include "../handshake.h"
 
 __attribute__((noinline)) void heap_grow_inner(int n)
 {
@@ -143,6 +144,7 @@ int main(int argc, char **argv)
 	const char *delay = getenv("NOFP_DELAY_MS");
 	if (delay)
 		usleep(atoi(delay) * 1000);
+	handshake();
 	if (!strcmp(argv[1], "sbrk"))
 		heap_grow_outer(n);
 	else if (!strcmp(argv[1], "touch"))

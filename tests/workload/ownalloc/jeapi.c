@@ -3,6 +3,7 @@
 // 2*SIZE by rallocx and one kept (xallocx asked for the size it has).
 // Held: N/4 blocks of 2*SIZE and N/4 of SIZE. An optional third argument
 // waits that many ms first (for -p).
+#include "../handshake.h"
 #include <stddef.h>
 #include <stdlib.h>
 #include <unistd.h>
@@ -44,6 +45,7 @@ int main(int argc, char **argv)
 	size_t size = argc > 2 ? (size_t)atol(argv[2]) : 1000;
 	if (argc > 3)
 		usleep(atoi(argv[3]) * 1000);
+	handshake();
 	je_leak_here(n, size);
 	return 0;
 }

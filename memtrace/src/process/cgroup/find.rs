@@ -3,6 +3,7 @@
 use std::path::{Path, PathBuf};
 
 use super::{proc_cgroup_paths, Group, Version};
+use crate::error::{Error, Result};
 use crate::kernel::cgroupid::memory_roots;
 
 /// The memory hierarchies mounted here: v1's memory controller, and v2's
@@ -39,14 +40,14 @@ pub fn limited_groups() -> Vec<Group> {
 
 /// The group `arg` names: a process id, a directory (absolute), or a path
 /// inside a memory hierarchy ("/a/b").
-pub fn resolve(arg: &str) -> Result<Group, String> {
+pub fn resolve(arg: &str) -> Result<Group> {
     let hier = hierarchies();
     if hier.is_empty() {
-        return Err("no memory cgroup hierarchy is mounted".into());
+        return Err(Error::Usage("no memory cgroup hierarchy is mounted".into()));
     }
     if let Ok(pid) = arg.parse::<u32>() {
         let text = std::fs::read(format!("/proc/{pid}/cgroup"))
-            .map_err(|e| format!("process {pid}: {e}"))?;
+            .map_err(|e| Error::Usage(format!("process {pid}: {e}")))?;
         let (v1, v2) = proc_cgroup_paths(&text);
         for (root, version) in &hier {
             let path = match version {
@@ -57,7 +58,9 @@ pub fn resolve(arg: &str) -> Result<Group, String> {
                 return Ok(Group::in_hierarchy(root.clone(), path, *version));
             }
         }
-        return Err(format!("process {pid} is in no memory cgroup"));
+        return Err(Error::Usage(format!(
+            "process {pid} is in no memory cgroup"
+        )));
     }
     let p = Path::new(arg);
     for (root, version) in &hier {
@@ -73,5 +76,7 @@ pub fn resolve(arg: &str) -> Result<Group, String> {
             return Ok(g);
         }
     }
-    Err(format!("'{arg}' is not a memory cgroup (nor a process id)"))
+    Err(Error::Usage(format!(
+        "'{arg}' is not a memory cgroup (nor a process id)"
+    )))
 }

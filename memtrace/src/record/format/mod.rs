@@ -206,20 +206,38 @@ struct Tag {
 /// An item decoded by its tag, in two passes: serde's tagged enums first
 /// copy the whole item into a generic tree, many times its size, before
 /// the budget sees an element of it.
-fn typed(bytes: &[u8]) -> std::result::Result<Item, String> {
-    fn de<T: serde::de::DeserializeOwned>(b: &[u8]) -> std::result::Result<T, String> {
-        ciborium::from_reader(budget::Counted(b)).map_err(|e| match e {
-            ciborium::de::Error::Semantic(_, m) => m,
-            e => format!("{e:?}"),
-        })
+fn typed(bytes: &[u8]) -> std::result::Result<Item, Unreadable> {
+    fn de<T: serde::de::DeserializeOwned>(b: &[u8]) -> std::result::Result<T, Unreadable> {
+        ciborium::from_reader(budget::Counted(b)).map_err(Unreadable::from)
     }
-    let tag: Tag = ciborium::from_reader(bytes).map_err(|e| format!("{e:?}"))?;
+    let tag: Tag = ciborium::from_reader(bytes)?;
     match tag.kind.as_str() {
         "report" => de(bytes).map(Item::Report),
         "table" => de(bytes).map(Item::Table),
         "trailer" => de(bytes).map(Item::Trailer),
         "header" => de(bytes).map(Item::Header),
-        other => Err(format!("an item of unknown type {other:?}")),
+        other => Err(Unreadable::Kind(other.to_string())),
+    }
+}
+
+/// Why an item of a record file could not be read.
+#[derive(Debug, thiserror::Error)]
+enum Unreadable {
+    /// What serde said (a missing field, the budget's refusal).
+    #[error("{0}")]
+    Semantic(String),
+    #[error("{0:?}")]
+    Cbor(ciborium::de::Error<std::io::Error>),
+    #[error("an item of unknown type {0:?}")]
+    Kind(String),
+}
+
+impl From<ciborium::de::Error<std::io::Error>> for Unreadable {
+    fn from(e: ciborium::de::Error<std::io::Error>) -> Self {
+        match e {
+            ciborium::de::Error::Semantic(_, m) => Unreadable::Semantic(m),
+            e => Unreadable::Cbor(e),
+        }
     }
 }
 

@@ -89,6 +89,14 @@ fn seed(maps: &SharedMaps, stop: &AtomicBool) -> Seeded {
         }
     }
     done.ms = t0.elapsed().as_secs_f64() * 1e3;
+    if !done.cut_short {
+        // From here on, an old process's stacks are unwound whole.
+        say!(
+            "memtrace: unwind tables: the {} running processes read in {:.0} ms",
+            done.read,
+            done.ms
+        );
+    }
     done
 }
 

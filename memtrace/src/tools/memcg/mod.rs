@@ -108,7 +108,7 @@ impl Memcg {
         } else {
             let mut v = Vec::new();
             for c in &a.cgroups {
-                let g = crate::process::cgroup::resolve(c).map_err(Error::Usage)?;
+                let g = crate::process::cgroup::resolve(c)?;
                 let to = g.clone().charged_to();
                 if to != g {
                     say!(
