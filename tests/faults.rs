@@ -384,12 +384,15 @@ fn counts_of_exited_processes_resolve_past_the_bound_and_none_is_lost() {
                 .all(|r| !user_frames(r).iter().any(|f| f.contains("folded"))),
             "a folded row"
         );
-        touching(stacks)
+        (touching(stacks), s)
     };
     // The loop's stack is one row for all the children; a child may fault
     // once more elsewhere in the function (a stack of its own, again one
     // row for all).
-    let merged = run_with(&[]);
+    let (merged, s) = run_with(&[]);
+    // A child's record of its count that the kernel could not send (the
+    // ring buffer half full under the fork burst) is counted, not lost.
+    let uncounted = s["degraded"]["processes_uncounted"].as_u64().unwrap_or(0);
     assert!(merged.len() <= 2, "{merged:?}");
     assert!(
         merged
@@ -398,11 +401,13 @@ fn counts_of_exited_processes_resolve_past_the_bound_and_none_is_lost() {
         "{merged:?}"
     );
     assert!(
-        merged.iter().all(|r| r["processes"].as_u64() == Some(N)),
-        "{merged:?}"
+        merged
+            .iter()
+            .all(|r| r["processes"].as_u64().unwrap_or(0) + uncounted == N),
+        "{merged:?} {s}"
     );
     // Apart, each child has its own rows, one per stack, holding its pages.
-    let apart = run_with(&["--per-pid"]);
+    let (apart, _) = run_with(&["--per-pid"]);
     let mut per_pid: std::collections::HashMap<u64, u64> = Default::default();
     let mut rows = std::collections::HashSet::new();
     for r in &apart {

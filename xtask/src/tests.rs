@@ -101,8 +101,11 @@ struct Binary {
     expect: Option<u64>,
 }
 
+/// The test binaries, built, slowest first.
+pub struct Built(Vec<Binary>);
+
 /// Builds the tests and returns the binaries, slowest first.
-fn build() -> Result<Vec<Binary>> {
+pub fn build() -> Result<Built> {
     let out = Command::new("cargo")
         .current_dir(root())
         .args(["test", "--release", "--no-run", "--message-format=json"])
@@ -143,7 +146,7 @@ fn build() -> Result<Vec<Binary>> {
             .unwrap_or(SLOW_FIRST.len())
     };
     bins.sort_by_key(rank);
-    Ok(bins)
+    Ok(Built(bins))
 }
 
 /// A binary running, its output going to a file (printed whole when it
@@ -255,9 +258,9 @@ fn jobs() -> usize {
     std::thread::available_parallelism().map_or(2, |n| n.get() + 1)
 }
 
-/// Builds and runs every test binary; `args` go to each (a name filter),
-/// and then they run one at a time.
-pub fn run(args: &[String]) -> Result<Totals> {
+/// Runs every test binary; `args` go to each (a name filter), and then
+/// they run one at a time.
+pub fn run(built: Built, args: &[String]) -> Result<Totals> {
     let env = [
         ("MEMTRACE_SKIP_LOG", skip_log()),
         (
@@ -266,7 +269,7 @@ pub fn run(args: &[String]) -> Result<Totals> {
         ),
         ("MEMTRACE_BIN", target_dir().join("release/memtrace")),
     ];
-    let bins = build()?;
+    let bins = built.0;
     let mut totals = Totals::default();
     if !args.is_empty() {
         let bins = bins.into_iter().map(|mut b| {

@@ -9,5 +9,6 @@ pub mod container;
 pub mod entrystop;
 pub mod groups;
 pub mod inject;
+pub mod maps;
 pub mod pmap;
 pub mod proc;

@@ -1,103 +1,6 @@
 //! Reading /proc: every file memtrace reads there is parsed here, once.
 
-#[derive(Debug, Clone, PartialEq)]
-pub struct Mapping {
-    pub start: u64,
-    pub end: u64,
-    pub offset: u64,
-    pub perms: String,
-    pub dev: (u32, u32),
-    pub inode: u64,
-    /// For display: bytes that are not UTF-8 shown as U+FFFD.
-    pub path: String,
-    /// The path as the kernel gave it, byte for byte, to open the file by.
-    pub file: std::path::PathBuf,
-}
-
-/// Parses /proc/PID/maps text.
-pub fn parse_maps(text: &str) -> Vec<Mapping> {
-    parse_maps_bytes(text.as_bytes())
-}
-
-/// Parses /proc/PID/maps as bytes: paths are bytes, and one that is not
-/// UTF-8 must not cost the process its other mappings.
-pub fn parse_maps_bytes(text: &[u8]) -> Vec<Mapping> {
-    use std::os::unix::ffi::OsStrExt;
-    let mut out = Vec::new();
-    for line in text.split(|&b| b == b'\n') {
-        // Five fields, then the path (which may hold spaces) after the
-        // padding.
-        let mut rest = line;
-        let mut fields = [""; 5];
-        let mut ok = true;
-        for f in fields.iter_mut() {
-            let start = rest.iter().position(|&b| b != b' ').unwrap_or(rest.len());
-            rest = &rest[start..];
-            let end = rest.iter().position(|&b| b == b' ').unwrap_or(rest.len());
-            match std::str::from_utf8(&rest[..end]) {
-                Ok(v) if !v.is_empty() => *f = v,
-                _ => ok = false,
-            }
-            rest = &rest[end..];
-        }
-        if !ok {
-            continue;
-        }
-        let path = &rest[rest.iter().position(|&b| b != b' ').unwrap_or(rest.len())..];
-        // The kernel writes a newline in a path as `\012` (the line's end
-        // is a newline): the file is opened by its real name.
-        let path = unescape_newlines(path);
-        let path = &path[..];
-        let [range, perms, off, dev, ino] = fields;
-        let Some((s, e)) = range.split_once('-') else {
-            continue;
-        };
-        let (Some((maj, min)), Ok(start), Ok(end), Ok(offset), Ok(inode)) = (
-            dev.split_once(':'),
-            u64::from_str_radix(s, 16),
-            u64::from_str_radix(e, 16),
-            u64::from_str_radix(off, 16),
-            ino.parse::<u64>(),
-        ) else {
-            continue;
-        };
-        out.push(Mapping {
-            start,
-            end,
-            offset,
-            perms: perms.to_string(),
-            dev: (
-                u32::from_str_radix(maj, 16).unwrap_or(0),
-                u32::from_str_radix(min, 16).unwrap_or(0),
-            ),
-            inode,
-            path: String::from_utf8_lossy(path).into_owned(),
-            file: std::ffi::OsStr::from_bytes(path).into(),
-        });
-    }
-    out
-}
-
-/// A maps path with the kernel's `\012` (its escape for a newline, the
-/// only byte it escapes there) turned back into the byte.
-fn unescape_newlines(path: &[u8]) -> std::borrow::Cow<'_, [u8]> {
-    const ESC: &[u8] = b"\\012";
-    if !path.windows(ESC.len()).any(|w| w == ESC) {
-        return std::borrow::Cow::Borrowed(path);
-    }
-    let mut out = Vec::with_capacity(path.len());
-    let mut i = 0;
-    while i < path.len() {
-        if path[i..].starts_with(ESC) {
-            out.push(b'\n');
-            i += ESC.len();
-        } else {
-            out.push(path[i]);
-            i += 1;
-        }
-    }
-    std::borrow::Cow::Owned(out)
-}
+pub use super::maps::{parse_maps, parse_maps_bytes, read_maps, Mapping};
 
 /// The fields of /proc/PID/stat memtrace reads, from one read. The command
 /// name may hold spaces and parentheses: fields are counted after its last
@@ -144,22 +47,6 @@ pub fn untraceable(pid: u32) -> Option<&'static str> {
         Some("exiting: it is tearing down its memory")
     } else {
         None
-    }
-}
-
-pub fn read_maps(pid: u32) -> Option<Vec<Mapping>> {
-    std::fs::read(format!("/proc/{pid}/maps"))
-        .ok()
-        .map(|t| parse_maps_bytes(&t))
-}
-
-impl Mapping {
-    /// The mapped file as process `pid` sees it (through its root: right
-    /// inside containers), exact bytes.
-    pub fn file_in(&self, pid: u32) -> std::path::PathBuf {
-        let mut p = std::ffi::OsString::from(format!("/proc/{pid}/root"));
-        p.push(self.file.as_os_str());
-        p.into()
     }
 }
 

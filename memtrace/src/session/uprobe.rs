@@ -56,9 +56,9 @@ pub fn mapped_libraries(pid: Option<u32>, matches: impl Fn(&str) -> bool) -> Vec
         .map(|m| Library {
             path: match pid {
                 Some(p) => m.file_in(p),
-                None => m.file.clone(),
+                None => m.file.to_path_buf(),
             },
-            shown: m.path,
+            shown: m.path.to_string(),
         })
         .collect()
 }

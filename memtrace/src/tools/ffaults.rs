@@ -157,7 +157,7 @@ impl Tool for Ffaults {
         let dev = split_dev(ev.key.dev);
         if let Some(maps) = read_maps(ev.key.tgid) {
             if let Some(m) = maps.iter().find(|m| m.dev == dev && m.inode == ev.key.ino) {
-                self.names.insert(key, m.path.clone());
+                self.names.insert(key, m.path.to_string());
             }
         }
         Ok(())

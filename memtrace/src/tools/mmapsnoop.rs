@@ -81,7 +81,7 @@ fn mapped_file(pid: u32, fd: i32, mapped: Option<(u64, u64)>, file: (u32, u64)) 
             .iter()
             .find(|m| m.start == addr && m.offset == off && same(m))
         {
-            return Some(m.path.clone());
+            return Some(m.path.to_string());
         }
     }
     let link = format!("/proc/{pid}/fd/{fd}");
@@ -96,7 +96,7 @@ fn mapped_file(pid: u32, fd: i32, mapped: Option<(u64, u64)>, file: (u32, u64)) 
         return None;
     }
     if let Some(m) = maps.iter().find(|m| same(m)) {
-        return Some(m.path.clone());
+        return Some(m.path.to_string());
     }
     Some(format!("[inode {ino} on {}:{}]", dev.0, dev.1))
 }

@@ -96,7 +96,7 @@ mod tests {
         let first = first_load(&exe).unwrap();
         let start = maps
             .iter()
-            .find(|m| m.file == me && m.offset == first.1 & !4095)
+            .find(|m| *m.file == *me && m.offset == first.1 & !4095)
             .map(|m| m.start)
             .unwrap();
         let slot = bias(start, first, 4096) + found[0].offset;

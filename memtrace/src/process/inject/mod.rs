@@ -104,7 +104,7 @@ fn loaded(pid: u32) -> Vec<Loaded> {
     let page = crate::kernel::btf::page_size();
     let mut out: Vec<Loaded> = Vec::new();
     for m in &maps {
-        if !m.path.starts_with('/') || out.iter().any(|l| l.shown == m.path) {
+        if !m.path.starts_with('/') || out.iter().any(|l| *l.shown == *m.path) {
             continue;
         }
         let host = m.file_in(pid);
@@ -129,7 +129,7 @@ fn loaded(pid: u32) -> Vec<Loaded> {
             .max()
             .unwrap_or(base.end);
         out.push(Loaded {
-            shown: m.path.clone(),
+            shown: m.path.to_string(),
             host,
             bias: got::bias(base.start, first, page),
             span: (base.start, hi),

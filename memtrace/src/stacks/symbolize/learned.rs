@@ -122,8 +122,8 @@ impl MapsCache {
             perms: "r-xp".into(),
             dev,
             inode: ev.ino,
-            path: shown,
-            file,
+            path: shown.into(),
+            file: file.into(),
         }
     }
 

@@ -374,7 +374,7 @@ impl Symbolizer {
                 let module = module_name(&m.path).to_string();
                 let path = match &file {
                     Some(f) => PathBuf::from(format!("/proc/self/fd/{}", f.as_raw_fd())),
-                    None => m.file.clone(),
+                    None => m.file.to_path_buf(),
                 };
                 let src = Source::Elf(Elf::new(path));
                 let s = match self.blaze.symbolize_single(&src, Input::FileOffset(off)) {

@@ -11,9 +11,9 @@ fn parses_maps_lines() {
     assert_eq!(m[0].offset, 0x1000);
     assert_eq!(m[0].dev, (0xfe, 1));
     assert_eq!(m[0].inode, 1234567);
-    assert_eq!(m[0].path, "/usr/bin/my prog");
-    assert_eq!(m[1].path, "[stack]");
-    assert_eq!(m[2].path, "");
+    assert_eq!(&*m[0].path, "/usr/bin/my prog");
+    assert_eq!(&*m[1].path, "[stack]");
+    assert_eq!(&*m[2].path, "");
 }
 
 #[test]
@@ -50,8 +50,8 @@ fn a_path_that_is_not_utf8_keeps_its_bytes_and_the_other_maps() {
     let m = crate::process::proc::parse_maps_bytes(t);
     assert_eq!(m.len(), 2);
     assert_eq!(m[0].file.as_os_str().as_bytes(), b"/tmp/caf\xe9 bin");
-    assert_eq!(m[0].path, "/tmp/caf\u{fffd} bin");
-    assert_eq!(m[1].path, "/usr/lib/libc.so.6");
+    assert_eq!(&*m[0].path, "/tmp/caf\u{fffd} bin");
+    assert_eq!(&*m[1].path, "/usr/lib/libc.so.6");
 }
 
 /// The kernel writes a newline in a maps path as `\012`: the file is the

@@ -239,7 +239,12 @@ impl DwarfUnwinder {
                 debug_frame: info.debug_frame.clone(),
                 ..Default::default()
             };
-            unwinder.add_module(Module::new(m.path.clone(), m.start..m.end, bias, sections));
+            unwinder.add_module(Module::new(
+                m.path.to_string(),
+                m.start..m.end,
+                bias,
+                sections,
+            ));
         }
         Some(Proc {
             unwinder,

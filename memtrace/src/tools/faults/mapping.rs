@@ -66,6 +66,6 @@ pub fn label(m: &Mapping) -> String {
     if m.path.is_empty() {
         "[anon]".into()
     } else {
-        m.path.clone()
+        m.path.to_string()
     }
 }
