@@ -128,8 +128,13 @@ fn oomkill_heap_shows_what_the_victim_held_wherever_the_kill_is() {
     let seen = tracer.stdout_line(|l| l.contains("\"oom_heap\""), WAIT);
     assert!(seen.is_some(), "no heap report at the kill");
     let out = tracer.interrupt();
+    // Host-wide: another program's kill may come first.
     let kills = json_of(&out.stdout, "oom_kill");
-    assert_eq!(kills[0]["victim_pid"], pid, "{}", out.stdout);
+    assert!(
+        kills.iter().any(|k| k["victim_pid"] == pid),
+        "{}",
+        out.stdout
+    );
     let heap = json_of(&out.stdout, "oom_heap");
     let held = held_through(&heap, pid, "grow_heap_mib") / MIB;
     assert!((70.0..=120.0).contains(&held), "{held} MiB: {heap:?}");

@@ -36,8 +36,7 @@ enum Cmd {
         args: Vec<String>,
     },
     /// Set up, build, and run every test (unit and integration, as root),
-    /// and the kernel matrix (while the tests build) when its kernels can
-    /// be fetched.
+    /// then the kernel matrix when its kernels can be fetched.
     Test {
         /// Only the kernel matrix: memtrace on Debian 6.1 and 6.12 under
         /// qemu, where kprobes and fentry work (fails if it cannot run).
@@ -151,24 +150,8 @@ fn main() -> Result<()> {
             setup::test_readers();
             let skips = tests::skip_log();
             let _ = std::fs::remove_file(&skips);
-            // The kernel matrix needs only the release binaries: its guests
-            // boot while the tests build (a crate's front end leaves a CPU
-            // idle), and it is waited for before the host tests run, so that
-            // they run on an unloaded host.
-            let (built, matrix) = std::thread::scope(|s| {
-                let m = s.spawn(|| kernels::run(false));
-                let built = tests::build();
-                let matrix = m
-                    .join()
-                    .unwrap_or_else(|_| Err(anyhow::anyhow!("the kernel matrix panicked")));
-                (built, matrix)
-            });
-            let totals = tests::run(built?, &args);
-            if let Err(e) = &matrix {
-                println!("xtask: kernel matrix failed: {e:#}");
-            }
-            let totals = totals?;
-            matrix?;
+            let totals = tests::run(tests::build()?, &args)?;
+            kernels::run(false)?;
             // One plain closing line with the whole count; skips are
             // counted apart from passes (a skipped test returns early and
             // passes for the harness), each with its reason.
