@@ -214,6 +214,11 @@ pub(crate) async fn event_loop(
                     warned_loss = lost;
                 }
                 if reclaim.due() {
+                    // The records already sent belong to what the round
+                    // moves: a process resolved once its owner is gone
+                    // would otherwise miss the children whose records
+                    // were still in the buffer.
+                    drain_ring(&mut rb, tool, session, out)?;
                     reclaim.run(tool, session)?;
                 }
                 if let Some(every) = common.progress {
