@@ -48,13 +48,13 @@ impl std::fmt::Debug for Perms {
     }
 }
 
+/// A path as shown (lossy UTF-8) and as opened (the kernel's bytes).
+type Names = (Arc<str>, Arc<Path>);
+
 /// Paths interned: every process maps libc and the loader, and memtrace
 /// keeps the maps of thousands of processes (those that exited, for their
 /// stacks). Each path is one allocation shared by every mapping of it, not
 /// two per mapping (a Python process has a hundred mappings).
-/// A path as shown (lossy UTF-8) and as opened (the kernel's bytes).
-type Names = (Arc<str>, Arc<Path>);
-
 struct Interned {
     paths: HashMap<Box<[u8]>, Names>,
     /// Size at which the paths no mapping holds any more are let go.
@@ -129,8 +129,6 @@ pub fn parse_maps_bytes(text: &[u8]) -> Vec<Mapping> {
         // The kernel writes a newline in a path as `\012` (the line's end
         // is a newline): the file is opened by its real name.
         let path = unescape_newlines(path);
-        let path = &path[..];
-        let (path, file) = intern(path);
         let [range, perms, off, dev, ino] = fields;
         let Some((s, e)) = range.split_once('-') else {
             continue;
@@ -144,6 +142,7 @@ pub fn parse_maps_bytes(text: &[u8]) -> Vec<Mapping> {
         ) else {
             continue;
         };
+        let (path, file) = intern(&path);
         out.push(Mapping {
             start,
             end,

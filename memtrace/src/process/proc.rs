@@ -1,7 +1,5 @@
 //! Reading /proc: every file memtrace reads there is parsed here, once.
 
-pub use super::maps::{parse_maps, parse_maps_bytes, read_maps, Mapping};
-
 /// The fields of /proc/PID/stat memtrace reads, from one read. The command
 /// name may hold spaces and parentheses: fields are counted after its last
 /// ')'.

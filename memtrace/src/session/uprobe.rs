@@ -41,10 +41,10 @@ pub fn mapped_library(pid: Option<u32>, matches: impl Fn(&str) -> bool) -> Optio
 /// `matches`, in address order, each once.
 pub fn mapped_libraries(pid: Option<u32>, matches: impl Fn(&str) -> bool) -> Vec<Library> {
     let maps = match pid {
-        Some(p) => crate::process::proc::read_maps(p),
+        Some(p) => crate::process::maps::read_maps(p),
         None => std::fs::read("/proc/self/maps")
             .ok()
-            .map(|b| crate::process::proc::parse_maps_bytes(&b)),
+            .map(|b| crate::process::maps::parse_maps_bytes(&b)),
     };
     let mut seen = std::collections::HashSet::new();
     maps.unwrap_or_default()

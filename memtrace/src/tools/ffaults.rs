@@ -12,7 +12,8 @@ use memtrace_common::{
 
 use crate::error::Result;
 use crate::output::{clock, Col, Printer, Row};
-use crate::process::proc::{read_maps, split_dev};
+use crate::process::maps::read_maps;
+use crate::process::proc::split_dev;
 use crate::run::args::IntervalArgs;
 use crate::run::tool::{About, Prep, Tool};
 use crate::session::attach::Probe;

@@ -17,7 +17,7 @@ use super::report::{self, Phase, Tables, View, USER};
 use super::{execs::Execs, exited::Exited};
 use crate::error::{Error, Result};
 use crate::output::{Printer, Value};
-use crate::process::proc::{read_maps, Mapping};
+use crate::process::maps::{read_maps, Mapping};
 use crate::session::attach::Probe;
 use crate::session::uprobe::is_libc;
 use crate::stacks::Traced;

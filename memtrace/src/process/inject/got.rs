@@ -91,7 +91,7 @@ mod tests {
         let found = slots(&exe, &["malloc"]).unwrap();
         assert!(!found.is_empty(), "no malloc slot in this test binary");
         let maps =
-            crate::process::proc::parse_maps_bytes(&std::fs::read("/proc/self/maps").unwrap());
+            crate::process::maps::parse_maps_bytes(&std::fs::read("/proc/self/maps").unwrap());
         let me = std::fs::read_link("/proc/self/exe").unwrap();
         let first = first_load(&exe).unwrap();
         let start = maps

@@ -100,7 +100,7 @@ struct Loaded {
 }
 
 fn loaded(pid: u32) -> Vec<Loaded> {
-    let maps = crate::process::proc::read_maps(pid).unwrap_or_default();
+    let maps = crate::process::maps::read_maps(pid).unwrap_or_default();
     let page = crate::kernel::btf::page_size();
     let mut out: Vec<Loaded> = Vec::new();
     for m in &maps {
@@ -114,7 +114,7 @@ fn loaded(pid: u32) -> Vec<Loaded> {
         else {
             continue;
         };
-        let same = |x: &&crate::process::proc::Mapping| x.path == m.path;
+        let same = |x: &&crate::process::maps::Mapping| x.path == m.path;
         let Some(base) = maps
             .iter()
             .filter(same)

@@ -23,7 +23,7 @@ use memtrace_common::kunwind::{
 use memtrace_common::names;
 
 use crate::error::{Error, Result};
-use crate::process::proc::Mapping;
+use crate::process::maps::Mapping;
 use rows::Rows;
 use slice::Rules;
 

@@ -105,7 +105,7 @@ fn seed(maps: &SharedMaps, stop: &AtomicBool) -> Seeded {
 /// event loop and the tables of processes that start meanwhile), then
 /// places each under it.
 fn build_files(maps: &SharedMaps, pid: u32) {
-    let Some(mappings) = crate::process::proc::read_maps(pid) else {
+    let Some(mappings) = crate::process::maps::read_maps(pid) else {
         return;
     };
     for m in mappings

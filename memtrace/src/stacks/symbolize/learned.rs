@@ -17,7 +17,8 @@ use std::sync::Arc;
 use memtrace_common::exemaps::ExeMap;
 
 use super::{Mapping, MapsCache, Snapshot, GENERATIONS};
-use crate::process::proc::{exiting, read_maps, split_dev};
+use crate::process::maps::read_maps;
+use crate::process::proc::{exiting, split_dev};
 
 /// The path an open file is known by now.
 fn fd_path(f: &File) -> Option<String> {

@@ -15,8 +15,8 @@ use blazesym::symbolize::{
 };
 
 use crate::output::frame::{FrameStyle, NOT_A_FILE};
+pub use crate::process::maps::{parse_maps, read_maps, Mapping};
 use crate::process::proc::exiting;
-pub use crate::process::proc::{parse_maps, read_maps, Mapping};
 
 struct Snapshot {
     /// Shared by a forked child and its parent until either reads its own.

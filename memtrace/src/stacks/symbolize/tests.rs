@@ -47,7 +47,7 @@ fn a_path_that_is_not_utf8_keeps_its_bytes_and_the_other_maps() {
     use std::os::unix::ffi::OsStrExt;
     let t = b"1000-2000 r-xp 00000000 fe:01 7 /tmp/caf\xe9 bin\n\
               3000-4000 r-xp 00000000 fe:01 8 /usr/lib/libc.so.6\n";
-    let m = crate::process::proc::parse_maps_bytes(t);
+    let m = crate::process::maps::parse_maps_bytes(t);
     assert_eq!(m.len(), 2);
     assert_eq!(m[0].file.as_os_str().as_bytes(), b"/tmp/caf\xe9 bin");
     assert_eq!(&*m[0].path, "/tmp/caf\u{fffd} bin");
@@ -60,7 +60,7 @@ fn a_path_that_is_not_utf8_keeps_its_bytes_and_the_other_maps() {
 fn a_path_with_a_newline_is_the_file_with_the_newline() {
     use std::os::unix::ffi::OsStrExt;
     let t = b"1000-2000 r-xp 00000000 fe:01 7 /tmp/new\\012line/bin\n";
-    let m = crate::process::proc::parse_maps_bytes(t);
+    let m = crate::process::maps::parse_maps_bytes(t);
     assert_eq!(m[0].file.as_os_str().as_bytes(), b"/tmp/new\nline/bin");
 }
 
