@@ -1,7 +1,7 @@
 use std::io::Write;
 
 use super::sink::{putln, Sink};
-use super::{Col, Hist, Printer, Rest, Row, StackReport, Summary, TextPrinter};
+use super::{Col, Hist, Printer, Rest, Row, Shown, StackReport, Summary, TextPrinter};
 
 /// Folded stacks (`comm;outer;...;inner count`) for flamegraph.pl and inferno;
 /// everything that is not a stack prints as text.
@@ -49,7 +49,7 @@ impl Printer for FoldedPrinter {
     fn event(&mut self, kind: &'static str, cols: &[Col], row: &Row) {
         self.text.event(kind, cols, row)
     }
-    fn event_stack(&mut self, kind: &'static str, cols: &[Col], row: &Row, stack: &[String]) {
+    fn event_stack(&mut self, kind: &'static str, cols: &[Col], row: &Row, stack: &[Shown]) {
         self.text.event_stack(kind, cols, row, stack)
     }
     fn table(&mut self, kind: &'static str, title: &str, cols: &[Col], rows: &[Row]) {

@@ -134,12 +134,12 @@ pub fn fingerprint(kernel: &[Frame], user: &[Frame]) -> String {
 
 /// The id of a stack given as the live tools' frame text; None for a stack
 /// without frames.
-pub fn fingerprint_text(kernel: &[String], user: &[String]) -> Option<String> {
+pub fn fingerprint_text<S: AsRef<str>>(kernel: &[S], user: &[S]) -> Option<String> {
     if kernel.is_empty() && user.is_empty() {
         return None;
     }
-    let k: Vec<Frame> = kernel.iter().map(|s| Frame::parse(s)).collect();
-    let u: Vec<Frame> = user.iter().map(|s| Frame::parse(s)).collect();
+    let k: Vec<Frame> = kernel.iter().map(|s| Frame::parse(s.as_ref())).collect();
+    let u: Vec<Frame> = user.iter().map(|s| Frame::parse(s.as_ref())).collect();
     Some(fingerprint(&k, &u))
 }
 
@@ -216,7 +216,7 @@ mod tests {
             fingerprint_text(&k, &u),
             fingerprint_text(&[], &[k[0].clone(), u[0].clone()])
         );
-        assert_eq!(fingerprint_text(&[], &[]), None);
+        assert_eq!(fingerprint_text::<&str>(&[], &[]), None);
     }
 
     #[test]

@@ -3,7 +3,7 @@ use std::io::Write;
 use serde_json::{json, Map, Value as J};
 
 use super::sink::{putln, Sink};
-use super::{Col, Hist, Printer, Rest, Row, StackReport, Summary, Value};
+use super::{Col, Hist, Printer, Rest, Row, Shown, StackReport, Summary, Value};
 
 /// JSON Lines: one object per event, table row, stack or histogram, then one
 /// summary object.
@@ -57,7 +57,7 @@ impl Printer for JsonPrinter {
         self.emit(v);
     }
 
-    fn event_stack(&mut self, kind: &'static str, cols: &[Col], row: &Row, stack: &[String]) {
+    fn event_stack(&mut self, kind: &'static str, cols: &[Col], row: &Row, stack: &[Shown]) {
         let mut v = object(kind, cols, row);
         v["user_stack"] = json!(stack);
         self.emit(v);

@@ -5,7 +5,7 @@
 
 use std::collections::HashMap;
 
-use super::{Col, Hist, Printer, Rest, Row, StackReport, Summary};
+use super::{Col, Hist, Printer, Rest, Row, Shown, StackReport, Summary};
 
 /// Merges reports whose name and frames are equal (and pid, with
 /// `per_pid`): counts and bytes add, the pid kept is the largest
@@ -13,7 +13,7 @@ use super::{Col, Hist, Printer, Rest, Row, StackReport, Summary};
 /// function) merge within a process too.
 pub fn merge_stacks(stacks: &[StackReport], per_pid: bool) -> Vec<StackReport> {
     let mut out: Vec<StackReport> = Vec::new();
-    type Key<'a> = (u32, &'a str, &'a [String], &'a [String], Option<&'a str>);
+    type Key<'a> = (u32, &'a str, &'a [Shown], &'a [Shown], Option<&'a str>);
     let mut at: HashMap<Key, usize> = HashMap::new();
     let mut top: Vec<u64> = Vec::new();
     // Distinct pids per merged stack: call sites of one process merge too.
@@ -83,7 +83,7 @@ impl Printer for MergedStacks {
     fn event(&mut self, kind: &'static str, cols: &[Col], row: &Row) {
         self.0.event(kind, cols, row)
     }
-    fn event_stack(&mut self, kind: &'static str, cols: &[Col], row: &Row, stack: &[String]) {
+    fn event_stack(&mut self, kind: &'static str, cols: &[Col], row: &Row, stack: &[Shown]) {
         self.0.event_stack(kind, cols, row, stack)
     }
     fn table(&mut self, kind: &'static str, title: &str, cols: &[Col], rows: &[Row]) {
@@ -126,7 +126,7 @@ mod tests {
             comm: "postgres".into(),
             count,
             bytes: Some(count * 10),
-            user: user.iter().map(|s| s.to_string()).collect(),
+            user: user.iter().map(|s| Shown::from(*s)).collect(),
             ..Default::default()
         }
     }

@@ -2,7 +2,8 @@ use std::io::Write;
 
 use super::sink::{putln, to_stderr, Sink};
 use super::{
-    clock, escape_controls as esc, Col, Hist, Printer, Rest, Row, StackReport, Summary, Value,
+    clock, escape_controls as esc, Col, Hist, Printer, Rest, Row, Shown, StackReport, Summary,
+    Value,
 };
 
 pub struct TextPrinter {
@@ -102,7 +103,7 @@ impl Printer for TextPrinter {
         self.render(cols, row, false);
     }
 
-    fn event_stack(&mut self, kind: &'static str, cols: &[Col], row: &Row, stack: &[String]) {
+    fn event_stack(&mut self, kind: &'static str, cols: &[Col], row: &Row, stack: &[Shown]) {
         self.event(kind, cols, row);
         // Frames under their event, indented, as BCC's tools print them.
         for f in stack {

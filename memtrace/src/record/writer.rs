@@ -12,12 +12,12 @@ use super::stream::Items;
 use crate::error::{Error, Result};
 use crate::output::frame::Frame;
 use crate::output::frame::FrameStyle;
-use crate::output::{Col, Hist, Printer, Rest, Row, StackReport, Summary, Value};
+use crate::output::{Col, Hist, Printer, Rest, Row, Shown, StackReport, Summary, Value};
 
 /// Per-event stacks are summed and written this often (and at the end).
 const EVENT_STACKS_EVERY: std::time::Duration = std::time::Duration::from_secs(1);
 
-type EventKey = (&'static str, u32, String, Vec<String>);
+type EventKey = (&'static str, u32, String, Vec<Shown>);
 
 pub struct Recorder {
     inner: Box<dyn Printer>,
@@ -106,10 +106,10 @@ impl Recorder {
     }
 
     /// Frames as the user asked to see them.
-    fn shown(&self, frames: &[String]) -> Vec<String> {
+    fn shown(&self, frames: &[Shown]) -> Vec<Shown> {
         frames
             .iter()
-            .map(|f| Frame::parse(f).render(self.shown))
+            .map(|f| Frame::parse(f).render(self.shown).into())
             .collect()
     }
 
@@ -155,7 +155,7 @@ impl Printer for Recorder {
         self.inner.event(kind, cols, row)
     }
 
-    fn event_stack(&mut self, kind: &'static str, cols: &[Col], row: &Row, stack: &[String]) {
+    fn event_stack(&mut self, kind: &'static str, cols: &[Col], row: &Row, stack: &[Shown]) {
         let pid = match cell(cols, row, "pid") {
             Some(Value::U(p)) => *p as u32,
             _ => 0,

@@ -301,12 +301,14 @@ pub fn run(tool: &mut dyn Tool, common: &Common) -> Result<i32> {
         extra.push(("stack_mode", Value::from("fp")));
     }
     if session.walked_user_stacks {
-        // What the stack store holds, and let go under its bound.
+        // What the stack store holds, let go under its bound, and let go
+        // once no count named it.
         extra.push((
             "user_stacks_kept",
             Value::from(session.stacks.kept() as u64),
         ));
         extra.push(("user_stacks_evicted", Value::from(session.stacks.evicted)));
+        extra.push(("user_stacks_released", Value::from(session.stacks.released)));
     }
     let own = session.own_faults();
     if own > 0 {

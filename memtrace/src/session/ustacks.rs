@@ -12,16 +12,18 @@ use crate::error::{Error, Result};
 
 impl Session {
     /// Every walked user stack that arrived since the last call, taken out
-    /// of USTACKS; none when the object has no such map.
-    pub fn take_user_stacks(&mut self) -> Result<Vec<(u32, UserStack)>> {
+    /// of USTACKS and handed to `each` one at a time (a harvest can bring
+    /// 16,384 of a KiB each: collected, they were 16 MiB at once); how
+    /// many. None when the object has no such map.
+    pub fn take_user_stacks(&mut self, mut each: impl FnMut(u32, &UserStack)) -> Result<usize> {
         let Some(m) = self.bpf.map(names::USTACKS.name) else {
-            return Ok(Vec::new());
+            return Ok(0);
         };
         let h =
             AyaHashMap::<_, u32, UserStack>::try_from(m).map_err(|e| Error::Runtime(chain(&e)))?;
         let keys: Vec<u32> = h.keys().filter_map(|k| self.counted(k)).collect();
         let fd = KnownSizes::<u32, UserStack>::of(m)?;
-        let mut out = Vec::new();
+        let mut n = 0;
         for id in keys {
             let s = match take(&fd, &id, 1) {
                 Ok(Some(mut v)) => v.pop(),
@@ -40,9 +42,10 @@ impl Session {
                 }
             };
             if let Some(s) = s {
-                out.push((id, s));
+                each(id, &s);
+                n += 1;
             }
         }
-        Ok(out)
+        Ok(n)
     }
 }

@@ -22,6 +22,8 @@ pub struct StackStore {
     clock: Cell<u64>,
     /// Stacks let go under the bound.
     pub evicted: u64,
+    /// Stacks let go once no count named them.
+    pub released: u64,
     /// Ids looked up that were in neither the kernel's map nor here: a
     /// report line without its stack.
     pub missed: Cell<u64>,
@@ -48,7 +50,7 @@ impl StackStore {
         t
     }
 
-    fn keep(&mut self, id: u32, s: &UserStack) {
+    pub(super) fn keep(&mut self, id: u32, s: &UserStack) {
         let now = self.now();
         match self.kept.get(&id) {
             // A stack comes back each time a key of it is new again.
@@ -62,12 +64,16 @@ impl StackStore {
                     used: Cell::new(now),
                 };
                 self.kept.insert(id, k);
+                // Bounded as stacks come, not after a harvest: one harvest
+                // can bring more than the bound, and the table grown for it
+                // (262k buckets in a Python churn) never shrinks.
+                self.bound();
             }
         }
     }
 
     /// Lets the least recently seen quarter go when over the bound: once
-    /// per harvest, not per stack.
+    /// per quarter of the bound, not per stack.
     fn bound(&mut self) {
         if self.kept.len() <= self.max {
             return;
@@ -100,6 +106,15 @@ impl StackStore {
         self.kept.len()
     }
 
+    /// Lets a stack go that no count names any more (its processes'
+    /// counts were resolved to frames). The kernel sends a stack again with
+    /// each new key of it, so a later count of it finds it.
+    pub fn release(&mut self, id: u32) {
+        if self.kept.remove(&id).is_some() {
+            self.released += 1;
+        }
+    }
+
     /// Marks a stack as in use (counts of a live process still name it),
     /// so the bound lets others go first: counts of long-lived processes
     /// otherwise lost their stacks by the final report on a churning host.
@@ -117,12 +132,8 @@ impl Traced {
         if !self.walked_user_stacks {
             return Ok(0);
         }
-        let taken = self.session.take_user_stacks()?;
-        for (id, s) in &taken {
-            self.stacks.keep(*id, s);
-        }
-        self.stacks.bound();
-        Ok(taken.len())
+        let stacks = &mut self.stacks;
+        self.session.take_user_stacks(|id, s| stacks.keep(id, s))
     }
 }
 
@@ -153,7 +164,6 @@ mod tests {
         assert_eq!(st.get(0), Some(vec![0, 1]));
         st.keep(1, &stack(1, &[1, 1]));
         st.keep(8, &stack(8, &[8]));
-        st.bound();
         assert_eq!(st.kept(), 6);
         assert_eq!(st.evicted, 3);
         for gone in [2, 3, 4] {

@@ -192,6 +192,7 @@ impl Tool for Brkstack {
                 resolved(r)
             });
         self.kept.forget_members(s, crate::process::proc::alive);
+        self.kept.settle_stacks(&mut s.stacks);
         Ok(n)
     }
 

@@ -26,7 +26,7 @@ pub const KERNEL: Tables = Tables {
 };
 
 use crate::error::Result;
-use crate::output::{AllocFigures, StackReport};
+use crate::output::{AllocFigures, Shown, StackReport};
 use crate::session::{first_name, Fold};
 use crate::stacks::kept::Tally;
 use crate::stacks::ustack::stack_report;
@@ -180,7 +180,7 @@ pub fn outstanding(
     }
     // Every stack: --top is applied after merging (output::MergedStacks).
     let mut arenas = (0, 0);
-    let in_arena = |f: &String| args.arenas.iter().any(|a| f.ends_with(&format!("[{a}]")));
+    let in_arena = |f: &Shown| args.arenas.iter().any(|a| f.ends_with(&format!("[{a}]")));
     let reports = top
         .into_iter()
         .filter_map(|(k, (n, bytes))| {

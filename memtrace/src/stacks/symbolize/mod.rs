@@ -3,7 +3,7 @@
 //! stack still symbolizes after its process has exited, and binaries inside
 //! other mount namespaces are read through /proc/PID/root.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::fs::File;
 use std::os::fd::AsRawFd;
 use std::path::PathBuf;
@@ -15,6 +15,7 @@ use blazesym::symbolize::{
 };
 
 use crate::output::frame::{FrameStyle, NOT_A_FILE};
+use crate::output::Shown;
 pub use crate::process::maps::{parse_maps, read_maps, Mapping};
 use crate::process::proc::exiting;
 
@@ -285,8 +286,11 @@ pub struct Symbolizer {
     /// is kept by (pid, address): under churn every new process filled
     /// such a cache anew (47 MiB of a host-wide `faults --stacks`' 131
     /// MiB), and a pid that exec'd kept the names of its old image.
-    by_file: HashMap<((u32, u32), u64, u64), String>,
-    kcache: HashMap<u64, String>,
+    by_file: HashMap<((u32, u32), u64, u64), Shown>,
+    /// Each text once: many offsets of one function read the same (the
+    /// interpreter loop of every Python frame), and rows hold them shared.
+    texts: HashSet<Shown>,
+    kcache: HashMap<u64, Shown>,
 }
 
 impl Default for Symbolizer {
@@ -302,8 +306,8 @@ pub const NOT_PLACED: &str = "[code not placed: the process was gone before its 
 /// `frames` with each run of addresses no file placed ("0x7f.. [unknown]")
 /// as one `NOT_PLACED` frame: they differ from process to process (ASLR)
 /// and, once the process is gone, can never be placed.
-pub fn placeless(frames: Vec<String>) -> Vec<String> {
-    let mut out: Vec<String> = Vec::with_capacity(frames.len());
+pub fn placeless(frames: Vec<Shown>) -> Vec<Shown> {
+    let mut out: Vec<Shown> = Vec::with_capacity(frames.len());
     for f in frames {
         let unplaced = f.starts_with("0x")
             && [NOT_A_FILE[0], NOT_A_FILE[2]]
@@ -311,7 +315,7 @@ pub fn placeless(frames: Vec<String>) -> Vec<String> {
                 .any(|m| f.ends_with(&format!("[{m}]")));
         if !unplaced {
             out.push(f);
-        } else if out.last().is_none_or(|l| l != NOT_PLACED) {
+        } else if out.last().is_none_or(|l| &**l != NOT_PLACED) {
             out.push(NOT_PLACED.into());
         }
     }
@@ -345,12 +349,13 @@ impl Symbolizer {
             blaze: Blaze::builder().enable_code_info(true).build(),
             maps: Arc::new(Mutex::new(MapsCache::default())),
             by_file: HashMap::new(),
+            texts: HashSet::new(),
             kcache: HashMap::new(),
         }
     }
 
     /// Symbolizes user addresses of `pid`, innermost first.
-    pub fn user(&mut self, pid: u32, addrs: &[u64]) -> Vec<String> {
+    pub fn user(&mut self, pid: u32, addrs: &[u64]) -> Vec<Shown> {
         {
             let mut maps = self.maps.lock().unwrap();
             // Read the maps again if an address falls outside the copy (a
@@ -362,11 +367,11 @@ impl Symbolizer {
         addrs.iter().map(|&a| self.user_one(pid, a)).collect()
     }
 
-    fn user_one(&mut self, pid: u32, addr: u64) -> String {
+    fn user_one(&mut self, pid: u32, addr: u64) -> Shown {
         let maps = self.maps.lock().unwrap();
         let s = match maps.locate(pid, addr) {
-            None if !maps.has(pid) => format!("{addr:#x} [{}]", NOT_A_FILE[2]),
-            None => format!("{addr:#x} [{}]", NOT_A_FILE[0]),
+            None if !maps.has(pid) => format!("{addr:#x} [{}]", NOT_A_FILE[2]).into(),
+            None => format!("{addr:#x} [{}]", NOT_A_FILE[0]).into(),
             Some((m, off, _)) if let Some(s) = self.by_file.get(&(m.dev, m.inode, off)) => {
                 s.clone()
             }
@@ -385,12 +390,22 @@ impl Symbolizer {
                     _ if module.is_empty() => format!("{addr:#x} [{}]", NOT_A_FILE[1]),
                     _ => format!("{off:#x} [{module}]"),
                 };
-                if m.inode != 0 {
-                    if self.by_file.len() >= MAX_FRAMES {
-                        self.by_file.clear();
-                    }
-                    self.by_file.insert((m.dev, m.inode, off), s.clone());
+                if m.inode == 0 {
+                    return s.into();
                 }
+                if self.by_file.len() >= MAX_FRAMES {
+                    self.by_file.clear();
+                    self.texts.clear();
+                }
+                let s = match self.texts.get(s.as_str()) {
+                    Some(t) => t.clone(),
+                    None => {
+                        let t = Shown::from(s);
+                        self.texts.insert(t.clone());
+                        t
+                    }
+                };
+                self.by_file.insert((m.dev, m.inode, off), s.clone());
                 s
             }
         };
@@ -399,7 +414,7 @@ impl Symbolizer {
     }
 
     /// Symbolizes kernel addresses from /proc/kallsyms, innermost first.
-    pub fn kernel(&mut self, addrs: &[u64]) -> Vec<String> {
+    pub fn kernel(&mut self, addrs: &[u64]) -> Vec<Shown> {
         let missing: Vec<u64> = addrs
             .iter()
             .copied()
@@ -425,7 +440,7 @@ impl Symbolizer {
                     Some(Symbolized::Sym(sym)) => sym.name.to_string(),
                     _ => format!("{a:#x}"),
                 };
-                self.kcache.insert(*a, s);
+                self.kcache.insert(*a, s.into());
             }
         }
         addrs.iter().map(|a| self.kcache[a].clone()).collect()

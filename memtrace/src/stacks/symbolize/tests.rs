@@ -79,7 +79,7 @@ fn symbolizes_own_function_after_normalizing() {
 
 #[test]
 fn unplaced_addresses_become_one_frame_and_placed_ones_stay() {
-    let f = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+    let f = |v: &[&str]| v.iter().map(|s| Shown::from(*s)).collect::<Vec<_>>();
     let a = placeless(f(&[
         "0x7f40ba8497c9 [unknown]",
         "0x7f40ba848b78 [unknown]",

@@ -8,7 +8,7 @@ use memtrace_common::{
     stacks::{UserStack, USTACK_FOLDED, USTACK_IN_SAMPLE, USTACK_NOT_SAMPLED, USTACK_SPILLED},
 };
 
-use crate::output::StackReport;
+use crate::output::{Shown, StackReport};
 use crate::stacks::Traced;
 
 mod setup;
@@ -80,13 +80,13 @@ impl Traced {
     }
 
     /// Symbolized user stack `id` of `pid`, or why there is none.
-    pub fn user_frames(&mut self, pid: u32, id: i32) -> Vec<String> {
+    pub fn user_frames(&mut self, pid: u32, id: i32) -> Vec<Shown> {
         self.thread_user_frames(pid, None, id)
     }
 
     /// The same, where the record names its thread: in dwarf mode the stack
     /// is the one that thread copied just before.
-    pub fn thread_user_frames(&mut self, pid: u32, tid: Option<u32>, id: i32) -> Vec<String> {
+    pub fn thread_user_frames(&mut self, pid: u32, tid: Option<u32>, id: i32) -> Vec<Shown> {
         match StackRef::from_raw(id) {
             StackRef::NotSampled => vec!["[not sampled (--sample)]".into()],
             StackRef::Folded => vec![FOLDED.into()],
@@ -97,7 +97,7 @@ impl Traced {
                     return vec!["[copied stack not received (counted in ringbuf_full)]".into()];
                 };
                 let mut frames = self.sym.user(pid, &ips);
-                frames.extend(end.note().map(|n| format!("[{n}]")));
+                frames.extend(end.note().map(|n| format!("[{n}]").into()));
                 frames
             }
             StackRef::Failed => Vec::new(),
@@ -109,7 +109,7 @@ impl Traced {
                         ips.pop();
                     }
                     let mut frames = self.sym.user(pid, &ips);
-                    frames.extend(end.map(|n| format!("[{n}]")));
+                    frames.extend(end.map(|n| format!("[{n}]").into()));
                     frames
                 }
                 None => Vec::new(),
@@ -120,7 +120,7 @@ impl Traced {
     /// A kernel stack, without the frames of the tracing machinery that ran
     /// memtrace's program (`bpf_prog_*`, `bpf_trace_run*`, `__traceiter_*`,
     /// `perf_trace_*`...): they are memtrace's, not the workload's.
-    pub fn kernel_frames(&mut self, id: i32) -> Vec<String> {
+    pub fn kernel_frames(&mut self, id: i32) -> Vec<Shown> {
         let mut frames = match self.stack(id) {
             Some(ips) => self.sym.kernel(&ips),
             None => Vec::new(),
@@ -166,7 +166,7 @@ pub fn sampled_reports(
         .into_iter()
         .map(|(k, val)| {
             let user = match k.folded {
-                true => vec![FOLDED.to_string()],
+                true => vec![FOLDED.into()],
                 false => s.sym.user(k.tgid, &k.user),
             };
             let kernel = s.kernel_frames(k.kstack);

@@ -400,9 +400,7 @@ impl Tool for Faults {
                 crate::stacks::kept::resolved(r)
             });
         self.kept.forget_members(s, crate::process::proc::alive);
-        for k in self.kept.counts.keys().filter(|k| k.ustack >= 0) {
-            s.stacks.touch(k.ustack as u32);
-        }
+        self.kept.settle_stacks(&mut s.stacks);
         Ok(n)
     }
 

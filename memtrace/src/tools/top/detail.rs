@@ -12,6 +12,7 @@ use memtrace_common::{
 };
 
 use crate::error::Result;
+use crate::output::Shown;
 use crate::run::args::Common;
 use crate::run::tool::{About, Prep, Tool};
 use crate::session::attach::Probe;
@@ -154,11 +155,11 @@ fn top(m: HashMap<String, (u64, u64)>) -> Vec<(String, (u64, u64))> {
     v
 }
 
-fn frames(f: &[String]) -> String {
+fn frames(f: &[Shown]) -> String {
     if f.is_empty() {
         return "[no user stack]".into();
     }
-    let mut s: Vec<&str> = f.iter().take(FRAMES).map(|x| x.as_str()).collect();
+    let mut s: Vec<&str> = f.iter().take(FRAMES).map(|x| &**x).collect();
     if f.len() > FRAMES {
         s.push("...");
     }
