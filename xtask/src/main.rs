@@ -142,10 +142,11 @@ fn main() -> Result<()> {
             std::process::exit(st.code().unwrap_or(1));
         }
         Cmd::Test { kernels, args } => {
-            build()?;
             if kernels {
+                build()?;
                 return kernels::run(true);
             }
+            setup::setup()?;
             fmt_check()?;
             setup::test_readers();
             let skips = tests::skip_log();

@@ -1,9 +1,9 @@
 //! `cargo xtask test`'s host tests: every test binary built once, then run
-//! as root, several at a time. Each binary runs its own tests one at a time
+//! as root, three at a time. Each binary runs its own tests one at a time
 //! (they load eBPF programs and start workloads with known counts), and
 //! binaries are independent of each other: their assertions are on their
-//! own processes and cgroups. The few that count what is loaded on the
-//! whole host run alone, after the others.
+//! own processes (`-p`, `-c`) and cgroups. Tests that trace the whole host,
+//! or count what is loaded on it, run alone after the others.
 
 use std::collections::VecDeque;
 use std::path::PathBuf;
@@ -19,6 +19,9 @@ use crate::{as_root, root, target_dir};
 /// what they count:
 /// - the eBPF programs loaded on the whole host (nothing left attached
 ///   after an exit): another binary's memtrace would be counted;
+/// - the stacks or kills of the whole host, looked for by the workload's
+///   functions: other binaries run the same workload functions, and kill
+///   in their own groups;
 /// - the processes of thousands of children on one row: others' forks in
 ///   the same minutes wrap pid_max (32,768 here), and a pid reused within
 ///   the run is one process to memtrace's member sets;
@@ -68,7 +71,34 @@ const ALONE: &[(&str, &str)] = &[
         "brkstack",
         "forked_children_share_their_stacks_keys_in_the_kernel",
     ),
+    (
+        "stacks",
+        "system_wide_by_default_a_process_running_before_attach_unwinds_to_start",
+    ),
+    (
+        "stacks",
+        "system_wide_by_default_a_process_started_after_attach_unwinds_to_start",
+    ),
+    (
+        "stacks",
+        "system_wide_cpp_fault_stacks_reach_main_by_default",
+    ),
+    ("stacks", "system_wide_python_stacks_reach_main_by_default"),
+    (
+        "faults",
+        "stacks_of_processes_gone_before_their_maps_were_read_merge",
+    ),
+    (
+        "heap",
+        "oomkill_heap_shows_what_the_victim_held_wherever_the_kill_is",
+    ),
+    ("memleak", "kernel_mode_sees_what_open_pipes_hold"),
 ];
+
+/// Binaries whose every test traces the whole host (OOM kills, reclaim,
+/// short-lived processes, a busy host, serve's series): they run whole,
+/// alone, after the others.
+const ALONE_BINARIES: &[&str] = &["busy", "oomkill", "reclaim", "serve", "shortlived"];
 
 /// The slowest binaries, started first so that the pool ends together.
 const SLOW_FIRST: &[&str] = &[
@@ -104,11 +134,16 @@ struct Binary {
 /// The test binaries, built, slowest first.
 pub struct Built(Vec<Binary>);
 
-/// Builds the tests and returns the binaries, slowest first.
+/// Builds memtrace, the workload and the tests, and returns the test
+/// binaries, slowest first. One cargo run, not `cargo build` then `cargo
+/// test --no-run`: the crate's unit tests (a second compile of all of it)
+/// then build beside the crate itself, on the CPU its single-threaded
+/// passes leave idle.
 pub fn build() -> Result<Built> {
     let out = Command::new("cargo")
         .current_dir(root())
-        .args(["test", "--release", "--no-run", "--message-format=json"])
+        .args(["build", "--release", "--lib", "--bins", "--tests"])
+        .arg("--message-format=json-render-diagnostics")
         .stderr(Stdio::inherit())
         .output()?;
     if !out.status.success() {
@@ -252,18 +287,14 @@ fn pool(
     Ok(())
 }
 
-/// How many binaries run at once: one unless `MEMTRACE_TEST_JOBS` says
-/// more. Three at a time (CPUs plus one) takes the host tests from about
-/// 430 s to 250 s here, but tests that trace the whole host then see each
-/// other's workloads (another test's OOM kill, another's brk calls from
-/// the same workload function): they must filter by their own processes
-/// before CI can run them side by side.
+/// How many binaries run at once: three (CPUs plus one: most tests wait on
+/// their workloads), or what `MEMTRACE_TEST_JOBS` says.
 fn jobs() -> usize {
     std::env::var("MEMTRACE_TEST_JOBS")
         .ok()
         .and_then(|v| v.parse().ok())
         .filter(|&n| n >= 1)
-        .unwrap_or(1)
+        .unwrap_or(3)
 }
 
 /// Runs every test binary; `args` go to each (a name filter), and then
@@ -290,6 +321,9 @@ pub fn run(built: Built, args: &[String]) -> Result<Totals> {
     // Every binary with the others, its tests that run alone skipped;
     // those after, one binary at a time, by exact name.
     let mut alone = Vec::new();
+    let (whole, bins): (Vec<Binary>, Vec<Binary>) = bins
+        .into_iter()
+        .partition(|b| ALONE_BINARIES.contains(&b.name.as_str()));
     let shared: VecDeque<Binary> = bins
         .into_iter()
         .map(|mut b| {
@@ -313,11 +347,13 @@ pub fn run(built: Built, args: &[String]) -> Result<Totals> {
             b
         })
         .collect();
+    alone.extend(whole);
     let jobs = jobs();
     println!(
-        "xtask: {} test binaries, {jobs} at a time; then {} tests alone",
+        "xtask: {} test binaries, {jobs} at a time; then {} tests and {} binaries alone",
         shared.len(),
-        ALONE.len()
+        ALONE.len(),
+        ALONE_BINARIES.len()
     );
     pool(shared, jobs, &env, &mut totals)?;
     pool(alone.into(), 1, &env, &mut totals)?;
