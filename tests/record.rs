@@ -34,7 +34,7 @@ fn report_prints_what_the_live_tool_printed() {
     assert_eq!(rep.code, 0, "{}", rep.stderr);
     let stacks = json_of(&rep.stdout, "brk_stack");
     assert_eq!(stacks, json_of(&live.stdout, "brk_stack"));
-    // The loop's 40 calls and the brk(0) before them (see tests/brkstack.rs).
+    // The loop's 40 calls and the brk(0) before them (see tests/brkstack/).
     let top = find(&stacks, "grow_heap_with_raw_brk", "memtrace_workload::main");
     assert_eq!(
         (top["count"].as_u64(), top["bytes"].as_u64()),
@@ -88,7 +88,7 @@ fn each_interval_is_a_report_and_sum_adds_them() {
 #[test]
 fn memleak_records_what_is_outstanding() {
     let d = scratch("memleak");
-    // 10 blocks of 100 bytes and 2 of 1 MiB left allocated (tests/memleak.rs).
+    // 10 blocks of 100 bytes and 2 of 1 MiB left allocated (tests/memleak/).
     let cmd = w("leak 10 100 2 1048576 100 0");
     let live = mt(
         &d,

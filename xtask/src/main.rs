@@ -149,9 +149,12 @@ fn main() -> Result<()> {
             setup::setup()?;
             fmt_check()?;
             setup::test_readers();
+            // After the installs above (apt's locks), beside the build.
+            let fetching = kernels::prefetch();
             let skips = tests::skip_log();
             let _ = std::fs::remove_file(&skips);
             let totals = tests::run(tests::build()?, &args)?;
+            let _ = fetching.join();
             kernels::run(false)?;
             // One plain closing line with the whole count; skips are
             // counted apart from passes (a skipped test returns early and

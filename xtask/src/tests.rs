@@ -53,23 +53,23 @@ const ALONE: &[(&str, &str)] = &[
     ),
     (
         "faults",
-        "counts_of_exited_processes_resolve_past_the_bound_and_none_is_lost",
+        "bounds::counts_of_exited_processes_resolve_past_the_bound_and_none_is_lost",
     ),
     (
         "faults",
-        "forked_children_share_their_stacks_keys_in_the_kernel",
+        "bounds::forked_children_share_their_stacks_keys_in_the_kernel",
     ),
     (
         "brkstack",
-        "stacks_of_exited_processes_resolve_past_the_bound_and_none_is_lost",
+        "bounds::stacks_of_exited_processes_resolve_past_the_bound_and_none_is_lost",
     ),
     (
         "brkstack",
-        "every_call_of_thousands_of_children_is_in_every_report",
+        "bounds::every_call_of_thousands_of_children_is_in_every_report",
     ),
     (
         "brkstack",
-        "forked_children_share_their_stacks_keys_in_the_kernel",
+        "bounds::forked_children_share_their_stacks_keys_in_the_kernel",
     ),
     (
         "stacks",
@@ -86,13 +86,13 @@ const ALONE: &[(&str, &str)] = &[
     ("stacks", "system_wide_python_stacks_reach_main_by_default"),
     (
         "faults",
-        "stacks_of_processes_gone_before_their_maps_were_read_merge",
+        "bounds::stacks_of_processes_gone_before_their_maps_were_read_merge",
     ),
     (
         "heap",
         "oomkill_heap_shows_what_the_victim_held_wherever_the_kill_is",
     ),
-    ("memleak", "kernel_mode_sees_what_open_pipes_hold"),
+    ("memleak", "tables::kernel_mode_sees_what_open_pipes_hold"),
 ];
 
 /// Binaries whose every test traces the whole host (OOM kills, reclaim,

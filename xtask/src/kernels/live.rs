@@ -1,6 +1,6 @@
 //! top and serve in the guest (`tests/guest/live.sh`): top's plain-text
 //! refreshes show the paced workload's rates, serve's /metrics its exact
-//! counts, as tests/top.rs and tests/serve.rs check on the host.
+//! counts, as tests/top.rs and tests/serve/ check on the host.
 
 use super::check::{Case, Guest};
 use super::tools::report;

@@ -93,6 +93,18 @@ fn boot_retrying_emulator_crash(
     boot::boot(assets, k, initrd)
 }
 
+/// Fetches the kernels and qemu into the cache on a thread of its own, so
+/// that a fresh clone downloads them (about 20 s here) while it builds;
+/// `run` finds them there, or fetches again and says why it cannot.
+pub fn prefetch() -> std::thread::JoinHandle<()> {
+    std::thread::spawn(|| {
+        let cache = target_dir().join("kernels");
+        if std::fs::create_dir_all(&cache).is_ok() {
+            let _ = fetch::fetch(&cache);
+        }
+    })
+}
+
 pub fn run(required: bool) -> Result<()> {
     let t0 = Instant::now();
     let cache = target_dir().join("kernels");

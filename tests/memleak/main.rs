@@ -1,7 +1,10 @@
 //! `memtrace memleak`: exactly what a workload leaks, by stack, with `-c`
 //! and `-p`; age and phase filters; kernel mode; a full table reported.
 
+#[path = "../common/mod.rs"]
 mod common;
+mod sampling;
+mod tables;
 
 use std::time::Duration;
 
@@ -101,100 +104,6 @@ fn the_uprobe_and_uretprobe_fallback_is_exact_too() {
     );
 }
 
-/// Sampled, by each way: blocks larger than twice the sampling gap are
-/// always sampled, at their own weight, so the big leaks stay exact; a
-/// sampled block's free is always seen (realloc's too, even when the realloc
-/// itself is not sampled), so the churn leaves nothing.
-fn sampled(extra: &[&str]) {
-    let cmd = format!("{} {}", workload_bin().display(), leak_args(0).join(" "));
-    let mut argv = vec!["memleak", "--json", "--top", "50", "--sample-bytes", "4K"];
-    argv.extend_from_slice(extra);
-    argv.extend_from_slice(&["-c", &cmd]);
-    let out = run(&argv);
-    assert_eq!(out.code, 0, "{}", out.stderr);
-    let rows = json_of(&out.stdout, "memleak");
-    assert_eq!(
-        held(&rows, "leak_big_blocks"),
-        (M, M * BIG),
-        "{}",
-        out.stdout
-    );
-    assert_eq!(held(&rows, "churn_and_free"), (0, 0), "{}", out.stdout);
-    let summary = &json_of(&out.stdout, "summary")[0];
-    assert!(
-        summary["not_sampled"].as_u64().unwrap() > 0,
-        "{}",
-        out.stdout
-    );
-    assert_eq!(lost(&out.stdout, "missed_return"), 0, "{}", out.stdout);
-}
-
-#[test]
-fn sampling_in_the_shim_keeps_big_blocks_exact_and_sees_every_free() {
-    sampled(&[]);
-}
-
-#[test]
-fn sampling_by_session_keeps_big_blocks_exact_and_sees_every_free() {
-    sampled(&["--no-preload"]);
-}
-
-#[test]
-fn sampling_by_uprobe_and_uretprobe_keeps_big_blocks_exact_and_sees_every_free() {
-    sampled(&["--no-preload", "--no-uprobe-session"]);
-}
-
-/// Blocks grown by realloc under byte sampling: 2 KiB, 4 KiB and 12 KiB
-/// calls are sampled by chance (12 KiB at 4K: 95%, weighed by 1/0.95).
-/// Kept, the last blocks are estimated within 3% (the estimate's standard
-/// error here is 0.5%); freed, nothing is held: a block sampled at one call
-/// and released by a realloc that was not sampled must not stay behind.
-fn realloc_under_sampling(extra: &[&str]) {
-    const N: u64 = 2000;
-    for keep in [1, 0] {
-        let cmd = format!("{} realloc-churn {N} {keep}", workload_bin().display());
-        let mut argv = vec!["memleak", "--json", "--top", "50", "--sample-bytes", "4K"];
-        argv.extend_from_slice(extra);
-        argv.extend_from_slice(&["-c", &cmd]);
-        let out = run(&argv);
-        assert_eq!(out.code, 0, "{}", out.stderr);
-        let rows = json_of(&out.stdout, "memleak");
-        let (n, bytes) = held(&rows, "realloc_churn");
-        if keep == 1 {
-            let near = |got: u64, want: u64| got.abs_diff(want) * 100 <= want * 3;
-            assert!(
-                near(n, N) && near(bytes, N * 12288),
-                "{n} {bytes}: {}",
-                out.stdout
-            );
-        } else {
-            assert_eq!((n, bytes), (0, 0), "{}", out.stdout);
-        }
-        assert_eq!(lost(&out.stdout, "missed_return"), 0, "{}", out.stdout);
-        let summary = &json_of(&out.stdout, "summary")[0];
-        assert!(
-            summary["not_sampled"].as_u64().unwrap() > N / 4,
-            "{}",
-            out.stdout
-        );
-    }
-}
-
-#[test]
-fn a_block_sampled_then_reallocated_unsampled_is_released_in_the_shim() {
-    realloc_under_sampling(&[]);
-}
-
-#[test]
-fn a_block_sampled_then_reallocated_unsampled_is_released_by_session() {
-    realloc_under_sampling(&["--no-preload"]);
-}
-
-#[test]
-fn a_block_sampled_then_reallocated_unsampled_is_released_by_uretprobe() {
-    realloc_under_sampling(&["--no-preload", "--no-uprobe-session"]);
-}
-
 #[test]
 fn a_running_process_s_leaks_are_reported_exactly_by_stack() {
     let args = leak_args(300);
@@ -273,92 +182,6 @@ fn usr1_reports_and_starts_a_new_phase() {
     assert!(
         last.contains("leak_in_second_phase") && last.contains(&line),
         "{last}"
-    );
-}
-
-#[test]
-fn a_full_table_is_counted_not_silent() {
-    let cmd = format!("{} {}", workload_bin().display(), leak_args(0).join(" "));
-    let out = run(&["memleak", "--json", "--max-allocs", "4", "-c", &cmd]);
-    assert_eq!(out.code, 0, "{}", out.stderr);
-    let rows = json_of(&out.stdout, "memleak");
-    let shown: u64 = rows.iter().map(|r| r["count"].as_u64().unwrap()).sum();
-    assert!(shown <= 4, "{}", out.stdout);
-    // 10 leaked blocks and more: at least 6 could not be kept.
-    assert!(lost(&out.stdout, "map_full") >= 6, "{}", out.stdout);
-    assert!(out.stderr.contains("map_full"), "{}", out.stderr);
-}
-
-/// A loop of short processes, each leaving blocks and stacks of its own:
-/// memtrace moves what a process held out of the kernel's tables once it
-/// exits, so tables that hold a fraction of the loop's stacks never fill.
-#[test]
-fn processes_that_exit_never_fill_the_tables() {
-    const N: u64 = 100;
-    let cmd = format!(
-        // Paced so that a round of reclaiming (every 250 ms) meets a few
-        // processes at a time; the whole loop has thousands of stacks.
-        "for i in $(seq {N}); do {} malloc-loop 100 >/dev/null; sleep 0.05; done",
-        workload_bin().display()
-    );
-    let out = run(&["memleak", "--json", "--max-stacks", "1024", "-c", &cmd]);
-    assert_eq!(out.code, 0, "{}", out.stderr);
-    let s = &json_of(&out.stdout, "summary")[0];
-    assert_eq!(lost(&out.stdout, "map_full"), 0, "{s}");
-    // The workload processes and sleeps exited, holding some blocks (those
-    // of the last round end with the run, in the live tables still).
-    assert!(s["exited_processes"].as_u64().unwrap() >= N, "{s}");
-    assert!(s["held_at_exit"].as_u64().unwrap() >= N, "{s}");
-    assert!(s["exited_blocks_swept"].as_u64().unwrap() > 0, "{s}");
-    // Every malloc/free pair of the loops was followed to its free.
-    assert!(s["frees"].as_u64().unwrap() >= N * 100, "{s}");
-    let rows = json_of(&out.stdout, "memleak");
-    assert!(
-        rows.iter()
-            .any(|r| r["note"] == "held when the process exited"),
-        "{}",
-        out.stdout
-    );
-}
-
-/// Outstanding kernel allocations made under `alloc_pipe_info`, reported
-/// while the workload still holds (or has closed) its pipes.
-fn pipe_allocations(keep: bool) -> u64 {
-    const N: u64 = 400;
-    let t = Tracer::start(&["memleak", "--json", "--top", "100000"]);
-    let keep = if keep { "1" } else { "0" };
-    let mut w = Workload::start(&["pipes", &N.to_string(), keep, "2000"]);
-    w.go();
-    std::thread::sleep(Duration::from_millis(1000));
-    let out = t.interrupt();
-    assert!(w.wait().success());
-    assert_eq!(out.code, 0, "{}", out.stderr);
-    json_of(&out.stdout, "memleak")
-        .iter()
-        .filter(|r| {
-            r["kernel_stack"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .any(|f| f.as_str().unwrap().contains("alloc_pipe_info"))
-        })
-        .map(|r| r["count"].as_u64().unwrap())
-        .sum()
-}
-
-#[test]
-fn kernel_mode_sees_what_open_pipes_hold() {
-    // Each open pipe holds its pipe_inode_info and its buffer array: two
-    // allocations under alloc_pipe_info. Other processes make a few pipes.
-    let open = pipe_allocations(true);
-    assert!(
-        (800..900).contains(&open),
-        "{open} pipe allocations outstanding"
-    );
-    let closed = pipe_allocations(false);
-    assert!(
-        closed < 40,
-        "{closed} pipe allocations outstanding after close"
     );
 }
 
@@ -449,42 +272,6 @@ fn blocks_of_an_image_that_exec_d_away_are_not_held() {
     assert!(s["blocks_gone_with_exec"].as_u64().unwrap() > 200, "{s}");
 }
 
-/// Byte sampling is unbiased: blocks of 51, 256 and 512 KiB kept under
-/// `--sample-bytes 512K` are estimated, on average over runs, within 5% of
-/// what is held (uniform gaps weighed by the interval said 411-434 MB of
-/// 524 MB for 256 KiB blocks, 33% low for 512 KiB). Block counts are such
-/// that the mean's standard error is about 1%: both through the shim and
-/// through the kernel programs (`--no-preload`).
-#[test]
-fn sampled_estimates_are_unbiased_across_block_sizes() {
-    const RUNS: u64 = 4;
-    for extra in [&[][..], &["--no-preload"][..]] {
-        for (size, k) in [
-            (51 << 10, 20_000u64),
-            (256 << 10, 2_000),
-            (512 << 10, 2_000),
-        ] {
-            let mut sum = 0u64;
-            for _ in 0..RUNS {
-                let cmd = format!("{} leak {k} {size} 0 0 0", workload_bin().display());
-                let mut argv = vec!["memleak", "--json", "--sample-bytes", "512K"];
-                argv.extend_from_slice(extra);
-                argv.extend_from_slice(&["-c", &cmd]);
-                let out = run(&argv);
-                assert_eq!(out.code, 0, "{}", out.stderr);
-                let rows = json_of(&out.stdout, "memleak");
-                let (_, bytes) = held(&rows, "leak_small_blocks");
-                sum += bytes;
-            }
-            let (mean, truth) = (sum / RUNS, k * size);
-            assert!(
-                mean.abs_diff(truth) * 100 <= truth * 5,
-                "{extra:?} {size}: mean {mean} vs {truth}"
-            );
-        }
-    }
-}
-
 /// A statically linked program: the shim cannot be loaded into it, so its
 /// own allocator (in the executable) is probed, and its leaks are exact.
 /// Stripped, it has no malloc symbol: memleak says at start that its heap
@@ -559,34 +346,4 @@ fn a_static_program_s_own_allocator_is_probed_or_named_when_stripped() {
         "{}",
         out.stderr
     );
-}
-
-/// Frees the shim holds in a batch, then the same addresses handed out
-/// again from another function, then _exit (no destructor runs): the new
-/// blocks are held, the old ones released (by the new allocations, and the
-/// batch reported at the exit by the kernel does not take the new ones).
-#[test]
-fn addresses_freed_in_a_batch_and_handed_out_again_keep_their_new_blocks() {
-    let cmd = format!("{} reuse-then-exit 20", workload_bin().display());
-    let out = run(&["memleak", "--json", "--top", "50", "-c", &cmd]);
-    assert_eq!(out.code, 0, "{}", out.stderr);
-    let rows = json_of(&out.stdout, "memleak");
-    assert_eq!(held(&rows, "second_owner"), (20, 2000), "{}", out.stdout);
-    assert_eq!(held(&rows, "first_owner"), (0, 0), "{}", out.stdout);
-}
-
-/// A report while frees are still in the shim's batch (the command idles
-/// after freeing; -d ends the run first): memtrace reads them from the
-/// process and does not count their blocks as held.
-#[test]
-fn frees_still_in_a_batch_are_reported_before_a_report() {
-    let cmd = format!("{} freed-then-idle 20", workload_bin().display());
-    let out = run(&["memleak", "--json", "--top", "50", "-d", "2", "-c", &cmd]);
-    assert_eq!(out.code, 0, "{}", out.stderr);
-    let rows = json_of(&out.stdout, "memleak");
-    assert_eq!(held(&rows, "first_owner"), (0, 0), "{}", out.stdout);
-    // Applied in the kernel or read from the batch, every free is counted.
-    let s = &json_of(&out.stdout, "summary")[0];
-    let frees = s["frees"].as_u64().unwrap() + s["frees_in_batches"].as_u64().unwrap();
-    assert!(frees >= 20, "{s}");
 }
