@@ -30,6 +30,7 @@ macro_rules! modules {
 
 modules! {
     brk,
+    compact,
     exemaps,
     faults,
     ffaults,
@@ -159,6 +160,8 @@ pub mod kind {
     pub const MEMCG_STEP: u32 = 15;
     /// A process counted on a stack keyed by its image (`stacks::StackMember`).
     pub const STACK_MEMBER: u32 = 16;
+    /// A compaction run ended (`compact::CompactEvent`).
+    pub const COMPACT: u32 = 17;
 }
 
 /// A process the kernel programs follow started or changed image: memtrace

@@ -6,6 +6,7 @@
 mod helpers;
 
 mod brk;
+mod compact;
 mod faults;
 mod ffaults;
 mod generic;

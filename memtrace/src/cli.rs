@@ -63,7 +63,7 @@ mod tests {
                 (c.get_name().to_string(), about)
             })
             .collect();
-        assert_eq!(crate::tools::NAMES.len(), 16);
+        assert_eq!(crate::tools::NAMES.len(), 17);
         for name in crate::tools::NAMES {
             let (_, about) = subs
                 .iter()

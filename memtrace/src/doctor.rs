@@ -133,8 +133,10 @@ pub fn doctor() -> Result<i32> {
     }
     out.table("feature", "", &cols, &rows);
     if !tool_rows.is_empty() {
+        // As wide as the longest tool's name: rows are read by column.
+        let wide = crate::tools::NAMES.iter().map(|n| n.len()).max();
         let tcols = [
-            Col::text("tool", "TOOL", 9),
+            Col::text("tool", "TOOL", wide.unwrap_or(9)),
             Col::text("probe", "PROBE", 22),
             Col::text("method", "METHOD", 10),
             Col::text("detail", "TARGET OR WHY NOT", 10),

@@ -74,6 +74,8 @@ oom_case oom-tp_btf oomkill --attach tp_btf
 oom_case oom-tracepoint oomkill --attach tracepoint --stack
 # The memcg reclaim the kernel tries before that OOM kill, seen by drsnoop.
 oom_case drsnoop drsnoop
+# Each populated zone compacted once by one write from the shell.
+run_case compactsnoop 300 0 compactsnoop --json -v -c 'echo 1 > /proc/sys/vm/compact_memory'
 memcg_case
 heap_case
 warn_fail_case

@@ -111,6 +111,8 @@ pub struct Field {
 pub struct Format {
     pub name: String,
     pub fields: Vec<Field>,
+    /// The `print fmt:` line: enum names live there (`__print_symbolic`).
+    pub print: String,
 }
 
 impl Format {
@@ -134,6 +136,10 @@ impl Format {
             let line = line.trim();
             if let Some(n) = line.strip_prefix("name:") {
                 fmt.name = n.trim().to_string();
+                continue;
+            }
+            if let Some(p) = line.strip_prefix("print fmt:") {
+                fmt.print = p.trim().to_string();
                 continue;
             }
             let Some(rest) = line.strip_prefix("field:") else {
@@ -176,6 +182,40 @@ impl Format {
         self.fields.iter().find(|f| f.name == name)
     }
 
+    /// The names the print format gives `field`'s values
+    /// (`__print_symbolic(REC->field, {1, "skipped"}, ...)`): an enum's
+    /// values as this kernel numbers them.
+    pub fn symbols(&self, field: &str) -> Result<Vec<(i64, String)>, Error> {
+        let missing = || Error::NoField {
+            tracepoint: self.name.clone(),
+            field: format!("{field} (names in the print format)"),
+        };
+        let head = format!("__print_symbolic(REC->{field},");
+        let at = self.print.find(&head).ok_or_else(missing)?;
+        let mut out = Vec::new();
+        let mut rest = &self.print[at + head.len()..];
+        // Pairs until the call's closing parenthesis.
+        while let Some(open) = rest.find(['{', ')']) {
+            if rest.as_bytes()[open] == b')' {
+                break;
+            }
+            let close = rest[open..].find('}').ok_or_else(missing)? + open;
+            let (v, name) = rest[open + 1..close].split_once(',').ok_or_else(missing)?;
+            let v = v.trim();
+            let v = match v.strip_prefix("0x") {
+                Some(h) => i64::from_str_radix(h, 16),
+                None => v.parse(),
+            }
+            .map_err(|_| missing())?;
+            out.push((v, name.trim().trim_matches('"').to_string()));
+            rest = &rest[close + 1..];
+        }
+        match out.is_empty() {
+            true => Err(missing()),
+            false => Ok(out),
+        }
+    }
+
     /// Offset of `name`, or an error naming the tracepoint and field.
     pub fn offset(&self, name: &str) -> Result<u32, Error> {
         self.field(name)
@@ -206,6 +246,24 @@ mod tests {
         assert_eq!(f.offset("oom_score_adj").unwrap(), 64);
         assert!(f.field("oom_score_adj").unwrap().signed);
         assert!(f.offset("nope").is_err());
+    }
+
+    #[test]
+    fn names_of_an_enum_come_from_the_print_format() {
+        // mm_compaction_end's, from this machine's 6.18 kernel.
+        let f = Format::parse(
+            "name: mm_compaction_end\n\
+             \tfield:int status;\toffset:44;\tsize:4;\tsigned:1;\n\n\
+             print fmt: \"zone_start=0x%lx status=%s\", REC->zone_start, \
+             __print_symbolic(REC->status, {1, \"skipped\"}, {2, \"deferred\"}, \
+             {8, \"success\"}, {0, \"not_suitable_zone\"}, {7, \"contended\"})",
+        );
+        let s = f.symbols("status").unwrap();
+        assert_eq!(s.len(), 5);
+        assert_eq!(s[0], (1, "skipped".to_string()));
+        assert_eq!(s[2], (8, "success".to_string()));
+        assert_eq!(s[4], (7, "contended".to_string()));
+        assert!(f.symbols("zone_start").is_err());
     }
 
     #[test]

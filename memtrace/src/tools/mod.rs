@@ -44,6 +44,7 @@ tools! {
     brkstack::Brkstack,
     vmscan::Vmscan,
     drsnoop::Drsnoop,
+    compactsnoop::Compactsnoop,
     memcg::Memcg,
     swapin::Swapin,
     rss::Rss,

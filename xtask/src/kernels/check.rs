@@ -135,13 +135,14 @@ const fn forced(name: &'static str, tool: &'static str, method: &'static str) ->
 }
 
 /// Every case, in the order the guest runs them; doctor is checked last.
-pub(super) const CASES: [Case; 33] = [
+pub(super) const CASES: [Case; 34] = [
     case("doctor", "doctor"),
     best("oom-best", "oomkill", "kprobe"),
     forced("oom-fentry", "oomkill", "fentry"),
     forced("oom-tp_btf", "oomkill", "tp_btf"),
     forced("oom-tracepoint", "oomkill", "tracepoint"),
     case("drsnoop", "drsnoop"),
+    case("compactsnoop", "compactsnoop"),
     case("memcg", "memcg"),
     case("heap", "memcg"),
     // --fail: the usage warning came.

@@ -229,6 +229,27 @@ pub(super) fn check(g: &Guest, case: &Case, v: &[Value], why: &mut Vec<String>) 
                 }
             }
         }
+        "compactsnoop" => {
+            // One write to compact_memory: one run per populated zone, each
+            // zone once, all the writing shell's, synchronous.
+            let runs = of_type(v, "compaction");
+            let mut zones: Vec<&str> = runs.iter().filter_map(|r| r["zone"].as_str()).collect();
+            zones.sort();
+            zones.dedup();
+            if runs.is_empty() || zones.len() != runs.len() {
+                why.push(format!(
+                    "{} runs on {} zones, expected one a zone",
+                    runs.len(),
+                    zones.len()
+                ));
+            }
+            if runs
+                .iter()
+                .any(|r| r["comm"] != "sh" || r["mode"] != "sync")
+            {
+                why.push("runs not the writing shell's or not sync".into());
+            }
+        }
         "vmscan" => {
             let pages = sum(&of_type(v, "vmscan"), "memcg_pages");
             if pages == 0 {
