@@ -18,6 +18,7 @@ use crate::output::frame::{FrameStyle, NOT_A_FILE};
 use crate::output::Shown;
 pub use crate::process::maps::{parse_maps, read_maps, Mapping};
 use crate::process::proc::exiting;
+use text::{describe, module_name};
 
 struct Snapshot {
     /// Shared by a forked child and its parent until either reads its own.
@@ -299,49 +300,6 @@ impl Default for Symbolizer {
     }
 }
 
-/// The frame that stands for addresses no file placed in an exited
-/// process's stack.
-pub const NOT_PLACED: &str = "[code not placed: the process was gone before its maps were read]";
-
-/// `frames` with each run of addresses no file placed ("0x7f.. [unknown]")
-/// as one `NOT_PLACED` frame: they differ from process to process (ASLR)
-/// and, once the process is gone, can never be placed.
-pub fn placeless(frames: Vec<Shown>) -> Vec<Shown> {
-    let mut out: Vec<Shown> = Vec::with_capacity(frames.len());
-    for f in frames {
-        let unplaced = f.starts_with("0x")
-            && [NOT_A_FILE[0], NOT_A_FILE[2]]
-                .iter()
-                .any(|m| f.ends_with(&format!("[{m}]")));
-        if !unplaced {
-            out.push(f);
-        } else if out.last().is_none_or(|l| &**l != NOT_PLACED) {
-            out.push(NOT_PLACED.into());
-        }
-    }
-    out
-}
-
-fn module_name(path: &str) -> &str {
-    path.rsplit('/').next().unwrap_or(path)
-}
-
-fn describe(sym: &blazesym::symbolize::Sym<'_>, module: &str, style: FrameStyle) -> String {
-    let mut s = match style {
-        FrameStyle::Addresses => format!("{}+{:#x}", sym.name, sym.offset),
-        _ => sym.name.to_string(),
-    };
-    if let (Some(ci), false) = (&sym.code_info, style == FrameStyle::Function) {
-        if let Some(line) = ci.line {
-            s.push_str(&format!(" ({}:{line})", ci.file.to_string_lossy()));
-        }
-    }
-    if !module.is_empty() {
-        s.push_str(&format!(" [{module}]"));
-    }
-    s
-}
-
 impl Symbolizer {
     pub fn new() -> Self {
         Symbolizer {
@@ -448,6 +406,7 @@ impl Symbolizer {
 }
 
 mod learned;
+pub mod text;
 
 #[cfg(test)]
 mod tests;

@@ -1,3 +1,4 @@
+use super::text::{placeless, NOT_PLACED};
 use super::*;
 
 #[test]
