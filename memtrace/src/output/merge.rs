@@ -5,7 +5,7 @@
 
 use std::collections::HashMap;
 
-use super::{Col, Hist, Printer, Rest, Row, Shown, StackReport, Summary};
+use super::{Col, Hist, Printer, Rest, Row, Shown, ShownKey, StackReport, Summary};
 
 /// Merges reports whose name and frames are equal (and pid, with
 /// `per_pid`): counts and bytes add, the pid kept is the largest
@@ -13,22 +13,14 @@ use super::{Col, Hist, Printer, Rest, Row, Shown, StackReport, Summary};
 /// function) merge within a process too.
 pub fn merge_stacks(stacks: &[StackReport], per_pid: bool) -> Vec<StackReport> {
     let mut out: Vec<StackReport> = Vec::new();
-    type Key<'a> = (u32, &'a str, &'a [Shown], &'a [Shown], Option<&'a str>);
-    let mut at: HashMap<Key, usize> = HashMap::new();
+    let mut at: HashMap<ShownKey, usize> = HashMap::new();
     let mut top: Vec<u64> = Vec::new();
     // Distinct pids per merged stack: call sites of one process merge too.
     // Rows that count more processes than they name add the difference.
     let mut pids: Vec<std::collections::HashSet<u32>> = Vec::new();
     let mut unnamed: Vec<usize> = Vec::new();
     for s in stacks {
-        let pid = if per_pid { s.pid } else { 0 };
-        let key = (
-            pid,
-            s.comm.as_str(),
-            &s.user[..],
-            &s.kernel[..],
-            s.note.as_deref(),
-        );
+        let key = s.shown(if per_pid { s.pid } else { 0 });
         match at.get(&key) {
             Some(&i) => {
                 let m = &mut out[i];

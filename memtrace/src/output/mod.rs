@@ -140,6 +140,23 @@ pub struct StackReport {
     pub group: Option<String>,
 }
 
+/// What a stack row shows, the identity rows merge by: its process when
+/// rows are kept per process (else 0), name, frames and note.
+pub type ShownKey<'a> = (u32, &'a str, &'a [Shown], &'a [Shown], Option<&'a str>);
+
+impl StackReport {
+    /// Its `ShownKey`, with `pid` standing for its process.
+    pub fn shown(&self, pid: u32) -> ShownKey<'_> {
+        (
+            pid,
+            &self.comm,
+            &self.user,
+            &self.kernel,
+            self.note.as_deref(),
+        )
+    }
+}
+
 /// Per stack: allocations made and freed, in number and bytes.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct AllocFigures {

@@ -14,7 +14,7 @@ use std::hash::Hash;
 
 use memtrace_common::stacks::{StackKey, StackVal, USTACK_FOLDED};
 
-use crate::output::{Shown, StackReport};
+use crate::output::StackReport;
 use crate::stacks::members::Pids;
 
 /// Keys kept before folding, about 100 bytes each.
@@ -64,16 +64,9 @@ struct Row {
     r: StackReport,
 }
 
-impl Row {
-    fn shown(&self) -> (u32, &str, &[Shown], &[Shown], Option<&str>) {
-        let r = &self.r;
-        (self.pid, &r.comm, &r.user, &r.kernel, r.note.as_deref())
-    }
-}
-
 impl PartialEq for Row {
     fn eq(&self, o: &Row) -> bool {
-        self.shown() == o.shown()
+        self.r.shown(self.pid) == o.r.shown(o.pid)
     }
 }
 
@@ -81,7 +74,7 @@ impl Eq for Row {}
 
 impl Hash for Row {
     fn hash<H: std::hash::Hasher>(&self, h: &mut H) {
-        self.shown().hash(h)
+        self.r.shown(self.pid).hash(h)
     }
 }
 
