@@ -18,7 +18,7 @@ const N: u64 = 500;
 
 fn src(name: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../tests/workload/ownalloc")
+        .join("workload/ownalloc")
         .join(name)
 }
 
@@ -226,7 +226,7 @@ fn cxx_with_jemalloc(test: &str, name: &str) -> Option<PathBuf> {
     let st = status_within(
         Command::new("c++")
             .args(["-O2", "-g"])
-            .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/workload/nofp/leak.cpp"))
+            .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("workload/nofp/leak.cpp"))
             .arg(je)
             .arg("-o")
             .arg(&prog),

@@ -47,7 +47,7 @@ fn imports(text: &str) -> Vec<String> {
 
 #[test]
 fn wings_import_only_wings_below_them() {
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../memtrace/src");
     let rank: BTreeMap<&str, usize> = WINGS.iter().enumerate().map(|(i, w)| (*w, i)).collect();
     let mut top: Vec<String> = std::fs::read_dir(&src)
         .unwrap()

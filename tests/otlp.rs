@@ -18,7 +18,7 @@ fn decode(test: &str, file: &Path) -> Option<String> {
         return None;
     }
     let raw = std::fs::read(file).unwrap();
-    let schema = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/otlp");
+    let schema = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("otlp");
     let mut p = Command::new("protoc")
         .arg(format!("--proto_path={}", schema.display()))
         .args([

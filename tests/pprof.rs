@@ -20,7 +20,7 @@ fn decode(test: &str, file: &Path) -> Option<String> {
     assert_eq!(&gz[..2], [0x1f, 0x8b], "not gzip'd");
     let mut raw = Vec::new();
     std::io::Read::read_to_end(&mut flate2::read::GzDecoder::new(&gz[..]), &mut raw).unwrap();
-    let schema = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/pprof");
+    let schema = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("pprof");
     let mut p = Command::new("protoc")
         .arg(format!("--proto_path={}", schema.display()))
         .args(["--decode=perftools.profiles.Profile", "profile.proto"])

@@ -248,7 +248,7 @@ fn annotations_show_in_report_and_diff_and_the_rest_is_new() {
 fn build_c(dir: &Path, align: &str) -> Option<PathBuf> {
     std::fs::create_dir_all(dir).unwrap();
     let out = dir.join("nofp-c");
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/workload/nofp/nofp.c");
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("workload/nofp/nofp.c");
     let st = Command::new("cc")
         .args(["-O2", "-g", "-fno-optimize-sibling-calls"])
         .arg(format!("-falign-functions={align}"))

@@ -18,7 +18,27 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 pub fn memtrace_bin() -> PathBuf {
-    PathBuf::from(env!("CARGO_BIN_EXE_memtrace"))
+    built("MEMTRACE_BIN", "memtrace")
+}
+
+/// A binary of the workspace: `var` names it, or else it is beside this
+/// test's (`target/release/deps/TEST-HASH` is built with
+/// `target/release/NAME`). The tests are a package of their own, which
+/// cargo does not give the others' paths.
+pub fn built(var: &str, name: &str) -> PathBuf {
+    let p = std::env::var_os(var).map(PathBuf::from).unwrap_or_else(|| {
+        let me = std::env::current_exe().expect("the test binary's own path");
+        me.parent()
+            .and_then(|deps| deps.parent())
+            .expect("a test binary lives in target/PROFILE/deps")
+            .join(name)
+    });
+    assert!(
+        p.exists(),
+        "{name} {} missing: run `cargo xtask test`, or set {var}",
+        p.display()
+    );
+    p
 }
 
 pub struct Output {

@@ -10,7 +10,7 @@ use super::{json_of, run, status_within};
 
 pub fn src(name: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../tests/workload/nofp")
+        .join("workload/nofp")
         .join(name)
 }
 

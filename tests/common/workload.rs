@@ -9,17 +9,7 @@ use std::time::Duration;
 use super::{lines_of, read_all, wait_child, Tracer, WAIT};
 
 pub fn workload_bin() -> PathBuf {
-    let p = std::env::var_os("MEMTRACE_WORKLOAD")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target/release/memtrace-workload")
-        });
-    assert!(
-        p.exists(),
-        "workload binary {} missing: run `cargo xtask test`",
-        p.display()
-    );
-    p
+    super::built("MEMTRACE_WORKLOAD", "memtrace-workload")
 }
 
 /// A workload started with --wait: it has printed its pid and waits for `go`.

@@ -138,11 +138,40 @@ pub struct Built(Vec<Binary>);
 /// binaries, slowest first. One cargo run, not `cargo build` then `cargo
 /// test --no-run`: the crate's unit tests (a second compile of all of it)
 /// then build beside the crate itself, on the CPU its single-threaded
-/// passes leave idle.
+/// passes leave idle. xtask's own tests build as cargo ran it, unoptimised:
+/// its dependencies are built that way already.
 pub fn build() -> Result<Built> {
+    let mut bins = artifacts(&[
+        "build",
+        "--release",
+        "--lib",
+        "--bins",
+        "--tests",
+        "-p",
+        "memtrace",
+        "-p",
+        "memtrace-common",
+        "-p",
+        "memtrace-tests",
+        "-p",
+        "memtrace-workload",
+    ])?;
+    bins.extend(artifacts(&["test", "--no-run", "-p", "xtask"])?);
+    let rank = |b: &Binary| {
+        SLOW_FIRST
+            .iter()
+            .position(|s| *s == b.name)
+            .unwrap_or(SLOW_FIRST.len())
+    };
+    bins.sort_by_key(rank);
+    Ok(Built(bins))
+}
+
+/// Runs cargo with `args` and returns the test binaries it built.
+fn artifacts(args: &[&str]) -> Result<Vec<Binary>> {
     let out = Command::new("cargo")
         .current_dir(root())
-        .args(["build", "--release", "--lib", "--bins", "--tests"])
+        .args(args)
         .arg("--message-format=json-render-diagnostics")
         .stderr(Stdio::inherit())
         .output()?;
@@ -174,14 +203,7 @@ pub fn build() -> Result<Built> {
             args: Vec::new(),
         });
     }
-    let rank = |b: &Binary| {
-        SLOW_FIRST
-            .iter()
-            .position(|s| *s == b.name)
-            .unwrap_or(SLOW_FIRST.len())
-    };
-    bins.sort_by_key(rank);
-    Ok(Built(bins))
+    Ok(bins)
 }
 
 /// A binary running, its output going to a file (printed whole when it
