@@ -153,9 +153,19 @@ fn main() -> Result<()> {
             let fetching = kernels::prefetch();
             let skips = tests::skip_log();
             let _ = std::fs::remove_file(&skips);
-            let totals = tests::run(tests::build()?, &args)?;
-            let _ = fetching.join();
-            kernels::run(false)?;
+            let built = tests::build()?;
+            // The guests boot beside the host's tests, at the lowest CPU
+            // priority (boot.rs): the tests mostly wait on their
+            // workloads, and the emulator takes the CPU they leave.
+            let matrix = std::thread::spawn(move || {
+                let _ = fetching.join();
+                kernels::matrix(false)
+            });
+            let totals = tests::run(built, &args)?;
+            let outcome = matrix
+                .join()
+                .map_err(|_| anyhow::anyhow!("the kernel matrix's thread panicked"))??;
+            kernels::report(outcome)?;
             // One plain closing line with the whole count; skips are
             // counted apart from passes (a skipped test returns early and
             // passes for the harness), each with its reason.

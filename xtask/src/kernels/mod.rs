@@ -105,7 +105,26 @@ pub fn prefetch() -> std::thread::JoinHandle<()> {
     })
 }
 
+/// What the matrix found, printed by `report`: apart from the run so that
+/// it can run beside the host's tests and print after them.
+pub struct Outcome {
+    /// One line per kernel: passed or not, where its console log is.
+    lines: Vec<String>,
+    rows: Vec<Row>,
+    failed: bool,
+    wall: std::time::Duration,
+    logs: PathBuf,
+}
+
+/// Runs the matrix and prints what it found.
 pub fn run(required: bool) -> Result<()> {
+    report(matrix(required)?)
+}
+
+/// Boots every kernel and checks what its guest printed. `None`: skipped
+/// (said on stderr), when `required` is false and the kernels or qemu
+/// cannot be fetched.
+pub fn matrix(required: bool) -> Result<Option<Outcome>> {
     let t0 = Instant::now();
     let cache = target_dir().join("kernels");
     std::fs::create_dir_all(&cache)?;
@@ -113,7 +132,7 @@ pub fn run(required: bool) -> Result<()> {
         Ok(a) => a,
         Err(e) if !required => {
             eprintln!("xtask: kernel matrix skipped: cannot fetch the kernels or qemu: {e:#}");
-            return Ok(());
+            return Ok(None);
         }
         Err(e) => return Err(e.context("fetching the kernels and qemu")),
     };
@@ -140,6 +159,7 @@ pub fn run(required: bool) -> Result<()> {
         hs.into_iter().map(|h| h.join().unwrap()).collect()
     });
     let mut rows = Vec::new();
+    let mut lines = Vec::new();
     let mut failed = false;
     let logs = cache.join("logs");
     std::fs::create_dir_all(&logs)?;
@@ -165,7 +185,7 @@ pub fn run(required: bool) -> Result<()> {
             });
         }
         let bad = rows.iter().any(|r| !r.ok && r.kernel.contains(&k.name));
-        eprintln!(
+        lines.push(format!(
             "xtask: kernels: {}: {} [{}], guest {} in {:.1}s, console log {}",
             k.name,
             if bad || !end_ok { "FAIL" } else { "PASS" },
@@ -173,8 +193,32 @@ pub fn run(required: bool) -> Result<()> {
             g.end.as_deref().unwrap_or("never finished"),
             g.wall.as_secs_f64(),
             log.display()
-        );
+        ));
         failed |= bad || !end_ok;
+    }
+    Ok(Some(Outcome {
+        lines,
+        rows,
+        failed,
+        wall: t0.elapsed(),
+        logs,
+    }))
+}
+
+/// Prints the matrix's table; an error when a check failed.
+pub fn report(outcome: Option<Outcome>) -> Result<()> {
+    let Some(Outcome {
+        lines,
+        rows,
+        failed,
+        wall,
+        logs,
+    }) = outcome
+    else {
+        return Ok(());
+    };
+    for l in &lines {
+        eprintln!("{l}");
     }
     println!();
     println!(
@@ -202,7 +246,7 @@ pub fn run(required: bool) -> Result<()> {
     }
     println!(
         "kernel matrix: {:.0}s wall (guests run in parallel)",
-        t0.elapsed().as_secs_f64()
+        wall.as_secs_f64()
     );
     if failed {
         bail!("kernel matrix failed (console logs in {})", logs.display());
