@@ -49,13 +49,13 @@ fn report_prints_what_the_live_tool_printed() {
         "main",
     )
     .clone();
-    assert!(user_frames(&top)[0].contains("main.rs:"), "{top}");
+    assert!(user_frames(&top)[0].contains("brk.rs:"), "{top}");
     // Folded and summed views, as the live --folded prints.
     let folded = mt(&d, &["report", "--folded", "--sum", "--top", "1", "j.rec"]);
     let line = folded.stdout.lines().next().unwrap_or_default().to_string();
     assert_eq!(folded.stdout.lines().count(), 1, "{}", folded.stdout);
     assert!(
-        line.ends_with(";memtrace_workload::grow_heap_with_raw_brk_[memtrace-workload] 41"),
+        line.ends_with(";memtrace_workload::brk::grow_heap_with_raw_brk_[memtrace-workload] 41"),
         "{line}"
     );
 }

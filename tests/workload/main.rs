@@ -4,9 +4,10 @@
 //! `memtrace-workload [--wait] COMMAND ARGS`: with --wait, prints its pid and
 //! waits for a line on stdin before it works, so a tracer can attach first.
 
-use std::hint::black_box;
 use std::io::{BufRead, Write};
 
+mod brk;
+mod forks;
 mod leak;
 mod paced;
 mod pages;
@@ -14,62 +15,9 @@ mod short;
 mod snoop;
 mod swap;
 
+use brk::{grow_heap_with_raw_brk, grow_heap_with_sbrk, raw_brk_deep, raw_brk_deep_wide};
+
 pub(crate) const PAGE: usize = 4096;
-
-#[inline(never)]
-fn grow_heap_with_sbrk(n: usize, size: isize) {
-    for _ in 0..n {
-        // SAFETY: sbrk only moves the break; nothing uses the memory.
-        unsafe { black_box(libc::sbrk(size)) };
-    }
-}
-
-/// brk(2) issued from this function itself (inline asm), so a frame-pointer
-/// stack starts here rather than inside glibc, which has no frame pointers.
-#[inline(never)]
-fn grow_heap_with_raw_brk(n: usize, size: u64) {
-    let brk = |addr: u64| -> u64 {
-        let ret: u64;
-        // SAFETY: brk only moves the program break.
-        unsafe {
-            std::arch::asm!("syscall", inlateout("rax") libc::SYS_brk as u64 => ret,
-                in("rdi") addr, lateout("rcx") _, lateout("r11") _, options(nostack));
-        }
-        ret
-    };
-    let mut cur = brk(0);
-    for _ in 0..n {
-        cur = brk(cur + size);
-    }
-    black_box(cur);
-}
-
-/// `grow_heap_with_raw_brk` below `depth` frames of recursion: a stack
-/// deeper than the walk keeps.
-#[inline(never)]
-fn raw_brk_deep(depth: usize, n: usize) {
-    if depth == 0 {
-        grow_heap_with_raw_brk(n, 4096);
-        return;
-    }
-    raw_brk_deep(depth - 1, n);
-    // Work after the call: no tail call, every level keeps its frame.
-    black_box(depth);
-}
-
-/// The same with 1 KiB frames: a stack longer than the pages the walk
-/// copies, in fewer frames than it keeps.
-#[inline(never)]
-fn raw_brk_deep_wide(depth: usize, n: usize) {
-    let mut pad = [0u8; 1024];
-    black_box(&mut pad);
-    if depth == 0 {
-        grow_heap_with_raw_brk(n, 4096);
-        return;
-    }
-    raw_brk_deep_wide(depth - 1, n);
-    black_box(&pad);
-}
 
 pub(crate) fn map_anon(len: usize) -> *mut u8 {
     // SAFETY: anonymous private mapping.
@@ -98,19 +46,6 @@ fn touch_fresh_pages(n: usize) {
     for i in 0..n {
         // SAFETY: inside the mapping.
         unsafe { std::ptr::write_volatile(p.add(i * PAGE), 1) };
-    }
-}
-
-/// N children forked one after another, each running `f` and exiting.
-fn fork_one_after_another(n: usize, f: impl Fn()) {
-    for _ in 0..n {
-        let pid = unsafe { libc::fork() };
-        if pid == 0 {
-            f();
-            unsafe { libc::_exit(0) };
-        }
-        let mut st = 0;
-        unsafe { libc::waitpid(pid, &mut st, 0) };
     }
 }
 
@@ -317,73 +252,24 @@ fn main() {
         // fork-alloc MIB [LINGER_MS]: a forked child allocates and touches
         // MIB MiB, holds it for a second and exits; the parent waits for it,
         // then lingers.
-        "fork-alloc" => {
-            let mib = arg(&args, 1, 16usize);
-            let linger = arg(&args, 2, 0u64);
-            let pid = unsafe { libc::fork() };
-            if pid == 0 {
-                pages::allocate_and_touch_mib(mib);
-                std::thread::sleep(std::time::Duration::from_millis(1000));
-                unsafe { libc::_exit(0) };
-            }
-            let mut st = 0;
-            unsafe { libc::waitpid(pid, &mut st, 0) };
-            std::thread::sleep(std::time::Duration::from_millis(linger));
-        }
+        "fork-alloc" => forks::alloc(arg(&args, 1, 16), arg(&args, 2, 0)),
         // fork-sbrk N: a forked child calls sbrk N times; the parent none.
-        "fork-sbrk" => {
-            let n = arg(&args, 1, 10usize);
-            let pid = unsafe { libc::fork() };
-            if pid == 0 {
-                grow_heap_with_sbrk(n, 4096);
-                unsafe { libc::_exit(0) };
-            }
-            let mut st = 0;
-            unsafe { libc::waitpid(pid, &mut st, 0) };
-        }
+        "fork-sbrk" => forks::sbrk(arg(&args, 1, 10)),
         // fork-hold N MIB HOLD_MS: N children each touch MIB MiB of
         // anonymous memory and hold it; once all have, "ready" is printed;
         // they all exit after HOLD_MS.
-        "fork-hold" => {
-            let (n, mib, hold) = (
-                arg(&args, 1, 3usize),
-                arg(&args, 2, 20usize),
-                arg(&args, 3, 5000u64),
-            );
-            let mut fds = [0i32; 2];
-            unsafe { libc::pipe(fds.as_mut_ptr()) };
-            let mut pids = Vec::new();
-            for _ in 0..n {
-                let pid = unsafe { libc::fork() };
-                if pid == 0 {
-                    pages::allocate_and_touch_mib(mib);
-                    unsafe { libc::write(fds[1], b"x".as_ptr().cast(), 1) };
-                    std::thread::sleep(std::time::Duration::from_millis(hold));
-                    unsafe { libc::_exit(0) };
-                }
-                pids.push(pid);
-            }
-            let mut b = [0u8; 1];
-            for _ in 0..n {
-                unsafe { libc::read(fds[0], b.as_mut_ptr().cast(), 1) };
-            }
-            println!("ready");
-            for pid in pids {
-                let mut st = 0;
-                unsafe { libc::waitpid(pid, &mut st, 0) };
-            }
-        }
+        "fork-hold" => forks::hold(arg(&args, 1, 3), arg(&args, 2, 20), arg(&args, 3, 5000)),
         // fork-touch-many N PAGES: N children forked one after another, each
         // touching PAGES fresh pages from one function and exiting.
         "fork-touch-many" => {
             let pages = arg(&args, 2, 16usize);
-            fork_one_after_another(arg(&args, 1, 100), || touch_fresh_pages(pages));
+            forks::one_after_another(arg(&args, 1, 100), || touch_fresh_pages(pages));
         }
         // fork-sbrk-many N CALLS: N children forked one after another, each
         // calling sbrk CALLS times from one function and exiting (churn).
         "fork-sbrk-many" => {
             let calls = arg(&args, 2, 5usize);
-            fork_one_after_another(arg(&args, 1, 100), || grow_heap_with_sbrk(calls, 4096));
+            forks::one_after_another(arg(&args, 1, 100), || grow_heap_with_sbrk(calls, 4096));
         }
         // reread PATH MIB ROUNDS: read a file again and again (reclaim tests).
         "reread" => {

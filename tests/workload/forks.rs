@@ -1,0 +1,72 @@
+//! Forked children: one that allocates, one that moves the break, several
+//! holding memory at once, and many one after another (churn).
+
+use crate::brk::grow_heap_with_sbrk;
+use crate::pages;
+
+fn wait(pid: libc::pid_t) {
+    let mut st = 0;
+    // SAFETY: waits for our own child.
+    unsafe { libc::waitpid(pid, &mut st, 0) };
+}
+
+/// A child touches `mib` MiB and exits a second later; the parent lingers
+/// `linger_ms` after it.
+pub(crate) fn alloc(mib: usize, linger_ms: u64) {
+    let pid = unsafe { libc::fork() };
+    if pid == 0 {
+        pages::allocate_and_touch_mib(mib);
+        std::thread::sleep(std::time::Duration::from_millis(1000));
+        unsafe { libc::_exit(0) };
+    }
+    wait(pid);
+    std::thread::sleep(std::time::Duration::from_millis(linger_ms));
+}
+
+/// A child calls sbrk `n` times; the parent none.
+pub(crate) fn sbrk(n: usize) {
+    let pid = unsafe { libc::fork() };
+    if pid == 0 {
+        grow_heap_with_sbrk(n, 4096);
+        unsafe { libc::_exit(0) };
+    }
+    wait(pid);
+}
+
+/// `n` children each touch `mib` MiB and hold it; once all have, "ready"
+/// is printed; they all exit after `hold_ms`.
+pub(crate) fn hold(n: usize, mib: usize, hold_ms: u64) {
+    let mut fds = [0i32; 2];
+    unsafe { libc::pipe(fds.as_mut_ptr()) };
+    let mut pids = Vec::new();
+    for _ in 0..n {
+        let pid = unsafe { libc::fork() };
+        if pid == 0 {
+            pages::allocate_and_touch_mib(mib);
+            unsafe { libc::write(fds[1], b"x".as_ptr().cast(), 1) };
+            std::thread::sleep(std::time::Duration::from_millis(hold_ms));
+            unsafe { libc::_exit(0) };
+        }
+        pids.push(pid);
+    }
+    let mut b = [0u8; 1];
+    for _ in 0..n {
+        unsafe { libc::read(fds[0], b.as_mut_ptr().cast(), 1) };
+    }
+    println!("ready");
+    for pid in pids {
+        wait(pid);
+    }
+}
+
+/// N children forked one after another, each running `f` and exiting.
+pub(crate) fn one_after_another(n: usize, f: impl Fn()) {
+    for _ in 0..n {
+        let pid = unsafe { libc::fork() };
+        if pid == 0 {
+            f();
+            unsafe { libc::_exit(0) };
+        }
+        wait(pid);
+    }
+}
