@@ -14,8 +14,18 @@ pub fn src(name: &str) -> PathBuf {
         .join(name)
 }
 
+/// Builds into a directory of this test binary's own: binaries run side by
+/// side, and one rebuilding a file that another's workload is running from
+/// changed it under memtrace, which then read the new file's unwind
+/// information for the old one's code.
 pub fn build(out: &str, cmd: &mut Command) -> PathBuf {
-    let path = Path::new(env!("CARGO_TARGET_TMPDIR")).join(out);
+    let me = std::env::current_exe().expect("the test binary's own path");
+    let stem = me.file_stem().and_then(|s| s.to_str()).unwrap_or("tests");
+    // Without cargo's hash: one directory per test binary across builds.
+    let name = stem.rsplit_once('-').map_or(stem, |(n, _)| n);
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join(name);
+    std::fs::create_dir_all(&dir).expect("creating the test binary's build directory");
+    let path = dir.join(out);
     let st = status_within(
         cmd.arg("-o").arg(&path),
         std::time::Duration::from_secs(300),

@@ -47,8 +47,11 @@ const TAGS: u64 = 4;
 const TAG_USAGE: u64 = 0;
 const TAG_EVENTS: u64 = 1;
 const TAG_PRESSURE: u64 = 2;
-/// A tenth of the limit crossed (v1): a point of the run-up.
+/// A tenth of the limit crossed (v1): a point of the run-up. Which tenth
+/// is in the tag's high half (`STEP_TENTH` times it): a notifier read late
+/// still says the line it fired at, not the usage when it was read.
 const TAG_STEP: u64 = 3;
+const STEP_TENTH: u64 = 1 << 32;
 const TAG_TIMER: u64 = u64::MAX;
 const TAG_PREKILL: u64 = u64::MAX - 1;
 
@@ -309,7 +312,9 @@ impl Tool for Memcg {
     }
 
     fn on_wakeup(&mut self, s: &mut Traced, out: &mut dyn Printer) -> Result<()> {
-        let tags = self.poller.as_mut().map(Poller::ready).unwrap_or_default();
+        let mut tags = self.poller.as_mut().map(Poller::ready).unwrap_or_default();
+        // Steps read together go into the run-up lowest first.
+        tags.sort_unstable();
         for tag in tags {
             if tag == TAG_PREKILL {
                 self.on_prekill(s, out)?;
@@ -333,10 +338,11 @@ impl Tool for Memcg {
                 }
                 continue;
             }
+            let (tenth, tag) = (tag / STEP_TENTH, tag % STEP_TENTH);
             let i = (tag / TAGS) as usize;
             match tag % TAGS {
                 TAG_PRESSURE => self.warn(i, "pressure", None, s, out)?,
-                TAG_STEP => self.step(i),
+                TAG_STEP => self.step(i, tenth),
                 TAG_EVENTS => self.check_usage(i, "memory.events", s, out)?,
                 _ => self.check_usage(i, "threshold", s, out)?,
             }

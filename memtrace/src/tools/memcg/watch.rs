@@ -10,8 +10,8 @@ use memtrace_common::{
 };
 
 use super::{
-    rss, table, Memcg, Sample, GROWTH_WINDOW, SAMPLE_EVERY, TAGS, TAG_EVENTS, TAG_PREKILL,
-    TAG_PRESSURE, TAG_STEP, TAG_TIMER, TAG_USAGE, TIMELINE,
+    rss, table, Memcg, Sample, GROWTH_WINDOW, SAMPLE_EVERY, STEP_TENTH, TAGS, TAG_EVENTS,
+    TAG_PREKILL, TAG_PRESSURE, TAG_STEP, TAG_TIMER, TAG_USAGE, TIMELINE,
 };
 use crate::error::Result;
 use crate::process::cgroup::notify::Poller;
@@ -31,7 +31,8 @@ impl Memcg {
             if let Some((limit, at)) = w.limit.as_ref().filter(|(_, at)| at.version == Version::V1)
             {
                 for tenth in 1..=10 {
-                    if let Err(e) = p.v1_threshold(&at.dir(), limit / 10 * tenth, tag + TAG_STEP) {
+                    let step = tag + TAG_STEP + tenth * STEP_TENTH;
+                    if let Err(e) = p.v1_threshold(&at.dir(), limit / 10 * tenth, step) {
                         say!("memtrace: {}: usage steps not followed: {e}", w.group.path);
                         break;
                     }
@@ -97,18 +98,21 @@ impl Memcg {
                 continue;
             };
             if at.id() == ev.limit_id {
-                let limit = *limit;
-                push_step(&mut w.timeline, usage, limit);
+                let pct = (usage as u128 * 100 / (*limit).max(1) as u128).min(255) as u8;
+                push_step(&mut w.timeline, usage, pct / 10 * 10);
             }
         }
     }
 
-    /// A tenth of the limit crossed, by v1's notifier: usage read now.
-    pub(super) fn step(&mut self, i: usize) {
-        let w = &mut self.groups[i];
-        let Some((limit, at)) = &w.limit else { return };
-        let (usage, limit) = (at.usage().unwrap_or(0), *limit);
-        push_step(&mut w.timeline, usage, limit);
+    /// A tenth of the limit crossed, by v1's notifier: the point is at the
+    /// line it fired at.
+    pub(super) fn step(&mut self, i: usize, tenth: u64) {
+        let Some(w) = self.groups.get_mut(i) else {
+            return;
+        };
+        let Some((limit, _)) = &w.limit else { return };
+        // The line it crossed: usage read now may be tenths past it.
+        push_step(&mut w.timeline, *limit / 10 * tenth, tenth as u8 * 10);
     }
 
     /// Samples usage and pressure for the timeline, and the RSS of the
@@ -164,13 +168,12 @@ impl Memcg {
     }
 }
 
-/// A point of the run-up at a tenth of the limit crossed.
-fn push_step(timeline: &mut std::collections::VecDeque<Sample>, usage: u64, limit: u64) {
-    let pct = (usage as u128 * 100 / limit.max(1) as u128).min(255) as u8;
+/// A point of the run-up at `pct` percent of the limit crossed.
+fn push_step(timeline: &mut std::collections::VecDeque<Sample>, usage: u64, pct: u8) {
     timeline.push_back(Sample {
         at: Instant::now(),
         usage,
         psi: None,
-        step: Some(pct / 10 * 10),
+        step: Some(pct),
     });
 }
