@@ -3,66 +3,108 @@
 //! not three filling a `--top 3`. A printer in front of the real one, so
 //! every tool's stacks are merged the same way.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
-use super::{Col, Hist, Printer, Rest, Row, Shown, ShownKey, StackReport, Summary};
+use super::{Col, Hist, Printer, Rest, Row, Shown, StackReport, Summary};
 
 /// Merges reports whose name and frames are equal (and pid, with
 /// `per_pid`): counts and bytes add, the pid kept is the largest
 /// contributor's. Largest first. Call sites that print alike (frames by
 /// function) merge within a process too.
 pub fn merge_stacks(stacks: &[StackReport], per_pid: bool) -> Vec<StackReport> {
-    let mut out: Vec<StackReport> = Vec::new();
-    let mut at: HashMap<ShownKey, usize> = HashMap::new();
-    let mut top: Vec<u64> = Vec::new();
-    // Distinct pids per merged stack: call sites of one process merge too.
-    // Rows that count more processes than they name add the difference.
-    let mut pids: Vec<std::collections::HashSet<u32>> = Vec::new();
-    let mut unnamed: Vec<usize> = Vec::new();
+    let mut m = Merger::new(per_pid);
     for s in stacks {
-        let key = s.shown(if per_pid { s.pid } else { 0 });
-        match at.get(&key) {
-            Some(&i) => {
-                let m = &mut out[i];
-                if s.count > top[i] {
-                    (m.pid, top[i]) = (s.pid, s.count);
-                }
-                // Saturating: recorded counts come from a file.
-                m.count = m.count.saturating_add(s.count);
-                m.bytes = match (m.bytes, s.bytes) {
-                    (Some(a), Some(b)) => Some(a.saturating_add(b)),
-                    (a, b) => a.or(b),
-                };
-                if let (Some(a), Some(b)) = (&mut m.alloc, &s.alloc) {
-                    a.add(b);
-                }
-                if m.group != s.group {
-                    m.group = None;
-                }
-                pids[i].insert(s.pid);
-                pids[i].extend(&s.pids);
-                unnamed[i] += s.processes.saturating_sub(1 + s.pids.len());
-                m.processes = pids[i].len() + unnamed[i];
-            }
-            None => {
-                at.insert(key, out.len());
-                top.push(s.count);
-                let mut set: std::collections::HashSet<u32> = [s.pid].into();
-                set.extend(&s.pids);
-                unnamed.push(s.processes.saturating_sub(1 + s.pids.len()));
-                let mut m = s.clone();
-                m.processes = s.processes.max(set.len());
-                pids.push(set);
-                out.push(m);
-            }
+        m.push(s.clone());
+    }
+    m.finish()
+}
+
+/// `merge_stacks` as the reports are made: a tool that turns tens of
+/// thousands of per-process counts into reports merges each as it comes,
+/// rather than holding them all and a merged copy (most of `faults
+/// --stacks`' peak at its report under a churn).
+pub struct Merger {
+    per_pid: bool,
+    out: Vec<StackReport>,
+    /// Rows by the hash of what they show (`ShownKey`, which borrows from
+    /// the row): the candidates are compared whole.
+    at: HashMap<u64, Vec<usize>>,
+    /// The count of the largest contributor of each, whose pid it keeps.
+    top: Vec<u64>,
+    /// Distinct pids per merged stack: call sites of one process merge too.
+    pids: Vec<HashSet<u32>>,
+    /// Processes rows counted beyond those they name.
+    unnamed: Vec<usize>,
+    hasher: std::collections::hash_map::RandomState,
+}
+
+impl Merger {
+    pub fn new(per_pid: bool) -> Self {
+        Merger {
+            per_pid,
+            out: Vec::new(),
+            at: HashMap::new(),
+            top: Vec::new(),
+            pids: Vec::new(),
+            unnamed: Vec::new(),
+            hasher: Default::default(),
         }
     }
-    if out.iter().all(|s| s.alloc.is_some_and(|a| a.by_bytes)) {
-        out.sort_by_key(|s| std::cmp::Reverse(s.bytes));
-    } else {
-        out.sort_by_key(|s| std::cmp::Reverse(s.count));
+
+    pub fn push(&mut self, s: StackReport) {
+        let pid = |r: &StackReport| if self.per_pid { r.pid } else { 0 };
+        let key = s.shown(pid(&s));
+        let h = std::hash::BuildHasher::hash_one(&self.hasher, key);
+        let found = self.at.get(&h).and_then(|c| {
+            c.iter()
+                .copied()
+                .find(|&i| self.out[i].shown(pid(&self.out[i])) == key)
+        });
+        let Some(i) = found else {
+            self.at.entry(h).or_default().push(self.out.len());
+            self.top.push(s.count);
+            let mut set: HashSet<u32> = [s.pid].into();
+            set.extend(&s.pids);
+            self.unnamed
+                .push(s.processes.saturating_sub(1 + s.pids.len()));
+            let mut m = s;
+            m.processes = m.processes.max(set.len());
+            self.pids.push(set);
+            self.out.push(m);
+            return;
+        };
+        let m = &mut self.out[i];
+        if s.count > self.top[i] {
+            (m.pid, self.top[i]) = (s.pid, s.count);
+        }
+        // Saturating: recorded counts come from a file.
+        m.count = m.count.saturating_add(s.count);
+        m.bytes = match (m.bytes, s.bytes) {
+            (Some(a), Some(b)) => Some(a.saturating_add(b)),
+            (a, b) => a.or(b),
+        };
+        if let (Some(a), Some(b)) = (&mut m.alloc, &s.alloc) {
+            a.add(b);
+        }
+        if m.group != s.group {
+            m.group = None;
+        }
+        self.pids[i].insert(s.pid);
+        self.pids[i].extend(&s.pids);
+        self.unnamed[i] += s.processes.saturating_sub(1 + s.pids.len());
+        m.processes = self.pids[i].len() + self.unnamed[i];
     }
-    out
+
+    /// The merged reports, largest first.
+    pub fn finish(self) -> Vec<StackReport> {
+        let mut out = self.out;
+        if out.iter().all(|s| s.alloc.is_some_and(|a| a.by_bytes)) {
+            out.sort_by_key(|s| std::cmp::Reverse(s.bytes));
+        } else {
+            out.sort_by_key(|s| std::cmp::Reverse(s.count));
+        }
+        out
+    }
 }
 
 /// A printer that merges stacks before the one it wraps prints them, then
@@ -155,6 +197,28 @@ mod tests {
         let apart = merge_stacks(&all, true);
         let counts: Vec<u64> = apart.iter().map(|s| s.count).collect();
         assert_eq!(counts, [11, 7, 5, 1]);
+    }
+
+    /// A tool merges as it makes its reports, and the printer merges what
+    /// it is handed again: the second merge changes nothing, processes
+    /// included.
+    #[test]
+    fn rows_merged_as_they_come_merge_again_unchanged() {
+        let mut m = Merger::new(false);
+        for pid in 1..=5 {
+            m.push(r(pid, pid as u64, &["touch [w]", "main [w]"]));
+        }
+        m.push(r(9, 4, &["sbrk [libc.so.6]"]));
+        let once = m.finish();
+        assert_eq!(once.len(), 2);
+        assert_eq!((once[0].count, once[0].processes, once[0].pid), (15, 5, 5));
+        let twice = merge_stacks(&once, false);
+        let key = |v: &[StackReport]| {
+            v.iter()
+                .map(|s| (s.count, s.bytes, s.processes, s.pid, s.user.clone()))
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(key(&twice), key(&once));
     }
 
     #[test]

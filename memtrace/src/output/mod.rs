@@ -13,7 +13,7 @@ use std::io::Write;
 
 pub use folded::{fold, FoldedPrinter};
 pub use json::JsonPrinter;
-pub use merge::{merge_stacks, MergedStacks};
+pub use merge::{merge_stacks, MergedStacks, Merger};
 pub use sink::{muted, to_stderr};
 pub use text::{human, TextPrinter};
 pub use value::{Col, Row, Value};

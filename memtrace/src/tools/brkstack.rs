@@ -8,7 +8,7 @@ use memtrace_common::{
 };
 
 use crate::error::Result;
-use crate::output::{clock, Printer, StackReport};
+use crate::output::{clock, Merger, Printer};
 use crate::run::args::IntervalArgs;
 use crate::run::tool::{About, Prep, Tool};
 use crate::session::attach::Probe;
@@ -140,15 +140,14 @@ impl Tool for Brkstack {
         } else {
             self.seen = self.calls + calls;
         }
-        v.sort_by(|a, b| b.1.count.cmp(&a.1.count).then(b.1.bytes.cmp(&a.1.bytes)));
         // Every stack: --top is applied after merging (output::MergedStacks).
+        // Merged as they are made: a churn leaves tens of thousands.
         let mode = self.stack_mode();
-        let mut reports: Vec<StackReport> = match sampled_reports(s, clear, mode, usize::MAX, true)
-        {
-            Some(r) => r,
-            None => v
-                .into_iter()
-                .map(|(k, val)| {
+        let mut reports = Merger::new(self.kept.per_pid);
+        match sampled_reports(s, clear, mode, usize::MAX, true) {
+            Some(r) => r.into_iter().for_each(|r| reports.push(r)),
+            None => {
+                for (k, val) in v {
                     let comm = crate::session::records::comm(&val.comm);
                     let ids = (k.ustack, k.kstack);
                     let mut r =
@@ -156,11 +155,12 @@ impl Tool for Brkstack {
                     if k.forked != 0 {
                         s.members.name(&mut r, ids);
                     }
-                    r
-                })
-                .collect(),
-        };
-        reports.extend(resolved);
+                    reports.push(r);
+                }
+            }
+        }
+        resolved.into_iter().for_each(|r| reports.push(r));
+        let reports = reports.finish();
         let title = match (self.args.interval.every().is_some(), sampled_title(s)) {
             (true, t) if t.is_empty() => format!("{} brk calls by stack", clock()),
             (true, t) => format!("{} brk calls by stack ({t})", clock()),

@@ -14,17 +14,23 @@ pub const NOT_PLACED: &str = "[code not placed: the process was gone before its 
 pub fn placeless(frames: Vec<Shown>) -> Vec<Shown> {
     let mut out: Vec<Shown> = Vec::with_capacity(frames.len());
     for f in frames {
-        let unplaced = f.starts_with("0x")
-            && [NOT_A_FILE[0], NOT_A_FILE[2]]
-                .iter()
-                .any(|m| f.ends_with(&format!("[{m}]")));
-        if !unplaced {
+        if !unplaced(&f) {
             out.push(f);
         } else if out.last().is_none_or(|l| &**l != NOT_PLACED) {
             out.push(NOT_PLACED.into());
         }
     }
     out
+}
+
+/// An address no file placed ("0x7f.. [unknown]").
+pub fn unplaced(f: &str) -> bool {
+    f.starts_with("0x")
+        && [NOT_A_FILE[0], NOT_A_FILE[2]].iter().any(|m| {
+            f.strip_suffix(']')
+                .and_then(|f| f.strip_suffix(m))
+                .is_some_and(|f| f.ends_with('['))
+        })
 }
 
 pub(super) fn module_name(path: &str) -> &str {

@@ -212,7 +212,15 @@ pub fn stack_report(
     bytes: Option<u64>,
 ) -> StackReport {
     let (ustack, kstack) = ids;
-    let user = s.user_frames(pid, ustack);
+    let mut user = s.user_frames(pid, ustack);
+    // Addresses no file placed differ from process to process (ASLR); once
+    // the process is gone they never will be placed. As one frame, its
+    // stacks merge with its kind's: a churn's short-lived processes, whose
+    // maps were never read, made one row each (19,589 of 20,382 rows).
+    use crate::stacks::symbolize::text;
+    if user.iter().any(|f| text::unplaced(f)) && !crate::process::proc::alive(pid) {
+        user = text::placeless(user);
+    }
     let kernel = s.kernel_frames(kstack);
     let wanted_user = mode & stack_mode::USER != 0;
     let wanted_kernel = mode & stack_mode::KERNEL != 0;

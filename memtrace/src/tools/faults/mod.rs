@@ -11,7 +11,7 @@ use memtrace_common::{
 };
 
 use crate::error::{Error, Result};
-use crate::output::{clock, Col, Printer, Row, StackReport};
+use crate::output::{clock, Col, Merger, Printer, Row};
 use crate::probes::follow::{exec_names, exec_probe};
 use crate::run::args::IntervalArgs;
 use crate::run::tool::{About, Prep, Tool};
@@ -231,31 +231,32 @@ impl Faults {
                     .or_insert((0, n.clone()));
                 e.0 += c;
             }
-            let mut v: Vec<_> = agg.into_iter().collect();
-            v.sort_by_key(|e| std::cmp::Reverse(e.1 .0));
             // Every stack: --top is applied after merging (output::MergedStacks).
             let mode = self.mode();
-            let mut reports: Vec<StackReport> =
-                match sampled_reports(s, clear, mode, usize::MAX, false) {
-                    Some(r) => r,
-                    None => v
-                        .into_iter()
-                        .map(|((pid, u, k, forked), (c, n))| {
-                            let faceless = pid == 0 && n == spill::NAME;
-                            let mut r = stack_report(s, pid, n, (u, k), mode, c, None);
-                            if forked {
-                                s.members.name(&mut r, (u, k));
-                            }
-                            if faceless {
-                                r.note = Some(spill::NOTE.into());
-                            } else if u == USTACK_SPILLED {
-                                r.note = Some(spill::NOTE_BY_PROCESS.into());
-                            }
-                            r
-                        })
-                        .collect(),
-                };
-            reports.extend(self.kept.resolved_reports(clear));
+            // Merged as they are made: a churn leaves tens of thousands.
+            let mut reports = Merger::new(self.kept.per_pid);
+            match sampled_reports(s, clear, mode, usize::MAX, false) {
+                Some(r) => r.into_iter().for_each(|r| reports.push(r)),
+                None => {
+                    for ((pid, u, k, forked), (c, n)) in agg {
+                        let faceless = pid == 0 && n == spill::NAME;
+                        let mut r = stack_report(s, pid, n, (u, k), mode, c, None);
+                        if forked {
+                            s.members.name(&mut r, (u, k));
+                        }
+                        if faceless {
+                            r.note = Some(spill::NOTE.into());
+                        } else if u == USTACK_SPILLED {
+                            r.note = Some(spill::NOTE_BY_PROCESS.into());
+                        }
+                        reports.push(r);
+                    }
+                }
+            }
+            for r in self.kept.resolved_reports(clear) {
+                reports.push(r);
+            }
+            let reports = reports.finish();
             let title = match sampled_title(s) {
                 t if t.is_empty() => title,
                 t if title.is_empty() => t,
