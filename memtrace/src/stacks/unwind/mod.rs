@@ -311,7 +311,18 @@ impl DwarfUnwinder {
             .procs
             .get(&pid)
             .is_none_or(|p| !p.exec.iter().any(|r| r.contains(&s.ip)));
-        if stale && (maps.snapshot(pid) || !self.procs.contains_key(&pid)) {
+        // A gone process cannot be read again, but its last copy (read at
+        // its exit) may hold what the one built from lacked: samples drained
+        // after a short-lived process exited (a loaded host) found libc
+        // missing from an unwinder built at its exec, and stopped at __brk.
+        let rebuild = stale
+            && (maps.snapshot(pid)
+                || !self.procs.contains_key(&pid)
+                || maps.maps(pid).is_some_and(|ms| {
+                    ms.iter()
+                        .any(|m| m.perms.contains('x') && m.start <= s.ip && s.ip < m.end)
+                }));
+        if rebuild {
             match self.build(pid, maps) {
                 Some(p) => {
                     self.procs.insert(pid, p);
