@@ -320,8 +320,9 @@ fn jobs() -> usize {
 }
 
 /// Runs every test binary; `args` go to each (a name filter), and then
-/// they run one at a time.
-pub fn run(built: Built, args: &[String]) -> Result<Totals> {
+/// they run one at a time. `between` runs once the binaries that share the
+/// host are done, before those that run alone.
+pub fn run(built: Built, args: &[String], between: impl FnOnce()) -> Result<Totals> {
     let env = [
         ("MEMTRACE_SKIP_LOG", skip_log()),
         (
@@ -337,6 +338,7 @@ pub fn run(built: Built, args: &[String]) -> Result<Totals> {
             b.args = args.to_vec();
             b
         });
+        between();
         pool(bins.collect(), 1, &env, &mut totals)?;
         return finish(totals);
     }
@@ -378,6 +380,7 @@ pub fn run(built: Built, args: &[String]) -> Result<Totals> {
         ALONE_BINARIES.len()
     );
     pool(shared, jobs, &env, &mut totals)?;
+    between();
     pool(alone.into(), 1, &env, &mut totals)?;
     finish(totals)
 }
