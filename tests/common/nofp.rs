@@ -16,8 +16,7 @@ pub fn src(name: &str) -> PathBuf {
 
 /// Builds into a directory of this test binary's own: binaries run side by
 /// side, and one rebuilding a file that another's workload is running from
-/// changed it under memtrace, which then read the new file's unwind
-/// information for the old one's code.
+/// would change it under the memtrace reading it.
 pub fn build(out: &str, cmd: &mut Command) -> PathBuf {
     let me = std::env::current_exe().expect("the test binary's own path");
     let stem = me.file_stem().and_then(|s| s.to_str()).unwrap_or("tests");
