@@ -4,7 +4,7 @@
 use crate::brk::grow_heap_with_sbrk;
 use crate::pages;
 
-fn wait(pid: libc::pid_t) {
+pub(crate) fn wait(pid: libc::pid_t) {
     let mut st = 0;
     // SAFETY: waits for our own child.
     unsafe { libc::waitpid(pid, &mut st, 0) };

@@ -313,8 +313,7 @@ fn main() {
                 touch_fresh_pages(arg(&args, 1, 100));
                 unsafe { libc::_exit(0) };
             }
-            let mut st = 0;
-            unsafe { libc::waitpid(pid, &mut st, 0) };
+            forks::wait(pid);
         }
         // leak K SIZE M BIG N [LINGER_MS]: K blocks of SIZE and M of BIG
         // leaked, N rounds through every allocator function freed.
