@@ -53,6 +53,56 @@ fn processes_that_exit_never_fill_the_tables() {
     );
 }
 
+/// Processes of one program that exit holding blocks from the same code:
+/// one row by what it shows, with every block each one held and every
+/// process named, and the walked stacks let go once resolved to frames
+/// (kept per process, they grew memleak's memory with every process and
+/// past a bound folded into faceless rows).
+#[test]
+fn what_exited_processes_held_is_one_row_per_code_path() {
+    const N: u64 = 20;
+    let cmd = format!(
+        "for i in $(seq {N}); do {} {} >/dev/null; sleep 0.1; done",
+        workload_bin().display(),
+        leak_args(0).join(" ")
+    );
+    let out = run(&["memleak", "--json", "--top", "1000", "-c", &cmd]);
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    let rows = json_of(&out.stdout, "memleak");
+    assert_eq!(
+        held(&rows, "leak_small_blocks"),
+        (N * K, N * K * SIZE),
+        "{}",
+        out.stdout
+    );
+    assert_eq!(
+        held(&rows, "leak_big_blocks"),
+        (N * M, N * M * BIG),
+        "{}",
+        out.stdout
+    );
+    let small: Vec<_> = rows
+        .iter()
+        .filter(|r| {
+            user_frames(r)
+                .first()
+                .is_some_and(|f| f.contains("leak_small_blocks"))
+        })
+        .collect();
+    assert_eq!(small.len(), 1, "{}", out.stdout);
+    assert_eq!(
+        small[0]["note"], "held when the process exited",
+        "{}",
+        out.stdout
+    );
+    assert_eq!(small[0]["processes"], N, "{}", out.stdout);
+    let s = &json_of(&out.stdout, "summary")[0];
+    assert_eq!(lost(&out.stdout, "map_full"), 0, "{s}");
+    // Resolved as the loop ran, not only at the end.
+    assert!(s["stacks_resolved"].as_u64().unwrap_or(0) >= N, "{s}");
+    assert!(s["user_stacks_released"].as_u64().unwrap_or(0) > 0, "{s}");
+}
+
 /// Outstanding kernel allocations made under `alloc_pipe_info`, reported
 /// while the workload still holds (or has closed) its pipes.
 fn pipe_allocations(keep: bool) -> u64 {

@@ -11,10 +11,11 @@ use std::time::Instant;
 
 use memtrace_common::{memleak::AllocStats, stacks::StackKey};
 
-use super::report::Tables;
+use super::report::{without_shim, Tables, HELD_AT_EXIT};
 use crate::error::Result;
-use crate::output::Value;
-use crate::stacks::kept::{Kept, Tally};
+use crate::output::{AllocFigures, Value};
+use crate::stacks::kept::{resolved, Kept, Tally};
+use crate::stacks::ustack::stack_report;
 use crate::stacks::Traced;
 
 impl Tally for AllocStats {
@@ -101,6 +102,44 @@ impl Exited {
         Ok(moved.len())
     }
 
+    /// Symbolizes the stacks of processes gone since the last round into
+    /// rows by what they show (memleak's report), what each held at exit
+    /// and its figures, and lets go of their walked stacks. Kept by process
+    /// and stack, a churn of processes kept every walked stack until the
+    /// bound on kept counts: memleak grew 5 MiB a minute in the soak
+    /// (36,792 stacks kept after 5 minutes, 1,985 processes), and past the
+    /// bound a process's stacks folded into one faceless count. `figures`
+    /// carries the view's flags; `execd` what went with execs.
+    pub fn resolve(
+        &mut self,
+        s: &mut Traced,
+        mode: u32,
+        figures: AllocFigures,
+        execd: &HashMap<StackKey, (u64, u64)>,
+    ) {
+        self.kept
+            .resolve_exited(crate::process::proc::alive, |k, v| {
+                let (gn, gb) = execd.get(k).copied().unwrap_or_default();
+                let n = v.allocs.saturating_sub(v.frees + gn);
+                let b = v.bytes.saturating_sub(v.freed_bytes + gb);
+                let comm = crate::session::records::comm(&v.comm);
+                let ids = (k.ustack, k.kstack);
+                let mut r = stack_report(s, k.tgid, comm, ids, mode, n, Some(b));
+                without_shim(&mut r);
+                let mut r = resolved(r)?;
+                r.note = Some(HELD_AT_EXIT.into());
+                r.alloc = Some(AllocFigures {
+                    allocs: v.allocs,
+                    bytes: v.bytes,
+                    frees: v.frees,
+                    freed_bytes: v.freed_bytes,
+                    ..figures
+                });
+                Some(r)
+            });
+        self.kept.settle_stacks(&mut s.stacks);
+    }
+
     pub fn summary(&self) -> Vec<(&'static str, Value)> {
         if self.processes == 0 {
             return Vec::new();
@@ -111,9 +150,7 @@ impl Exited {
             ("held_at_exit_bytes", self.held.1.into()),
             ("exited_blocks_swept", self.swept.into()),
         ];
-        if self.kept.folded > 0 {
-            v.push(("stacks_folded", self.kept.folded.into()));
-        }
+        v.extend(self.kept.summary());
         v
     }
 }

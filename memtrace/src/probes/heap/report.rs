@@ -89,6 +89,8 @@ pub struct View<'a> {
     pub estimated: bool,
     /// Only these processes' stacks.
     pub only: Option<&'a std::collections::HashSet<u32>>,
+    /// Rows of exited processes' stacks, resolved by what they show.
+    pub exited_rows: &'a [StackReport],
     /// File names of the allocators probed that map their own arenas
     /// (not the C library's, whose mmaps of big blocks are the blocks):
     /// an anonymous mmap they make for a call that was not sampled is an
@@ -189,11 +191,7 @@ pub fn outstanding(
             let comm = crate::session::records::comm(&v.comm);
             let ids = (k.ustack, k.kstack);
             let mut r = stack_report(s, k.tgid, comm, ids, mode, n, Some(bytes));
-            // The shim's frames (its probe site, and its malloc under dwarf
-            // unwinding) are not the program's code.
-            let shim = r.user.iter().take_while(|f| f.contains(super::SHIM_PREFIX));
-            let n = shim.count();
-            r.user.drain(..n);
+            without_shim(&mut r);
             // The mmap call's own frame first, then who called it.
             if r.user.iter().skip(1).any(in_arena) {
                 arenas.0 += r.count;
@@ -201,7 +199,7 @@ pub fn outstanding(
                 return None;
             }
             if exited.contains_key(&k) && r.note.is_none() {
-                r.note = Some("held when the process exited".into());
+                r.note = Some(HELD_AT_EXIT.into());
             }
             r.alloc = Some(AllocFigures {
                 allocs: v.allocs - base.allocs.min(v.allocs),
@@ -214,9 +212,41 @@ pub fn outstanding(
             });
             Some(r)
         })
-        .collect();
+        .collect::<Vec<_>>();
+    let mut reports = reports;
+    // Exited processes' stacks already resolved to rows (memleak's
+    // `Exited::resolve`): what they held at exit. Not in a phase or by age,
+    // which read the live table only.
+    if args.older.is_none() && phase.since_ns == 0 {
+        for r in args.exited_rows.iter().filter(|r| r.count > 0) {
+            let pids = || std::iter::once(&r.pid).chain(&r.pids);
+            if args.only.is_some_and(|o| !pids().any(|p| o.contains(p))) {
+                continue;
+            }
+            if r.user.iter().skip(1).any(in_arena) {
+                arenas.0 += r.count;
+                arenas.1 += r.bytes.unwrap_or(0);
+                continue;
+            }
+            reports.push(r.clone());
+        }
+    }
     Ok((reports, arenas))
 }
+
+/// The shim's frames (its probe site, and its malloc under dwarf
+/// unwinding) are not the program's code.
+pub fn without_shim(r: &mut StackReport) {
+    let n = r
+        .user
+        .iter()
+        .take_while(|f| f.contains(super::SHIM_PREFIX))
+        .count();
+    r.user.drain(..n);
+}
+
+/// The note on what a process held when it exited.
+pub const HELD_AT_EXIT: &str = "held when the process exited";
 
 /// The words a report's title adds for what it left out.
 pub fn left_out(arenas: LeftOut, names: &[String]) -> String {

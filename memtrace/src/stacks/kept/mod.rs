@@ -14,7 +14,7 @@ use std::hash::Hash;
 
 use memtrace_common::stacks::{StackKey, StackVal, USTACK_FOLDED};
 
-use crate::output::StackReport;
+use crate::output::{AllocFigures, StackReport};
 use crate::stacks::members::Pids;
 
 /// Keys kept before folding, about 100 bytes each.
@@ -78,9 +78,9 @@ impl Hash for Row {
     }
 }
 
-/// A row's count, bytes and processes (the row's own report holds those of
-/// its first stack).
-type Tallied = (u64, Option<u64>, Pids);
+/// A row's count, bytes, processes and allocation figures (the row's own
+/// report holds those of its first stack).
+type Tallied = (u64, Option<u64>, Pids, Option<AllocFigures>);
 
 /// The frame of the rows of exited processes' stacks past the bound on
 /// rows kept (a churn of processes with stacks no two of which are alike).
@@ -113,10 +113,11 @@ impl<K, V> Kept<K, V> {
                 .collect(),
         };
         rows.into_iter()
-            .map(|(row, (count, bytes, pids))| {
+            .map(|(row, (count, bytes, pids, alloc))| {
                 let mut r = row.r;
                 r.count = count;
                 r.bytes = bytes;
+                r.alloc = alloc;
                 r.processes = pids.set.len() + pids.more;
                 r.pids = pids.set.into_iter().filter(|p| *p != r.pid).collect();
                 r
@@ -279,16 +280,19 @@ impl<K: StackKeyed, V: Tally + Clone> Kept<K, V> {
             // A process counts once per row, whatever its call sites and
             // however late its last counts were drained.
             match self.resolved.get_mut(&row) {
-                Some((count, bytes, pids)) => {
+                Some((count, bytes, pids, alloc)) => {
                     *count += row.r.count;
                     *bytes = match (*bytes, row.r.bytes) {
                         (Some(a), Some(b)) => Some(a + b),
                         (a, b) => a.or(b),
                     };
                     pids.absorb(&row.r);
+                    if let (Some(a), Some(b)) = (alloc, &row.r.alloc) {
+                        a.add(b);
+                    }
                 }
                 None => {
-                    let t = (row.r.count, row.r.bytes, Pids::of(&row.r));
+                    let t = (row.r.count, row.r.bytes, Pids::of(&row.r), row.r.alloc);
                     self.resolved.insert(row, t);
                 }
             }

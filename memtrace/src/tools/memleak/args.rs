@@ -104,3 +104,15 @@ fn parse_age(s: &str) -> std::result::Result<Duration, String> {
         Err(_) => crate::run::args::parse_duration(s),
     }
 }
+
+impl Args {
+    /// The flags of the figures a report's rows carry.
+    pub fn figures(&self) -> crate::output::AllocFigures {
+        crate::output::AllocFigures {
+            churn: self.all,
+            estimated: self.sample_bytes.is_some(),
+            by_bytes: self.sort == Sort::Size,
+            ..Default::default()
+        }
+    }
+}

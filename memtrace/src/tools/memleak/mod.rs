@@ -287,7 +287,9 @@ impl Tool for Memleak {
         // Frees the shim's threads still hold in batches: not held.
         let pending = batches::pending(s);
         self.pending_frees = pending.len() as u64;
+        let exited_rows = self.exited.kept.resolved_reports(false);
         let view = report::View {
+            exited_rows: &exited_rows,
             pending: &pending,
             by_bytes: self.args.sort == Sort::Size,
             older: self.args.older,
@@ -334,6 +336,8 @@ impl Tool for Memleak {
         if let Some(i) = &mut self.injection {
             i.restore();
         }
+        // Processes gone since the last round are reported as exited too.
+        self.forget_exited(s)?;
         self.report(s, out, false)?;
         self.say_if_unseen();
         Ok(())
@@ -360,7 +364,11 @@ impl Tool for Memleak {
             return Ok(0);
         }
         self.execs.sweep(s, self.tables())?;
-        self.exited.reclaim(s, self.tables(), self.target)
+        let moved = self.exited.reclaim(s, self.tables(), self.target)?;
+        let mode = self.stack_mode();
+        let figures = self.args.figures();
+        self.exited.resolve(s, mode, figures, &self.execs.gone);
+        Ok(moved)
     }
 
     fn summary_extra(&self) -> Vec<(&'static str, Value)> {
