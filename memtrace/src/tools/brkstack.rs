@@ -193,6 +193,7 @@ impl Tool for Brkstack {
             });
         self.kept.forget_members(s, crate::process::proc::alive);
         self.kept.settle_stacks(&mut s.stacks);
+        self.kept.forget_maps(&s.sym.maps);
         Ok(n)
     }
 

@@ -138,6 +138,7 @@ impl Exited {
                 Some(r)
             });
         self.kept.settle_stacks(&mut s.stacks);
+        self.kept.forget_maps(&s.sym.maps);
     }
 
     pub fn summary(&self) -> Vec<(&'static str, Value)> {

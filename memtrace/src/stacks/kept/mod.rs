@@ -52,6 +52,9 @@ pub struct Kept<K, V> {
     gone_before: HashSet<u32>,
     /// Walked stacks of keys resolved since the last `settle_stacks`.
     done_stacks: Vec<u32>,
+    /// Exited processes whose stacks were all resolved since the last
+    /// `forget_maps`.
+    done_pids: Vec<u32>,
 }
 
 /// A row of exited processes' stacks, hashed and compared on what a
@@ -145,6 +148,16 @@ impl<K, V> Kept<K, V> {
         }
     }
 
+    /// Lets go of the maps of exited processes whose stacks were all
+    /// resolved: nothing looks them up again.
+    pub fn forget_maps(&mut self, maps: &crate::stacks::symbolize::SharedMaps) {
+        if !self.done_pids.is_empty() {
+            maps.lock()
+                .unwrap()
+                .forget(&std::mem::take(&mut self.done_pids));
+        }
+    }
+
     /// The unwound samples of dwarf mode are kept under the same bound.
     pub fn bound_samples(&self, s: &mut crate::stacks::Traced) {
         if let Some(d) = s.dwarf.as_mut() {
@@ -164,6 +177,7 @@ impl<K: StackKeyed, V: Tally + Clone> Kept<K, V> {
             per_pid: false,
             gone_before: HashSet::new(),
             done_stacks: Vec::new(),
+            done_pids: Vec::new(),
         }
     }
 
@@ -299,6 +313,16 @@ impl<K: StackKeyed, V: Tally + Clone> Kept<K, V> {
             self.resolved_keys += 1;
         }
         self.folded += folded;
+        if defer {
+            let left: HashSet<u32> = self
+                .counts
+                .keys()
+                .filter(|k| k.folded().is_some())
+                .map(|k| k.tgid())
+                .collect();
+            self.done_pids
+                .extend(ready.iter().filter(|p| !left.contains(p)));
+        }
         (self.resolved_keys - resolved_before + folded) as usize
     }
 }

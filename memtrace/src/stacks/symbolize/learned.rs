@@ -51,6 +51,7 @@ impl MapsCache {
         let me = std::process::id();
         if let Some(maps) = read_maps(me) {
             self.open_files(me, &maps);
+            self.held.extend(maps.iter().map(|m| (m.dev, m.inode)));
         }
     }
 

@@ -44,6 +44,10 @@ pub struct MapsCache {
     procs: HashMap<u32, Snapshot>,
     /// (dev, inode) -> open file, so the path stays valid after exit.
     files: HashMap<((u32, u32), u64), Arc<File>>,
+    /// Files held whether or not a kept process maps them (memtrace's own).
+    held: HashSet<((u32, u32), u64)>,
+    /// Processes let go since files were last closed.
+    forgotten: usize,
     /// Processes to read again soon, and when: a process that just exec'd
     /// maps its libraries in its first milliseconds.
     pending: Vec<(u32, std::time::Instant)>,
@@ -72,12 +76,13 @@ impl MapsCache {
             return false;
         }
         self.open_files(pid, &maps);
+        // Before taking it out: a process read again keeps its place.
+        self.keep(pid);
         let earlier = self
             .procs
             .remove(&pid)
             .map(|s| s.earlier)
             .unwrap_or_default();
-        self.keep(pid);
         if let Some(kt) = self.ktables.as_mut() {
             kt.update(pid, &maps, &self.files);
         }
@@ -125,41 +130,6 @@ impl MapsCache {
                 kt.missed_done(p);
             }
         }
-    }
-
-    /// Notes that `pid`'s maps are kept; past MAX_PROCS, lets go of the
-    /// oldest processes that have exited (their stacks were reported long
-    /// ago, or are lost to a churn nobody could read), and of the files
-    /// only they mapped.
-    fn keep(&mut self, pid: u32) {
-        if self.procs.contains_key(&pid) {
-            return;
-        }
-        self.order.push_back(pid);
-        if self.procs.len() < MAX_PROCS {
-            return;
-        }
-        let mut kept = std::collections::VecDeque::with_capacity(self.order.len());
-        let mut over = self.procs.len() + 1 - MAX_PROCS / 2;
-        while let Some(p) = self.order.pop_front() {
-            if over > 0 && p != pid && !crate::process::proc::alive(p) {
-                self.procs.remove(&p);
-                if let Some(kt) = self.ktables.as_mut() {
-                    kt.forget(p);
-                }
-                over -= 1;
-            } else {
-                kept.push_back(p);
-            }
-        }
-        self.order = kept;
-        let used: std::collections::HashSet<_> = self
-            .procs
-            .values()
-            .flat_map(|s| std::iter::once(&s.maps).chain(&s.earlier))
-            .flat_map(|m| m.iter().map(|m| (m.dev, m.inode)))
-            .collect();
-        self.files.retain(|k, _| used.contains(k));
     }
 
     /// A forked child: its image is its parent's until it execs. The
@@ -405,6 +375,7 @@ impl Symbolizer {
     }
 }
 
+mod evict;
 mod learned;
 pub mod text;
 

@@ -402,6 +402,10 @@ impl Tool for Faults {
             });
         self.kept.forget_members(s, crate::process::proc::alive);
         self.kept.settle_stacks(&mut s.stacks);
+        // --by-mapping places a gone process's pages in its maps at reports.
+        if !self.args.by_mapping {
+            self.kept.forget_maps(&s.sym.maps);
+        }
         Ok(n)
     }
 
