@@ -313,6 +313,11 @@ impl<K: StackKeyed, V: Tally + Clone> Kept<K, V> {
             self.resolved_keys += 1;
         }
         self.folded += folded;
+        // A map keeps the room of its largest round (7 MB of `faults
+        // --stacks`' heap holding a few thousand keys): given back.
+        if self.counts.capacity() > 4 * self.counts.len() + 4096 {
+            self.counts.shrink_to(2 * self.counts.len());
+        }
         if defer {
             let left: HashSet<u32> = self
                 .counts
