@@ -263,17 +263,33 @@ pub(super) fn fetch(cache: &Path) -> Result<Assets> {
     // it also names series not booted by default (5.10).
     let only = std::env::var("MEMTRACE_KERNELS").unwrap_or_default();
     let named = |series: &str| only.split(',').any(|s| s.trim() == series);
+    let mut unfetched = Vec::new();
     for series in SERIES.into_iter().chain(OPT_IN) {
         let default = SERIES.contains(&series);
         if (only.is_empty() && !default) || (!only.is_empty() && !named(series)) {
             continue;
         }
+        match kernel(cache, &debs, series, &mut updated) {
+            Ok(k) => kernels.push(k),
+            Err(e) => unfetched.push((series, e)),
+        }
+    }
+    Ok(Assets {
+        qemu_root,
+        kernels,
+        unfetched,
+    })
+}
+
+/// One series' newest stock kernel, unpacked into the cache.
+fn kernel(cache: &Path, debs: &Path, series: &'static str, updated: &mut bool) -> Result<Kernel> {
+    {
         let archive = Archive::of(series, cache)?;
-        let pkg = pick_kernel(&archive, cache, series, &mut updated)?;
+        let pkg = pick_kernel(&archive, cache, series, updated)?;
         let dir = cache.join(&pkg);
         let vmlinuz = dir.join("vmlinuz");
         if !vmlinuz.exists() {
-            let d = deb(&archive, &debs, &[&pkg])?.remove(0);
+            let d = deb(&archive, debs, &[&pkg])?.remove(0);
             let tmp = dir.join("deb");
             unpack(&d, &tmp)?;
             let found = std::fs::read_dir(tmp.join("boot"))?
@@ -297,18 +313,17 @@ pub(super) fn fetch(cache: &Path) -> Result<Assets> {
         }
         let modules = dir.join("modules");
         if !modules.join("order").exists() {
-            let d = deb(&archive, &debs, &[&pkg])?.remove(0);
+            let d = deb(&archive, debs, &[&pkg])?.remove(0);
             super::modules::extract(&d, &modules)
                 .with_context(|| format!("{pkg}: taking zram out of the package"))?;
         }
-        kernels.push(Kernel {
+        Ok(Kernel {
             series,
             name: pkg.trim_start_matches("linux-image-").to_string(),
             image: if vmlinux.exists() { vmlinux } else { vmlinuz },
             modules,
-        });
+        })
     }
-    Ok(Assets { qemu_root, kernels })
 }
 
 #[cfg(test)]
