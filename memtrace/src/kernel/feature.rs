@@ -24,27 +24,8 @@ pub fn fentry_loads(btf_id: u32) -> io::Result<()> {
     };
     // Dropping the descriptor unloads the probe.
     // SAFETY: insns and license are live for the call; no log is asked.
-    let Err(e) = (unsafe { call_fd(BPF_PROG_LOAD, &attr) }) else {
-        return Ok(());
-    };
-    // Refused: again with the verifier's log, whose last line says why (a
-    // bare EINVAL hid it on 5.10).
-    let mut log = vec![0u8; 1 << 16];
-    let attr = ProgLoad {
-        log_level: 1,
-        log_size: log.len() as u32,
-        log_buf: log.as_mut_ptr() as u64,
-        ..attr
-    };
-    // SAFETY: as above, and the log buffer is live and as large as said.
-    if unsafe { call_fd(BPF_PROG_LOAD, &attr) }.is_ok() {
-        return Ok(());
-    }
-    let text = String::from_utf8_lossy(&log[..log.iter().position(|&b| b == 0).unwrap_or(0)]);
-    match text.lines().rev().find(|l| !l.trim().is_empty()) {
-        Some(why) => Err(io::Error::new(e.kind(), format!("{e}: {}", why.trim()))),
-        None => Err(e),
-    }
+    unsafe { call_fd(BPF_PROG_LOAD, &attr) }?;
+    Ok(())
 }
 
 /// Whether programs can read an attach cookie (`bpf_get_attach_cookie`,
