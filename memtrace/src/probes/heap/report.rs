@@ -183,7 +183,7 @@ pub fn outstanding(
     // Every stack: --top is applied after merging (output::MergedStacks).
     let mut arenas = (0, 0);
     let in_arena = |f: &Shown| args.arenas.iter().any(|a| f.ends_with(&format!("[{a}]")));
-    let reports = top
+    let mut reports = top
         .into_iter()
         .filter_map(|(k, (n, bytes))| {
             let v = stats.get(&k).copied().unwrap_or_default();
@@ -213,7 +213,6 @@ pub fn outstanding(
             Some(r)
         })
         .collect::<Vec<_>>();
-    let mut reports = reports;
     // Exited processes' stacks already resolved to rows (memleak's
     // `Exited::resolve`): what they held at exit. Not in a phase or by age,
     // which read the live table only.

@@ -330,7 +330,7 @@ impl<K: StackKeyed, V: Tally + Clone> Kept<K, V> {
         if self.counts.capacity() > 4 * self.counts.len() + 4096 {
             self.counts.shrink_to(2 * self.counts.len());
         }
-        if defer {
+        if defer && !ready.is_empty() {
             let left: HashSet<u32> = self
                 .counts
                 .keys()
