@@ -23,6 +23,8 @@ pub struct Traced {
     pub groups: crate::process::groups::Groups,
     /// The processes behind each stack counted by image.
     pub members: super::members::Members,
+    /// When walked stacks were last taken out of USTACKS.
+    pub(super) harvested: std::time::Instant,
 }
 
 impl Traced {
@@ -35,6 +37,7 @@ impl Traced {
             stacks: StackStore::new(),
             groups: Default::default(),
             members: Default::default(),
+            harvested: std::time::Instant::now(),
         }
     }
 

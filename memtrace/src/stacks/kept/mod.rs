@@ -89,13 +89,6 @@ type Tallied = (u64, Option<u64>, Pids, Option<AllocFigures>);
 /// rows kept (a churn of processes with stacks no two of which are alike).
 pub const ROWS_FULL: &str = "[stacks past memtrace's bound on kept rows]";
 
-/// Time a round spends symbolizing exited processes' stacks. The event
-/// loop harvests walked stacks between rounds: rounds that symbolized every
-/// stack of 15 exited Python processes at once held it long enough for the
-/// kernel's store to fill (memleak: 137,972 stack_fail, 25,331 before
-/// resolving as it went).
-const RESOLVE_BUDGET: std::time::Duration = std::time::Duration::from_millis(20);
-
 /// Rows of exited processes' stacks kept (past it, one row per name).
 const MAX_ROWS: usize = 1 << 16;
 
@@ -153,6 +146,7 @@ impl<K, V> Kept<K, V> {
                 store.release(id);
             }
         }
+        store.settled();
     }
 
     /// Lets go of the maps of exited processes whose stacks were all
@@ -266,12 +260,7 @@ impl<K: StackKeyed, V: Tally + Clone> Kept<K, V> {
             .collect();
         let mut folded = 0;
         let resolved_before = self.resolved_keys;
-        let until = std::time::Instant::now() + RESOLVE_BUDGET;
         for k in &gone {
-            // The rest waits for the next round (the process stays gone).
-            if defer && std::time::Instant::now() >= until {
-                break;
-            }
             let (Some(v), Some(to)) = (self.counts.remove(k), k.folded()) else {
                 continue;
             };

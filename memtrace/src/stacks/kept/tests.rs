@@ -87,6 +87,8 @@ fn walked_stacks_only_resolved_keys_named_are_let_go() {
     };
     // Resolved one call after the process was first seen gone.
     assert_eq!(k.resolve_exited(|p| p == 11, report), 0);
+    k.settle_stacks(&mut store);
+    assert_eq!(store.released, 0);
     assert_eq!(k.resolve_exited(|p| p == 11, report), 2);
     k.settle_stacks(&mut store);
     assert_eq!(store.released, 1);

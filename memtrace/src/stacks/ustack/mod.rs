@@ -211,6 +211,7 @@ pub fn stack_report(
     count: u64,
     bytes: Option<u64>,
 ) -> StackReport {
+    s.keep_up();
     let (ustack, kstack) = ids;
     let mut user = s.user_frames(pid, ustack);
     // Addresses no file placed differ from process to process (ASLR); once
