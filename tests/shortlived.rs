@@ -125,3 +125,45 @@ fn short_lived_brk_stacks_symbolize_system_wide() {
         "{stacks:#?}"
     );
 }
+
+/// Page faults of processes a moment old, in code without frame pointers:
+/// their first faults come before their tables, and the kernel finds each
+/// frame's file (`bpf_find_vma`) by the mappings it found for the process
+/// on earlier faults. A fault's program runs with interrupts off, where the
+/// lookup answers once per event: before the found mappings were kept, all
+/// frames but the first were walked by frame pointers (88% of a churn's
+/// fault stacks), and through this code they were lost.
+#[test]
+fn fault_stacks_of_processes_a_moment_old_unwind_whole() {
+    const N: u64 = 20;
+    let c = common::nofp::c_workload().display().to_string();
+    // The first run waits a second before its work, so that memtrace has
+    // read its maps (at its first faults' miss) and has the files' rows
+    // for those after it; each of those is gone within milliseconds.
+    let cmd = format!(
+        "(sleep 1; echo) | WORKLOAD_HANDSHAKE=1 {c} touch 50 >/dev/null; \
+         for i in $(seq {}); do {c} touch 50; done",
+        N - 1
+    );
+    // System-wide: `-c` holds each exec until the new image's table is in.
+    let t = Tracer::start(&["faults", "--stacks", "--json", "--top", "100000"]);
+    let ran = std::process::Command::new("sh").args(["-c", &cmd]).status();
+    assert!(ran.unwrap().success());
+    std::thread::sleep(Duration::from_millis(300));
+    t.signal(libc::SIGINT);
+    let out = t.wait(Duration::from_secs(30));
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    let out = out.stdout;
+    let whole: Vec<_> = json_of(&out, "fault_stack")
+        .into_iter()
+        .filter(|s| {
+            let f = user_frames(s);
+            f.first().is_some_and(|x| x.contains("pages_touch_inner"))
+                && f.iter().all(|x| !x.starts_with('['))
+                && common::nofp::at(&f, "pages_touch_outer").is_some()
+                && f.last().is_some_and(|x| x.starts_with("_start"))
+        })
+        .collect();
+    let n: u64 = whole.iter().map(|s| s["count"].as_u64().unwrap()).sum();
+    assert_eq!(n, 50 * N, "{out}");
+}

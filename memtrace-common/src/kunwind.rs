@@ -205,6 +205,33 @@ pub struct VmaOffsets {
     pub valid: u32,
 }
 
+/// A mapping `bpf_find_vma` found for a process, whose file has rows:
+/// `[start, end)`, the file offset at `start`, the file.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct FoundMapping {
+    pub start: u64,
+    pub end: u64,
+    pub off: u64,
+    pub key: UnwindFileKey,
+}
+
+/// Mappings kept per process in `UNWIND_FOUND` (past it, the oldest goes).
+pub const MAX_FOUND_MAPPINGS: usize = 8;
+
+/// `UNWIND_FOUND`: the mappings found for a process before it has a table.
+/// A page fault's program runs with interrupts off, where `bpf_find_vma`
+/// answers once per event (it defers the lock's release to an irq_work,
+/// busy until interrupts are back on): every later frame of a process
+/// without a table was walked by frame pointers. Kept, each event adds one.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct FoundMappings {
+    pub nr: u32,
+    pub next: u32,
+    pub maps: [FoundMapping; MAX_FOUND_MAPPINGS],
+}
+
 crate::names! {
     maps {
         UNWIND_STEP: () => (), Compiled;
@@ -213,6 +240,8 @@ crate::names! {
         UNWIND_PROCS: u32 => UnwindProc, OnDemand;
         UNWIND_MISSES: u32 => u8, OnDemand;
         UNWIND_FILES: UnwindFileKey => UnwindFile, OnDemand;
+        UNWIND_FOUND: u32 => FoundMappings, OnDemand;
+        FOUND_SCRATCH: () => (), Compiled;
         VMA_FOUND: () => (), Compiled;
         UNWIND_STATS: u32 => u64, Compiled;
         UNWIND_CACHE: () => (), OnDemand;
@@ -230,5 +259,7 @@ crate::pod!(
     UnwindProc,
     UnwindFileKey,
     UnwindFile,
-    VmaOffsets
+    VmaOffsets,
+    FoundMapping,
+    FoundMappings
 );

@@ -15,12 +15,14 @@ use memtrace_common::{
     exemaps::{ExeMap, ExeMapPending, ExeMapsConfig},
     kind, loss,
     snoop::FdFileOffsets,
+    stack_mode,
 };
 
 use super::{
     emit::{count_loss, EVENTS},
-    filter::{current_tgid, wanted},
+    filter::{current_tgid, wanted, FILTER},
     reads::{current_task, fd_file_ptr, file_id, read0},
+    unwind_vma::forget_found,
 };
 
 #[unsafe(no_mangle)]
@@ -105,6 +107,10 @@ pub fn exemap_exit(ctx: TracePointContext) -> u32 {
     // A failed call maps nothing.
     if (-4095..0).contains(&ret) {
         return 0;
+    }
+    // The range may hold another file now.
+    if FILTER.load().stacks & stack_mode::KUNWIND != 0 {
+        forget_found((id >> 32) as u32);
     }
     let Some(mut e) = EVENTS.reserve::<ExeMap>(0) else {
         count_loss(loss::RINGBUF);

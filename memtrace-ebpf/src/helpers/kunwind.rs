@@ -24,7 +24,7 @@ use super::{
     reads::{stack_top, user_regs},
     stacks::USTACK,
     unwind_rows::{le, row_for},
-    unwind_vma::row_by_vma,
+    unwind_vma::{forget_found, inherit_found, row_by_vma},
     walk::{WalkScratch, WALK_SCRATCH, WINDOW},
     NO_PREALLOC,
 };
@@ -51,6 +51,7 @@ pub(super) fn inherit_table(parent: u32, child: u32) {
         // Full: the child's stacks end "no table" and it is read as missed.
         let _ = UNWIND_PROCS.insert(&child, p, 0);
     }
+    inherit_found(parent, child);
 }
 
 /// A process that exec'd runs a new image: the old table would unwind its
@@ -60,6 +61,7 @@ pub(super) fn inherit_table(parent: u32, child: u32) {
 #[inline(always)]
 pub(super) fn drop_table(tgid: u32) {
     let _ = UNWIND_PROCS.remove(&tgid);
+    forget_found(tgid);
 }
 
 #[inline(always)]
@@ -195,7 +197,7 @@ extern "C" fn unwind_frame(index: u32, ctx: *mut c_void) -> i64 {
     let found = match found {
         Err(mark::NO_TABLE) => {
             st.miss = 1;
-            row_by_vma(pc)
+            row_by_vma(w.tgid as u32, pc)
         }
         r => r,
     };

@@ -110,6 +110,7 @@ pub(crate) fn setup(
         loader.max_entries(names::UNWIND_MISSES, 8192);
         loader.max_entries(names::UNWIND_CACHE, ROW_CACHE_SLOTS);
         loader.max_entries(names::UNWIND_FILES, 8192);
+        loader.max_entries(names::UNWIND_FOUND, 8192);
         // Code in no table of its process yet found by its file (5.17+).
         match btf.vma_offsets() {
             Ok(v) => {
