@@ -127,7 +127,8 @@ impl Exited {
                 let mut r = stack_report(s, k.tgid, comm, ids, mode, n, Some(b));
                 without_shim(&mut r);
                 let mut r = resolved(r)?;
-                r.note = Some(HELD_AT_EXIT.into());
+                // A stack that could not be read says why instead.
+                r.note.get_or_insert_with(|| HELD_AT_EXIT.into());
                 r.alloc = Some(AllocFigures {
                     allocs: v.allocs,
                     bytes: v.bytes,

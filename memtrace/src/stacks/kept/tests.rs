@@ -99,3 +99,32 @@ fn walked_stacks_only_resolved_keys_named_are_let_go() {
     k.settle_stacks(&mut store);
     assert_eq!(store.released, 1);
 }
+
+#[test]
+fn a_stack_that_cannot_be_read_is_a_row_with_its_reason_once() {
+    let mut k = Kept::new(100);
+    k.add(key(10, 1), &val(3));
+    let calls = std::cell::Cell::new(0);
+    let report = |k: &StackKey, _: &StackVal| {
+        calls.set(calls.get() + 1);
+        resolved(StackReport {
+            pid: k.tgid,
+            comm: "w".into(),
+            count: 3,
+            note: Some("stack id no longer in the stack map".into()),
+            ..Default::default()
+        })
+    };
+    assert_eq!(k.resolve_exited(|_| false, report), 0);
+    assert_eq!(k.resolve_exited(|_| false, report), 1);
+    // Never looked up again: a lookup counts as a lost stack.
+    assert_eq!(k.resolve_exited(|_| false, report), 0);
+    assert_eq!(calls.get(), 1);
+    let rows = k.resolved_reports(false);
+    assert_eq!(rows.len(), 1);
+    assert_eq!(rows[0].count, 3);
+    assert_eq!(
+        rows[0].note.as_deref(),
+        Some("stack id no longer in the stack map")
+    );
+}
