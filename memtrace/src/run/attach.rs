@@ -102,11 +102,13 @@ pub(crate) fn attach_with(
     session.dwarf = dwarf;
     session.filtered = target.is_some();
     session.walked_user_stacks = filter.stacks & stack_mode::WALK != 0;
-    session.sym.style = match (common.addresses, common.lines) {
-        (true, _) => FrameStyle::Addresses,
-        (_, true) => FrameStyle::Lines,
-        _ => FrameStyle::Function,
-    };
+    session
+        .sym
+        .set_style(match (common.addresses, common.lines) {
+            (true, _) => FrameStyle::Addresses,
+            (_, true) => FrameStyle::Lines,
+            _ => FrameStyle::Function,
+        });
     if follow || kunwind {
         session.attach(&crate::probes::follow::fork_probe())?;
     }

@@ -190,7 +190,7 @@ pub fn run(tool: &mut dyn Tool, common: &Common) -> Result<i32> {
         // The record keeps source lines even when they are not shown.
         let shown = session.sym.style;
         if shown == FrameStyle::Function {
-            session.sym.style = FrameStyle::Lines;
+            session.sym.set_style(FrameStyle::Lines);
         }
         out = Box::new(crate::record::Recorder::create(
             out,

@@ -3,17 +3,22 @@
 //! once per change which process counted (`StackMember`): the rows still
 //! say how many processes took a stack, and which.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
+
+use roaring::RoaringBitmap;
 
 use memtrace_common::stacks::StackMember;
 
 use crate::output::StackReport;
 
 /// The processes a row counts: each once, up to a bound, then each new one
-/// counted (a churn of processes brings new pids only, but for reuse).
+/// counted (a churn of processes brings new pids only, but for reuse). A
+/// compressed bitmap: a churn's pids are close together, and a row of
+/// 16,384 of them takes about 8 KiB instead of a hash set's 200 (`faults
+/// --stacks` under the soak's churn held 9 MB of such sets).
 #[derive(Clone, Debug, Default)]
 pub struct Pids {
-    pub set: HashSet<u32>,
+    pub set: RoaringBitmap,
     pub more: usize,
 }
 
@@ -22,16 +27,20 @@ const MAX_PIDS: usize = 1 << 14;
 
 impl Pids {
     pub fn one(pid: u32) -> Pids {
-        Pids {
-            set: [pid].into(),
-            more: 0,
-        }
+        let mut p = Pids::default();
+        p.set.insert(pid);
+        p
+    }
+
+    /// How many processes: those named and those counted past the bound.
+    pub fn count(&self) -> usize {
+        self.set.len() as usize + self.more
     }
 
     pub fn insert(&mut self, pid: u32) {
-        if self.set.len() < MAX_PIDS {
+        if (self.set.len() as usize) < MAX_PIDS {
             self.set.insert(pid);
-        } else if !self.set.contains(&pid) {
+        } else if !self.set.contains(pid) {
             self.more += 1;
         }
     }
@@ -78,12 +87,12 @@ impl Members {
         let Some(p) = self.by_key.get(&(r.pid, ids.0, ids.1)) else {
             return;
         };
-        if let Some(first) = p.set.iter().min() {
-            r.pid = *first;
+        if let Some(first) = p.set.min() {
+            r.pid = first;
         }
-        r.processes = p.set.len() + p.more;
-        r.pids = p.set.iter().copied().filter(|q| *q != r.pid).collect();
-        r.pids.sort_unstable();
+        r.processes = p.count();
+        // In order, as the bitmap holds them.
+        r.pids = p.set.iter().filter(|q| *q != r.pid).collect();
     }
 
     pub fn is_empty(&self) -> bool {

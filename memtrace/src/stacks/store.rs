@@ -138,6 +138,11 @@ impl StackStore {
     /// on is for keys not drained yet.
     pub fn settled(&mut self) {
         self.settled_at = self.now();
+        // The table keeps the room of its fullest moment (a burst of new
+        // processes) once most stacks are let go: given back.
+        if self.kept.capacity() > 4 * self.kept.len() + 4096 {
+            self.kept.shrink_to(2 * self.kept.len());
+        }
     }
 
     /// Marks a stack as in use (counts of a live process still name it),

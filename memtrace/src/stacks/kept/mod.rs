@@ -121,7 +121,7 @@ impl<K, V> Kept<K, V> {
                 r.count = count;
                 r.bytes = bytes;
                 r.alloc = alloc;
-                r.processes = pids.set.len() + pids.more;
+                r.processes = pids.count();
                 r.pids = pids.set.into_iter().filter(|p| *p != r.pid).collect();
                 r
             })

@@ -274,12 +274,23 @@ impl Symbolizer {
     pub fn new() -> Self {
         Symbolizer {
             style: FrameStyle::default(),
-            blaze: Blaze::builder().enable_code_info(true).build(),
+            blaze: Blaze::builder().enable_code_info(false).build(),
             maps: Arc::new(Mutex::new(MapsCache::default())),
             by_file: HashMap::new(),
             texts: HashSet::new(),
             kcache: HashMap::new(),
         }
+    }
+
+    /// How frames are shown. Source lines need each file's line tables
+    /// parsed, which names alone do not: kept out unless shown (or
+    /// recorded), they were most of the 11 MB blazesym held in `faults
+    /// --stacks` under churn.
+    pub fn set_style(&mut self, style: FrameStyle) {
+        self.style = style;
+        self.blaze = Blaze::builder()
+            .enable_code_info(style == FrameStyle::Lines)
+            .build();
     }
 
     /// Symbolizes user addresses of `pid`, innermost first.
