@@ -36,6 +36,19 @@ fn cpu_ticks(pid: u32) -> u64 {
     n(11) + n(12)
 }
 
+/// Processes the host has started since boot (`processes` in /proc/stat):
+/// the churn's rate, which pids (wrapping at pid_max) cannot tell.
+fn forks() -> u64 {
+    std::fs::read_to_string("/proc/stat")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("processes "))
+                .and_then(|v| v.trim().parse().ok())
+        })
+        .unwrap_or(0)
+}
+
 /// Kernel memory of the BPF maps `pid` holds open (the `memlock` of each
 /// map descriptor's fdinfo): kept apart from its RSS, which counts a map
 /// only while it is mapped.
@@ -130,6 +143,7 @@ pub fn run(minutes: u64) -> Result<()> {
     ];
     let hz = 100.0; // USER_HZ on Linux
     let began = Instant::now();
+    let mut forked = forks();
     println!(
         "xtask: soak: {minutes} min; every minute: events, lost, RSS, kernel memory of its BPF maps, CPU of each tool"
     );
@@ -143,6 +157,12 @@ pub fn run(minutes: u64) -> Result<()> {
         );
         // The progress lines come once a minute too: let the latest land.
         std::thread::sleep(Duration::from_secs(1));
+        let now = forks();
+        println!(
+            "  {minute:>3} min  churn: {} new processes a second (host)",
+            now.saturating_sub(forked) / 60
+        );
+        forked = now;
         for r in runs.iter_mut() {
             let pid = r.child.id();
             let t = cpu_ticks(pid);

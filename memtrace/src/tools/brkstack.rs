@@ -144,9 +144,14 @@ impl Tool for Brkstack {
         // Merged as they are made: a churn leaves tens of thousands.
         let mode = self.stack_mode();
         let mut reports = Merger::new(self.kept.per_pid);
-        match sampled_reports(s, clear, mode, usize::MAX, true) {
-            Some(r) => r.into_iter().for_each(|r| reports.push(r)),
-            None => {
+        match s.dwarf.is_some() {
+            true => {
+                let r = sampled_reports(s, clear, mode, usize::MAX, true)
+                    .into_iter()
+                    .flatten();
+                r.for_each(|r| reports.push(r));
+            }
+            false => {
                 for (k, val) in v {
                     let comm = crate::session::records::comm(&val.comm);
                     let ids = (k.ustack, k.kstack);

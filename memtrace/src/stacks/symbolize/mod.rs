@@ -262,6 +262,7 @@ pub struct Symbolizer {
     /// interpreter loop of every Python frame), and rows hold them shared.
     texts: HashSet<Shown>,
     kcache: HashMap<u64, Shown>,
+    symtabs: symtab::Symtabs,
 }
 
 impl Default for Symbolizer {
@@ -279,6 +280,7 @@ impl Symbolizer {
             by_file: HashMap::new(),
             texts: HashSet::new(),
             kcache: HashMap::new(),
+            symtabs: Default::default(),
         }
     }
 
@@ -320,7 +322,10 @@ impl Symbolizer {
                     Some(f) => PathBuf::from(format!("/proc/self/fd/{}", f.as_raw_fd())),
                     None => m.file.to_path_buf(),
                 };
-                let src = Source::Elf(Elf::new(path));
+                let mut elf = Elf::new(path);
+                elf.debug_syms =
+                    self.style == FrameStyle::Lines || !self.symtabs.has(m.dev, m.inode, &elf.path);
+                let src = Source::Elf(elf);
                 let s = match self.blaze.symbolize_single(&src, Input::FileOffset(off)) {
                     Ok(Symbolized::Sym(sym)) => describe(&sym, &module, self.style),
                     // No symbol: the offset in the file, as perf report
@@ -335,6 +340,7 @@ impl Symbolizer {
                 if self.by_file.len() >= MAX_FRAMES {
                     self.by_file.clear();
                     self.texts.clear();
+                    self.symtabs.clear();
                 }
                 let s = match self.texts.get(s.as_str()) {
                     Some(t) => t.clone(),
@@ -388,6 +394,7 @@ impl Symbolizer {
 
 mod evict;
 mod learned;
+mod symtab;
 pub mod text;
 
 #[cfg(test)]

@@ -156,40 +156,46 @@ pub fn sampled_reports(
     mode: u32,
     top: usize,
     with_value: bool,
-) -> Option<Vec<StackReport>> {
+) -> Option<impl Iterator<Item = StackReport> + '_> {
     let d = s.dwarf.as_mut()?;
     let every = d.every as u64;
     let mut v = d.take(clear);
     v.sort_by(|a, b| b.1.count.cmp(&a.1.count).then(b.1.value.cmp(&a.1.value)));
     v.truncate(top);
-    let reports = v
-        .into_iter()
-        .map(|(k, val)| {
-            let user = match k.folded {
-                true => vec![FOLDED.into()],
-                false => s.sym.user(k.tgid, &k.user),
-            };
-            let kernel = s.kernel_frames(k.kstack);
-            let note = if mode & stack_mode::KERNEL != 0 && k.kstack < 0 && !k.folded {
-                Some("kernel stack capture failed (counted in stack_fail)".to_string())
-            } else {
-                val.end.and_then(|e| e.note()).map(String::from)
-            };
-            StackReport {
-                pid: k.tgid,
-                comm: val.comm,
-                count: val.count * every,
-                bytes: with_value.then_some(val.value * every),
-                user,
-                kernel,
-                note,
-                processes: 1,
-                alloc: None,
-                pids: Vec::new(),
-                group: group_of(s, k.tgid),
-            }
-        })
-        .collect();
+    // Made as they are taken: a churn's final report held every one at
+    // once before merging (brkstack at 165 MiB beside the soak's churn).
+    let reports = v.into_iter().map(move |(k, val)| {
+        let mut user = match k.folded {
+            true => vec![FOLDED.into()],
+            false => s.sym.user(k.tgid, &k.user),
+        };
+        // As in `stack_report`: a gone process's unplaced addresses are one
+        // frame, or each of a churn's stacks is a row of its own (brkstack's
+        // final report held 515,000 such frames, 41 MB).
+        use crate::stacks::symbolize::text;
+        if user.iter().any(|f| text::unplaced(f)) && !crate::process::proc::alive(k.tgid) {
+            user = text::placeless(user);
+        }
+        let kernel = s.kernel_frames(k.kstack);
+        let note = if mode & stack_mode::KERNEL != 0 && k.kstack < 0 && !k.folded {
+            Some("kernel stack capture failed (counted in stack_fail)".to_string())
+        } else {
+            val.end.and_then(|e| e.note()).map(String::from)
+        };
+        StackReport {
+            pid: k.tgid,
+            comm: val.comm,
+            count: val.count * every,
+            bytes: with_value.then_some(val.value * every),
+            user,
+            kernel,
+            note,
+            processes: 1,
+            alloc: None,
+            pids: Vec::new(),
+            group: group_of(s, k.tgid),
+        }
+    });
     Some(reports)
 }
 

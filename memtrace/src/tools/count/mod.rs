@@ -217,7 +217,7 @@ impl Count {
     ) -> Vec<StackReport> {
         // Every stack: --top is applied after merging (output::MergedStacks).
         if let Some(r) = sampled_reports(s, clear, self.mode, usize::MAX, self.args.sum.is_some()) {
-            return r;
+            return r.collect();
         }
         v.iter()
             .filter(|(k, _)| k.index == index)

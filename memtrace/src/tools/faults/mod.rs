@@ -235,9 +235,14 @@ impl Faults {
             let mode = self.mode();
             // Merged as they are made: a churn leaves tens of thousands.
             let mut reports = Merger::new(self.kept.per_pid);
-            match sampled_reports(s, clear, mode, usize::MAX, false) {
-                Some(r) => r.into_iter().for_each(|r| reports.push(r)),
-                None => {
+            match s.dwarf.is_some() {
+                true => {
+                    let r = sampled_reports(s, clear, mode, usize::MAX, false)
+                        .into_iter()
+                        .flatten();
+                    r.for_each(|r| reports.push(r));
+                }
+                false => {
                     for ((pid, u, k, forked), (c, n)) in agg {
                         let faceless = pid == 0 && n == spill::NAME;
                         let mut r = stack_report(s, pid, n, (u, k), mode, c, None);
