@@ -165,17 +165,11 @@ pub fn sampled_reports(
     // Made as they are taken: a churn's final report held every one at
     // once before merging (brkstack at 165 MiB beside the soak's churn).
     let reports = v.into_iter().map(move |(k, val)| {
-        let mut user = match k.folded {
+        // brkstack's final report held 515,000 unplaced frames (41 MB).
+        let user = match k.folded {
             true => vec![FOLDED.into()],
-            false => s.sym.user(k.tgid, &k.user),
+            false => placed_once_gone(k.tgid, s.sym.user(k.tgid, &k.user)),
         };
-        // As in `stack_report`: a gone process's unplaced addresses are one
-        // frame, or each of a churn's stacks is a row of its own (brkstack's
-        // final report held 515,000 such frames, 41 MB).
-        use crate::stacks::symbolize::text;
-        if user.iter().any(|f| text::unplaced(f)) && !crate::process::proc::alive(k.tgid) {
-            user = text::placeless(user);
-        }
         let kernel = s.kernel_frames(k.kstack);
         let note = if mode & stack_mode::KERNEL != 0 && k.kstack < 0 && !k.folded {
             Some("kernel stack capture failed (counted in stack_fail)".to_string())
@@ -207,6 +201,18 @@ pub fn sampled_title(s: &Traced) -> String {
     }
 }
 
+/// Addresses no file placed differ from process to process (ASLR); once
+/// the process is gone they never will be placed. As one frame, its stacks
+/// merge with its kind's: a churn's short-lived processes, whose maps were
+/// never read, made one row each (19,589 of 20,382 rows).
+fn placed_once_gone(pid: u32, user: Vec<Shown>) -> Vec<Shown> {
+    use crate::stacks::symbolize::text;
+    match user.iter().any(|f| text::unplaced(f)) && !crate::process::proc::alive(pid) {
+        true => text::placeless(user),
+        false => user,
+    }
+}
+
 /// A stack-keyed count, symbolized, for any tool that counts by stack.
 pub fn stack_report(
     s: &mut Traced,
@@ -219,15 +225,7 @@ pub fn stack_report(
 ) -> StackReport {
     s.keep_up();
     let (ustack, kstack) = ids;
-    let mut user = s.user_frames(pid, ustack);
-    // Addresses no file placed differ from process to process (ASLR); once
-    // the process is gone they never will be placed. As one frame, its
-    // stacks merge with its kind's: a churn's short-lived processes, whose
-    // maps were never read, made one row each (19,589 of 20,382 rows).
-    use crate::stacks::symbolize::text;
-    if user.iter().any(|f| text::unplaced(f)) && !crate::process::proc::alive(pid) {
-        user = text::placeless(user);
-    }
+    let user = placed_once_gone(pid, s.user_frames(pid, ustack));
     let kernel = s.kernel_frames(kstack);
     let wanted_user = mode & stack_mode::USER != 0;
     let wanted_kernel = mode & stack_mode::KERNEL != 0;
