@@ -61,8 +61,11 @@ pub(crate) fn attach_with(
         fork_child_pid: 0,
         myself: std::process::id(),
     };
-    let dwarf =
+    let mut dwarf =
         crate::stacks::ustack::setup(tool.user_stacks(), &mut filter, &mut loader, copy_only)?;
+    if let Some(d) = dwarf.as_mut() {
+        d.mode = filter.stacks;
+    }
     // Forks are followed for --children, and with unwinding in the kernel
     // for the child's table (its parent's, from its first event).
     let kunwind = filter.stacks & stack_mode::KUNWIND != 0;

@@ -69,9 +69,7 @@ impl Reclaim {
         let mut moved = session.harvest_user_stacks()?;
         moved = moved.max(crate::probes::follow::forget_exited(session)?);
         moved = moved.max(tool.forget_exited(session)?);
-        if let Some(d) = session.dwarf.as_mut() {
-            d.forget_exited(crate::process::proc::alive);
-        }
+        crate::stacks::ustack::resolve_exited_samples(session);
         // Interval reports empty the count maps themselves.
         if tool.interval().is_none() {
             moved = moved.max(tool.drain(session)?);

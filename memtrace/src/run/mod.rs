@@ -283,6 +283,8 @@ pub fn run(tool: &mut dyn Tool, common: &Common) -> Result<i32> {
             ("unwind_failed", Value::from(u.failed)),
             ("unwind_info_files", Value::from(files as u64)),
             ("unwind_info_bytes", Value::from(bytes as u64)),
+            // Samples of exited processes resolved to rows as they exited.
+            ("samples_resolved", Value::from(d.samples.resolved_keys)),
         ]);
         add_folded(&mut extra, d.samples.folded);
     } else if let Some(t) = session

@@ -146,7 +146,7 @@ impl Tool for Brkstack {
         let mut reports = Merger::new(self.kept.per_pid);
         match s.dwarf.is_some() {
             true => {
-                let r = sampled_reports(s, clear, mode, usize::MAX, true)
+                let r = sampled_reports(s, clear, usize::MAX, true)
                     .into_iter()
                     .flatten();
                 r.for_each(|r| reports.push(r));

@@ -159,10 +159,12 @@ impl<K, V> Kept<K, V> {
         }
     }
 
-    /// The unwound samples of dwarf mode are kept under the same bound.
+    /// The unwound samples of dwarf mode are kept under the same bound,
+    /// and resolve to rows the same way.
     pub fn bound_samples(&self, s: &mut crate::stacks::Traced) {
         if let Some(d) = s.dwarf.as_mut() {
             d.samples.max = self.max;
+            d.samples.per_pid = self.per_pid;
         }
     }
 }

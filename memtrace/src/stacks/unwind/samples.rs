@@ -72,6 +72,8 @@ pub struct DwarfStacks {
     pub samples: Kept<SampleKey, SampleVal>,
     /// One event in this many was copied.
     pub every: u32,
+    /// The tool's stack mode (`stack_mode`), for the reports' notes.
+    pub mode: u32,
     /// Each thread's latest unwound stack, for the record that follows it.
     last: HashMap<u32, (Vec<u64>, End)>,
     /// Each process's latest thread to send a stack.
@@ -84,6 +86,7 @@ impl DwarfStacks {
             unwinder: DwarfUnwinder::default(),
             samples: Kept::new(MAX_KEPT),
             every,
+            mode: 0,
             last: HashMap::new(),
             last_thread: HashMap::new(),
         }
@@ -119,14 +122,13 @@ impl DwarfStacks {
         self.samples.add(key, &v);
     }
 
-    /// What is kept for processes and threads that exited is let go: the
-    /// unwinder's modules, the latest stacks, and past the bound their
-    /// counts by stack (folded, never dropped). How many samples folded.
-    pub fn forget_exited(&mut self, alive: impl Fn(u32) -> bool) -> usize {
+    /// What the unwinder and the latest stacks kept for processes and
+    /// threads that exited is let go. Their counts stay: they resolve to
+    /// rows (`ustack::resolve_exited_samples`), never fold.
+    pub fn forget_exited(&mut self, alive: impl Fn(u32) -> bool) {
         self.unwinder.forget_exited(&alive);
         self.last.retain(|t, _| alive(*t));
         self.last_thread.retain(|p, _| alive(*p));
-        self.samples.bound(alive)
     }
 
     /// The aggregated samples, emptied with `clear`.
@@ -158,30 +160,24 @@ mod tests {
     }
 
     #[test]
-    fn samples_of_exited_processes_fold_past_the_bound() {
+    fn an_exited_process_lets_go_of_its_latest_stacks_but_not_its_counts() {
         let mut d = DwarfStacks::new(1);
-        d.samples.max = 2;
-        let v = |count, end| SampleVal {
-            count,
-            value: count * 4096,
+        d.samples.max = 1;
+        let v = SampleVal {
+            count: 3,
+            value: 3 * 4096,
             comm: "w".into(),
-            end,
+            end: None,
         };
-        d.samples.add(key(1, &[1, 2]), &v(3, None));
-        d.samples.add(key(2, &[1, 2]), &v(4, None));
-        d.samples.add(key(2, &[7]), &v(5, Some(End::Truncated)));
+        d.samples.add(key(1, &[1, 2]), &v);
+        d.samples.add(key(2, &[7]), &v);
         d.last.insert(20, (vec![1], End::Complete));
         d.last_thread.insert(2, 20);
-        assert_eq!(d.forget_exited(|p| p == 1), 2);
+        d.forget_exited(|p| p == 1);
         assert!(d.last.is_empty() && d.last_thread.is_empty());
-        let folded = key(2, &[]).folded().unwrap();
-        let f = &d.samples.counts[&folded];
-        assert_eq!(
-            (f.count, f.value, f.end),
-            (9, 9 * 4096, Some(End::Truncated))
-        );
-        assert_eq!((folded.aux, folded.kstack), (1, -1));
-        assert_eq!(d.samples.counts[&key(1, &[1, 2])].count, 3);
+        // Past the bound, nothing folded: counts wait to be resolved.
+        assert_eq!(d.samples.folded, 0);
+        assert_eq!(d.samples.counts[&key(2, &[7])].count, 3);
         assert_eq!(d.take(true).len(), 2);
         assert!(d.samples.counts.is_empty());
     }

@@ -11,7 +11,9 @@ use memtrace_common::{
 use crate::output::{Shown, StackReport};
 use crate::stacks::Traced;
 
+mod sampled;
 mod setup;
+pub use sampled::{resolve_exited_samples, sampled_reports, sampled_title};
 pub(crate) use setup::setup;
 
 /// The frames shown for the folded stacks of an exited process.
@@ -148,64 +150,11 @@ fn is_tracing_frame(f: &str) -> bool {
     PREFIXES.iter().any(|p| f.starts_with(p)) || f.starts_with("0x")
 }
 
-/// In dwarf mode, the unwound samples as stack reports, largest first,
-/// scaled by the sampling rate (estimates when sampled); None in fp mode.
-pub fn sampled_reports(
-    s: &mut Traced,
-    clear: bool,
-    mode: u32,
-    top: usize,
-    with_value: bool,
-) -> Option<impl Iterator<Item = StackReport> + '_> {
-    let d = s.dwarf.as_mut()?;
-    let every = d.every as u64;
-    let mut v = d.take(clear);
-    v.sort_by(|a, b| b.1.count.cmp(&a.1.count).then(b.1.value.cmp(&a.1.value)));
-    v.truncate(top);
-    // Made as they are taken: a churn's final report held every one at
-    // once before merging (brkstack at 165 MiB beside the soak's churn).
-    let reports = v.into_iter().map(move |(k, val)| {
-        // brkstack's final report held 515,000 unplaced frames (41 MB).
-        let user = match k.folded {
-            true => vec![FOLDED.into()],
-            false => placed_once_gone(k.tgid, s.sym.user(k.tgid, &k.user)),
-        };
-        let kernel = s.kernel_frames(k.kstack);
-        let note = if mode & stack_mode::KERNEL != 0 && k.kstack < 0 && !k.folded {
-            Some("kernel stack capture failed (counted in stack_fail)".to_string())
-        } else {
-            val.end.and_then(|e| e.note()).map(String::from)
-        };
-        StackReport {
-            pid: k.tgid,
-            comm: val.comm,
-            count: val.count * every,
-            bytes: with_value.then_some(val.value * every),
-            user,
-            kernel,
-            note,
-            processes: 1,
-            alloc: None,
-            pids: Vec::new(),
-            group: group_of(s, k.tgid),
-        }
-    });
-    Some(reports)
-}
-
-/// A title note for sampled stacks, empty when every event was unwound.
-pub fn sampled_title(s: &Traced) -> String {
-    match &s.dwarf {
-        Some(d) if d.every > 1 => format!("stacks sampled 1 in {}: counts are estimates", d.every),
-        _ => String::new(),
-    }
-}
-
 /// Addresses no file placed differ from process to process (ASLR); once
 /// the process is gone they never will be placed. As one frame, its stacks
 /// merge with its kind's: a churn's short-lived processes, whose maps were
 /// never read, made one row each (19,589 of 20,382 rows).
-fn placed_once_gone(pid: u32, user: Vec<Shown>) -> Vec<Shown> {
+pub(super) fn placed_once_gone(pid: u32, user: Vec<Shown>) -> Vec<Shown> {
     use crate::stacks::symbolize::text;
     match user.iter().any(|f| text::unplaced(f)) && !crate::process::proc::alive(pid) {
         true => text::placeless(user),

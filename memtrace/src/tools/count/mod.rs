@@ -216,7 +216,7 @@ impl Count {
         index: u32,
     ) -> Vec<StackReport> {
         // Every stack: --top is applied after merging (output::MergedStacks).
-        if let Some(r) = sampled_reports(s, clear, self.mode, usize::MAX, self.args.sum.is_some()) {
+        if let Some(r) = sampled_reports(s, clear, usize::MAX, self.args.sum.is_some()) {
             return r.collect();
         }
         v.iter()

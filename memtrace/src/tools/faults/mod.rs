@@ -237,7 +237,7 @@ impl Faults {
             let mut reports = Merger::new(self.kept.per_pid);
             match s.dwarf.is_some() {
                 true => {
-                    let r = sampled_reports(s, clear, mode, usize::MAX, false)
+                    let r = sampled_reports(s, clear, usize::MAX, false)
                         .into_iter()
                         .flatten();
                     r.for_each(|r| reports.push(r));
