@@ -81,6 +81,11 @@ fn the_victim_of_an_oom_kill_held_what_its_growing_function_allocated() {
     let then = held_through(&warned, pid, "grow_heap_mib") / MIB;
     assert!((60.0..=130.0).contains(&then), "{then} MiB: {warned:?}");
     assert!(then < held, "{then} MiB at the warning, {held} at the kill");
+    // Through the allocator shim, loaded into the process as it came:
+    // no trap per call (issue 36's cost).
+    let sum = &json_of(&out.stdout, "summary")[0];
+    assert!(sum["heap_shim_processes"].as_u64() >= Some(1), "{sum}");
+    assert_eq!(sum["heap_shim_refused"].as_u64(), Some(0), "{sum}");
     // The same stacks in the record.
     let report = run_with(&["report", rec.to_str().unwrap()], WAIT);
     assert_eq!(report.code, 0, "{}", report.stderr);
@@ -93,11 +98,20 @@ fn a_process_that_moves_into_the_group_after_start_is_covered() {
     if !memcg_here(name) {
         return;
     }
+    // Through the shim loaded into it when it is found there, and by
+    // uprobes from its first call there.
+    moved_in_is_covered(&[], "heap_shim_processes");
+    moved_in_is_covered(&["--no-inject"], "heap_unprobed_processes");
+}
+
+fn moved_in_is_covered(how: &[&str], counter: &str) {
     let cg = Memcg::new("heapmove", "96M");
     let path = format!("/{}", cg.name);
     // Started outside the group, before memtrace.
     let mut w = Workload::start(&["heap-steps", "1", "1000", "10"]);
-    let tracer = Tracer::start(&["memcg", "--cgroup", &path, "--heap", "--json"]);
+    let mut args = vec!["memcg", "--cgroup", &path, "--heap", "--json"];
+    args.extend(how);
+    let tracer = Tracer::start(&args);
     std::fs::write(cg.path.join("cgroup.procs"), w.pid.to_string()).unwrap();
     w.go();
     let st = wait_child(&mut w.child, WAIT);
@@ -106,6 +120,16 @@ fn a_process_that_moves_into_the_group_after_start_is_covered() {
     let heap = json_of(&out.stdout, "memcg_oom_heap");
     let held = held_through(&heap, w.pid, "grow_heap_mib") / MIB;
     assert!((70.0..=120.0).contains(&held), "{held} MiB: {heap:?}");
+    let sum = &json_of(&out.stdout, "summary")[0];
+    let n = sum[counter].as_u64();
+    match how.is_empty() {
+        true => assert_eq!(n, Some(1), "{sum}"),
+        // Uprobes: no shim, and every process probed.
+        false => assert!(
+            n == Some(0) && sum["heap_shim_processes"].is_null(),
+            "{sum}"
+        ),
+    }
 }
 
 #[test]

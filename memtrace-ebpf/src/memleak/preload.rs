@@ -14,8 +14,9 @@ use memtrace_common::{
     memleak::{counter, origin, BatchedFree, BATCH_ENTRIES_AT, FREE_BATCH},
 };
 
+use super::user::traced;
 use super::{add, bump, record_stacks, release, release_before, weigh, USER};
-use crate::helpers::{capture_stacks, count_loss, current_tgid, wanted, Stacks, NO_PREALLOC};
+use crate::helpers::{capture_stacks, count_loss, current_tgid, Stacks, NO_PREALLOC};
 
 /// Each thread's batch of frees in the shim, by thread id.
 #[map]
@@ -28,7 +29,7 @@ static ML_BATCHES: HashMap<u32, u64> = HashMap::with_max_entries(65536, NO_PREAL
 #[uprobe]
 pub fn ml_preload_alloc(ctx: ProbeContext) -> u32 {
     let tgid = current_tgid();
-    if !wanted(tgid) {
+    if !traced(tgid) {
         return 0;
     }
     let arg = |i| ctx.arg::<u64>(i).unwrap_or(0);
@@ -66,7 +67,7 @@ pub fn ml_preload_alloc(ctx: ProbeContext) -> u32 {
 #[uprobe]
 pub fn ml_preload_free(ctx: ProbeContext) -> u32 {
     let tgid = current_tgid();
-    if !wanted(tgid) {
+    if !traced(tgid) {
         return 0;
     }
     let p = ctx.arg::<u64>(0).unwrap_or(0);
@@ -86,7 +87,7 @@ pub fn ml_preload_free(ctx: ProbeContext) -> u32 {
 #[uprobe]
 pub fn ml_preload_frees(ctx: ProbeContext) -> u32 {
     let tgid = current_tgid();
-    if wanted(tgid) {
+    if traced(tgid) {
         apply_batch(
             tgid,
             ctx.arg::<u64>(0).unwrap_or(0),
@@ -101,7 +102,7 @@ pub fn ml_preload_frees(ctx: ProbeContext) -> u32 {
 /// process that ends without its destructors: _exit, a signal, a crash).
 #[uprobe]
 pub fn ml_preload_batch(ctx: ProbeContext) -> u32 {
-    if !wanted(current_tgid()) {
+    if !traced(current_tgid()) {
         return 0;
     }
     let tid = ctx.arg::<u64>(1).unwrap_or(0) as u32;
@@ -153,7 +154,7 @@ fn apply_batch(tgid: u32, at: u64, n: u64) {
 /// had no room, so a sampled block was left out.
 #[uprobe]
 pub fn ml_preload_full(_ctx: ProbeContext) -> u32 {
-    if wanted(current_tgid()) {
+    if traced(current_tgid()) {
         count_loss(loss::MAP_FULL);
     }
     0
@@ -162,7 +163,7 @@ pub fn ml_preload_full(_ctx: ProbeContext) -> u32 {
 /// `memtrace_hello_site(sample)`: a process loaded the shim.
 #[uprobe]
 pub fn ml_preload_hello(_ctx: ProbeContext) -> u32 {
-    if wanted(current_tgid()) {
+    if traced(current_tgid()) {
         bump(counter::PRELOADED);
     }
     0

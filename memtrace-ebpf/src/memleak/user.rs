@@ -23,9 +23,9 @@ use super::{
 use crate::helpers::{count_loss, current_tgid, in_watched_group, tp_field, wanted};
 
 /// Whether process `tgid` (the current one) is traced: the filter's, or
-/// for memcg --heap the watched groups' processes.
+/// for memcg --heap the watched groups' processes (uprobes or the shim).
 #[inline(always)]
-fn traced(tgid: u32) -> bool {
+pub(super) fn traced(tgid: u32) -> bool {
     if MEMLEAK_CFG.load().by_group != 0 {
         return in_watched_group();
     }

@@ -23,11 +23,12 @@ pub struct Execs {
 }
 
 impl Execs {
-    /// Takes out the blocks made before each exec the kernel noted.
-    pub fn sweep(&mut self, s: &mut Traced, t: Tables) -> Result<()> {
+    /// Takes out the blocks made before each exec the kernel noted; the
+    /// processes that exec'd, with when.
+    pub fn sweep(&mut self, s: &mut Traced, t: Tables) -> Result<HashMap<u32, u64>> {
         let execs = s.hash_entries(ML_EXECS);
         if execs.is_empty() {
-            return Ok(());
+            return Ok(HashMap::new());
         }
         for (tgid, _) in &execs {
             s.hash_remove(ML_EXECS, tgid)?;
@@ -45,7 +46,7 @@ impl Execs {
                 self.blocks += 1;
             }
         }
-        Ok(())
+        Ok(when)
     }
 
     /// A process that exec'd a statically linked program other than the

@@ -6,8 +6,11 @@
 pub mod entries;
 pub mod execs;
 pub mod exited;
+pub mod injection;
 pub mod points;
 pub mod report;
+pub mod shim;
+pub mod shimmed;
 pub mod watch;
 
 /// The preloaded shim's file name starts so: a stack's first frames in it

@@ -347,6 +347,12 @@ impl Injected {
     /// Puts every rewritten slot back. Returns how many were, and how many
     /// the process had rewritten since (left as it made them); None when
     /// there is nothing to put back into (it exited or exec'd).
+    /// Lets go without putting anything back: the image it was loaded into
+    /// is gone (an exec).
+    pub fn abandon(&mut self) {
+        self.restored = true;
+    }
+
     pub fn restore(&mut self) -> Result<Option<(usize, usize)>> {
         self.restored = true;
         if self.slots.is_empty() {

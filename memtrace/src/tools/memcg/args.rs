@@ -46,6 +46,13 @@ pub struct Args {
     /// records every allocation.
     #[arg(long, value_name = "BYTES", default_value = "512K", value_parser = parse_size, requires = "heap")]
     pub heap_sample: u64,
+    /// With --heap: uprobes on the allocator in every process that maps it
+    /// (a trap, about 1 us, on every call) instead of the allocator shim
+    /// loaded into the groups' processes (a few ns a call). Uprobes see a
+    /// process that joins a group from its first call there; the shim,
+    /// from the moment it is loaded (within a sampling tick).
+    #[arg(long, requires = "heap")]
+    pub no_inject: bool,
     #[command(flatten)]
     pub stacks: crate::stacks::args::StackArgs,
 }

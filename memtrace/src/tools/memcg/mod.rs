@@ -20,7 +20,7 @@ use crate::error::{Error, Result};
 use crate::output::{Printer, Value};
 use crate::probes::heap::watch::HeapWatch;
 use crate::probes::reclaim::{prepare_reclaim, reclaim_probes};
-use crate::process::cgroup::{notify::Poller, Events, Group, Psi, Version};
+use crate::process::cgroup::{notify::Poller, Events, Group, Psi};
 use crate::run::args::IntervalArgs;
 use crate::run::tool::{About, Prep, Tool};
 use crate::session::attach::Probe;
@@ -54,6 +54,11 @@ const TAG_STEP: u64 = 3;
 const STEP_TENTH: u64 = 1 << 32;
 const TAG_TIMER: u64 = u64::MAX;
 const TAG_PREKILL: u64 = u64::MAX - 1;
+const TAG_ARRIVALS: u64 = u64::MAX - 2;
+/// How often --heap looks for processes new to the groups, to load the
+/// shim into them: what a process allocates before it is loaded is not
+/// seen (a sampling tick of 500 ms missed half of a 96 MiB group).
+const ARRIVALS_EVERY: Duration = Duration::from_millis(10);
 
 #[derive(Clone, Copy, Debug)]
 struct Sample {
@@ -97,6 +102,8 @@ pub struct Memcg {
     hook: Option<prekill::Hook>,
     prekills: u64,
     heap: Option<HeapWatch>,
+    /// The groups and their descendants as last walked (`sample`).
+    walked: Vec<crate::process::cgroup::Group>,
 }
 
 impl Memcg {
@@ -164,7 +171,15 @@ impl Memcg {
             rows: 0,
             hook,
             prekills: 0,
-            heap: a.heap.then(|| HeapWatch::new(a.heap_sample, true)),
+            heap: match a.heap {
+                true => Some(HeapWatch::new(a.heap_sample, true).shimmed(
+                    !a.no_inject,
+                    "memcg",
+                    a.common.verbose,
+                )?),
+                false => None,
+            },
+            walked: Vec::new(),
         })
     }
 
@@ -289,6 +304,9 @@ impl Tool for Memcg {
     }
 
     fn on_start(&mut self, s: &mut Traced) -> Result<()> {
+        if let Some(h) = self.heap.as_mut() {
+            h.start()?;
+        }
         self.sample(s)?;
         if self.runup_events() {
             self.set_lines(s)?;
@@ -312,42 +330,7 @@ impl Tool for Memcg {
     }
 
     fn on_wakeup(&mut self, s: &mut Traced, out: &mut dyn Printer) -> Result<()> {
-        let mut tags = self.poller.as_mut().map(Poller::ready).unwrap_or_default();
-        // Steps read together go into the run-up lowest first.
-        tags.sort_unstable();
-        for tag in tags {
-            if tag == TAG_PREKILL {
-                self.on_prekill(s, out)?;
-                continue;
-            }
-            if tag == TAG_TIMER {
-                self.sample(s)?;
-                // v2 has no usage notifier: usage is checked at each sample too.
-                for i in 0..self.groups.len() {
-                    if self.groups[i].group.version == Version::V2 {
-                        self.check_usage(i, "sample", s, out)?;
-                    }
-                }
-                // The v1 notifier fires at a crossing only: a group over
-                // the line already is warned about at the first sample.
-                if !self.checked_start {
-                    self.checked_start = true;
-                    for i in 0..self.groups.len() {
-                        self.check_usage(i, "at start", s, out)?;
-                    }
-                }
-                continue;
-            }
-            let (tenth, tag) = (tag / STEP_TENTH, tag % STEP_TENTH);
-            let i = (tag / TAGS) as usize;
-            match tag % TAGS {
-                TAG_PRESSURE => self.warn(i, "pressure", None, s, out)?,
-                TAG_STEP => self.step(i, tenth),
-                TAG_EVENTS => self.check_usage(i, "memory.events", s, out)?,
-                _ => self.check_usage(i, "threshold", s, out)?,
-            }
-        }
-        Ok(())
+        self.wakeup(s, out)
     }
 
     fn done(&self) -> bool {
@@ -356,6 +339,15 @@ impl Tool for Memcg {
 
     fn report(&mut self, s: &mut Traced, out: &mut dyn Printer, _clear: bool) -> Result<()> {
         self.table(s, out)
+    }
+
+    fn finish(&mut self, s: &mut Traced, out: &mut dyn Printer) -> Result<()> {
+        // The processes' calls put back before the last table.
+        if let Some(h) = self.heap.as_mut() {
+            h.finish();
+        }
+        let per_interval = self.interval().is_some();
+        self.report(s, out, per_interval)
     }
 
     /// Sample rows, warnings, prekill calls and OOM kills printed (a

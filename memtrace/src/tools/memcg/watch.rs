@@ -10,10 +10,11 @@ use memtrace_common::{
 };
 
 use super::{
-    rss, table, Memcg, Sample, GROWTH_WINDOW, SAMPLE_EVERY, STEP_TENTH, TAGS, TAG_EVENTS,
-    TAG_PREKILL, TAG_PRESSURE, TAG_STEP, TAG_TIMER, TAG_USAGE, TIMELINE,
+    rss, table, Memcg, Sample, ARRIVALS_EVERY, GROWTH_WINDOW, SAMPLE_EVERY, STEP_TENTH, TAGS,
+    TAG_ARRIVALS, TAG_EVENTS, TAG_PREKILL, TAG_PRESSURE, TAG_STEP, TAG_TIMER, TAG_USAGE, TIMELINE,
 };
 use crate::error::Result;
+use crate::output::Printer;
 use crate::process::cgroup::notify::Poller;
 use crate::process::cgroup::{Group, Version};
 use crate::stacks::Traced;
@@ -56,6 +57,9 @@ impl Memcg {
                     say!("memtrace: {}: no PSI trigger: {e}", w.group.path);
                 }
             }
+        }
+        if self.heap.as_ref().is_some_and(|h| h.shimmed_in()) {
+            p.timer(ARRIVALS_EVERY, TAG_ARRIVALS)?;
         }
         if let Some(h) = &self.hook {
             use std::os::fd::AsFd;
@@ -149,6 +153,7 @@ impl Memcg {
             }
             // The groups as walked, for the heap's newcomers.
             self.follow_members(&walked, s)?;
+            self.walked = walked;
         }
         if self.warning() {
             for (pid, v) in s.hash_entries(names::MEMCG_PROCS) {
@@ -162,6 +167,52 @@ impl Memcg {
                 while h.front().is_some_and(|x| now - x.0 > GROWTH_WINDOW) {
                     h.pop_front();
                 }
+            }
+        }
+        Ok(())
+    }
+
+    /// What the poller says is ready: notifiers, timers, a prekill call.
+    pub(super) fn wakeup(&mut self, s: &mut Traced, out: &mut dyn Printer) -> Result<()> {
+        let mut tags = self.poller.as_mut().map(Poller::ready).unwrap_or_default();
+        // Steps read together go into the run-up lowest first.
+        tags.sort_unstable();
+        for tag in tags {
+            if tag == TAG_PREKILL {
+                self.on_prekill(s, out)?;
+                continue;
+            }
+            if tag == TAG_ARRIVALS {
+                let walked = std::mem::take(&mut self.walked);
+                self.follow_members(&walked, s)?;
+                self.walked = walked;
+                continue;
+            }
+            if tag == TAG_TIMER {
+                self.sample(s)?;
+                // v2 has no usage notifier: usage is checked at each sample too.
+                for i in 0..self.groups.len() {
+                    if self.groups[i].group.version == Version::V2 {
+                        self.check_usage(i, "sample", s, out)?;
+                    }
+                }
+                // The v1 notifier fires at a crossing only: a group over
+                // the line already is warned about at the first sample.
+                if !self.checked_start {
+                    self.checked_start = true;
+                    for i in 0..self.groups.len() {
+                        self.check_usage(i, "at start", s, out)?;
+                    }
+                }
+                continue;
+            }
+            let (tenth, tag) = (tag / STEP_TENTH, tag % STEP_TENTH);
+            let i = (tag / TAGS) as usize;
+            match tag % TAGS {
+                TAG_PRESSURE => self.warn(i, "pressure", None, s, out)?,
+                TAG_STEP => self.step(i, tenth),
+                TAG_EVENTS => self.check_usage(i, "memory.events", s, out)?,
+                _ => self.check_usage(i, "threshold", s, out)?,
             }
         }
         Ok(())

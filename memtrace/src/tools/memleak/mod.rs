@@ -5,7 +5,6 @@
 
 mod args;
 mod batches;
-mod inject;
 mod preload;
 mod unseen;
 
@@ -22,7 +21,8 @@ use memtrace_common::{
 
 use crate::error::{Error, Result};
 use crate::output::{Printer, Value};
-use crate::probes::heap::{execs, exited, points, report};
+use crate::probes::heap::injection::Injection;
+use crate::probes::heap::{execs, exited, points, report, shim};
 use crate::run::args::IntervalArgs;
 use crate::run::tool::{About, Prep, Tool};
 use crate::session::attach::Probe;
@@ -41,7 +41,7 @@ pub struct Memleak {
     preload: Option<PathBuf>,
     /// The shim to load into the `-p` process, until it is (or is not).
     inject_from: Option<PathBuf>,
-    injection: Option<inject::Injection>,
+    injection: Option<Injection>,
     /// Frees in the shim's batches at the last report (applied later).
     pending_frees: u64,
     /// The process traced (`-p`, `-c`): its exit ends the run, and the
@@ -65,7 +65,7 @@ impl Memleak {
             ));
         }
         let preload = match preload::unusable(a) {
-            None if a.common.command.is_some() => Some(preload::install()?),
+            None if a.common.command.is_some() => Some(shim::install()?),
             None => None,
             Some(why) => {
                 if a.common.command.is_some() && a.common.verbose && !a.no_preload {
@@ -75,7 +75,7 @@ impl Memleak {
             }
         };
         let inject_from = (a.common.pid.is_some() && preload::injectable(a))
-            .then(preload::install)
+            .then(shim::install)
             .and_then(|r| r.ok());
         Ok(Memleak {
             inject_from,
@@ -193,11 +193,12 @@ impl Tool for Memleak {
         self.target = k.target;
         let injected = match (self.inject_from.take(), k.target) {
             (Some(shim), Some(pid)) => {
-                inject::Injection::start(pid, &shim, self.args.sample_bytes.unwrap_or(0))?
+                Injection::start(pid, &shim, self.args.sample_bytes.unwrap_or(0), "memleak")
             }
             _ => None,
         };
-        let (probes, placements) = if let Some((i, p, said)) = injected {
+        let (probes, placements) = if let Some((i, said)) = injected {
+            let (p, _) = shim::probes(i.shim(), k.target)?;
             self.injection = Some(i);
             (p, said)
         } else if let Some(shim) = &self.preload {
@@ -208,7 +209,7 @@ impl Tool for Memleak {
                     .command
                     .as_deref()
                     .is_some_and(|c| !crate::process::command::is_simple(c));
-            preload::probes(shim, if follow { None } else { k.target })?
+            shim::probes(shim, if follow { None } else { k.target })?
         } else if self.user {
             let a = &self.args;
             let follow = a.common.children

@@ -14,7 +14,9 @@ use memtrace_common::{
 
 use super::points::{self, Points};
 use super::report::{self, Phase, Tables, View, USER};
-use super::{execs::Execs, exited::Exited};
+use super::{execs::Execs, exited::Exited, shimmed::Shimmed};
+
+mod shim_in;
 use crate::error::{Error, Result};
 use crate::output::{Printer, Value};
 use crate::process::maps::{read_maps, Mapping};
@@ -51,6 +53,11 @@ pub struct HeapWatch {
     counts: [u64; counter::NR as usize],
     /// Processes whose allocator could not be probed, and why (said once).
     unprobed: u64,
+    /// The shim loaded into the processes taken in (else uprobes).
+    shim: Option<Shimmed>,
+    /// Processes the shim was loaded into (or refused) at the set-up, not
+    /// to be taken in again.
+    taken: HashSet<u32>,
 }
 
 impl HeapWatch {
@@ -70,6 +77,8 @@ impl HeapWatch {
             execs: Execs::default(),
             counts: [0; counter::NR as usize],
             unprobed: 0,
+            shim: None,
+            taken: HashSet::new(),
         }
     }
 
@@ -104,6 +113,9 @@ impl HeapWatch {
             by_group: self.by_group as u32,
             ..Default::default()
         };
+        if self.shim.is_some() {
+            return self.prepare_shim(loader, cfg, pids);
+        }
         for &pid in pids {
             let maps = read_maps(pid).unwrap_or_default();
             if let Some(p) = self.allocator_of(pid, &maps) {
@@ -123,22 +135,11 @@ impl HeapWatch {
             self.probes.extend(p.probes);
         }
         self.probes.extend(points::mmap_probes(&mut cfg)?);
-        loader.global(MEMLEAK_CFG, &cfg);
-        loader.max_entries(ML_PENDING, PENDING_SLOTS);
-        loader.max_entries(ML_EXECS, 4096);
-        loader.max_entries(USER.allocs, MAX_ALLOCS);
-        loader.max_entries(USER.stacks, MAX_STACKS);
-        loader.max_entries(ML_COUNTS, counter::NR);
+        size_tables(loader, &cfg);
         if std::mem::replace(&mut self.said, true) {
             return Ok(());
         }
-        let sampled = match self.sample {
-            0 => "every allocation".to_string(),
-            n => format!(
-                "sampled, one per {} bytes on average",
-                crate::output::human(n)
-            ),
-        };
+        let sampled = self.sampled();
         say!(
             "memtrace: --heap: allocator calls ({sampled}) by uprobes in {}; every process that \
              maps one takes the trap (about 1 us a call), the kernel programs keep {}",
@@ -150,6 +151,16 @@ impl HeapWatch {
             }
         );
         Ok(())
+    }
+
+    fn sampled(&self) -> String {
+        match self.sample {
+            0 => "every allocation".to_string(),
+            n => format!(
+                "sampled, one per {} bytes on average",
+                crate::output::human(n)
+            ),
+        }
     }
 
     /// The probes for `pid`'s allocator if it is one not probed yet.
@@ -218,6 +229,24 @@ impl HeapWatch {
                 cache.maps(pid).map(<[Mapping]>::to_vec)
             };
             let Some(maps) = maps else { continue };
+            if self.shim.is_some() {
+                if self.taken.remove(&pid) {
+                    continue;
+                }
+                // Caught between its exec and its loader's mapping of libc:
+                // looked at again next time.
+                let exe = std::path::PathBuf::from(format!("/proc/{pid}/exe"));
+                if !allocator_key(&maps).is_some_and(|k| k.1)
+                    && !crate::session::uprobe::is_static(&exe)
+                {
+                    self.seen.remove(&pid);
+                    continue;
+                }
+                for p in self.shim_in(pid) {
+                    s.attach(&p)?;
+                }
+                continue;
+            }
             if let Some(probes) = self.allocator_of(pid, &maps) {
                 for p in &probes {
                     s.attach(p)?;
@@ -244,8 +273,22 @@ impl HeapWatch {
     pub fn forget_exited(&mut self, s: &mut Traced) -> Result<usize> {
         self.read_counts(s)?;
         self.seen.retain(|&p| crate::process::proc::alive(p));
-        self.execs.sweep(s, USER)?;
+        if let Some(sh) = self.shim.as_mut() {
+            sh.forget_gone(|p| self.seen.contains(&p));
+        }
+        self.sweep(s)?;
         self.exited.reclaim(s, USER, None)
+    }
+
+    /// The blocks of images that exec'd away go; a process that exec'd is
+    /// taken in again (its new image has no shim).
+    fn sweep(&mut self, s: &mut Traced) -> Result<()> {
+        for (pid, at) in self.execs.sweep(s, USER)? {
+            if self.shim.as_mut().is_some_and(|sh| sh.exec(pid, at)) {
+                self.seen.remove(&pid);
+            }
+        }
+        Ok(())
     }
 
     /// What `pids` hold, by stack, biggest first, printed as `kind`.
@@ -258,7 +301,7 @@ impl HeapWatch {
         out: &mut dyn Printer,
     ) -> Result<()> {
         self.read_counts(s)?;
-        self.execs.sweep(s, USER)?;
+        self.sweep(s)?;
         let view = View {
             pending: &[],
             by_bytes: true,
@@ -317,8 +360,19 @@ impl HeapWatch {
             v.push(("heap_arena_bytes_left_out", Value::from(self.arena_bytes)));
         }
         v.extend(self.exited.summary());
+        v.extend(self.shim.iter().flat_map(Shimmed::summary));
         v
     }
+}
+
+/// The kernel's tables sized, and the configuration set.
+fn size_tables(loader: &mut crate::session::Loader, cfg: &MemleakConfig) {
+    loader.global(MEMLEAK_CFG, cfg);
+    loader.max_entries(ML_PENDING, PENDING_SLOTS);
+    loader.max_entries(ML_EXECS, 4096);
+    loader.max_entries(USER.allocs, MAX_ALLOCS);
+    loader.max_entries(USER.stacks, MAX_STACKS);
+    loader.max_entries(ML_COUNTS, counter::NR);
 }
 
 /// The files that may hold a process's allocator, by device and inode

@@ -1,21 +1,23 @@
-//! `memleak -p` through the shim, loaded into the running process
-//! (process::inject): the process's allocator calls reach the shim's
-//! report sites as a `-c` command's do, so a sampled `-p` costs what a
-//! sampled `-c` costs instead of a trap per call. Where loading it is not
-//! safe or fails, one line says why and uprobes take over.
+//! The allocator shim loaded into a running process (process::inject), for
+//! `memleak -p` and memcg's `--heap`: the process's allocator calls reach
+//! the shim's report sites as a preloaded command's do, so sampling costs
+//! what it costs in a `-c` command instead of a trap per call. Where
+//! loading it is not safe or fails, one line says why and uprobes take
+//! over.
 
 use std::path::Path;
 
 use crate::error::{Error, Result};
 use crate::output::Value;
 use crate::process::inject::Injected;
-use crate::session::attach::Probe;
 
-/// The injection, the probes on the shim's sites and what to say of them.
-pub type Started = (Injection, Vec<Probe>, Vec<String>);
+/// The injection and what to say of it.
+pub type Started = (Injection, Vec<String>);
 
 pub struct Injection {
     pid: u32,
+    /// The tool, in what is said.
+    tool: &'static str,
     inner: Injected,
     /// Slots and objects redirected, slots put back and slots the process
     /// had rewritten itself by then.
@@ -24,17 +26,15 @@ pub struct Injection {
 }
 
 impl Injection {
-    /// Loads the shim into `pid`, with the probes on its sites; None (said)
-    /// when uprobes must do instead.
-    pub fn start(pid: u32, shim: &Path, sample: u64) -> Result<Option<Started>> {
+    /// Loads the shim into `pid`; None (said) when uprobes must do instead.
+    pub fn start(pid: u32, shim: &Path, sample: u64, tool: &'static str) -> Option<Started> {
         let inner = match Injected::load(pid, shim, sample) {
             Ok(i) => i,
             Err(why) => {
-                say!("memtrace: memleak: not loading the allocator shim into pid {pid}: {why}; uprobes instead");
-                return Ok(None);
+                say!("memtrace: {tool}: not loading the allocator shim into pid {pid}: {why}; uprobes instead");
+                return None;
             }
         };
-        let (probes, _) = super::preload::probes(&inner.shim, Some(pid))?;
         let mut said =
             vec![format!(
             "allocator: {}, through the shim loaded into pid {pid} from {} (its allocator calls \
@@ -51,11 +51,32 @@ impl Injection {
         }
         let me = Injection {
             pid,
+            tool,
             inner,
             redirected: (0, 0),
             restored: None,
         };
-        Ok(Some((me, probes, said)))
+        Some((me, said))
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.pid
+    }
+
+    /// Lets go without putting anything back (the process exec'd).
+    pub fn abandon(&mut self) {
+        self.inner.abandon();
+        self.restored = Some((0, 0));
+    }
+
+    /// Slots put back and slots the process had rewritten, once restored.
+    pub fn restored(&self) -> Option<(usize, usize)> {
+        self.restored
+    }
+
+    /// The shim as memtrace reaches it, for the probes on its sites.
+    pub fn shim(&self) -> &Path {
+        &self.inner.shim
     }
 
     /// Once the probes are on: the process's calls go to the shim.
@@ -63,17 +84,19 @@ impl Injection {
         self.redirected = self
             .inner
             .redirect()
-            .map_err(|e| Error::Runtime(format!("memleak: pid {}: {e}", self.pid)))?;
+            .map_err(|e| Error::Runtime(format!("{}: pid {}: {e}", self.tool, self.pid)))?;
         let (slots, objects) = self.redirected;
         if slots == 0 {
             say!(
-                "memtrace: memleak: warning: no allocator call of pid {} could be pointed at the shim \
+                "memtrace: {}: warning: no allocator call of pid {} could be pointed at the shim \
                  (no object binds them by name): its allocations will not be seen",
+                self.tool,
                 self.pid
             );
         } else if verbose {
             say!(
-                "memtrace: memleak: {slots} allocator call slots in {objects} objects of pid {} point at the shim",
+                "memtrace: {}: {slots} allocator call slots in {objects} objects of pid {} point at the shim",
+                self.tool,
                 self.pid
             );
         }
@@ -97,15 +120,17 @@ impl Injection {
                 };
                 if self.redirected.0 > 0 {
                     say!(
-                        "memtrace: memleak: pid {}'s allocator calls put back ({put} of {} slots){also}",
+                        "memtrace: {}: pid {}'s allocator calls put back ({put} of {} slots){also}",
+                        self.tool,
                         self.pid,
                         self.redirected.0
                     );
                 }
             }
             Err(e) => say!(
-                "memtrace: memleak: warning: pid {}'s allocator calls could not be put back: {e} \
+                "memtrace: {}: warning: pid {}'s allocator calls could not be put back: {e} \
                  (they still go through the shim, which forwards them)",
+                self.tool,
                 self.pid
             ),
         }
