@@ -2,7 +2,7 @@
 //! timed loop as memleak's, run in a memory cgroup memtrace watches (the
 //! tracer is not the loop's parent here, so it runs beside it).
 
-use std::io::{BufRead, BufReader};
+use std::io::{BufRead, BufReader, Write};
 use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
@@ -44,7 +44,7 @@ pub(super) fn once(lp: &str, pairs: u64, extra: &[String]) -> Option<f64> {
     let g = Group::new()?;
     let name = format!("/{}", g.0.file_name()?.to_str()?);
     let mut tracer = Command::new(memtrace())
-        .args(["memcg", "--cgroup", &name, "--heap"])
+        .args(["memcg", "--cgroup", &name, "--heap", "-v"])
         .args(extra)
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
@@ -63,20 +63,41 @@ pub(super) fn once(lp: &str, pairs: u64, extra: &[String]) -> Option<f64> {
             break;
         }
     }
-    std::thread::spawn(move || std::io::copy(&mut err, &mut std::io::sink()));
+    // The loop waits in the group until memtrace has taken it in: the shim
+    // loaded (said with -v), or at once with uprobes.
     let procs = g.0.join("cgroup.procs");
     let mut c = Command::new(workload());
-    c.args([lp, &pairs.to_string()]);
+    c.args(["--wait", lp, &pairs.to_string()]);
     // SAFETY: only a write(2) between fork and exec.
     unsafe {
         c.pre_exec(move || std::fs::write(&procs, std::process::id().to_string()));
     }
-    let out = c.stdout(Stdio::piped()).stderr(Stdio::null()).output().ok();
+    let mut w = c.stdin(Stdio::piped()).stdout(Stdio::piped()).spawn().ok()?;
+    let mut lines = BufReader::new(w.stdout.take()?).lines();
+    lines.next()?.ok()?;
+    if !extra.iter().any(|a| a == "--no-inject") {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < deadline {
+            line.clear();
+            if err.read_line(&mut line).ok()? == 0 {
+                return None;
+            }
+            if line.contains("point at the shim") {
+                break;
+            }
+        }
+    }
+    std::thread::spawn(move || std::io::copy(&mut err, &mut std::io::sink()));
+    let mut stdin = w.stdin.take()?;
+    let _ = stdin.write_all(b"go\n");
+    drop(stdin);
+    let ns = lines
+        .map_while(|l| l.ok())
+        .find_map(|l| l.strip_prefix("elapsed_ns ")?.trim().parse().ok());
+    let _ = w.wait();
     let _ = Command::new("kill")
         .args(["-INT", &tracer.id().to_string()])
         .status();
     let _ = tracer.wait();
-    String::from_utf8_lossy(&out?.stdout)
-        .lines()
-        .find_map(|l| l.strip_prefix("elapsed_ns ")?.trim().parse().ok())
+    ns
 }

@@ -207,11 +207,15 @@ fn loop_cost(runs: usize, [lp, f, what, unit]: [&str; 4], out: &mut String) -> R
                 "--no-inject",
             ])),
         ),
-        // The OOM heap (issue 36): its default, sampled by uprobes, for a
-        // process in a watched group.
+        // The OOM heap (issue 36): its default, the shim loaded into a
+        // process of a watched group as it is found, and by uprobes.
         (
-            "memtrace memcg --heap (sampled 512K, uprobes; the loop in the watched group)",
+            "memtrace memcg --heap (sampled 512K, shim injected; the loop in the watched group)",
             Some(owned(&[MEMCG_HEAP])),
+        ),
+        (
+            "memtrace memcg --heap --no-inject (sampled 512K, uprobes; the loop in the watched group)",
+            Some(owned(&[MEMCG_HEAP, "--no-inject"])),
         ),
         // The user-space anchor: an LD_PRELOAD profiler that unwinds every
         // call in the process (its data to a file, removed below).

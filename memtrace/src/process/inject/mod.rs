@@ -151,6 +151,36 @@ fn functions(l: &Loaded) -> HashMap<String, u64> {
         .unwrap_or_default()
 }
 
+/// Where a thread must not be stopped to call in: the C library, the
+/// loader and any allocator library (their code runs under their locks).
+fn busy(libs: &[Loaded]) -> Vec<(u64, u64)> {
+    libs.iter()
+        .filter(|l| {
+            let n = file_name(&l.shown);
+            n.starts_with("libc.so") || n.starts_with("ld-linux") || n.contains("alloc")
+        })
+        .map(|l| l.span)
+        .collect()
+}
+
+/// Every thread of `pid` held, with one to call in: held again after a
+/// moment while every thread is inside the allocator or the loader (an
+/// allocation-heavy loop), up to a limit.
+fn hold_calm(pid: u32, busy: &[(u64, u64)]) -> Result<(Held, i32)> {
+    const TRIES: u32 = 50;
+    for _ in 0..TRIES {
+        let held = Held::all(pid).map_err(|e| no(format!("cannot stop its threads: {e}")))?;
+        if let Some(tid) = held.calm_thread(busy) {
+            return Ok((held, tid));
+        }
+        drop(held);
+        std::thread::sleep(std::time::Duration::from_micros(500));
+    }
+    Err(no(format!(
+        "every thread was inside its allocator or loader at {TRIES} stops"
+    )))
+}
+
 /// Why `pid` must not be stopped and made to load a library, if so.
 fn unsafe_to_enter(pid: u32) -> Option<String> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
@@ -218,8 +248,7 @@ impl Injected {
             ));
         };
         let path = reachable(pid, shim)?;
-        let mut held = Held::all(pid).map_err(|e| no(format!("cannot stop its threads: {e}")))?;
-        let tid = held.calm_thread();
+        let (mut held, tid) = hold_calm(pid, &busy(&libs))?;
         let call = |h: &mut Held, f: u64, args: &[u64], data: &[u8]| {
             h.call(tid, f, args, data)
                 .map_err(|e| no(format!("calling into thread {tid}: {e}")))
@@ -379,7 +408,8 @@ impl Injected {
         }
         // Every thread is held: no batch changes while it is read.
         if let Some(f) = self.flush_all {
-            let tid = held.calm_thread();
+            let busy = busy(&loaded(self.pid));
+            let tid = held.calm_thread(&busy).unwrap_or(held.first());
             held.call(tid, f, &[], &[])
                 .map_err(|e| no(format!("reporting its batched frees: {e}")))?;
         }

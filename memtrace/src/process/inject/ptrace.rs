@@ -162,8 +162,11 @@ impl Held {
 
     /// The thread to call in: one blocked in a system call other than a
     /// futex wait (it holds no user-space lock mid-update, as a thread
-    /// stopped inside malloc would), else the first.
-    pub fn calm_thread(&self) -> i32 {
+    /// stopped inside malloc would), else one stopped outside `busy` (the
+    /// C library, the loader and the allocator: malloc and dlopen entered
+    /// again mid-update corrupt the heap); None when every thread is in
+    /// them (let it run a moment and hold it again).
+    pub fn calm_thread(&self, busy: &[(u64, u64)]) -> Option<i32> {
         let in_call = |tid: i32| {
             let s = std::fs::read_to_string(format!("/proc/{}/task/{tid}/syscall", self.pid))
                 .unwrap_or_default();
@@ -171,12 +174,31 @@ impl Held {
             nr.parse::<i64>()
                 .is_ok_and(|n| n >= 0 && n != libc::SYS_futex)
         };
-        self.tids
-            .iter()
-            .copied()
-            .filter(|t| !self.pending.contains_key(t))
-            .find(|&t| in_call(t))
-            .unwrap_or(self.tids[0])
+        let free = |&t: &i32| !self.pending.contains_key(&t);
+        if let Some(t) = self.tids.iter().copied().filter(free).find(|&t| in_call(t)) {
+            return Some(t);
+        }
+        self.tids.iter().copied().filter(free).find(|&t| {
+            self.pc(t)
+                .is_some_and(|pc| !busy.iter().any(|r| (r.0..r.1).contains(&pc)))
+        })
+    }
+
+    pub fn first(&self) -> i32 {
+        self.tids[0]
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    fn pc(&self, tid: i32) -> Option<u64> {
+        // SAFETY: a plain register structure, filled by the kernel.
+        let mut r: libc::user_regs_struct = unsafe { std::mem::zeroed() };
+        ptrace(libc::PTRACE_GETREGS, tid, 0, &mut r as *mut _ as usize).ok()?;
+        Some(r.rip)
+    }
+
+    #[cfg(not(target_arch = "x86_64"))]
+    fn pc(&self, _tid: i32) -> Option<u64> {
+        None
     }
 
     /// Calls `func(args...)` in thread `tid` and returns what it returned.
