@@ -42,10 +42,16 @@ const RECLAIM_EVERY: Duration = Duration::from_millis(250);
 /// between rounds that each moved fewer than 1024.
 const RECLAIM_SOON_RATE: f64 = 512.0;
 
+/// How often the allocator gives back the pages its freed memory left
+/// (malloc_trim): rounds free what exited processes held, and glibc
+/// returns only the top of each heap on its own.
+const TRIM_EVERY: Duration = Duration::from_secs(2);
+
 /// Keeps the kernel's count and stack maps from filling in long runs.
 struct Reclaim {
     last: Instant,
     soon: bool,
+    trimmed: Instant,
 }
 
 impl Reclaim {
@@ -54,6 +60,7 @@ impl Reclaim {
         Reclaim {
             last: Instant::now(),
             soon: true,
+            trimmed: Instant::now(),
         }
     }
 
@@ -77,6 +84,14 @@ impl Reclaim {
         let secs = self.last.elapsed().as_secs_f64().max(1e-3);
         self.soon = moved as f64 / secs >= RECLAIM_SOON_RATE;
         self.last = Instant::now();
+        if self.trimmed.elapsed() >= TRIM_EVERY {
+            // SAFETY: glibc's malloc_trim takes no pointer; 0 keeps no pad.
+            #[cfg(target_env = "gnu")]
+            unsafe {
+                libc::malloc_trim(0);
+            }
+            self.trimmed = Instant::now();
+        }
         Ok(())
     }
 }

@@ -72,7 +72,11 @@ pub(super) fn once(lp: &str, pairs: u64, extra: &[String]) -> Option<f64> {
     unsafe {
         c.pre_exec(move || std::fs::write(&procs, std::process::id().to_string()));
     }
-    let mut w = c.stdin(Stdio::piped()).stdout(Stdio::piped()).spawn().ok()?;
+    let mut w = c
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .ok()?;
     let mut lines = BufReader::new(w.stdout.take()?).lines();
     lines.next()?.ok()?;
     if !extra.iter().any(|a| a == "--no-inject") {

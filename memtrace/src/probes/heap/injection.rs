@@ -26,15 +26,14 @@ pub struct Injection {
 }
 
 impl Injection {
-    /// Loads the shim into `pid`; None (said) when uprobes must do instead.
-    pub fn start(pid: u32, shim: &Path, sample: u64, tool: &'static str) -> Option<Started> {
-        let inner = match Injected::load(pid, shim, sample) {
-            Ok(i) => i,
-            Err(why) => {
-                say!("memtrace: {tool}: not loading the allocator shim into pid {pid}: {why}; uprobes instead");
-                return None;
-            }
-        };
+    /// Loads the shim into `pid`; Err(why) when uprobes must do instead.
+    pub fn start(
+        pid: u32,
+        shim: &Path,
+        sample: u64,
+        tool: &'static str,
+    ) -> std::result::Result<Started, String> {
+        let inner = Injected::load(pid, shim, sample).map_err(|e| e.to_string())?;
         let mut said =
             vec![format!(
             "allocator: {}, through the shim loaded into pid {pid} from {} (its allocator calls \
@@ -56,7 +55,7 @@ impl Injection {
             redirected: (0, 0),
             restored: None,
         };
-        Some((me, said))
+        Ok((me, said))
     }
 
     pub fn pid(&self) -> u32 {

@@ -33,7 +33,15 @@ pub struct Shimmed {
     refused: u64,
     /// Slots put back at the end, and those the processes had rewritten.
     restored: (usize, usize),
+    /// When the latest loads were tried (a churn's rate).
+    recent: std::collections::VecDeque<std::time::Instant>,
+    /// Why loads were refused, each said once.
+    said: std::collections::HashSet<String>,
 }
+
+/// Loads tried in the last second past which the groups churn: only
+/// processes old enough are loaded then (`HeapWatch::too_young`).
+const CHURN: usize = 20;
 
 impl Shimmed {
     pub fn new(sample: u64, tool: &'static str, verbose: bool) -> Result<Shimmed> {
@@ -49,6 +57,8 @@ impl Shimmed {
             inherited: 0,
             refused: 0,
             restored: (0, 0),
+            recent: Default::default(),
+            said: Default::default(),
         })
     }
 
@@ -58,19 +68,48 @@ impl Shimmed {
         Ok(shim::probes(&self.shim, None)?.0)
     }
 
-    /// Takes `pid` in. Some(probes) when its calls go through the shim
-    /// (now, or at `start`): probes on a copy of the shim in its mount
-    /// namespace, which the shared probes do not cover. None when uprobes
-    /// must do.
-    pub fn take(&mut self, pid: u32) -> Option<Vec<Probe>> {
+    /// Whether loads were tried by the dozen in the last second.
+    pub fn busy(&mut self) -> bool {
+        let now = std::time::Instant::now();
+        while self
+            .recent
+            .front()
+            .is_some_and(|t| now - *t > std::time::Duration::from_secs(1))
+        {
+            self.recent.pop_front();
+        }
+        self.recent.len() >= CHURN
+    }
+
+    /// Takes `pid` in. Some(Some(probes)) when its calls go through the
+    /// shim (now, or at `start`): probes on a copy of the shim in its
+    /// mount namespace, which the shared probes do not cover. Some(None)
+    /// when it changed meanwhile (exec, exit): to be looked at again. None
+    /// when uprobes must do.
+    pub fn take(&mut self, pid: u32) -> Option<Option<Vec<Probe>>> {
         if maps_shim(pid) {
             self.inherited += 1;
-            return Some(Vec::new());
+            return Some(Some(Vec::new()));
         }
         let at = monotonic_ns();
-        let Some((mut i, said)) = Injection::start(pid, &self.shim, self.sample, self.tool) else {
-            self.refused += 1;
-            return None;
+        self.recent.push_back(std::time::Instant::now());
+        let before = identity(pid);
+        let (mut i, said) = match Injection::start(pid, &self.shim, self.sample, self.tool) {
+            Ok(s) => s,
+            // It exec'd or exited meanwhile: looked at again.
+            Err(_) if identity(pid) != before || before.is_none() => return Some(None),
+            Err(why) => {
+                self.refused += 1;
+                // Once per reason: a group of many alike says it once.
+                if self.said.insert(why.clone()) {
+                    say!(
+                        "memtrace: {}: not loading the allocator shim into pid {pid}: {why}; \
+                         uprobes instead (said once; heap_shim_refused counts them)",
+                        self.tool
+                    );
+                }
+                return None;
+            }
         };
         if self.verbose {
             for s in said {
@@ -93,7 +132,7 @@ impl Shimmed {
         };
         if !self.started {
             self.pending.push((i, at));
-            return Some(probes);
+            return Some(Some(probes));
         }
         if i.redirect(self.verbose).is_err() {
             i.restore();
@@ -102,7 +141,7 @@ impl Shimmed {
         }
         self.by_pid.insert(pid, (i, at));
         self.loaded += 1;
-        Some(probes)
+        Some(Some(probes))
     }
 
     /// Once the probes are on: the processes loaded before point their
@@ -196,4 +235,10 @@ fn monotonic_ns() -> u64 {
     let mut t: libc::timespec = unsafe { std::mem::zeroed() };
     unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut t) };
     t.tv_sec as u64 * 1_000_000_000 + t.tv_nsec as u64
+}
+
+/// A process's image: its executable and start time (None once gone).
+fn identity(pid: u32) -> Option<(PathBuf, u64)> {
+    let exe = std::fs::read_link(format!("/proc/{pid}/exe")).ok()?;
+    Some((exe, crate::process::proc::start_time(pid)?))
 }

@@ -193,7 +193,13 @@ impl Tool for Memleak {
         self.target = k.target;
         let injected = match (self.inject_from.take(), k.target) {
             (Some(shim), Some(pid)) => {
-                Injection::start(pid, &shim, self.args.sample_bytes.unwrap_or(0), "memleak")
+                match Injection::start(pid, &shim, self.args.sample_bytes.unwrap_or(0), "memleak") {
+                    Ok(i) => Some(i),
+                    Err(why) => {
+                        say!("memtrace: memleak: not loading the allocator shim into pid {pid}: {why}; uprobes instead");
+                        None
+                    }
+                }
             }
             _ => None,
         };

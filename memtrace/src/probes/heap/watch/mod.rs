@@ -58,6 +58,10 @@ pub struct HeapWatch {
     /// Processes the shim was loaded into (or refused) at the set-up, not
     /// to be taken in again.
     taken: HashSet<u32>,
+    /// Processes found too young to load the shim into, and how many of
+    /// them were gone before they were old enough.
+    young: HashSet<u32>,
+    young_gone: u64,
 }
 
 impl HeapWatch {
@@ -79,6 +83,8 @@ impl HeapWatch {
             unprobed: 0,
             shim: None,
             taken: HashSet::new(),
+            young: HashSet::new(),
+            young_gone: 0,
         }
     }
 
@@ -221,6 +227,9 @@ impl HeapWatch {
                 self.candidates.insert(pid);
                 continue;
             }
+            if self.shim.is_some() && self.too_young(pid) {
+                continue;
+            }
             self.seen.insert(pid);
             // The maps read once: kept for its stacks, and its allocator's key.
             let maps = {
@@ -230,21 +239,7 @@ impl HeapWatch {
             };
             let Some(maps) = maps else { continue };
             if self.shim.is_some() {
-                if self.taken.remove(&pid) {
-                    continue;
-                }
-                // Caught between its exec and its loader's mapping of libc:
-                // looked at again next time.
-                let exe = std::path::PathBuf::from(format!("/proc/{pid}/exe"));
-                if !allocator_key(&maps).is_some_and(|k| k.1)
-                    && !crate::session::uprobe::is_static(&exe)
-                {
-                    self.seen.remove(&pid);
-                    continue;
-                }
-                for p in self.shim_in(pid) {
-                    s.attach(&p)?;
-                }
+                self.follow_shim(s, pid, &maps)?;
                 continue;
             }
             if let Some(probes) = self.allocator_of(pid, &maps) {
@@ -275,6 +270,9 @@ impl HeapWatch {
         self.seen.retain(|&p| crate::process::proc::alive(p));
         if let Some(sh) = self.shim.as_mut() {
             sh.forget_gone(|p| self.seen.contains(&p));
+            let before = self.young.len();
+            self.young.retain(|&p| crate::process::proc::alive(p));
+            self.young_gone += (before - self.young.len()) as u64;
         }
         self.sweep(s)?;
         self.exited.reclaim(s, USER, None)
@@ -360,6 +358,9 @@ impl HeapWatch {
             v.push(("heap_arena_bytes_left_out", Value::from(self.arena_bytes)));
         }
         v.extend(self.exited.summary());
+        if self.shim.is_some() {
+            v.push(("heap_gone_before_shim", Value::from(self.young_gone)));
+        }
         v.extend(self.shim.iter().flat_map(Shimmed::summary));
         v
     }

@@ -6,9 +6,13 @@ use memtrace_common::memleak::MemleakConfig;
 
 use super::super::points::{self, Points};
 use super::super::shimmed::Shimmed;
-use super::{size_tables, HeapWatch};
+use std::time::Duration;
+
+use super::{allocator_key, size_tables, HeapWatch};
 use crate::error::Result;
+use crate::process::maps::Mapping;
 use crate::session::attach::Probe;
+use crate::stacks::Traced;
 
 impl HeapWatch {
     /// The processes' calls through the allocator shim loaded into each,
@@ -49,7 +53,13 @@ impl HeapWatch {
             return Vec::new();
         };
         match sh.take(pid) {
-            Some(p) => p,
+            Some(Some(p)) => p,
+            // Changed meanwhile: looked at again at the next look.
+            Some(None) => {
+                self.seen.remove(&pid);
+                self.taken.remove(&pid);
+                Vec::new()
+            }
             None => self.uprobes_of(pid),
         }
     }
@@ -108,4 +118,54 @@ impl HeapWatch {
         );
         Ok(())
     }
+
+    /// A process of the groups found by the look for newcomers: its maps
+    /// read (in `follow`), the shim loaded into it or its own uprobes.
+    pub(super) fn follow_shim(&mut self, s: &mut Traced, pid: u32, maps: &[Mapping]) -> Result<()> {
+        if self.taken.remove(&pid) {
+            return Ok(());
+        }
+        // Caught between its exec and its loader's mapping of libc: looked
+        // at again next time.
+        let exe = std::path::PathBuf::from(format!("/proc/{pid}/exe"));
+        if !allocator_key(maps).is_some_and(|k| k.1) && !crate::session::uprobe::is_static(&exe) {
+            self.seen.remove(&pid);
+            return Ok(());
+        }
+        for p in self.shim_in(pid) {
+            s.attach(&p)?;
+        }
+        Ok(())
+    }
+
+    /// Whether `pid` is too young to load the shim into while the groups
+    /// start processes by the dozen a second: a churn of short-lived
+    /// processes (a build) would each be stopped for the load. Those gone
+    /// before they are old enough are counted (`heap_gone_before_shim`):
+    /// what they allocated is not seen.
+    pub(super) fn too_young(&mut self, pid: u32) -> bool {
+        let churn = self.shim.as_mut().is_some_and(|sh| sh.busy());
+        let young = churn && age(pid).is_some_and(|a| a < MIN_AGE);
+        match young {
+            true => self.young.insert(pid),
+            false => self.young.remove(&pid),
+        };
+        young
+    }
+}
+
+/// How old a process must be before the shim is loaded into it, under a
+/// churn.
+const MIN_AGE: Duration = Duration::from_millis(50);
+
+/// How long ago `pid` started (its start time has the kernel's clock
+/// ticks' granularity, 10 ms).
+fn age(pid: u32) -> Option<Duration> {
+    let ticks = crate::process::proc::start_time(pid)?;
+    // SAFETY: sysconf and a timespec to fill.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as u64;
+    let mut t: libc::timespec = unsafe { std::mem::zeroed() };
+    unsafe { libc::clock_gettime(libc::CLOCK_BOOTTIME, &mut t) };
+    let now = Duration::new(t.tv_sec as u64, t.tv_nsec as u32);
+    Some(now.saturating_sub(Duration::from_millis(ticks * 1000 / hz)))
 }
