@@ -2,13 +2,13 @@
 //! timed loop as memleak's, run in a memory cgroup memtrace watches (the
 //! tracer is not the loop's parent here, so it runs beside it).
 
-use std::io::{BufRead, BufReader, Write};
+use std::io::{BufRead, BufReader};
 use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use super::tracer::{memtrace, workload};
+use super::tracer::{go_and_time, memtrace, workload};
 
 /// A memory cgroup without a limit, removed on drop.
 struct Group(PathBuf);
@@ -92,13 +92,7 @@ pub(super) fn once(lp: &str, pairs: u64, extra: &[String]) -> Option<f64> {
         }
     }
     std::thread::spawn(move || std::io::copy(&mut err, &mut std::io::sink()));
-    let mut stdin = w.stdin.take()?;
-    let _ = stdin.write_all(b"go\n");
-    drop(stdin);
-    let ns = lines
-        .map_while(|l| l.ok())
-        .find_map(|l| l.strip_prefix("elapsed_ns ")?.trim().parse().ok());
-    let _ = w.wait();
+    let ns = go_and_time(&mut w, lines);
     let _ = Command::new("kill")
         .args(["-INT", &tracer.id().to_string()])
         .status();

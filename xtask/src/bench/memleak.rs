@@ -7,7 +7,7 @@ use std::process::{Command, Stdio};
 
 use anyhow::Result;
 
-use super::tracer::{have, median, memtrace, workload};
+use super::tracer::{go_and_time, have, median, memtrace, workload};
 
 const PAIRS: u64 = 200_000;
 /// The configuration that runs `memcg --heap` beside the loop.
@@ -65,7 +65,7 @@ fn once(lp: &str, argv: &[String]) -> Option<f64> {
 /// The loop's time under `argv -p PID`: the loop waits for memtrace's
 /// start line before it runs.
 fn by_pid(lp: &str, argv: &[String]) -> Option<f64> {
-    use std::io::{BufRead, BufReader, Write};
+    use std::io::{BufRead, BufReader};
     let mut w = Command::new(workload())
         .args(["--wait", lp, &PAIRS.to_string()])
         .stdin(Stdio::piped())
@@ -86,13 +86,7 @@ fn by_pid(lp: &str, argv: &[String]) -> Option<f64> {
         .lines()
         .map_while(|l| l.ok())
         .any(|l| l.starts_with("Tracing"));
-    let mut stdin = w.stdin.take()?;
-    let _ = stdin.write_all(b"go\n");
-    drop(stdin);
-    let ns = lines
-        .map_while(|l| l.ok())
-        .find_map(|l| l.strip_prefix("elapsed_ns ")?.trim().parse().ok());
-    let _ = w.wait();
+    let ns = go_and_time(&mut w, lines);
     let _ = Command::new("kill")
         .args(["-INT", &t.id().to_string()])
         .status();

@@ -168,3 +168,20 @@ pub(super) struct Config {
 pub(super) fn s(v: &[&str]) -> Vec<String> {
     v.iter().map(|x| x.to_string()).collect()
 }
+
+/// Lets a `--wait` workload go (the line on its stdin) and reads the loop's
+/// own time from its output.
+pub(super) fn go_and_time(
+    w: &mut Child,
+    lines: impl Iterator<Item = std::io::Result<String>>,
+) -> Option<f64> {
+    use std::io::Write;
+    let mut stdin = w.stdin.take()?;
+    let _ = stdin.write_all(b"go\n");
+    drop(stdin);
+    let ns = lines
+        .map_while(|l| l.ok())
+        .find_map(|l| l.strip_prefix("elapsed_ns ")?.trim().parse().ok());
+    let _ = w.wait();
+    ns
+}

@@ -183,8 +183,15 @@ impl HeapWatch {
             return None;
         }
         self.objects.insert(key);
+        self.probe_allocator(pid, None)
+    }
+
+    /// Uprobes on the allocator `pid` maps, for every process that maps it
+    /// or for `only` (None, said, when it cannot be probed).
+    fn probe_allocator(&mut self, pid: u32, only: Option<u32>) -> Option<Vec<Probe>> {
         let at = Points {
             running: Some(pid),
+            only,
             session: true,
             ..Default::default()
         };

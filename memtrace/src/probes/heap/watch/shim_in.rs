@@ -4,7 +4,6 @@
 
 use memtrace_common::memleak::MemleakConfig;
 
-use super::super::points::{self, Points};
 use super::super::shimmed::Shimmed;
 use std::time::Duration;
 
@@ -60,29 +59,8 @@ impl HeapWatch {
                 self.taken.remove(&pid);
                 Vec::new()
             }
-            None => self.uprobes_of(pid),
-        }
-    }
-
-    /// Uprobes for `pid` alone, on the allocator it maps.
-    fn uprobes_of(&mut self, pid: u32) -> Vec<Probe> {
-        let at = Points {
-            running: Some(pid),
-            only: Some(pid),
-            session: true,
-            ..Default::default()
-        };
-        match points::user(&at) {
-            Ok(p) => {
-                self.note(&p);
-                p.probes
-            }
-            Err(e) => {
-                self.unprobed += 1;
-                let name = crate::process::proc::comm(pid).unwrap_or_default();
-                say!("memtrace: warning: --heap: PID {pid} ({name}): its heap is not seen: {e}");
-                Vec::new()
-            }
+            // Uprobes for it alone.
+            None => self.probe_allocator(pid, Some(pid)).unwrap_or_default(),
         }
     }
 
