@@ -245,7 +245,11 @@ pub(crate) async fn event_loop(
                             started.elapsed().as_secs_f64(),
                             tool.events()
                         );
-                        last_progress = Instant::now();
+                        // On the period's beat, not from this late tick:
+                        // a minute sampler saw every few lines twice.
+                        while last_progress.elapsed() >= every {
+                            last_progress += every;
+                        }
                     }
                 }
                 if let (Some(p), true) = (common.pid, last_maps.elapsed() > Duration::from_secs(1)) {
