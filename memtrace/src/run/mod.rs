@@ -286,7 +286,6 @@ pub fn run(tool: &mut dyn Tool, common: &Common) -> Result<i32> {
             // Samples of exited processes resolved to rows as they exited.
             ("samples_resolved", Value::from(d.samples.resolved_keys)),
         ]);
-        add_folded(&mut extra, d.samples.folded);
     } else if let Some(t) = session
         .sym
         .maps
@@ -347,18 +346,6 @@ pub fn run(tool: &mut dyn Tool, common: &Common) -> Result<i32> {
         (0, Some(s)) if s > 0 && ended_by.is_none() => s,
         (code, _) => code,
     })
-}
-
-/// Stacks folded under the bound on kept counts, the tool's and the
-/// unwound samples' together.
-fn add_folded(extra: &mut Vec<(&'static str, Value)>, n: u64) {
-    if n == 0 {
-        return;
-    }
-    match extra.iter_mut().find(|(k, _)| *k == "stacks_folded") {
-        Some((_, Value::U(v))) => *v += n,
-        _ => extra.push(("stacks_folded", Value::from(n))),
-    }
 }
 
 /// Where the run's stacks go at the end, besides the output.

@@ -207,7 +207,7 @@ impl Tool for Brkstack {
     }
 
     fn on_start(&mut self, s: &mut Traced) -> Result<()> {
-        self.kept.bound_samples(s);
+        self.kept.share_with_samples(s);
         Ok(())
     }
 

@@ -159,11 +159,10 @@ impl<K, V> Kept<K, V> {
         }
     }
 
-    /// The unwound samples of dwarf mode are kept under the same bound,
-    /// and resolve to rows the same way.
-    pub fn bound_samples(&self, s: &mut crate::stacks::Traced) {
+    /// The unwound samples of dwarf mode resolve to rows the same way
+    /// (per process with --per-pid).
+    pub fn share_with_samples(&self, s: &mut crate::stacks::Traced) {
         if let Some(d) = s.dwarf.as_mut() {
-            d.samples.max = self.max;
             d.samples.per_pid = self.per_pid;
         }
     }

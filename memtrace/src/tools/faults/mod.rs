@@ -419,7 +419,7 @@ impl Tool for Faults {
     }
 
     fn on_start(&mut self, s: &mut Traced) -> Result<()> {
-        self.kept.bound_samples(s);
+        self.kept.share_with_samples(s);
         Ok(())
     }
 
