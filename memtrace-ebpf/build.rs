@@ -7,4 +7,6 @@ fn main() {
         panic!("bpf-linker not found: run `cargo xtask setup` (or `cargo xtask test`)");
     }
     println!("cargo:rerun-if-changed=build.rs");
+    // aya-build sets it from the target memtrace is built for.
+    println!("cargo::rustc-check-cfg=cfg(bpf_target_arch, values(\"x86_64\", \"aarch64\"))");
 }

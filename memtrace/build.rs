@@ -88,9 +88,26 @@ fn drop_line_info(obj: &mut [u8]) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The C compiler for the target: `$CC_<target>`, else `$CC` when not
+/// cross-compiling, else `cc`, or Debian's cross gcc (`aarch64-linux-gnu-gcc`).
+fn c_compiler() -> anyhow::Result<String> {
+    let (target, host) = (std::env::var("TARGET")?, std::env::var("HOST")?);
+    let by_target = format!("CC_{}", target.replace('-', "_"));
+    println!("cargo:rerun-if-env-changed={by_target}");
+    println!("cargo:rerun-if-env-changed=CC");
+    if let Ok(cc) = std::env::var(&by_target) {
+        return Ok(cc);
+    }
+    if target == host {
+        return Ok(std::env::var("CC").unwrap_or_else(|_| "cc".into()));
+    }
+    let arch = std::env::var("CARGO_CFG_TARGET_ARCH")?;
+    Ok(format!("{arch}-linux-gnu-gcc"))
+}
+
 /// Compiles memleak's allocator shim (preload/*.c) into a shared object
 /// that memtrace embeds and writes out for `memleak -c`. The system C
-/// compiler (`$CC`, else `cc`): five files with no dependency but glibc
+/// compiler (`c_compiler`): five files with no dependency but glibc
 /// (libc and libm), so no build system is needed around them.
 fn preload() -> anyhow::Result<()> {
     let srcs = [
@@ -105,9 +122,8 @@ fn preload() -> anyhow::Result<()> {
         println!("cargo:rerun-if-changed={s}");
     }
     let src = srcs[0];
-    println!("cargo:rerun-if-env-changed=CC");
     let out = std::path::PathBuf::from(std::env::var("OUT_DIR")?).join("memtrace_preload.so");
-    let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
+    let cc = c_compiler()?;
     let status = std::process::Command::new(&cc)
         .args([
             "-shared",

@@ -21,7 +21,8 @@ use memtrace_common::{
 
 use crate::helpers::{
     bump_by_stack, capture_stacks, capturing, count_gen, count_loss, current_task, current_tgid,
-    image_owner, memcg_id, note_member, tell_member, tp_field, wanted, Stacks, FILTER, NO_PREALLOC,
+    image_owner, memcg_id, note_member, perf_in_user_mode, tell_member, tp_field, wanted, Stacks,
+    FILTER, NO_PREALLOC,
 };
 
 #[unsafe(no_mangle)]
@@ -224,18 +225,13 @@ pub fn faults_kernel_tp(ctx: TracePointContext) -> u32 {
     0
 }
 
-/// Software page-fault perf event: the sample carries the address; the mode
-/// comes from the saved code segment's privilege level.
+/// Software page-fault perf event: the sample carries the address and the
+/// mode it was taken in.
 #[perf_event]
 pub fn faults_perf(ctx: PerfEventContext) -> u32 {
     let data = ctx.as_ptr() as *const bpf_perf_event_data;
-    let (addr, cs) = unsafe { ((*data).addr, (*data).regs.cs) };
-    count(
-        &ctx,
-        &FAULTS_PERF,
-        addr,
-        if cs & 3 == 0 { 1 } else { 0 },
-        false,
-    );
+    let addr = unsafe { (*data).addr };
+    let kernel = if perf_in_user_mode(data) { 0 } else { 1 };
+    count(&ctx, &FAULTS_PERF, addr, kernel, false);
     0
 }

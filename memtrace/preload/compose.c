@@ -28,10 +28,16 @@
 
 #define EXPORT __attribute__((visibility("default")))
 
-/* Weak, and glibc's oldest version: before 2.34 dlvsym is libdl's, which
- * the program may not load. */
+/* Weak, and glibc's oldest version on each architecture: before 2.34
+ * dlvsym is libdl's, which the program may not load. */
 #pragma weak dlvsym
+#if defined(__x86_64__)
 __asm__(".symver dlvsym,dlvsym@GLIBC_2.2.5");
+#elif defined(__aarch64__)
+__asm__(".symver dlvsym,dlvsym@GLIBC_2.17");
+#else
+#error "the shim knows glibc's first symbol version on x86_64 and aarch64 only"
+#endif
 
 dlsym_fn memtrace_real_dlsym(void) {
   static _Atomic(dlsym_fn) real;

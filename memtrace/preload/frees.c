@@ -27,7 +27,6 @@
 
 #define EXPORT __attribute__((visibility("default")))
 #define SITE __attribute__((noinline, used)) EXPORT
-#define NOP __asm__ volatile(".byte 0x0f, 0x1f, 0x40, 0x00" ::: "memory")
 #define UNUSED __attribute__((unused))
 
 /* memtrace-common's memleak::FREE_BATCH. */

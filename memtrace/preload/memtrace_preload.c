@@ -36,6 +36,7 @@
 #include <stdlib.h>
 #include <sys/mman.h>
 #include <sys/syscall.h>
+#include <time.h>
 #include <unistd.h>
 
 extern void *__libc_malloc(size_t);
@@ -54,9 +55,7 @@ extern void *__libc_pvalloc(size_t);
 /* What a site reports, beside the addresses (memtrace-common's origin). */
 enum { ORIGIN_USER = 0, ORIGIN_MMAP = 1 };
 
-/* The probe sites. Each begins with a 4-byte nop (emulated, never
- * optimized); the asm also keeps the calls. */
-#define NOP __asm__ volatile(".byte 0x0f, 0x1f, 0x40, 0x00" ::: "memory")
+/* The probe sites. Each begins with shim.h's NOP. */
 #define UNUSED __attribute__((unused))
 SITE void memtrace_alloc_site(UNUSED void *p, UNUSED size_t size, UNUSED void *old,
                               UNUSED unsigned long skipped, UNUSED unsigned long origin,
@@ -103,8 +102,11 @@ static __thread uint64_t rng __attribute__((tls_model("initial-exec")));
  * as tcmalloc and jemalloc draw it. Memoryless, so an allocation of s bytes
  * is sampled with probability 1 - e^(-s/N) whatever came before it. */
 static long gap(unsigned long n) {
-  if (rng == 0)
-    rng = (uintptr_t)&rng ^ __builtin_ia32_rdtsc() ^ 0x9e3779b97f4a7c15ull;
+  if (rng == 0) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    rng = (uintptr_t)&rng ^ ((uint64_t)t.tv_sec * 1000000000u + t.tv_nsec) ^ 0x9e3779b97f4a7c15ull;
+  }
   rng ^= rng << 13;
   rng ^= rng >> 7;
   rng ^= rng << 17;

@@ -16,15 +16,7 @@ pub(crate) fn grow_heap_with_sbrk(n: usize, size: isize) {
 /// stack starts here rather than inside glibc, which has no frame pointers.
 #[inline(never)]
 pub(crate) fn grow_heap_with_raw_brk(n: usize, size: u64) {
-    let brk = |addr: u64| -> u64 {
-        let ret: u64;
-        // SAFETY: brk only moves the program break.
-        unsafe {
-            std::arch::asm!("syscall", inlateout("rax") libc::SYS_brk as u64 => ret,
-                in("rdi") addr, lateout("rcx") _, lateout("r11") _, options(nostack));
-        }
-        ret
-    };
+    let brk = |addr: u64| crate::raw::syscall1(libc::SYS_brk, addr) as u64;
     let mut cur = brk(0);
     for _ in 0..n {
         cur = brk(cur + size);

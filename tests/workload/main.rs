@@ -11,6 +11,7 @@ mod forks;
 mod leak;
 mod paced;
 mod pages;
+mod raw;
 mod short;
 mod snoop;
 mod swap;

@@ -51,13 +51,7 @@ pub fn prepare(args: &[String]) -> Option<Pre> {
 /// no glibc frame without frame pointers hides this one from a stack walk.
 #[inline(never)]
 fn raw_brk(cur: &mut u64, by: u64) {
-    let ret: u64;
-    // SAFETY: brk only moves the program break.
-    unsafe {
-        std::arch::asm!("syscall", inlateout("rax") libc::SYS_brk as u64 => ret,
-            in("rdi") *cur + by, lateout("rcx") _, lateout("r11") _, options(nostack));
-    }
-    *cur = ret;
+    *cur = crate::raw::syscall1(libc::SYS_brk, *cur + by) as u64;
 }
 
 /// `paced FAULTS_PER_S BRKS_PER_S SECS`: every 10 ms, a hundredth of each

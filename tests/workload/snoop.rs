@@ -16,14 +16,9 @@ const MAP_REGIONS: [(usize, i32); 4] = [
 /// here. Returns the raw result (an address or -errno).
 #[inline(never)]
 fn mmap_raw(len: usize, prot: i32, flags: i32) -> i64 {
-    let ret: i64;
-    // SAFETY: a fresh anonymous mapping or an error; nothing is overwritten.
-    unsafe {
-        std::arch::asm!("syscall", inlateout("rax") libc::SYS_mmap => ret,
-            in("rdi") 0u64, in("rsi") len, in("rdx") prot as i64, in("r10") flags as i64,
-            in("r8") -1i64, in("r9") 0u64, lateout("rcx") _, lateout("r11") _, options(nostack));
-    }
-    ret
+    // A fresh anonymous mapping or an error; nothing is overwritten.
+    let a = [0, len as u64, prot as u64, flags as u64, u64::MAX, 0];
+    crate::raw::syscall6(libc::SYS_mmap, a)
 }
 
 /// maps [FILE]: map the regions of MAP_REGIONS (anonymous, private, the last

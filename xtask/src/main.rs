@@ -144,6 +144,7 @@ fn main() -> Result<()> {
         Cmd::Test { kernels, args } => {
             if kernels {
                 build()?;
+                kernels::build_arm64()?;
                 return kernels::run(true);
             }
             setup::setup()?;
@@ -154,6 +155,7 @@ fn main() -> Result<()> {
             let skips = tests::skip_log();
             let _ = std::fs::remove_file(&skips);
             let built = tests::build()?;
+            kernels::build_arm64()?;
             // The guests boot beside the tests that run alone, at the
             // lowest CPU priority (boot.rs): one test at a time mostly
             // waits on its workload, and the emulator takes the CPU it

@@ -12,6 +12,7 @@ mod image;
 mod kunwind;
 mod process;
 mod reads;
+mod regs;
 mod rssstat;
 // `snoop_programs!` for the snoop tools: declared before them in main.rs.
 #[macro_use]
@@ -28,6 +29,7 @@ pub use image::{image_owner, note_member, tell_member};
 pub use reads::{
     css_cgroup_id, current_mm_u64, current_task, fd_file, memcg_id, read, read0, tp_field, TASK,
 };
+pub use regs::{perf_in_user_mode, Regs};
 pub use rssstat::rss_change;
 pub use snoop::{syscall_enter, syscall_exit};
 pub use stacks::{bump_by_stack, capture_stacks, capturing, stack_ids, Stacks};

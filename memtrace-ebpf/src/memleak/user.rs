@@ -20,7 +20,7 @@ use memtrace_common::{
 use super::{
     admit, bump, pending, record, release, set_pending, tracked, MEMLEAK_CFG, ML_EXECS, USER,
 };
-use crate::helpers::{count_loss, current_tgid, in_watched_group, tp_field, wanted};
+use crate::helpers::{count_loss, current_tgid, in_watched_group, tp_field, wanted, Regs};
 
 /// Whether process `tgid` (the current one) is traced: the filter's, or
 /// for memcg --heap the watched groups' processes (uprobes or the shim).
@@ -68,21 +68,21 @@ fn alloc_enter(regs: *const pt_regs, shape: u64) -> bool {
     if !traced(current_tgid()) {
         return false;
     }
-    let r = unsafe { &*regs };
+    let r = Regs(regs);
     let id = bpf_get_current_pid_tgid();
     let (size, ptr) = match shape {
-        shape::CALLOC => (mul(r.rdi, r.rsi), 0),
-        shape::REALLOC => (r.rsi, r.rdi),
-        shape::REALLOCARRAY => (mul(r.rsi, r.rdx), r.rdi),
-        shape::ALIGNED => (r.rsi, 0),
-        shape::POSIX_MEMALIGN => (r.rdx, r.rdi),
+        shape::CALLOC => (mul(r.arg(0), r.arg(1)), 0),
+        shape::REALLOC => (r.arg(1), r.arg(0)),
+        shape::REALLOCARRAY => (mul(r.arg(1), r.arg(2)), r.arg(0)),
+        shape::ALIGNED => (r.arg(1), 0),
+        shape::POSIX_MEMALIGN => (r.arg(2), r.arg(0)),
         shape::PVALLOC => {
             let p = MEMLEAK_CFG.load().page_size as u64;
-            (r.rdi.div_ceil(p.max(1)) * p, 0)
+            (r.arg(0).div_ceil(p.max(1)) * p, 0)
         }
-        _ => (r.rdi, 0),
+        _ => (r.arg(0), 0),
     };
-    let sp = r.rsp;
+    let sp = r.sp();
     if let Some(outer) = pending(id) {
         if sp <= outer.call.sp {
             // Called by the allocator itself (at the same stack pointer: a
@@ -126,16 +126,16 @@ fn alloc_return<C: StackIdContext>(ctx: &C, regs: *const pt_regs) {
     let Some(slot) = pending(id) else {
         return;
     };
-    let r = unsafe { &*regs };
-    // The return of an inner call (its stack pointer is below the outer
-    // call's): the outer return records the allocation.
-    if r.rsp <= slot.call.sp {
+    let r = Regs(regs);
+    // The return of an inner call (it was entered below the outer call):
+    // the outer return records the allocation.
+    if r.entry_sp() < slot.call.sp {
         return;
     }
     slot.id = 0;
     let p = slot.call;
     let tgid = (id >> 32) as u32;
-    let ret = r.rax;
+    let ret = r.ret();
     let addr = match p.shape {
         shape::POSIX_MEMALIGN if ret == 0 => unsafe { bpf_probe_read_user(p.ptr as *const u64) }
             .unwrap_or_else(|_| {
@@ -203,8 +203,7 @@ pub fn ml_alloc_return(ctx: RetProbeContext) -> u32 {
 #[unsafe(link_section = "uprobe")]
 pub fn ml_alloc_session(raw: *mut c_void) -> u32 {
     let ctx = ProbeContext::new(raw);
-    let ip = unsafe { (*ctx.regs).rip };
-    if ip == unsafe { bpf_get_func_ip(raw) } {
+    if Regs(ctx.regs).ip() == unsafe { bpf_get_func_ip(raw) } {
         let shape = unsafe { bpf_get_attach_cookie(raw) };
         return if alloc_enter(ctx.regs, shape) { 0 } else { 1 };
     }

@@ -9,6 +9,8 @@ use std::io;
 
 use libc::pid_t;
 
+use super::ptregs;
+
 /// The program's entry (`AT_ENTRY`), from its auxiliary vector.
 fn entry_of(pid: pid_t) -> Option<u64> {
     let auxv = std::fs::read(format!("/proc/{pid}/auxv")).ok()?;
@@ -34,7 +36,7 @@ pub struct EntryStops {
 }
 
 impl EntryStops {
-    /// Puts an int3 on stopped process `pid`'s entry point. An error
+    /// Puts a breakpoint on stopped process `pid`'s entry point. An error
     /// leaves the process as it was, unstopped at its entry.
     pub fn arm(&mut self, pid: pid_t) -> io::Result<()> {
         let entry = entry_of(pid)
@@ -47,7 +49,7 @@ impl EntryStops {
             if *libc::__errno_location() != 0 {
                 return Err(io::Error::last_os_error());
             }
-            let trap = (word & !0xff) | 0xcc;
+            let trap = ptregs::with_breakpoint(word);
             ok(libc::ptrace(libc::PTRACE_POKETEXT, pid, entry, trap))?;
             self.armed.insert(pid, (entry, word));
         }
@@ -62,18 +64,13 @@ impl EntryStops {
         let Some(&(entry, word)) = self.armed.get(&pid) else {
             return Ok(false);
         };
-        // SAFETY: as above; `regs` is written by the kernel.
-        unsafe {
-            let mut regs: libc::user_regs_struct = std::mem::zeroed();
-            ok(libc::ptrace(libc::PTRACE_GETREGS, pid, 0, &mut regs))?;
-            if regs.rip != entry + 1 {
-                return Ok(false);
-            }
-            self.armed.remove(&pid);
-            regs.rip = entry;
-            ok(libc::ptrace(libc::PTRACE_POKETEXT, pid, entry, word))?;
-            ok(libc::ptrace(libc::PTRACE_SETREGS, pid, 0, &regs))?;
+        if ptregs::pc(pid)? != entry + ptregs::PC_PAST_BREAKPOINT {
+            return Ok(false);
         }
+        self.armed.remove(&pid);
+        // SAFETY: as above.
+        ok(unsafe { libc::ptrace(libc::PTRACE_POKETEXT, pid, entry, word) })?;
+        ptregs::set_pc(pid, entry)?;
         Ok(true)
     }
 

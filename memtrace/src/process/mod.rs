@@ -12,3 +12,4 @@ pub mod inject;
 pub mod maps;
 pub mod pmap;
 pub mod proc;
+pub mod ptregs;

@@ -139,13 +139,18 @@ const LOOKAHEAD: usize = 6;
 /// `keeps_sp`, the stack pointer must still point at the return address
 /// (a return probe shares the point).
 pub fn placement(code: &[u8], args: &[Register], keeps_sp: bool) -> Placement {
-    let mut dec = Decoder::with_ip(64, code, 0, DecoderOptions::NONE);
-    let mut info = InstructionInfoFactory::new();
-    let mut ins = Instruction::default();
     let entry = Placement {
         offset: 0,
         emulated: false,
     };
+    // The code is decoded as x86-64's; elsewhere (arm64) the probe stays at
+    // the entry.
+    if !cfg!(target_arch = "x86_64") {
+        return entry;
+    }
+    let mut dec = Decoder::with_ip(64, code, 0, DecoderOptions::NONE);
+    let mut info = InstructionInfoFactory::new();
+    let mut ins = Instruction::default();
     for _ in 0..LOOKAHEAD {
         if !dec.can_decode() {
             break;

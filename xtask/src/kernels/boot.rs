@@ -24,7 +24,7 @@ pub(super) fn boot(assets: &Assets, k: &Kernel, initrd: &Path) -> Result<Guest> 
     // the host's tests, which must not wait for the emulator.
     let mut child = Command::new("nice")
         .args(["-n", "19"])
-        .arg(q.join("usr/bin/qemu-system-x86_64"))
+        .arg(q.join(k.arch.qemu()))
         .env("LD_LIBRARY_PATH", &libdirs)
         .arg("-L")
         .arg(q.join("usr/share/qemu"))
@@ -34,14 +34,16 @@ pub(super) fn boot(assets: &Assets, k: &Kernel, initrd: &Path) -> Result<Guest> 
         // guest kernel's live code patching (static keys, tracepoints
         // switched on and off) raced and it died with `Oops: int3` in
         // about one run in three on 6.12.
-        .args(["-accel", "tcg,thread=single", "-cpu", "max", "-m", "512"])
+        .args(["-accel", "tcg,thread=single", "-m", "512"])
+        .args(k.arch.machine())
         .args(["-smp", "2"])
         .args(["-nographic", "-no-reboot", "-nic", "none"])
         .arg("-kernel")
         .arg(&k.image)
         .arg("-initrd")
         .arg(initrd)
-        .args(["-append", "console=ttyS0 panic=-1 quiet"])
+        .arg("-append")
+        .arg(format!("console={} panic=-1 quiet", k.arch.console()))
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())

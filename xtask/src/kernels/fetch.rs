@@ -1,7 +1,9 @@
 //! Fetching and caching what the matrix boots: qemu and busybox from Debian
 //! packages (`apt-get download` + `dpkg-deb -x`, never installed) and one
 //! `linux-image` package per series, whose kernel is unpacked to a plain
-//! vmlinux once (it boots about 3 s faster under emulation).
+//! vmlinux once (it boots about 3 s faster under emulation). arm64's come
+//! from Debian's arm64 archive (an apt configuration of its own), with a
+//! busybox of that architecture for its guest.
 
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
@@ -9,12 +11,15 @@ use std::process::{Command, Stdio};
 
 use anyhow::{bail, Context, Result};
 
-use super::{Assets, Kernel, OPT_IN, SERIES};
+use super::arch::Arch;
+use super::{Assets, Kernel, ARM64_SERIES, OPT_IN, SERIES};
 use crate::sh;
 
-/// Packages qemu needs beyond what this machine has, and busybox for the guest.
-const QEMU_PKGS: [&str; 16] = [
+/// Packages qemu needs beyond what this machine has, and busybox for the
+/// x86-64 guests.
+const QEMU_PKGS: [&str; 17] = [
     "qemu-system-x86",
+    "qemu-system-arm",
     "qemu-system-common",
     "qemu-system-data",
     "seabios",
@@ -32,11 +37,12 @@ const QEMU_PKGS: [&str; 16] = [
     "libdaxctl1",
 ];
 
-/// The release number of a stock amd64 image package of `series`, e.g. 56
-/// for `linux-image-6.1.0-56-amd64`, 117 for `linux-image-6.12.117+deb12-amd64`
-/// (not the cloud, rt, dbg or unsigned flavours).
-fn release_of(series: &str, pkg: &str) -> Option<u32> {
-    let rest = pkg.strip_suffix("-amd64")?;
+/// The release number of a stock image package of `series` for `arch`,
+/// e.g. 56 for `linux-image-6.1.0-56-amd64`, 117 for
+/// `linux-image-6.12.117+deb12-arm64` (not the cloud, rt, dbg or unsigned
+/// flavours).
+fn release_of(series: &str, arch: Arch, pkg: &str) -> Option<u32> {
+    let rest = pkg.strip_suffix(&format!("-{}", arch.deb()))?;
     let n = match series {
         "5.10" => rest.strip_prefix("linux-image-5.10.0-")?,
         "6.1" => rest.strip_prefix("linux-image-6.1.0-")?,
@@ -54,30 +60,33 @@ fn release_of(series: &str, pkg: &str) -> Option<u32> {
 }
 
 /// Where a series' packages come from: the host's apt sources, or an
-/// archive of another release (bullseye for 5.10) through options that
-/// point apt at a sources list and package lists under the cache.
+/// archive of another release (bullseye for 5.10) or architecture (arm64,
+/// bookworm's) through options that point apt at a sources list and
+/// package lists under the cache.
 #[derive(Clone, Default)]
 struct Archive(Vec<String>);
 
 impl Archive {
-    fn of(series: &str, cache: &Path) -> Result<Archive> {
-        let suite = match series {
-            "5.10" => "bullseye",
+    fn of(series: &str, arch: Arch, cache: &Path) -> Result<Archive> {
+        let (suite, name) = match (series, arch) {
+            (_, Arch::Arm64) => ("bookworm", "arm64".to_string()),
+            ("5.10", _) => ("bullseye", "bullseye".to_string()),
             _ => return Ok(Archive::default()),
         };
-        let dir = cache.join(format!("apt-{suite}"));
+        let dir = cache.join(format!("apt-{name}"));
         std::fs::create_dir_all(dir.join("lists/partial"))?;
         std::fs::create_dir_all(dir.join("archives/partial"))?;
         let list = dir.join("sources.list");
         let key = "/usr/share/keyrings/debian-archive-keyring.gpg";
+        let opts = format!("arch={} signed-by={key}", arch.deb());
         std::fs::write(
             &list,
             format!(
-                "deb [signed-by={key}] http://deb.debian.org/debian {suite} main\n\
-                 deb [signed-by={key}] http://deb.debian.org/debian-security {suite}-security main\n"
+                "deb [{opts}] http://deb.debian.org/debian {suite} main\n\
+                 deb [{opts}] http://deb.debian.org/debian-security {suite}-security main\n"
             ),
         )?;
-        let a = Archive(vec![
+        let mut a = Archive(vec![
             "-o".into(),
             format!("Dir::Etc::sourcelist={}", list.display()),
             "-o".into(),
@@ -87,11 +96,17 @@ impl Archive {
             "-o".into(),
             format!("Dir::Cache={}", dir.display()),
         ]);
+        if arch == Arch::Arm64 {
+            for o in ["APT::Architectures::=arm64", "APT::Architecture=arm64"] {
+                a.0.extend(["-o".into(), o.into()]);
+            }
+        }
         let fetched = std::fs::read_dir(dir.join("lists"))?
             .flatten()
-            .any(|e| e.file_name().to_string_lossy().ends_with("_Packages"));
+            // Kept compressed (`_Packages.lz4`).
+            .any(|e| e.file_name().to_string_lossy().contains("_Packages"));
         if !fetched {
-            eprintln!("xtask: kernels: fetching {suite}'s package lists for {series}");
+            eprintln!("xtask: kernels: fetching {name}'s package lists");
             apt_get(&a, Path::new("/"), &["update"])?;
         }
         Ok(a)
@@ -168,12 +183,12 @@ fn unpack(deb: &Path, dest: &Path) -> Result<()> {
 fn pick_kernel(
     archive: &Archive,
     cache: &Path,
-    series: &str,
+    (series, arch): (&str, Arch),
     updated: &mut bool,
 ) -> Result<String> {
     let newest = |names: &mut dyn Iterator<Item = String>| {
         names
-            .filter_map(|n| release_of(series, &n).map(|r| (r, n)))
+            .filter_map(|n| release_of(series, arch, &n).map(|r| (r, n)))
             .max()
             .map(|(_, n)| n)
     };
@@ -200,7 +215,7 @@ fn pick_kernel(
             *updated = true;
         }
     }
-    bail!("apt offers no linux-image-{series} amd64 package")
+    bail!("apt offers no linux-image-{series} {} package", arch.deb())
 }
 
 /// Writes the kernel inside a bzImage to `out` as a plain ELF vmlinux. The
@@ -259,33 +274,42 @@ pub(super) fn fetch(cache: &Path) -> Result<Assets> {
     }
     let mut updated = false;
     let mut kernels = Vec::new();
-    // MEMTRACE_KERNELS=6.1 boots only that series (comma-separated list);
-    // it also names series not booted by default (5.10).
-    let only = std::env::var("MEMTRACE_KERNELS").unwrap_or_default();
-    let named = |series: &str| only.split(',').any(|s| s.trim() == series);
     let mut unfetched = Vec::new();
-    for series in SERIES.into_iter().chain(OPT_IN) {
-        let default = SERIES.contains(&series);
-        if (only.is_empty() && !default) || (!only.is_empty() && !named(series)) {
-            continue;
-        }
-        match kernel(cache, &debs, series, &mut updated) {
+    let x86 = SERIES.into_iter().chain(OPT_IN).map(|s| (s, Arch::X86_64));
+    let arm64 = ARM64_SERIES.into_iter().map(|s| (s, Arch::Arm64));
+    for (series, arch) in x86.chain(arm64).filter(|&(s, a)| super::wanted(s, a)) {
+        match kernel(cache, &debs, (series, arch), &mut updated) {
             Ok(k) => kernels.push(k),
             Err(e) => unfetched.push((series, e)),
         }
     }
+    let arm64_root = cache.join("arm64-root");
+    if kernels.iter().any(|k| k.arch == Arch::Arm64) {
+        let archive = Archive::of("", Arch::Arm64, cache)?;
+        let arm64_debs = cache.join("debs-arm64");
+        std::fs::create_dir_all(&arm64_debs)?;
+        for d in deb(&archive, &arm64_debs, &["busybox-static"])? {
+            unpack(&d, &arm64_root)?;
+        }
+    }
     Ok(Assets {
         qemu_root,
+        arm64_root,
         kernels,
         unfetched,
     })
 }
 
 /// One series' newest stock kernel, unpacked into the cache.
-fn kernel(cache: &Path, debs: &Path, series: &'static str, updated: &mut bool) -> Result<Kernel> {
+fn kernel(
+    cache: &Path,
+    debs: &Path,
+    (series, arch): (&'static str, Arch),
+    updated: &mut bool,
+) -> Result<Kernel> {
     {
-        let archive = Archive::of(series, cache)?;
-        let pkg = pick_kernel(&archive, cache, series, updated)?;
+        let archive = Archive::of(series, arch, cache)?;
+        let pkg = pick_kernel(&archive, cache, (series, arch), updated)?;
         let dir = cache.join(&pkg);
         let vmlinuz = dir.join("vmlinuz");
         if !vmlinuz.exists() {
@@ -305,8 +329,9 @@ fn kernel(cache: &Path, debs: &Path, series: &'static str, updated: &mut bool) -
             std::fs::rename(found, &vmlinuz)?;
             std::fs::remove_dir_all(&tmp)?;
         }
+        // arm64's vmlinuz is an uncompressed Image already.
         let vmlinux = dir.join("vmlinux");
-        if !vmlinux.exists() {
+        if !vmlinux.exists() && arch == Arch::X86_64 {
             if let Err(e) = unpack_vmlinux(&vmlinuz, &vmlinux) {
                 eprintln!("xtask: kernels: {pkg}: booting the vmlinuz ({e:#})");
             }
@@ -319,6 +344,7 @@ fn kernel(cache: &Path, debs: &Path, series: &'static str, updated: &mut bool) -
         }
         Ok(Kernel {
             series,
+            arch,
             name: pkg.trim_start_matches("linux-image-").to_string(),
             image: if vmlinux.exists() { vmlinux } else { vmlinuz },
             modules,
@@ -332,18 +358,41 @@ mod tests {
 
     #[test]
     fn picks_stock_amd64_images_only() {
-        assert_eq!(release_of("6.1", "linux-image-6.1.0-56-amd64"), Some(56));
-        assert_eq!(release_of("5.10", "linux-image-5.10.0-46-amd64"), Some(46));
-        assert_eq!(release_of("5.10", "linux-image-5.10.0-46-rt-amd64"), None);
-        assert_eq!(release_of("6.1", "linux-image-6.1.0-56-cloud-amd64"), None);
         assert_eq!(
-            release_of("6.12", "linux-image-6.12.117+deb12-amd64"),
+            release_of("6.1", Arch::X86_64, "linux-image-6.1.0-56-amd64"),
+            Some(56)
+        );
+        assert_eq!(
+            release_of("5.10", Arch::X86_64, "linux-image-5.10.0-46-amd64"),
+            Some(46)
+        );
+        assert_eq!(
+            release_of("5.10", Arch::X86_64, "linux-image-5.10.0-46-rt-amd64"),
+            None
+        );
+        assert_eq!(
+            release_of("6.1", Arch::X86_64, "linux-image-6.1.0-56-cloud-amd64"),
+            None
+        );
+        assert_eq!(
+            release_of("6.12", Arch::X86_64, "linux-image-6.12.117+deb12-amd64"),
             Some(117)
         );
         assert_eq!(
-            release_of("6.12", "linux-image-6.12.117+deb12-rt-amd64"),
+            release_of("6.12", Arch::X86_64, "linux-image-6.12.117+deb12-rt-amd64"),
             None
         );
-        assert_eq!(release_of("6.1", "linux-image-6.12.117+deb12-amd64"), None);
+        assert_eq!(
+            release_of("6.1", Arch::X86_64, "linux-image-6.12.117+deb12-amd64"),
+            None
+        );
+        assert_eq!(
+            release_of("6.12", Arch::Arm64, "linux-image-6.12.117+deb12-arm64"),
+            Some(117)
+        );
+        assert_eq!(
+            release_of("6.12", Arch::Arm64, "linux-image-6.12.117+deb12-amd64"),
+            None
+        );
     }
 }

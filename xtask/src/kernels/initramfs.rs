@@ -1,16 +1,16 @@
-//! The guest's initramfs: a cpio "newc" archive written here with busybox,
-//! the freshly built memtrace and memtrace-workload with their shared
-//! libraries, and `tests/guest/init.sh` as `/init` with the scripts it
-//! sources.
+//! The guest's initramfs, one per architecture: a cpio "newc" archive
+//! written here with busybox, the freshly built memtrace and
+//! memtrace-workload with their shared libraries, and `tests/guest/init.sh`
+//! as `/init` with the scripts it sources.
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
 use anyhow::{Context, Result};
 
+use super::arch::Arch;
 use super::Assets;
-use crate::{root, target_dir};
+use crate::root;
 
 /// A cpio archive in the "newc" format the kernel unpacks as initramfs.
 #[derive(Default)]
@@ -95,25 +95,6 @@ impl Cpio {
     }
 }
 
-/// Shared libraries `ldd` lists for `bin` (the dynamic loader included).
-fn libs(bin: &Path) -> Result<Vec<PathBuf>> {
-    let out = Command::new("ldd")
-        .arg(bin)
-        .output()
-        .context("running ldd")?;
-    let mut v = Vec::new();
-    for l in String::from_utf8_lossy(&out.stdout).lines() {
-        let path = match l.split_once("=>") {
-            Some((_, r)) => r.split_whitespace().next(),
-            None => l.split_whitespace().next(),
-        };
-        if let Some(p) = path.filter(|p| p.starts_with('/')) {
-            v.push(PathBuf::from(p));
-        }
-    }
-    Ok(v)
-}
-
 /// The allocator shim the last build embedded (memtrace/build.rs writes it
 /// into the build script's out directory).
 fn newest_shim(release: &Path) -> Option<PathBuf> {
@@ -126,19 +107,18 @@ fn newest_shim(release: &Path) -> Option<PathBuf> {
         .max_by_key(|p| p.metadata().and_then(|m| m.modified()).ok())
 }
 
-pub(super) fn initramfs(assets: &Assets, out: &Path) -> Result<()> {
-    let qemu_root = &assets.qemu_root;
-    let release = target_dir().join("release");
+pub(super) fn initramfs(assets: &Assets, arch: Arch, out: &Path) -> Result<()> {
+    let busybox = match arch {
+        Arch::X86_64 => assets.qemu_root.join("bin/busybox"),
+        Arch::Arm64 => assets.arm64_root.join("bin/busybox"),
+    };
+    let release = arch.release_dir();
     let mut c = Cpio::default();
     for d in ["dev", "proc", "sys", "tmp", "sbin", "usr/bin", "usr/sbin"] {
         c.dir(d);
     }
     c.char_dev("dev/console", 5, 1);
-    c.file(
-        "bin/busybox",
-        0o755,
-        &std::fs::read(qemu_root.join("bin/busybox"))?,
-    );
+    c.file("bin/busybox", 0o755, &std::fs::read(busybox)?);
     c.symlink("bin/sh", "busybox");
     // init.sh as /init, the scripts it sources in /lib/guest.
     let guest = root().join("tests/guest");
@@ -161,18 +141,18 @@ pub(super) fn initramfs(assets: &Assets, out: &Path) -> Result<()> {
             0o755,
             &std::fs::read(&p).with_context(|| format!("{}", p.display()))?,
         );
-        shared.extend(libs(&p)?);
+        shared.extend(arch.libs(&p)?);
     }
     // memleak's shim, written out by memtrace at run time, links libm too.
     if let Some(shim) = newest_shim(&release) {
-        shared.extend(libs(&shim)?);
+        shared.extend(arch.libs(&shim)?);
     }
-    for l in shared {
-        // At the path ldd names, with the content of what it links to.
-        c.file(&l.to_string_lossy(), 0o755, &std::fs::read(&l)?);
+    for (at, from) in shared {
+        // At the path the loader looks, with the content of the file.
+        c.file(&at.to_string_lossy(), 0o755, &std::fs::read(&from)?);
     }
     // Each kernel's modules where `uname -r` finds them.
-    for k in &assets.kernels {
+    for k in assets.kernels.iter().filter(|k| k.arch == arch) {
         for e in std::fs::read_dir(&k.modules)?.flatten() {
             let name = e.file_name().to_string_lossy().into_owned();
             c.file(

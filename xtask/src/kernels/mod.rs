@@ -1,6 +1,7 @@
 //! The kernel matrix (`cargo xtask test --kernels`): memtrace's kprobe and
-//! fentry paths, which this host cannot run, on stock Debian 6.1 and 6.12
-//! kernels booted under qemu with software emulation (TCG).
+//! fentry paths, which this host cannot run, on stock Debian 5.10, 6.1 and
+//! 6.12 kernels booted under qemu with software emulation (TCG), and on
+//! Debian's arm64 6.12 with memtrace cross-built for it (`cross.rs`).
 //!
 //! Everything downloaded is cached under `<target>/kernels/` and reused:
 //! qemu and busybox from Debian packages (`apt-get download` + `dpkg-deb -x`,
@@ -11,8 +12,10 @@
 //! their shared libraries, and `tests/guest/init.sh` as `/init`; boots each
 //! kernel with a hard timeout, and checks what the guest printed.
 
+mod arch;
 mod boot;
 mod check;
+mod cross;
 mod doctor;
 mod fetch;
 mod initramfs;
@@ -24,6 +27,7 @@ mod snoop;
 mod tools;
 
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
 use anyhow::{bail, Result};
@@ -36,9 +40,41 @@ use crate::target_dir;
 const SERIES: [&str; 3] = ["5.10", "6.1", "6.12"];
 /// Series booted only when MEMTRACE_KERNELS names them.
 const OPT_IN: [&str; 0] = [];
+/// arm64 series, booted by default (`arm64` in MEMTRACE_KERNELS).
+const ARM64_SERIES: [&str; 1] = ["6.12"];
+
+/// Whether this run boots `series` on `arch`: MEMTRACE_KERNELS=6.1 boots
+/// only that series (a comma-separated list; `arm64` names arm64's); it
+/// also names series not booted by default.
+fn wanted(series: &str, arch: arch::Arch) -> bool {
+    let only = std::env::var("MEMTRACE_KERNELS").unwrap_or_default();
+    if only.is_empty() {
+        return !OPT_IN.contains(&series) || arch == arch::Arch::Arm64;
+    }
+    let name = match arch {
+        arch::Arch::X86_64 => series,
+        arch::Arch::Arm64 => "arm64",
+    };
+    only.split(',').any(|s| s.trim() == name)
+}
+
+/// Whether this run built the arm64 binaries (`build_arm64`).
+static ARM64_BUILT: AtomicBool = AtomicBool::new(false);
+
+/// Builds memtrace for the arm64 guest, when this run boots it: before
+/// the host's tests start, so that no compiler runs beside them. Without
+/// a cross gcc the arm64 guest is skipped (said); a failed build is an
+/// error.
+pub fn build_arm64() -> Result<()> {
+    if ARM64_SERIES.iter().any(|s| wanted(s, arch::Arch::Arm64)) {
+        ARM64_BUILT.store(cross::build()?, Ordering::Relaxed);
+    }
+    Ok(())
+}
 
 struct Kernel {
     series: &'static str,
+    arch: arch::Arch,
     /// e.g. `6.1.0-56-amd64`
     name: String,
     /// The uncompressed vmlinux, or the vmlinuz when unpacking failed.
@@ -49,6 +85,8 @@ struct Kernel {
 
 struct Assets {
     qemu_root: PathBuf,
+    /// busybox for arm64 (`bin/busybox`).
+    arm64_root: PathBuf,
     kernels: Vec<Kernel>,
     /// Series that could not be fetched, and why.
     unfetched: Vec<(&'static str, anyhow::Error)>,
@@ -129,7 +167,7 @@ pub fn matrix(required: bool) -> Result<Option<Outcome>> {
     let t0 = Instant::now();
     let cache = target_dir().join("kernels");
     std::fs::create_dir_all(&cache)?;
-    let assets = match fetch::fetch(&cache) {
+    let mut assets = match fetch::fetch(&cache) {
         Ok(a) => a,
         Err(e) if !required => {
             eprintln!("xtask: kernel matrix skipped: cannot fetch the kernels or qemu: {e:#}");
@@ -145,12 +183,28 @@ pub fn matrix(required: bool) -> Result<Option<Outcome>> {
         }
         eprintln!("xtask: kernels: {series} skipped: cannot fetch its kernel: {e:#}");
     }
+    if !ARM64_BUILT.load(Ordering::Relaxed)
+        && assets.kernels.iter().any(|k| k.arch == arch::Arch::Arm64)
+    {
+        if required {
+            bail!("the arm64 guest needs memtrace built for arm64, and it could not be");
+        }
+        eprintln!("xtask: kernels: arm64 skipped: memtrace was not built for it");
+        assets.kernels.retain(|k| k.arch != arch::Arch::Arm64);
+    }
     if assets.kernels.is_empty() {
         eprintln!("xtask: kernel matrix skipped: no kernel could be fetched");
         return Ok(None);
     }
-    let initrd = cache.join("initrd.cpio");
-    initramfs::initramfs(&assets, &initrd)?;
+    // One initramfs per architecture, with that architecture's binaries.
+    let mut initrds = std::collections::BTreeMap::new();
+    for k in &assets.kernels {
+        if !initrds.contains_key(k.arch.deb()) {
+            let initrd = cache.join(format!("initrd-{}.cpio", k.arch.deb()));
+            initramfs::initramfs(&assets, k.arch, &initrd)?;
+            initrds.insert(k.arch.deb(), initrd);
+        }
+    }
     eprintln!(
         "xtask: kernels: booting {} under qemu (TCG)",
         assets
@@ -165,7 +219,7 @@ pub fn matrix(required: bool) -> Result<Option<Outcome>> {
             .kernels
             .iter()
             .map(|k| {
-                let (assets, initrd, cache) = (&assets, &initrd, &cache);
+                let (assets, initrd, cache) = (&assets, &initrds[k.arch.deb()], &cache);
                 s.spawn(move || boot_retrying_emulator_crash(assets, k, initrd, cache))
             })
             .collect();

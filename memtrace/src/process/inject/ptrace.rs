@@ -14,6 +14,7 @@ use std::os::unix::fs::FileExt;
 use std::time::{Duration, Instant};
 
 /// How long a called function may take (dlopen reads and maps a file).
+#[cfg(target_arch = "x86_64")]
 const CALL_LIMIT: Duration = Duration::from_secs(5);
 
 pub struct Held {
@@ -188,17 +189,8 @@ impl Held {
         self.tids[0]
     }
 
-    #[cfg(target_arch = "x86_64")]
     fn pc(&self, tid: i32) -> Option<u64> {
-        // SAFETY: a plain register structure, filled by the kernel.
-        let mut r: libc::user_regs_struct = unsafe { std::mem::zeroed() };
-        ptrace(libc::PTRACE_GETREGS, tid, 0, &mut r as *mut _ as usize).ok()?;
-        Some(r.rip)
-    }
-
-    #[cfg(not(target_arch = "x86_64"))]
-    fn pc(&self, _tid: i32) -> Option<u64> {
-        None
+        crate::process::ptregs::pc(tid).ok()
     }
 
     /// Calls `func(args...)` in thread `tid` and returns what it returned.

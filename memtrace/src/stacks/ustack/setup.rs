@@ -15,6 +15,28 @@ use crate::session::Loader;
 use crate::stacks::args::{StackArgs, Unwinder};
 use crate::stacks::unwind::DwarfStacks;
 
+/// User stacks on an architecture without DWARF unwinding here (arm64):
+/// the kernel's frame-record walker, said; `--stack-mode dwarf` refused.
+fn fp_only_on_this_arch(
+    mode: Option<crate::stacks::args::StackMode>,
+) -> Result<Option<DwarfStacks>> {
+    let arch = std::env::consts::ARCH;
+    if mode == Some(crate::stacks::args::StackMode::Dwarf) {
+        return Err(Error::Unsupported {
+            what: "user stacks by DWARF".into(),
+            reasons: format!(
+                "memtrace unwinds DWARF on x86-64 only, not yet on {arch}; --stack-mode fp takes the \
+                 kernel's frame-record walker"
+            ),
+        });
+    }
+    say!(
+        "memtrace: user stacks: fp by the kernel's walker (no DWARF unwinding on {arch} yet: a stack \
+         ends at code built without frame pointers)"
+    );
+    Ok(None)
+}
+
 /// Resolves `--stack-mode`, says which was chosen, and sets what the kernel
 /// programs need to take user stacks: the register and stack-top offsets,
 /// and for dwarf the copy size and a ring buffer to carry the copies.
@@ -46,6 +68,11 @@ pub(crate) fn setup(
              no DWARF unwinding, and a stack ends at code built without frame pointers)"
         );
         return Ok(None);
+    }
+    // DWARF unwinding (the kernel program's and the copy's) is written for
+    // x86-64's registers; elsewhere the kernel's walker follows frame records.
+    if !cfg!(target_arch = "x86_64") {
+        return fp_only_on_this_arch(user_stacks.map(|(a, _)| a.stack_mode));
     }
     let system_wide = filter.tgid == 0;
     let dwarf = match user_stacks {
