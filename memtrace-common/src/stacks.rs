@@ -84,7 +84,10 @@ pub struct UstackConfig {
     pub regs_bp: u32,
     /// `mm_struct.start_stack`: the main thread's stack top, not to copy past.
     pub mm_start_stack: u32,
-    pub _pad: [u32; 2],
+    /// The link register's (arm64: x30, which holds the return address
+    /// until a function saves it); x86-64 has none, and reads rbp again.
+    pub regs_lr: u32,
+    pub _pad: u32,
 }
 
 /// Header of a `kind::STACK_SAMPLE` record; `size` bytes of the user stack,
@@ -102,9 +105,15 @@ pub struct StackSample {
     pub aux: u32,
     /// Stack bytes copied: fewer than asked where the stack ends sooner.
     pub size: u32,
+    /// Bytes at the start of the copy left out, unread: the page at the
+    /// stack pointer was not there yet (a fault on it as the stack grows).
+    pub skip: u32,
+    pub _pad: u32,
     pub ip: u64,
     pub sp: u64,
     pub bp: u64,
+    /// arm64's link register (x86-64: the frame pointer again).
+    pub lr: u64,
     pub comm: [u8; TASK_COMM_LEN],
 }
 

@@ -19,7 +19,7 @@ use memtrace_common::{
 
 use super::{
     emit::{batched_wakeup, count_loss, EVENTS},
-    reads::{stack_top, user_regs},
+    reads::{stack_top, user_lr, user_regs},
     stacks::USTACK,
 };
 
@@ -94,6 +94,31 @@ pub(super) fn sample_user_stack(kstack: i32, value: u64, aux: u32) -> i32 {
             break;
         }
     }
+    // A fault on the page at the stack pointer, as the stack grows into
+    // it: nothing was ever written there, and the frames to unwind begin
+    // above it. Copied from the next page on, the bytes below left out.
+    let mut skip = 0u64;
+    if got == 0 {
+        let gap = ((sp | 4095) + 1 - sp) & 8191;
+        for shift in 0..4 {
+            let n = want.saturating_sub(gap) >> shift;
+            // gap + n stays inside the scratch buffer.
+            if n == 0 || n > (MAX_STACK_COPY - 8192) as u64 {
+                break;
+            }
+            let r = unsafe {
+                bpf_probe_read_user(
+                    base.add(STACK_SAMPLE_HDR + gap as usize) as *mut c_void,
+                    n as u32,
+                    (sp + gap) as *const c_void,
+                )
+            };
+            if r == 0 {
+                (got, skip) = (gap + n, gap);
+                break;
+            }
+        }
+    }
     if got == 0 {
         count_loss(loss::STACK_COPY);
     }
@@ -106,9 +131,12 @@ pub(super) fn sample_user_stack(kstack: i32, value: u64, aux: u32) -> i32 {
         value,
         aux,
         size: got as u32,
+        skip: skip as u32,
+        _pad: 0,
         ip,
         sp,
         bp,
+        lr: user_lr(&cfg),
         comm: bpf_get_current_comm().unwrap_or([0; TASK_COMM_LEN]),
     };
     unsafe { core::ptr::write_unaligned(base as *mut StackSample, hdr) };

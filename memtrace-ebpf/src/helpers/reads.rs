@@ -138,6 +138,14 @@ pub fn current_mm_u64(off: u32) -> u64 {
     unsafe { read0::<u64>(mm, off) }
 }
 
+/// The current task's link register (arm64; x86-64's config points it at
+/// rbp).
+#[inline(always)]
+pub(super) fn user_lr(cfg: &UstackConfig) -> u64 {
+    let regs = unsafe { bpf_task_pt_regs(bpf_get_current_task_btf()) } as *const u8;
+    unsafe { load::<u64>(regs, cfg.regs_lr) }
+}
+
 /// The main thread's stack top (`mm->start_stack`): stack copies stop there.
 #[inline(always)]
 pub(super) fn stack_top(cfg: &UstackConfig) -> u64 {

@@ -44,7 +44,8 @@ pub static USTACK: Global<UstackConfig> = Global::new(UstackConfig {
     regs_sp: 0,
     regs_bp: 0,
     mm_start_stack: 0,
-    _pad: [0; 2],
+    regs_lr: 0,
+    _pad: 0,
 });
 
 /// A capture's stack ids. `user_check` holds more bits of a walked user

@@ -256,6 +256,19 @@ fn lost(g: &Guest, case: &Case, v: &[Value]) -> Option<u64> {
     }
 }
 
+/// Stacks that could not be copied, when they are all a copied run of
+/// faults-dwarf lost and at most 1% of its events: arm64's copies every
+/// fault's stack, and a few faults find no readable stack at the stack
+/// pointer (counted, and said, by memtrace).
+fn copies_unread(case: &Case, v: &[Value]) -> Option<u64> {
+    let s = of_type(v, "summary").into_iter().next()?;
+    let n = s["lost"]["stack_copy_fail"].as_u64()?;
+    let ok = case.name == "faults-dwarf"
+        && s["unwinder"] == "copy"
+        && n * 100 <= s["events"].as_u64()?;
+    ok.then_some(n)
+}
+
 /// `(probe, method)` of every probe the summary says attached.
 fn attached(v: &[Value]) -> Vec<(String, String)> {
     of_type(v, "summary")
@@ -325,15 +338,6 @@ fn check(g: &Guest, case: &'static Case) -> Checked {
             skip: Some("no bpf_loop: DWARF stacks refused, as said".into()),
         };
     }
-    // Nor is there DWARF unwinding on arm64 yet: refused, and said.
-    if case.name == "faults-dwarf" && rc == 2 && said("memtrace unwinds DWARF on x86-64 only") {
-        return Checked {
-            case,
-            method: "-".into(),
-            why,
-            skip: Some("arm64: no DWARF unwinding yet, refused as said".into()),
-        };
-    }
     if rc != case.rc {
         why.push(format!("memtrace exited with {rc}, expected {}", case.rc));
     }
@@ -350,6 +354,7 @@ fn check(g: &Guest, case: &'static Case) -> Checked {
     }
     match lost(g, case, &v) {
         Some(0) => {}
+        Some(n) if copies_unread(case, &v) == Some(n) => {}
         n => why.push(format!("lost {n:?}")),
     }
     super::tools::check(g, case, &v, &mut why);

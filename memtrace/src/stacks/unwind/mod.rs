@@ -9,7 +9,14 @@ use std::fs::File;
 use std::ops::Range;
 use std::sync::Arc;
 
-use framehop::x86_64::{CacheX86_64, UnwindRegsX86_64, UnwinderX86_64};
+#[cfg(target_arch = "aarch64")]
+use framehop::aarch64::{
+    CacheAarch64 as ArchCache, UnwindRegsAarch64 as ArchRegs, UnwinderAarch64 as ArchUnwinder,
+};
+#[cfg(target_arch = "x86_64")]
+use framehop::x86_64::{
+    CacheX86_64 as ArchCache, UnwindRegsX86_64 as ArchRegs, UnwinderX86_64 as ArchUnwinder,
+};
 use framehop::{Error as UnwindError, ExplicitModuleSectionInfo, FrameAddress, Module, Unwinder};
 use memtrace_common::stacks::StackSample;
 use object::{Object, ObjectSection, ObjectSegment};
@@ -20,6 +27,16 @@ mod samples;
 #[cfg(test)]
 mod tests;
 pub use samples::{DwarfStacks, SampleKey, SampleVal};
+
+/// The registers unwinding starts from. arm64's return address is in the
+/// link register until the function saves it (a leaf never does).
+fn regs_of(s: &StackSample) -> ArchRegs {
+    #[cfg(target_arch = "aarch64")]
+    let r = ArchRegs::new(s.lr, s.sp, s.bp);
+    #[cfg(target_arch = "x86_64")]
+    let r = ArchRegs::new(s.ip, s.sp, s.bp);
+    r
+}
 
 /// Most frames kept per stack, as the kernel's own walker.
 const MAX_FRAMES: usize = 127;
@@ -158,7 +175,7 @@ impl UnwindStats {
 }
 
 struct Proc {
-    unwinder: UnwinderX86_64<Data>,
+    unwinder: ArchUnwinder<Data>,
     /// Every executable mapping when the modules were built: an ip outside
     /// them means code mapped since (dlopen, JIT), so the maps are read again.
     exec: Vec<Range<u64>>,
@@ -190,13 +207,13 @@ pub struct DwarfUnwinder {
     /// Ticks once per unwinder built: the recency of `objects`.
     clock: u64,
     procs: HashMap<u32, Proc>,
-    cache: CacheX86_64,
+    cache: ArchCache,
     pub stats: UnwindStats,
 }
 
 impl DwarfUnwinder {
     fn build(&mut self, pid: u32, maps: &MapsCache) -> Option<Proc> {
-        let mut unwinder = UnwinderX86_64::new();
+        let mut unwinder = ArchUnwinder::new();
         let mut covered = Vec::new();
         let mut exec = Vec::new();
         let mut files = Vec::new();
@@ -331,13 +348,16 @@ impl DwarfUnwinder {
             }
         }
         let proc = self.procs.get(&pid).expect("built above");
-        let sp = s.sp;
+        let (sp, skip) = (s.sp, s.skip as usize);
         let mut read_stack = |addr: u64| -> Result<u64, ()> {
             let off = addr.checked_sub(sp).ok_or(())? as usize;
+            if off < skip {
+                return Err(());
+            }
             let b = stack.get(off..off + 8).ok_or(())?;
             Ok(u64::from_le_bytes(b.try_into().unwrap()))
         };
-        let regs = UnwindRegsX86_64::new(s.ip, s.sp, s.bp);
+        let regs = regs_of(s);
         let mut it = proc
             .unwinder
             .iter_frames(s.ip, regs, &mut self.cache, &mut read_stack);

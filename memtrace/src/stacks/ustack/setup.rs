@@ -15,26 +15,28 @@ use crate::session::Loader;
 use crate::stacks::args::{StackArgs, Unwinder};
 use crate::stacks::unwind::DwarfStacks;
 
-/// User stacks on an architecture without DWARF unwinding here (arm64):
-/// the kernel's frame-record walker, said; `--stack-mode dwarf` refused.
-fn fp_only_on_this_arch(
-    mode: Option<crate::stacks::args::StackMode>,
-) -> Result<Option<DwarfStacks>> {
-    let arch = std::env::consts::ARCH;
-    if mode == Some(crate::stacks::args::StackMode::Dwarf) {
-        return Err(Error::Unsupported {
-            what: "user stacks by DWARF".into(),
-            reasons: format!(
-                "memtrace unwinds DWARF on x86-64 only, not yet on {arch}; --stack-mode fp takes the \
-                 kernel's frame-record walker"
-            ),
-        });
+/// `struct pt_regs` offsets of the instruction pointer, stack pointer,
+/// frame pointer and link register. arm64's keeps x0..x30 in `regs`: x29
+/// is the frame pointer, x30 the link register. x86-64 has no link
+/// register: rbp stands in (read, never used).
+fn regs_offsets(btf: &KernelBtf) -> (Option<u32>, Option<u32>, Option<u32>, Option<u32>) {
+    if cfg!(target_arch = "aarch64") {
+        let x = |n: u32| btf.offset("pt_regs", "regs").map(|r| r + 8 * n);
+        (
+            btf.offset("pt_regs", "pc"),
+            btf.offset("pt_regs", "sp"),
+            x(29),
+            x(30),
+        )
+    } else {
+        let bp = btf.offset("pt_regs", "bp");
+        (
+            btf.offset("pt_regs", "ip"),
+            btf.offset("pt_regs", "sp"),
+            bp,
+            bp,
+        )
     }
-    say!(
-        "memtrace: user stacks: fp by the kernel's walker (no DWARF unwinding on {arch} yet: a stack \
-         ends at code built without frame pointers)"
-    );
-    Ok(None)
 }
 
 /// Resolves `--stack-mode`, says which was chosen, and sets what the kernel
@@ -69,11 +71,6 @@ pub(crate) fn setup(
         );
         return Ok(None);
     }
-    // DWARF unwinding (the kernel program's and the copy's) is written for
-    // x86-64's registers; elsewhere the kernel's walker follows frame records.
-    if !cfg!(target_arch = "x86_64") {
-        return fp_only_on_this_arch(user_stacks.map(|(a, _)| a.stack_mode));
-    }
     let system_wide = filter.tgid == 0;
     let dwarf = match user_stacks {
         Some((args, rare)) => {
@@ -92,16 +89,11 @@ pub(crate) fn setup(
         None => None,
     };
     let btf = KernelBtf::shared()?;
-    let offs = (
-        btf.offset("pt_regs", "ip"),
-        btf.offset("pt_regs", "sp"),
-        btf.offset("pt_regs", "bp"),
-        btf.offset("mm_struct", "start_stack"),
-    );
-    let (Some(ip), Some(sp), Some(bp), Some(top)) = offs else {
+    let ((ip, sp, bp, lr), top) = (regs_offsets(btf), btf.offset("mm_struct", "start_stack"));
+    let (Some(ip), Some(sp), Some(bp), Some(lr), Some(top)) = (ip, sp, bp, lr, top) else {
         if dwarf.is_some() {
             return Err(Error::NoBtf(
-                "no x86-64 pt_regs or mm_struct.start_stack in kernel BTF (needed by --stack-mode dwarf)"
+                "no pt_regs registers or mm_struct.start_stack in kernel BTF (needed by --stack-mode dwarf)"
                     .into(),
             ));
         }
@@ -114,8 +106,9 @@ pub(crate) fn setup(
         regs_ip: ip,
         regs_sp: sp,
         regs_bp: bp,
+        regs_lr: lr,
         mm_start_stack: top,
-        _pad: [0; 2],
+        _pad: 0,
     };
     // Both ways find the main thread's stack top through task->mm.
     loader.global(names::TASK, &btf.task_offsets()?);
@@ -127,6 +120,15 @@ pub(crate) fn setup(
     };
     // Sampling is a choice of the copy path: in the kernel every event is
     // unwound.
+    if in_kernel && !copy_only && cfg!(target_arch = "aarch64") {
+        // Refused as the kernel would refuse it: the caller says so and
+        // copies instead.
+        return Err(Error::Unsupported {
+            what: "user stacks unwound in the kernel".into(),
+            reasons: "memtrace's unwinder program walks x86-64's registers, not yet aarch64's"
+                .into(),
+        });
+    }
     if in_kernel && !copy_only {
         filter.stacks |= stack_mode::WALK | stack_mode::KUNWIND;
         loader.global(names::USTACK, &cfg);
