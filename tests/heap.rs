@@ -181,6 +181,8 @@ fn the_kill_report_names_what_the_group_s_other_processes_hold() {
     let mut holder = cg
         .command(&workload_bin())
         .args(["heap-steps", "1", "40", "2", "60000"])
+        // Counted from the shim: allocate once it is in.
+        .env("MEMTRACE_WAIT_SHIM_MS", "10000")
         .stdout(Stdio::piped())
         .spawn()
         .unwrap();

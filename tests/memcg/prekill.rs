@@ -110,6 +110,8 @@ fn prekill_answer_carries_the_held_heap_by_stack() {
     let mut w = cg
         .command(&workload_bin())
         .args(["heap-steps", "1", "24", "5", "30000"])
+        // Counted from the shim: allocate once it is in.
+        .env("MEMTRACE_WAIT_SHIM_MS", "10000")
         .stdout(Stdio::piped())
         .spawn()
         .unwrap();

@@ -131,15 +131,17 @@ fn pipe_allocations(keep: bool) -> u64 {
 #[test]
 fn kernel_mode_sees_what_open_pipes_hold() {
     // Each open pipe holds its pipe_inode_info and its buffer array: two
-    // allocations under alloc_pipe_info. Other processes make a few pipes.
+    // allocations under alloc_pipe_info. Other processes make pipes too
+    // (system-wide, and the other test binaries run beside this one), and
+    // kernel rows are not split by process: hence the slack above.
     let open = pipe_allocations(true);
     assert!(
-        (800..900).contains(&open),
+        (800..1000).contains(&open),
         "{open} pipe allocations outstanding"
     );
     let closed = pipe_allocations(false);
     assert!(
-        closed < 40,
+        closed < 200,
         "{closed} pipe allocations outstanding after close"
     );
 }

@@ -190,6 +190,30 @@ pub fn grow_heap_mib(mib: usize) {
     }
 }
 
+/// Waits until memtrace's allocator shim is mapped into this process, up
+/// to `ms` (from MEMTRACE_WAIT_SHIM_MS; no wait without it): memcg --heap
+/// loads it some milliseconds after the process appears, later on a loaded
+/// host, and what is allocated before that is not seen (said in the
+/// README). A test that counts what is held waits for it, as it waits for
+/// the tracer to be ready. Says on stderr when the shim never came.
+pub fn wait_for_shim() {
+    let Some(ms) = std::env::var("MEMTRACE_WAIT_SHIM_MS")
+        .ok()
+        .and_then(|v| v.parse::<u64>().ok())
+    else {
+        return;
+    };
+    let t0 = std::time::Instant::now();
+    while t0.elapsed() < Duration::from_millis(ms) {
+        let maps = std::fs::read_to_string("/proc/self/maps").unwrap_or_default();
+        if maps.contains("memtrace-preload-") {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    eprintln!("memtrace-workload: no allocator shim was loaded in {ms} ms");
+}
+
 /// `got-watch K SIZE`: where this program's calls of malloc go (read
 /// through its own GOT, as each call does) at start, then on each line on
 /// stdin: "during" (K blocks of SIZE leaked from `leak_small_blocks`,

@@ -221,13 +221,15 @@ fn main() {
         }
         // heap-steps STEP_MIB N PAUSE_MS [HOLD_MS]: N blocks of STEP_MIB from
         // malloc, touched and kept, pausing between; then "held", and the
-        // blocks kept HOLD_MS more.
+        // blocks kept HOLD_MS more. Waits for the shim first when told
+        // (`leak::wait_for_shim`).
         "heap-steps" => {
             let (step, n, pause) = (
                 arg(&args, 1, 1usize),
                 arg(&args, 2, 300usize),
                 arg(&args, 3, 10u64),
             );
+            leak::wait_for_shim();
             for _ in 0..n {
                 leak::grow_heap_mib(step);
                 std::thread::sleep(std::time::Duration::from_millis(pause));

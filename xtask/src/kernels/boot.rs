@@ -9,12 +9,13 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result};
 
 use super::check::{parse, Guest};
-use super::{Assets, Kernel};
+use super::{Assets, Boot};
 
 /// A guest that has not powered off by then is killed and fails.
 const BOOT_TIMEOUT: Duration = Duration::from_secs(600);
 
-pub(super) fn boot(assets: &Assets, k: &Kernel, initrd: &Path) -> Result<Guest> {
+pub(super) fn boot(assets: &Assets, b: &Boot, initrd: &Path) -> Result<Guest> {
+    let k = b.k;
     let q = &assets.qemu_root;
     let libdirs = std::env::join_paths([
         q.join("usr/lib/x86_64-linux-gnu"),
@@ -43,7 +44,11 @@ pub(super) fn boot(assets: &Assets, k: &Kernel, initrd: &Path) -> Result<Guest> 
         .arg("-initrd")
         .arg(initrd)
         .arg("-append")
-        .arg(format!("console={} panic=-1 quiet", k.arch.console()))
+        .arg(format!(
+            "console={} panic=-1 quiet{}",
+            k.arch.console(),
+            b.cmdline()
+        ))
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
