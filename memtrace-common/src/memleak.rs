@@ -250,6 +250,7 @@ crate::names! {
         ML_EXECS: u32 => u64, OnDemand;
         ML_BATCHES: u32 => u64, Compiled;
         ML_BLOCK: () => (), Compiled;
+        ML_FREES_READ: () => (), Compiled;
     }
     globals {
         MEMLEAK_CFG: MemleakConfig;

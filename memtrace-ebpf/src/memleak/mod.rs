@@ -30,9 +30,6 @@ mod user;
 #[map]
 static ML_BLOCK: PerCpuArray<(AllocKey, AllocInfo)> = PerCpuArray::with_max_entries(1, 0);
 
-/// A map update that must not replace an entry.
-const BPF_NOEXIST: u64 = 1;
-
 #[unsafe(no_mangle)]
 static MEMLEAK_CFG: Global<MemleakConfig> = Global::new(MemleakConfig::INIT);
 
@@ -256,11 +253,13 @@ fn record_stacks(
 
 /// Puts the block in `ML_BLOCK` in the table. An address handed out again
 /// means its old block was freed, and that free is in a batch not yet
-/// reported (the shim's) or was missed: the old block is released first,
-/// so its stack's figures do not keep it. A block the full table cannot
-/// take comes out of its stack's totals again, so that no figure claims
-/// what cannot be followed to its free. The block is in a map, not on the
-/// stack: beside the unwinder's calls, 6.1 has 512 bytes for the chain.
+/// reported (the shim's) or was missed: the old block is released, so its
+/// stack's figures do not keep it, and the new one takes its entry in
+/// place (glibc hands a freed block straight back: one lookup where a
+/// delete and an insert were). A block the full table cannot take comes
+/// out of its stack's totals again, so that no figure claims what cannot
+/// be followed to its free. The block is in a map, not on the stack:
+/// beside the unwinder's calls, 6.1 has 512 bytes for the chain.
 #[inline(always)]
 fn keep(kernel: bool) {
     let t = if kernel { KERNEL } else { USER };
@@ -268,17 +267,28 @@ fn keep(kernel: bool) {
         return;
     };
     let (k, info) = unsafe { &*slot };
-    if t.allocs.insert(k, info, BPF_NOEXIST).is_ok()
-        || (release_at(t, k) && t.allocs.insert(k, info, 0).is_ok())
-    {
+    if let Some(old) = t.allocs.get_ptr_mut(k) {
+        let old = unsafe { &mut *old };
+        settle(t, old);
+        bump(counter::FREES);
+        *old = *info;
         return;
     }
+    if t.allocs.insert(k, info, 0).is_ok() {
+        return;
+    }
+    settle(t, info);
+    count_loss(loss::MAP_FULL);
+}
+
+/// Takes a block out of its stack's figures (its free).
+#[inline(always)]
+fn settle(t: Tables, info: &AllocInfo) {
     if let Some(v) = t.stacks.get_ptr_mut(&info.stack) {
         let v = unsafe { &mut *v };
         v.frees += info.weight;
         v.freed_bytes += info.weight_bytes;
     }
-    count_loss(loss::MAP_FULL);
 }
 
 /// Whether a block is in the table (a realloc that is not sampled needs its
@@ -335,11 +345,7 @@ fn release_if(t: Tables, k: &AllocKey, not_after: u64) -> Released {
     if info.ts_ns > not_after {
         return Released::Newer;
     }
-    if let Some(v) = t.stacks.get_ptr_mut(&info.stack) {
-        let v = unsafe { &mut *v };
-        v.frees += info.weight;
-        v.freed_bytes += info.weight_bytes;
-    }
+    settle(t, info);
     let _ = t.allocs.remove(k);
     bump(counter::FREES);
     Released::Yes
