@@ -94,16 +94,6 @@ else
     FAILED=1
 fi
 
-# The cgroup v2 guest of a kernel that also has v1 (xtask boots it with
-# cgroup_no_v1=memory and memtrace.cgroups_only) runs only the cases above,
-# which use memory cgroups; the rest ran in the kernel's v1 guest and are
-# said skipped here.
-if grep -q memtrace.cgroups_only /proc/cmdline; then
-    cgonly="cgroup v2 guest of a kernel with v1: run in its v1 guest (this one runs the memory-cgroup cases)"
-    run_case() { echo "MT-SKIP $1 $cgonly"; }
-    top_case() { echo "MT-SKIP top $cgonly"; }
-    serve_case() { echo "MT-SKIP serve $cgonly"; }
-fi
 # Each populated zone compacted once by one write from the shell.
 run_case compactsnoop 300 0 compactsnoop --json -v -c 'echo 1 > /proc/sys/vm/compact_memory'
 # The workload's own faults (start-up, exit), then with 2000 more.

@@ -167,8 +167,6 @@ pub(super) const CASES: [Case; 34] = [
     forced("swapin-kprobe", "swapin", "kprobe"),
     forced("swapin-fentry", "swapin", "fentry"),
     case("vmscan", "vmscan"),
-    // From here on, the cases that use no memory cgroup: skipped in the
-    // cgroup v2 guest of a kernel that has v1 (init.sh).
     case("compactsnoop", "compactsnoop"),
     case("faults-base", "faults"),
     case("faults", "faults"),

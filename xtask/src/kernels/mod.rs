@@ -44,9 +44,9 @@ const OPT_IN: [&str; 0] = [];
 const ARM64_SERIES: [&str; 1] = ["6.12"];
 
 /// Series whose kernels have both cgroup versions: each also boots a guest
-/// with v1's memory controller off, which runs the cases that use memory
-/// cgroups on v2 (the others are said skipped there: init.sh). Booted by
-/// default; when MEMTRACE_KERNELS is set, only if it names `cgroup2` too.
+/// with v1's memory controller off, which runs every case on cgroup v2.
+/// Booted by default; when MEMTRACE_KERNELS is set, only if it names
+/// `cgroup2` too.
 const BOTH_CGROUPS: [&str; 2] = ["5.10", "6.1"];
 /// Guests booted at once: each is one emulator thread, at the lowest
 /// priority beside the host's tests on this machine's two cores; more at
@@ -119,7 +119,7 @@ impl Boot<'_> {
     /// Debian's kernels; the v2 cases need it).
     fn cmdline(&self) -> &'static str {
         match self.cgroup2 {
-            true => " cgroup_no_v1=memory psi=1 memtrace.cgroups_only",
+            true => " cgroup_no_v1=memory psi=1",
             false => "",
         }
     }
