@@ -72,3 +72,49 @@ fn without_injection_uprobes_see_the_same_leaks() {
     assert_eq!(w.line().trim(), "go same");
     assert!(w.wait().success());
 }
+
+/// A library the process loads while memleak -p runs (a dlopen) binds
+/// malloc to glibc's, past the shim: at the next housekeeping round its
+/// calls are pointed at the shim too, and it is said. Its leaks made after
+/// that are all seen (none were before: the test fails without it).
+#[test]
+fn a_library_loaded_later_gets_its_calls_pointed_at_the_shim() {
+    let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("late");
+    std::fs::create_dir_all(&dir).unwrap();
+    let lib = dir.join("liblate.so");
+    let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("workload/late/late.c");
+    let st = status_within(
+        std::process::Command::new("cc")
+            .args(["-shared", "-fPIC", "-O1", "-fno-omit-frame-pointer"])
+            .arg(&src)
+            .arg("-o")
+            .arg(&lib),
+        Duration::from_secs(120),
+    );
+    assert!(st.success(), "building {} failed", lib.display());
+    let mut w = Workload::start(&["late-lib", lib.to_str().unwrap(), "11", "2000"]);
+    let pid = w.pid.to_string();
+    w.send("go");
+    assert_eq!(w.line().trim(), "ready");
+    let t = Tracer::start(&["memleak", "-p", &pid, "--json"]);
+    w.send("load");
+    assert_eq!(w.line().trim(), "loaded");
+    // Rounds are 250 ms apart; each may find the library not relocated yet.
+    std::thread::sleep(Duration::from_millis(1500));
+    w.send("leak");
+    assert_eq!(w.line().trim(), "leaked");
+    t.signal(libc::SIGINT);
+    let out = t.wait(Duration::from_secs(20));
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    let rows = json_of(&out.stdout, "memleak");
+    assert_eq!(held(&rows, "late_leak"), (11, 22000), "{}", out.stdout);
+    assert!(
+        out.stderr.contains("liblate.so after the shim went in"),
+        "{}",
+        out.stderr
+    );
+    let s = summary(&out.stdout);
+    assert_eq!(s["libraries_redirected_late"], 1, "{s}");
+    w.go();
+    assert!(w.wait().success());
+}

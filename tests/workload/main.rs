@@ -8,6 +8,7 @@ use std::io::{BufRead, Write};
 
 mod brk;
 mod forks;
+mod late;
 mod leak;
 mod paced;
 mod pages;
@@ -338,6 +339,8 @@ fn main() {
         "reuse-then-exit" => leak::reuse_then_exit(arg(&args, 1, 20)),
         "freed-then-idle" => leak::freed_then_idle(arg(&args, 1, 20)),
         "got-watch" => leak::got_watch(arg(&args, 1, 10), arg(&args, 2, 100)),
+        // late-lib LIB K SIZE: a library dlopen'd on request (late.rs).
+        "late-lib" => late::late_lib(&args[1], arg(&args, 2, 10), arg(&args, 3, 100)),
         "pipes" => leak::pipes(arg(&args, 1, 100), arg(&args, 2, 1) != 0, arg(&args, 3, 0)),
         // malloc-loop, calloc-loop, realloc-loop N: timed allocator loops.
         "malloc-loop" | "calloc-loop" | "realloc-loop" => {

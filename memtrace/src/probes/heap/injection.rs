@@ -23,6 +23,9 @@ pub struct Injection {
     /// had rewritten itself by then.
     redirected: (usize, usize),
     restored: Option<(usize, usize)>,
+    /// Files mapped after the first redirect whose calls were pointed at
+    /// the shim later (`catch_up`).
+    late: usize,
 }
 
 impl Injection {
@@ -54,6 +57,7 @@ impl Injection {
             inner,
             redirected: (0, 0),
             restored: None,
+            late: 0,
         };
         Ok((me, said))
     }
@@ -102,6 +106,36 @@ impl Injection {
         Ok(())
     }
 
+    /// At each housekeeping round: a library the process mapped since the
+    /// last redirect (a dlopen) gets its allocator calls pointed at the
+    /// shim too, and it is said, with what that leaves unseen.
+    pub fn catch_up(&mut self) {
+        if self.restored.is_some() || !self.inner.mapped_since() {
+            return;
+        }
+        match self.inner.redirect() {
+            Ok((slots, _)) => self.redirected.0 = slots,
+            Err(e) => {
+                say!(
+                    "memtrace: {}: warning: pid {} mapped more code, whose allocator calls could \
+                     not be pointed at the shim: {e} (they are not seen)",
+                    self.tool,
+                    self.pid
+                );
+                return;
+            }
+        }
+        for (file, n) in std::mem::take(&mut self.inner.newly) {
+            self.late += 1;
+            say!(
+                "memtrace: {}: pid {} loaded {file} after the shim went in: its {n} allocator \
+                 call slots point at the shim from now on (what it allocated before was not seen)",
+                self.tool,
+                self.pid
+            );
+        }
+    }
+
     /// Every call put back as it was (said: the process was changed).
     pub fn restore(&mut self) {
         if self.restored.is_some() {
@@ -141,6 +175,7 @@ impl Injection {
             ("injected_slots", Value::from(self.redirected.0 as u64)),
             ("restored_slots", Value::from(put as u64)),
             ("slots_changed_by_process", Value::from(changed as u64)),
+            ("libraries_redirected_late", Value::from(self.late as u64)),
         ]
     }
 }

@@ -18,11 +18,14 @@
 //!    that still works.
 
 mod got;
+mod late;
+mod objects;
 mod ptrace;
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
 
+use objects::{file_name, functions, loaded, Loaded};
 use ptrace::{Held, DATA};
 
 /// Why the shim was not loaded (one line, said before uprobes take over).
@@ -88,67 +91,13 @@ pub struct Injected {
     /// batches, reported before it is taken out.
     flush_all: Option<u64>,
     restored: bool,
-}
-
-/// A file mapped in `pid` and its load bias.
-struct Loaded {
-    shown: String,
-    host: PathBuf,
-    bias: u64,
-    /// Its mapped range, lowest to highest address.
-    span: (u64, u64),
-}
-
-fn loaded(pid: u32) -> Vec<Loaded> {
-    let maps = crate::process::maps::read_maps(pid).unwrap_or_default();
-    let page = crate::kernel::btf::page_size();
-    let mut out: Vec<Loaded> = Vec::new();
-    for m in &maps {
-        if !m.path.starts_with('/') || out.iter().any(|l| *l.shown == *m.path) {
-            continue;
-        }
-        let host = m.file_in(pid);
-        let Ok(first) = std::fs::read(&host)
-            .map_err(drop)
-            .and_then(|d| got::first_load(&d).ok_or(()))
-        else {
-            continue;
-        };
-        let same = |x: &&crate::process::maps::Mapping| x.path == m.path;
-        let Some(base) = maps
-            .iter()
-            .filter(same)
-            .find(|x| x.offset == first.1 & !(page - 1))
-        else {
-            continue;
-        };
-        let hi = maps
-            .iter()
-            .filter(same)
-            .map(|x| x.end)
-            .max()
-            .unwrap_or(base.end);
-        out.push(Loaded {
-            shown: m.path.to_string(),
-            host,
-            bias: got::bias(base.start, first, page),
-            span: (base.start, hi),
-        });
-    }
-    out
-}
-
-fn file_name(p: &str) -> &str {
-    p.rsplit('/').next().unwrap_or(p)
-}
-
-/// The exported functions of a loaded object, as addresses in the process
-/// (the file read and parsed once).
-fn functions(l: &Loaded) -> HashMap<String, u64> {
-    let data = std::fs::read(&l.host).unwrap_or_default();
-    got::exports(&data)
-        .map(|e| e.into_iter().map(|(n, a)| (n, l.bias + a)).collect())
-        .unwrap_or_default()
+    /// Files whose code the last redirect found mapped and done with
+    /// (`late.rs`): one mapped since is a library loaded later.
+    known: HashSet<String>,
+    /// Redirects that found a file's slots not yet written by the loader.
+    unsettled: HashMap<String, u8>,
+    /// The files the last redirect pointed slots of at the shim.
+    pub newly: Vec<(String, usize)>,
 }
 
 /// Where a thread must not be stopped to call in: the C library, the
@@ -332,6 +281,9 @@ impl Injected {
             slots: Vec::new(),
             flush_all: ours.get("memtrace_flush_all").copied(),
             restored: false,
+            known: HashSet::new(),
+            unsettled: HashMap::new(),
+            newly: Vec::new(),
         })
     }
 
@@ -341,6 +293,8 @@ impl Injected {
         let held = Held::all(self.pid).map_err(|e| no(format!("cannot stop its threads: {e}")))?;
         let names: Vec<&str> = self.targets.iter().map(|t| t.name.as_str()).collect();
         let mut objects = 0;
+        let mut known = self.mapped_code();
+        self.newly.clear();
         for l in loaded(self.pid) {
             let name = file_name(&l.shown);
             if l.host == self.shim || name.starts_with("ld-linux") || name.starts_with("ld64") {
@@ -353,6 +307,7 @@ impl Injected {
                 continue;
             };
             let before = self.slots.len();
+            let mut settled = true;
             for s in slots {
                 let t = self
                     .targets
@@ -366,10 +321,18 @@ impl Injected {
                 let lazy = (l.span.0..l.span.1).contains(&now);
                 if (now == t.theirs || lazy) && held.write(at, &t.ours.to_ne_bytes()).is_ok() {
                     self.slots.push((at, now, t.ours));
+                } else if now != t.ours {
+                    settled = false;
                 }
             }
-            objects += usize::from(self.slots.len() > before);
+            let done = self.slots.len() - before;
+            objects += usize::from(done > 0);
+            if done > 0 {
+                self.newly.push((l.shown.clone(), done));
+            }
+            late::settle(&mut self.unsettled, &mut known, &l.shown, settled);
         }
+        self.known = known;
         Ok((self.slots.len(), objects))
     }
 

@@ -364,6 +364,9 @@ impl Tool for Memleak {
     }
 
     fn forget_exited(&mut self, s: &mut Traced) -> Result<usize> {
+        if let Some(i) = &mut self.injection {
+            i.catch_up();
+        }
         // For --progress: the counts so far, not only at reports.
         self.read_counts(s)?;
         // Kernel objects outlive the process that allocated them.

@@ -1,0 +1,33 @@
+//! `late-lib LIB K SIZE`: a library loaded while memleak -p runs.
+
+use std::io::{BufRead, Write};
+
+/// Says "ready"; then on "load" dlopens LIB ("loaded"), on "leak" keeps K
+/// blocks of SIZE from its `late_leak` ("leaked"), until stdin closes.
+pub fn late_lib(lib: &str, k: usize, size: usize) {
+    let mut leak: Option<extern "C" fn(usize, usize)> = None;
+    println!("ready");
+    std::io::stdout().flush().unwrap();
+    for line in std::io::stdin().lock().lines() {
+        match line.unwrap().trim() {
+            "load" => {
+                let path = std::ffi::CString::new(lib).unwrap();
+                // SAFETY: a library of the test's, with a C function.
+                let h = unsafe { libc::dlopen(path.as_ptr(), libc::RTLD_NOW) };
+                assert!(!h.is_null(), "dlopen {lib}");
+                let f = unsafe { libc::dlsym(h, c"late_leak".as_ptr()) };
+                assert!(!f.is_null(), "{lib}: no late_leak");
+                leak = Some(unsafe {
+                    std::mem::transmute::<*mut libc::c_void, extern "C" fn(usize, usize)>(f)
+                });
+                println!("loaded");
+            }
+            "leak" => {
+                leak.expect("load first")(k, size);
+                println!("leaked");
+            }
+            _ => {}
+        }
+        std::io::stdout().flush().unwrap();
+    }
+}
