@@ -207,3 +207,60 @@ fn the_kill_report_names_what_the_group_s_other_processes_hold() {
         "the victim is reported apart: {others:?}"
     );
 }
+
+/// A process of the group that loads a library after the shim went in (a
+/// dlopen, as Python imports an extension): the library's own calls of
+/// malloc are pointed at the shim at a later round, so the kill report
+/// names what the library holds (without it: nothing).
+#[test]
+fn a_library_a_process_loads_later_is_seen_in_the_kill_report() {
+    let name = "a_library_a_process_loads_later_is_seen_in_the_kill_report";
+    if !memcg_here(name) {
+        return;
+    }
+    use std::io::{BufRead, Write};
+    let lib = late_lib();
+    let cg = Memcg::new("heaplate", "128M");
+    let path = format!("/{}", cg.name);
+    let mut tracer = Tracer::start(&["memcg", "--cgroup", &path, "--heap", "--json"]);
+    let mut holder = cg
+        .command(&workload_bin())
+        .args(["late-lib", lib.to_str().unwrap(), "40", "1048576"])
+        .env("MEMTRACE_WAIT_SHIM_MS", "10000")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut to = holder.stdin.take().unwrap();
+    let mut from = std::io::BufReader::new(holder.stdout.take().unwrap());
+    let mut say = |line: &str, want: &str| {
+        if !line.is_empty() {
+            writeln!(to, "{line}").unwrap();
+        }
+        let mut got = String::new();
+        from.read_line(&mut got).unwrap();
+        assert_eq!(got.trim(), want);
+    };
+    say("", "ready");
+    say("load", "loaded");
+    // Rounds are 250 ms apart; each may find the library not relocated yet.
+    std::thread::sleep(std::time::Duration::from_millis(1500));
+    say("leak", "leaked");
+    let grower = cg.grow_until_killed();
+    let seen = tracer.stdout_line(|l| l.contains("\"memcg_oom_group_heap\""), WAIT);
+    let _ = holder.kill();
+    let _ = holder.wait();
+    assert!(seen.is_some(), "no report of the group's other holders");
+    let out = tracer.interrupt();
+    let others = json_of(&out.stdout, "memcg_oom_group_heap");
+    let held = held_through(&others, holder.id(), "late_leak") / MIB;
+    assert!((28.0..=52.0).contains(&held), "{held} MiB: {others:?}");
+    assert!(others.iter().all(|r| r["pid"] != grower), "{others:?}");
+    assert!(
+        out.stderr.contains("liblate.so after the shim went in"),
+        "{}",
+        out.stderr
+    );
+    let s = &json_of(&out.stdout, "summary")[0];
+    assert_eq!(s["heap_shim_late_libraries"], 1, "{s}");
+}

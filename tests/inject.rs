@@ -79,19 +79,7 @@ fn without_injection_uprobes_see_the_same_leaks() {
 /// that are all seen (none were before: the test fails without it).
 #[test]
 fn a_library_loaded_later_gets_its_calls_pointed_at_the_shim() {
-    let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("late");
-    std::fs::create_dir_all(&dir).unwrap();
-    let lib = dir.join("liblate.so");
-    let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("workload/late/late.c");
-    let st = status_within(
-        std::process::Command::new("cc")
-            .args(["-shared", "-fPIC", "-O1", "-fno-omit-frame-pointer"])
-            .arg(&src)
-            .arg("-o")
-            .arg(&lib),
-        Duration::from_secs(120),
-    );
-    assert!(st.success(), "building {} failed", lib.display());
+    let lib = late_lib();
     let mut w = Workload::start(&["late-lib", lib.to_str().unwrap(), "11", "2000"]);
     let pid = w.pid.to_string();
     w.send("go");

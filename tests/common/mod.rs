@@ -397,3 +397,15 @@ pub fn scratch_dir(kind: &str, name: &str) -> std::path::PathBuf {
     std::fs::create_dir_all(&d).unwrap();
     d
 }
+
+/// A library of the tests' to dlopen while memtrace runs
+/// (tests/workload/late/late.c, `late_leak(k, size)`; workload `late-lib`).
+pub fn late_lib() -> PathBuf {
+    let src = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("workload/late/late.c");
+    nofp::build(
+        "liblate.so",
+        Command::new("cc")
+            .args(["-shared", "-fPIC", "-O1", "-fno-omit-frame-pointer"])
+            .arg(src),
+    )
+}

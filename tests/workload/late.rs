@@ -2,10 +2,12 @@
 
 use std::io::{BufRead, Write};
 
-/// Says "ready"; then on "load" dlopens LIB ("loaded"), on "leak" keeps K
+/// Says "ready" (once the shim is in, when told: `leak::wait_for_shim`);
+/// then on "load" dlopens LIB ("loaded"), on "leak" keeps K
 /// blocks of SIZE from its `late_leak` ("leaked"), until stdin closes.
 pub fn late_lib(lib: &str, k: usize, size: usize) {
     let mut leak: Option<extern "C" fn(usize, usize)> = None;
+    crate::leak::wait_for_shim();
     println!("ready");
     std::io::stdout().flush().unwrap();
     for line in std::io::stdin().lock().lines() {

@@ -109,9 +109,10 @@ impl Injection {
     /// At each housekeeping round: a library the process mapped since the
     /// last redirect (a dlopen) gets its allocator calls pointed at the
     /// shim too, and it is said, with what that leaves unseen.
-    pub fn catch_up(&mut self) {
+    /// Returns how many libraries it pointed at the shim.
+    pub fn catch_up(&mut self) -> usize {
         if self.restored.is_some() || !self.inner.mapped_since() {
-            return;
+            return 0;
         }
         match self.inner.redirect() {
             Ok((slots, _)) => self.redirected.0 = slots,
@@ -122,10 +123,11 @@ impl Injection {
                     self.tool,
                     self.pid
                 );
-                return;
+                return 0;
             }
         }
-        for (file, n) in std::mem::take(&mut self.inner.newly) {
+        let newly = std::mem::take(&mut self.inner.newly);
+        for (file, n) in &newly {
             self.late += 1;
             say!(
                 "memtrace: {}: pid {} loaded {file} after the shim went in: its {n} allocator \
@@ -134,6 +136,7 @@ impl Injection {
                 self.pid
             );
         }
+        newly.len()
     }
 
     /// Every call put back as it was (said: the process was changed).

@@ -37,7 +37,15 @@ pub struct Shimmed {
     recent: std::collections::VecDeque<std::time::Instant>,
     /// Why loads were refused, each said once.
     said: std::collections::HashSet<String>,
+    /// Libraries loaded after a process's calls were pointed at the shim,
+    /// pointed there too (`catch_up`), and the last pid looked at.
+    late: usize,
+    cursor: u32,
 }
+
+/// Processes looked at per housekeeping round for libraries loaded since
+/// (a read of each one's maps): a bounded cost however big the groups.
+const CATCH_UP: usize = 4;
 
 /// Loads tried in the last second past which the groups churn: only
 /// processes old enough are loaded then (`HeapWatch::too_young`).
@@ -58,6 +66,8 @@ impl Shimmed {
             refused: 0,
             restored: (0, 0),
             recent: Default::default(),
+            late: 0,
+            cursor: 0,
             said: Default::default(),
         })
     }
@@ -193,9 +203,26 @@ impl Shimmed {
         }
     }
 
+    /// Up to `CATCH_UP` processes, in turn: a library one loaded since
+    /// (a dlopen, a Python extension imported) gets its allocator calls
+    /// pointed at the shim too (`Injection::catch_up`, which says so).
+    pub fn catch_up(&mut self) {
+        let mut pids: Vec<u32> = self.by_pid.keys().copied().collect();
+        pids.sort_unstable();
+        let from = pids.partition_point(|&p| p <= self.cursor);
+        let n = CATCH_UP.min(pids.len());
+        for &p in pids.iter().cycle().skip(from).take(n) {
+            if let Some((i, _)) = self.by_pid.get_mut(&p) {
+                self.late += i.catch_up();
+            }
+            self.cursor = p;
+        }
+    }
+
     pub fn summary(&self) -> Vec<(&'static str, Value)> {
         vec![
             ("heap_shim_processes", Value::from(self.loaded)),
+            ("heap_shim_late_libraries", Value::from(self.late as u64)),
             ("heap_shim_inherited", Value::from(self.inherited)),
             ("heap_shim_refused", Value::from(self.refused)),
             ("restored_slots", Value::from(self.restored.0 as u64)),

@@ -277,6 +277,7 @@ impl HeapWatch {
         self.seen.retain(|&p| crate::process::proc::alive(p));
         if let Some(sh) = self.shim.as_mut() {
             sh.forget_gone(|p| self.seen.contains(&p));
+            sh.catch_up();
             let before = self.young.len();
             self.young.retain(|&p| crate::process::proc::alive(p));
             self.young_gone += (before - self.young.len()) as u64;
