@@ -35,6 +35,24 @@ fn held_through(rows: &[serde_json::Value], pid: u32, func: &str) -> f64 {
         .sum()
 }
 
+/// A process growing in `cg` until it is OOM-killed, beside `holder`
+/// (killed after): the grower's pid, memtrace's output and the report of
+/// what the group's other processes held.
+fn others_at_kill(
+    cg: &Memcg,
+    mut tracer: Tracer,
+    holder: &mut std::process::Child,
+) -> (u32, Output, Vec<serde_json::Value>) {
+    let grower = cg.grow_until_killed();
+    let seen = tracer.stdout_line(|l| l.contains("\"memcg_oom_group_heap\""), WAIT);
+    let _ = holder.kill();
+    let _ = holder.wait();
+    assert!(seen.is_some(), "no report of the group's other holders");
+    let out = tracer.interrupt();
+    let others = json_of(&out.stdout, "memcg_oom_group_heap");
+    (grower, out, others)
+}
+
 #[test]
 fn the_victim_of_an_oom_kill_held_what_its_growing_function_allocated() {
     let name = "the_victim_of_an_oom_kill_held_what_its_growing_function_allocated";
@@ -176,7 +194,7 @@ fn the_kill_report_names_what_the_group_s_other_processes_hold() {
     }
     let cg = Memcg::new("heapgroup", "128M");
     let path = format!("/{}", cg.name);
-    let mut tracer = Tracer::start(&["memcg", "--cgroup", &path, "--heap", "--json"]);
+    let tracer = Tracer::start(&["memcg", "--cgroup", &path, "--heap", "--json"]);
     // A process holding 40 MiB, then one growing until it is killed.
     let mut holder = cg
         .command(&workload_bin())
@@ -193,13 +211,7 @@ fn the_kill_report_names_what_the_group_s_other_processes_hold() {
     )
     .unwrap();
     assert_eq!(line.trim(), "held");
-    let grower = cg.grow_until_killed();
-    let seen = tracer.stdout_line(|l| l.contains("\"memcg_oom_group_heap\""), WAIT);
-    let _ = holder.kill();
-    let _ = holder.wait();
-    assert!(seen.is_some(), "no report of the group's other holders");
-    let out = tracer.interrupt();
-    let others = json_of(&out.stdout, "memcg_oom_group_heap");
+    let (grower, _, others) = others_at_kill(&cg, tracer, &mut holder);
     let held = held_through(&others, holder.id(), "grow_heap_mib") / MIB;
     assert!((25.0..=60.0).contains(&held), "{held} MiB: {others:?}");
     assert!(
@@ -222,7 +234,7 @@ fn a_library_a_process_loads_later_is_seen_in_the_kill_report() {
     let lib = late_lib();
     let cg = Memcg::new("heaplate", "128M");
     let path = format!("/{}", cg.name);
-    let mut tracer = Tracer::start(&["memcg", "--cgroup", &path, "--heap", "--json"]);
+    let tracer = Tracer::start(&["memcg", "--cgroup", &path, "--heap", "--json"]);
     let mut holder = cg
         .command(&workload_bin())
         .args(["late-lib", lib.to_str().unwrap(), "40", "1048576"])
@@ -246,13 +258,7 @@ fn a_library_a_process_loads_later_is_seen_in_the_kill_report() {
     // Rounds are 250 ms apart; each may find the library not relocated yet.
     std::thread::sleep(std::time::Duration::from_millis(1500));
     say("leak", "leaked");
-    let grower = cg.grow_until_killed();
-    let seen = tracer.stdout_line(|l| l.contains("\"memcg_oom_group_heap\""), WAIT);
-    let _ = holder.kill();
-    let _ = holder.wait();
-    assert!(seen.is_some(), "no report of the group's other holders");
-    let out = tracer.interrupt();
-    let others = json_of(&out.stdout, "memcg_oom_group_heap");
+    let (grower, out, others) = others_at_kill(&cg, tracer, &mut holder);
     let held = held_through(&others, holder.id(), "late_leak") / MIB;
     assert!((28.0..=52.0).contains(&held), "{held} MiB: {others:?}");
     assert!(others.iter().all(|r| r["pid"] != grower), "{others:?}");

@@ -196,22 +196,24 @@ pub fn grow_heap_mib(mib: usize) {
 /// host, and what is allocated before that is not seen (said in the
 /// README). A test that counts what is held waits for it, as it waits for
 /// the tracer to be ready. Says on stderr when the shim never came.
-pub fn wait_for_shim() {
+/// Whether it was told to wait.
+pub fn wait_for_shim() -> bool {
     let Some(ms) = std::env::var("MEMTRACE_WAIT_SHIM_MS")
         .ok()
         .and_then(|v| v.parse::<u64>().ok())
     else {
-        return;
+        return false;
     };
     let t0 = std::time::Instant::now();
     while t0.elapsed() < Duration::from_millis(ms) {
         let maps = std::fs::read_to_string("/proc/self/maps").unwrap_or_default();
         if maps.contains("memtrace-preload-") {
-            return;
+            return true;
         }
         std::thread::sleep(Duration::from_millis(2));
     }
     eprintln!("memtrace-workload: no allocator shim was loaded in {ms} ms");
+    true
 }
 
 /// `got-watch K SIZE`: where this program's calls of malloc go (read
