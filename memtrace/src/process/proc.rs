@@ -59,6 +59,19 @@ pub fn alive(pid: u32) -> bool {
     std::path::Path::new(&format!("/proc/{pid}")).exists()
 }
 
+/// Whether `pid` has exited: gone, or a zombie not reaped yet (whose
+/// memory is gone: a probe on it fails with ESRCH).
+pub fn exited(pid: u32) -> bool {
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        return true;
+    };
+    // The state follows the comm's closing parenthesis.
+    let state = stat
+        .rsplit_once(')')
+        .and_then(|(_, r)| r.trim_start().chars().next());
+    matches!(state, Some('Z' | 'X'))
+}
+
 /// The memory cgroup path of `pid`: in the v1 memory hierarchy where one
 /// is mounted (hybrid hosts), else in the v2 hierarchy.
 pub fn cgroup_of(pid: u32) -> String {

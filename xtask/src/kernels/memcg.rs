@@ -12,7 +12,7 @@ pub(super) fn check(g: &Guest, case: &Case, v: &[Value], wpid: i64, why: &mut Ve
         "warn-fail" => warn_fail(g.info.contains("cgroup=v1"), v, why),
         "psi" => psi(v, wpid, why),
         "psi-fail" => psi_fail(v, wpid, why),
-        "heap" => heap(v, wpid, why),
+        "heap" => heap(g, v, wpid, why),
         _ => usage_line(v, wpid, why),
     }
 }
@@ -48,8 +48,10 @@ fn unwinds_in_kernel(g: &Guest, case: &Case, why: &mut Vec<String>) {
 
 /// `--heap`: the kill's report of what the victim held names the function
 /// that grew it 1 MiB at a time, with about the 64 MiB limit (an estimate
-/// from samples: 40 to 90 MiB).
-fn heap(v: &[Value], wpid: i64, why: &mut Vec<String>) {
+/// from samples: 40 to 90 MiB). On arm64 the process gets uprobes, which
+/// go on some time after it appears (over a second under emulation), so
+/// the first of its blocks may be missed (said in the README): 20 or more.
+fn heap(g: &Guest, v: &[Value], wpid: i64, why: &mut Vec<String>) {
     let held: u64 = of_type(v, "memcg_oom_heap")
         .into_iter()
         .filter(|r| r["pid"] == wpid)
@@ -62,9 +64,10 @@ fn heap(v: &[Value], wpid: i64, why: &mut Vec<String>) {
         .map(|r| r["bytes"].as_u64().unwrap_or(0))
         .sum();
     let mib = held >> 20;
-    if !(40..=90).contains(&mib) {
+    let floor = if g.arm64() { 20 } else { 40 };
+    if !(floor..=90).contains(&mib) {
         why.push(format!(
-            "memcg_oom_heap: {mib} MiB held through grow_heap_mib by {wpid}, expected 40-90"
+            "memcg_oom_heap: {mib} MiB held through grow_heap_mib by {wpid}, expected {floor}-90"
         ));
     }
     // The run-up from events, though the group filled in about 0.7 s: a

@@ -14,12 +14,14 @@ use super::Injected;
 const TRIES: u8 = 8;
 
 impl Injected {
-    /// The files whose code the process maps now.
+    /// The files whose code the process maps now: not a JIT's memfd or a
+    /// deleted file, which no loader binds (and a JIT maps them often).
     pub(super) fn mapped_code(&self) -> HashSet<String> {
         crate::process::maps::read_maps(self.pid)
             .unwrap_or_default()
             .iter()
             .filter(|m| m.perms.contains('x') && m.path.starts_with('/'))
+            .filter(|m| !m.path.starts_with("/memfd:") && !m.path.ends_with(" (deleted)"))
             .map(|m| m.path.to_string())
             .collect()
     }

@@ -110,10 +110,8 @@ impl HeapWatch {
             self.seen.remove(&pid);
             return Ok(());
         }
-        for p in self.shim_in(pid) {
-            s.attach(&p)?;
-        }
-        Ok(())
+        let probes = self.shim_in(pid);
+        self.attach_for(s, pid, &probes)
     }
 
     /// Whether `pid` is too young to load the shim into while the groups
