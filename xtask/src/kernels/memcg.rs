@@ -17,15 +17,6 @@ pub(super) fn check(g: &Guest, case: &Case, v: &[Value], wpid: i64, why: &mut Ve
     }
 }
 
-/// The kernel version of the guest's `MT-INFO` line, as (major, minor).
-fn kernel(info: &str) -> Option<(u32, u32)> {
-    let v = info
-        .split_whitespace()
-        .find_map(|w| w.strip_prefix("kernel="))?;
-    let mut n = v.split(['.', '-', '+']).map(|x| x.parse::<u32>().ok());
-    Some((n.next()??, n.next()??))
-}
-
 /// memcg's OOM probe takes no stacks (memcg never shows them) and builds
 /// its record off the stack, so memcg keeps unwinding in the kernel on 6.1
 /// and 6.12. Before, both refused the OOM probe with the unwinder in it
@@ -34,7 +25,7 @@ fn kernel(info: &str) -> Option<(u32, u32)> {
 /// in-kernel unwinder (the compat object).
 fn unwinds_in_kernel(g: &Guest, case: &Case, why: &mut Vec<String>) {
     // arm64: the unwinder program walks x86-64's registers only.
-    if case.name != "memcg" || g.arm64() || kernel(&g.info).is_none_or(|k| k < (6, 1)) {
+    if case.name != "memcg" || g.arm64() || g.kernel().is_none_or(|k| k < (6, 1)) {
         return;
     }
     let refused = g.err.get(case.name).is_some_and(|e| {
@@ -244,16 +235,20 @@ fn warn_fail(v1: bool, v: &[Value], why: &mut Vec<String>) {
 mod tests {
     #[test]
     fn the_guest_kernel_version_is_read_from_its_info_line() {
+        let k = |info: &str| {
+            super::super::check::Guest {
+                info: info.into(),
+                ..Default::default()
+            }
+            .kernel()
+        };
         assert_eq!(
-            super::kernel("kernel=6.12.117+deb12-amd64 cgroup=v2 cpus=2"),
+            k("kernel=6.12.117+deb12-amd64 cgroup=v2 cpus=2"),
             Some((6, 12))
         );
-        assert_eq!(
-            super::kernel("kernel=6.1.0-48-amd64 cgroup=v1"),
-            Some((6, 1))
-        );
-        assert_eq!(super::kernel("kernel=5.10.0-46-amd64"), Some((5, 10)));
-        assert_eq!(super::kernel("cgroup=v1"), None);
+        assert_eq!(k("kernel=6.1.0-48-amd64 cgroup=v1"), Some((6, 1)));
+        assert_eq!(k("kernel=5.10.0-46-amd64"), Some((5, 10)));
+        assert_eq!(k("cgroup=v1"), None);
     }
 
     #[test]
