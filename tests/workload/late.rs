@@ -7,12 +7,14 @@ use std::io::{BufRead, Write};
 /// blocks of SIZE from its `late_leak` ("leaked"), until stdin closes.
 pub fn late_lib(lib: &str, k: usize, size: usize) {
     let mut leak: Option<extern "C" fn(usize, usize)> = None;
-    let start = malloc_now();
+    let start = crate::leak::malloc_now();
     if crate::leak::wait_for_shim() {
         // And until this program's own calls point at it (memcg --heap
         // loads the shim, then redirects): the library loads after that.
         let t0 = std::time::Instant::now();
-        while malloc_now() == start && t0.elapsed() < std::time::Duration::from_secs(10) {
+        while crate::leak::malloc_now() == start
+            && t0.elapsed() < std::time::Duration::from_secs(10)
+        {
             std::thread::sleep(std::time::Duration::from_millis(2));
         }
     }
@@ -40,10 +42,4 @@ pub fn late_lib(lib: &str, k: usize, size: usize) {
         }
         std::io::stdout().flush().unwrap();
     }
-}
-
-/// Where this program's calls of malloc go (read through its GOT).
-#[inline(never)]
-fn malloc_now() -> usize {
-    std::hint::black_box(libc::malloc as *const () as usize)
 }

@@ -216,6 +216,13 @@ pub fn wait_for_shim() -> bool {
     true
 }
 
+/// Where this program's calls of malloc go (read through its GOT, which
+/// memleak -p's injection rewrites).
+#[inline(never)]
+pub fn malloc_now() -> usize {
+    black_box(libc::malloc as *const () as usize)
+}
+
 /// `got-watch K SIZE`: where this program's calls of malloc go (read
 /// through its own GOT, as each call does) at start, then on each line on
 /// stdin: "during" (K blocks of SIZE leaked from `leak_small_blocks`,
@@ -224,10 +231,6 @@ pub fn wait_for_shim() -> bool {
 /// injection rewrites that slot while it runs and must put it back.
 pub fn got_watch(k: usize, size: usize) {
     use std::io::{BufRead, Write};
-    #[inline(never)]
-    fn malloc_now() -> usize {
-        black_box(libc::malloc as *const () as usize)
-    }
     let start = malloc_now();
     println!("ready");
     std::io::stdout().flush().unwrap();
