@@ -116,6 +116,7 @@ fn preload() -> anyhow::Result<()> {
         "preload/cxx.c",
         "preload/jemalloc.c",
         "preload/frees.c",
+        "preload/sites.c",
         "preload/shim.h",
     ];
     for s in srcs {
@@ -140,7 +141,7 @@ fn preload() -> anyhow::Result<()> {
             "-o",
         ])
         .arg(&out)
-        .args(&srcs[..5])
+        .args(&srcs[..6])
         // log and expm1, for the sampling gaps and weights.
         .arg("-lm")
         // pthread keys and atfork (in libc from glibc 2.34 on).

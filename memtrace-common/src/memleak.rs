@@ -228,6 +228,11 @@ pub struct AllocStats {
 /// its free.
 pub const FREE_BATCH: u32 = 64;
 
+/// The shim's hot sites (memtrace/preload/sites.c): `memtrace_alloc_site_N`
+/// and `memtrace_free_site_N` for N below this (5-byte nops), then the
+/// unnumbered ones (never rewritten by the kernel).
+pub const SITE_GENERATIONS: u32 = 8;
+
 /// Where a batch's entries start (frees.c's `struct batch`: a u32 count,
 /// a u32, a u64, then the entries).
 pub const BATCH_ENTRIES_AT: u64 = 16;

@@ -5,10 +5,9 @@
  * is loaded: below) and
  * reports the calls memleak follows by calling a probe site: a function
  * that starts with a nop, where memtrace places a uprobe. The kernel
- * emulates a nop (no single-step), and one site call carries what an entry
- * and a return probe saw between them. Not the 5-byte nop that Linux 6.18
- * turns into a call into a trampoline: a process forked after that was
- * done crashes at the site (reproduced with bpftrace on a plain program). Under
+ * emulates a nop (no single-step), or on Linux 6.17 on enters by a system
+ * call instead of a trap (sites.c), and one site call carries what an entry
+ * and a return probe saw between them. Under
  * sampling the decision is made here, per thread, so an allocation that is
  * not sampled costs a few instructions instead of a trap; the addresses
  * sampled are kept in a small table so that only their frees are reported.
@@ -55,17 +54,8 @@ extern void *__libc_pvalloc(size_t);
 /* What a site reports, beside the addresses (memtrace-common's origin). */
 enum { ORIGIN_USER = 0, ORIGIN_MMAP = 1 };
 
-/* The probe sites. Each begins with shim.h's NOP. */
+/* The probe sites (sites.c has the hot ones). Each begins with shim.h's NOP. */
 #define UNUSED __attribute__((unused))
-SITE void memtrace_alloc_site(UNUSED void *p, UNUSED size_t size, UNUSED void *old,
-                              UNUSED unsigned long skipped, UNUSED unsigned long origin,
-                              UNUSED unsigned long weight) {
-  NOP;
-}
-SITE void memtrace_free_site(UNUSED void *p, UNUSED unsigned long origin,
-                             UNUSED unsigned long skipped) {
-  NOP;
-}
 SITE void memtrace_table_full_site(UNUSED void *p) { NOP; }
 SITE void memtrace_hello_site(UNUSED unsigned long sample) { NOP; }
 
@@ -89,7 +79,10 @@ INLINE unsigned long sample_bytes(void) {
   return c - 1;
 }
 
-__attribute__((constructor)) static void hello(void) { memtrace_hello_site(sample_bytes()); }
+__attribute__((constructor)) static void hello(void) {
+  memtrace_sites_init();
+  memtrace_hello_site(sample_bytes());
+}
 
 /* Per thread: bytes left before the next sample, allocations not sampled
  * since the last report of them (with a free), and a random state (0 until
@@ -127,7 +120,7 @@ static unsigned long weight(size_t size, unsigned long n) {
 __attribute__((destructor)) static void bye(void) {
   memtrace_flush_all();
   if (skipped)
-    memtrace_free_site(NULL, ORIGIN_USER, skipped);
+    FREE_SITE_CALL(NULL, ORIGIN_USER, skipped);
   skipped = 0;
 }
 
@@ -290,7 +283,7 @@ INLINE void allocated(void *p, size_t size, void *old_reported) {
   unsigned long w = 0;
   int report = p && take(size, &w) && (!sampling || remember((uintptr_t)p));
   if (report || old_reported)
-    memtrace_alloc_site(report ? p : NULL, size, old_reported, skipped, ORIGIN_USER, w);
+    ALLOC_SITE_CALL(report ? p : NULL, size, old_reported, skipped, ORIGIN_USER, w);
 }
 
 /* Before a block goes back to glibc: reported if followed. Returns it when
@@ -313,7 +306,7 @@ EXPORT void free(void *p) {
   /* Every call followed: in a batch (frees.c). Sampled: the rare sampled
    * block's free on its own, with the count passed over. */
   if (releasing(p) && (sample_bytes() != 0 || !memtrace_batched_free(p))) {
-    memtrace_free_site(p, ORIGIN_USER, skipped);
+    FREE_SITE_CALL(p, ORIGIN_USER, skipped);
     skipped = 0;
   }
   FORWARD((next.free(p), 0));
@@ -390,7 +383,7 @@ EXPORT void *pvalloc(size_t n) {
 INLINE void *mapped(void *addr, size_t len, int prot, int flags, int fd, off_t off) {
   void *p = (void *)syscall(SYS_mmap, addr, len, prot, flags, fd, off);
   if (p != MAP_FAILED && (flags & MAP_ANONYMOUS) && !in_alloc)
-    memtrace_alloc_site(p, len, NULL, 0, ORIGIN_MMAP, 1ul << 16);
+    ALLOC_SITE_CALL(p, len, NULL, 0, ORIGIN_MMAP, 1ul << 16);
   return p;
 }
 
@@ -403,6 +396,6 @@ EXPORT void *mmap64(void *addr, size_t len, int prot, int flags, int fd, off_t o
 
 EXPORT int munmap(void *addr, size_t len) {
   if (!in_alloc)
-    memtrace_free_site(addr, ORIGIN_MMAP, 0);
+    FREE_SITE_CALL(addr, ORIGIN_MMAP, 0);
   return (int)syscall(SYS_munmap, addr, len);
 }

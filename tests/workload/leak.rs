@@ -107,7 +107,7 @@ pub fn timed_loop(which: &str, n: usize) {
 }
 
 #[inline(never)]
-fn malloc_loop(n: usize) {
+pub(crate) fn malloc_loop(n: usize) {
     for _ in 0..n {
         unsafe { libc::free(black_box(libc::malloc(16))) };
     }

@@ -257,6 +257,15 @@ fn main() {
         // MIB MiB, holds it for a second and exits; the parent waits for it,
         // then lingers.
         "fork-alloc" => forks::alloc(arg(&args, 1, 16), arg(&args, 2, 0)),
+        // fork-chain DEPTH K SIZE HOLD_MS: DEPTH processes forked one from
+        // the other, each after its parent ran malloc/free and kept K blocks
+        // of SIZE; the last prints "ready" and holds HOLD_MS.
+        "fork-chain" => forks::chain(
+            arg(&args, 1, 10),
+            arg(&args, 2, 3),
+            arg(&args, 3, 1000),
+            arg(&args, 4, 3000),
+        ),
         // fork-sbrk N: a forked child calls sbrk N times; the parent none.
         "fork-sbrk" => forks::sbrk(arg(&args, 1, 10)),
         // fork-hold N MIB HOLD_MS: N children each touch MIB MiB of

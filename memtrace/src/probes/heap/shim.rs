@@ -8,10 +8,12 @@
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
+use memtrace_common::memleak::SITE_GENERATIONS;
 use memtrace_common::names::{
     ML_BATCH_EXIT, ML_PRELOAD_ALLOC, ML_PRELOAD_BATCH, ML_PRELOAD_FREE, ML_PRELOAD_FREES,
     ML_PRELOAD_FULL, ML_PRELOAD_HELLO,
 };
+use memtrace_common::naming::Prog;
 
 use super::SHIM_PREFIX as FILE_PREFIX;
 use crate::error::{Error, Result};
@@ -86,7 +88,7 @@ pub fn probes(shim: &Path, pid: Option<u32>) -> Result<(Vec<Probe>, Vec<String>)
     );
     let said = vec![format!(
         "allocator: glibc's, through the shim preloaded from {} (one probe per call, \
-         at an emulated nop; sampling done in the process)",
+         at a nop: a system call on Linux 6.17 on, else an emulated trap; sampling done in the process)",
         shim.display()
     )];
     Ok((probes, said))
@@ -97,6 +99,8 @@ pub fn sites(shim: &Path, pid: Option<u32>) -> Result<Vec<Probe>> {
     let syms = Symbols::open(shim)?;
     let path = shim.to_string_lossy().into_owned();
     let mut probes = Vec::new();
+    let mut wanted: Vec<(String, Prog, String)> = Vec::new();
+    // The hot sites by generation (sites.c), then the last one.
     for (site, prog, what) in [
         (
             "memtrace_alloc_site",
@@ -108,6 +112,17 @@ pub fn sites(shim: &Path, pid: Option<u32>) -> Result<Vec<Probe>> {
             ML_PRELOAD_FREE,
             "frees (preloaded shim)",
         ),
+    ] {
+        for g in 0..SITE_GENERATIONS {
+            wanted.push((
+                format!("{site}_{g}"),
+                prog,
+                format!("{what}, site generation {g}"),
+            ));
+        }
+        wanted.push((site.to_string(), prog, what.to_string()));
+    }
+    for (site, prog, what) in [
         (
             "memtrace_frees_site",
             ML_PRELOAD_FREES,
@@ -129,8 +144,11 @@ pub fn sites(shim: &Path, pid: Option<u32>) -> Result<Vec<Probe>> {
             "processes loading the shim",
         ),
     ] {
+        wanted.push((site.to_string(), prog, what.to_string()));
+    }
+    for (site, prog, what) in wanted {
         let f = syms
-            .function(site)
+            .function(&site)
             .ok_or_else(|| Error::Usage(format!("{}: no function {site}", shim.display())))?;
         probes.push(Probe::new(what).uprobe(prog, path.clone(), f.file_offset, pid));
     }
