@@ -121,13 +121,17 @@ pub mod stat {
     pub const NO_TABLE: u32 = 2;
     pub const NO_INFO: u32 = 3;
     pub const READ_FAIL: u32 = 4;
-    pub const NR: u32 = 5;
+    /// Of the complete ones, those that were the stack this CPU unwound
+    /// last, found unchanged word for word (`unwind_memo`), not walked again.
+    pub const REPEATED: u32 = 5;
+    pub const NR: u32 = 6;
     pub const NAMES: [&str; NR as usize] = [
         "kunwind_complete",
         "kunwind_truncated",
         "kunwind_fp_walked",
         "kunwind_no_info",
         "kunwind_read_fail",
+        "kunwind_repeated",
     ];
 }
 
@@ -245,6 +249,8 @@ crate::names! {
         VMA_FOUND: () => (), Compiled;
         UNWIND_STATS: u32 => u64, Compiled;
         UNWIND_CACHE: () => (), OnDemand;
+        UNWIND_MEMO: () => (), Compiled;
+        UNWIND_GEN: u32 => u32, Compiled;
     }
     globals {
         UNWIND_VMA: VmaOffsets;

@@ -3,6 +3,7 @@
 
 #[path = "../common/mod.rs"]
 mod common;
+mod fast_paths;
 mod sampling;
 mod tables;
 
@@ -72,33 +73,6 @@ fn a_command_s_leaks_are_reported_exactly_by_stack() {
     );
     let summary = &json_of(&out.stdout, "summary")[0];
     assert_eq!(summary["preloaded_processes"], 1, "{}", out.stdout);
-}
-
-/// On Linux 6.17 on, a shim site a process ran is rewritten into a call
-/// into a trampoline that a forked child does not have: a child running
-/// it crashed. Each process of a chain deeper than the shim's generations
-/// of sites runs the allocator after its parent did; none crashes and the
-/// blocks of every one show.
-#[test]
-fn every_process_of_a_fork_chain_is_seen_and_none_crashes() {
-    const DEPTH: u64 = 10;
-    let cmd = format!(
-        "{} fork-chain {DEPTH} {K} {SIZE} 30000",
-        workload_bin().display()
-    );
-    let args = ["memleak", "--json", "--children", "--top", "50", "-c", &cmd];
-    let mut t = Tracer::start(&args);
-    let ready = t.stdout_line(|l| l.trim() == "ready", WAIT);
-    assert!(ready.is_some(), "the chain did not end: {}", t.early_stderr);
-    let out = t.interrupt();
-    let rows = json_of(&out.stdout, "memleak");
-    let n = (DEPTH + 1) * K;
-    assert_eq!(
-        held(&rows, "leak_small_blocks"),
-        (n, n * SIZE),
-        "{}",
-        out.stdout
-    );
 }
 
 #[test]

@@ -8,7 +8,7 @@
 use aya_ebpf::{
     bindings::BPF_NOEXIST,
     cty::c_void,
-    helpers::generated::{bpf_loop, bpf_probe_read_user},
+    helpers::generated::bpf_loop,
     macros::map,
     maps::{HashMap, PerCpuArray},
 };
@@ -23,9 +23,11 @@ use super::{
     filter::{current_tgid, FILTER},
     reads::{stack_top, user_regs},
     stacks::USTACK,
+    unwind_copy::Copy,
+    unwind_memo,
     unwind_rows::{le, row_for},
     unwind_vma::{forget_found, inherit_found, row_by_vma},
-    walk::{WalkScratch, WALK_SCRATCH, WINDOW},
+    walk::{WalkScratch, WALK_SCRATCH},
     NO_PREALLOC,
 };
 
@@ -71,42 +73,6 @@ fn count(what: u32) {
     }
 }
 
-/// The top of the user stack copied once (most frames' words are read from
-/// there), from `base` for `len` bytes.
-struct Copy {
-    buf: *mut u8,
-    base: u64,
-    len: u64,
-}
-
-impl Copy {
-    /// The word at `addr`: from the copy when it is there, else read into
-    /// the slot just past it. Either way one load from the buffer: a path
-    /// that kept the word on the stack instead made the verifier's states
-    /// differ at every frame, and it gave up.
-    #[inline(always)]
-    fn word(&self, addr: u64) -> Option<u64> {
-        let off = addr.wrapping_sub(self.base);
-        let at = if addr & 7 == 0 && off + 8 <= self.len && off < WINDOW as u64 {
-            off as usize & (WINDOW - 1)
-        } else {
-            let r = unsafe {
-                bpf_probe_read_user(
-                    self.buf.add(WINDOW) as *mut c_void,
-                    8,
-                    addr as *const c_void,
-                )
-            };
-            if r != 0 {
-                return None;
-            }
-            WINDOW
-        };
-        // 8-aligned in an 8-aligned buffer: one load.
-        Some(unsafe { (self.buf.add(at) as *const u64).read() })
-    }
-}
-
 /// `unwind_user_stack` as a global BPF function: the verifier checks it
 /// once, on its own, not once per path of every program that calls it.
 /// Returns the stack id in the high half, the hash bits in the low.
@@ -129,10 +95,8 @@ pub extern "C" fn memtrace_unwind_user_stack() -> u64 {
 #[repr(C)]
 struct Walk {
     s: *mut WalkScratch,
-    step: *mut Step,
     proc_: *const UnwindProc,
     copy: Copy,
-    tgid: u64,
 }
 
 /// What the frame loop changes, kept in map memory: the verifier does not
@@ -152,6 +116,9 @@ pub struct Step {
     pending: u64,
     /// Some frame's code was in no table of the process.
     miss: u64,
+    /// The process (here, not in `Walk`: the unwinder's stack has no
+    /// room to spare on 6.1, see `next`).
+    tgid: u64,
 }
 
 impl Step {
@@ -178,7 +145,10 @@ static UNWIND_STEP: PerCpuArray<Step> = PerCpuArray::with_max_entries(1, 0);
 #[inline(never)]
 extern "C" fn unwind_frame(index: u32, ctx: *mut c_void) -> i64 {
     let w = unsafe { &*(ctx as *const Walk) };
-    let (st, f) = unsafe { (&mut *w.step, &mut (*w.s).frames) };
+    let Some(st) = UNWIND_STEP.get_ptr_mut(0) else {
+        return 1;
+    };
+    let (st, f) = unsafe { (&mut *st, &mut (*w.s).frames) };
     let stop = |st: &mut Step, end: u64| {
         st.end = end;
         1
@@ -189,7 +159,7 @@ extern "C" fn unwind_frame(index: u32, ctx: *mut c_void) -> i64 {
     // call can be a function's last instruction).
     let pc = if st.exact != 0 { ip } else { ip - 1 };
     let found = match unsafe { w.proc_.as_ref() } {
-        Some(p) => row_for(p, w.tgid as u32, pc),
+        Some(p) => row_for(p, st.tgid as u32, pc),
         None => Err(mark::NO_TABLE),
     };
     // Not in the process's table (yet): its file's rows by identity, and
@@ -197,7 +167,7 @@ extern "C" fn unwind_frame(index: u32, ctx: *mut c_void) -> i64 {
     let found = match found {
         Err(mark::NO_TABLE) => {
             st.miss = 1;
-            row_by_vma(w.tgid as u32, pc)
+            row_by_vma(st.tgid as u32, pc)
         }
         r => r,
     };
@@ -307,30 +277,15 @@ fn unwind_user_stack() -> (i32, u32) {
         return (-1, 0);
     };
     let (ip, sp, bp) = user_regs(&cfg);
-    // One read of the stack in use, up to the main thread's stack top (a
-    // thread's top is unknown: the rest of sp's page), far cheaper than a
-    // read per word.
-    let base = sp & !7;
-    let top = stack_top(&cfg);
-    let mut want = if top > base {
-        top - base
-    } else {
-        4096 - (base & 4095)
-    };
-    if want > WINDOW as u64 {
-        want = WINDOW as u64;
-    }
-    // Opaque, so that LLVM keeps the bound as the walk's does (6.1).
-    let want = core::hint::black_box(want);
-    let buf = unsafe { (*s).stack.as_mut_ptr() };
-    let mut copy = Copy { buf, base, len: 0 };
-    if want <= WINDOW as u64
-        && unsafe { bpf_probe_read_user(buf as *mut c_void, want as u32, base as *const c_void) }
-            == 0
-    {
-        copy.len = want;
-    }
+    let copy = Copy::take(unsafe { (*s).stack.as_mut_ptr() }, sp, stack_top(&cfg));
     let tgid = current_tgid();
+    let r = unwind_memo::recall(tgid, ip, sp, bp, copy.len);
+    if r != unwind_memo::NO_RECALL {
+        count(stat::COMPLETE);
+        count(stat::REPEATED);
+        return ((r >> 32) as u32 as i32, r as u32);
+    }
+    unwind_memo::begin(tgid, ip, sp, bp);
     unsafe {
         (*s).frames.ips[0] = ip;
         *step = Step {
@@ -342,14 +297,13 @@ fn unwind_user_stack() -> (i32, u32) {
             exact: 1,
             pending: 0,
             miss: 0,
+            tgid: tgid as u64,
         };
     }
     let mut w = Walk {
         s,
-        step,
         proc_: unsafe { UNWIND_PROCS.get(&tgid) }.map_or(core::ptr::null(), |p| p as *const _),
         copy,
-        tgid: tgid as u64,
     };
     // bpf_loop: the verifier checks the step as one function, not once per
     // frame. Frames 1.. are the loop's.
@@ -411,8 +365,13 @@ fn unwind_user_stack() -> (i32, u32) {
     h = (h ^ nr as u64).wrapping_mul(0x0000_0100_0000_01b3);
     f.hash = h;
     f.nr = nr as u32;
-    (
+    let (id, check) = (
         ((h ^ (h >> 32)) as u32 & 0x7fff_ffff) as i32,
         (h >> 32) as u32,
-    )
+    );
+    // Complete, from tables alone: the next unwind from here may reuse it.
+    if end == 0 && !pending && !miss {
+        unwind_memo::keep(((id as u32 as u64) << 32) | check as u64);
+    }
+    (id, check)
 }

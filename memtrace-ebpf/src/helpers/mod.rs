@@ -18,6 +18,8 @@ mod rssstat;
 #[macro_use]
 mod snoop;
 mod stacks;
+mod unwind_copy;
+mod unwind_memo;
 mod unwind_rows;
 mod unwind_vma;
 mod walk;

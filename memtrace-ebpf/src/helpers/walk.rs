@@ -139,6 +139,8 @@ extern "C" fn fp_frame(index: u32, ctx: *mut c_void) -> i64 {
 #[inline(always)]
 #[cfg_attr(feature = "compat", allow(dead_code))]
 pub(super) fn walk_user_stack() -> (i32, u32) {
+    // Its frames go where the in-kernel unwinder's memo has its own.
+    super::unwind_memo::forget();
     let cfg = USTACK.load();
     let Some(s) = WALK_SCRATCH.get_ptr_mut(0) else {
         return (-1, 0);

@@ -271,7 +271,9 @@ fn keep(kernel: bool) {
         let old = unsafe { &mut *old };
         settle(t, old);
         bump(counter::FREES);
-        *old = *info;
+        // Not `*old = *info`: two map pointers, so LLVM called a memmove,
+        // which copies byte by byte in BPF (about 20 ns here).
+        unsafe { core::ptr::copy_nonoverlapping(info as *const AllocInfo, old, 1) };
         return;
     }
     if t.allocs.insert(k, info, 0).is_ok() {

@@ -74,6 +74,38 @@ __attribute__((noinline)) void leak_outer(int n)
 	KEEP();
 }
 
+/* Blocks from two paths in turn, then `n` more from the first: the same
+ * registers at the allocator each time, the stacks apart only by the
+ * return address into alt_a or alt_b (the unwinder's memo of the last
+ * stack must see it). Kept in kept2. */
+void *kept2[8192];
+
+__attribute__((noinline)) void alt_leaf(int i)
+{
+	kept2[i & 8191] = malloc(100);
+	KEEP();
+}
+
+__attribute__((noinline)) void alt_a(int i)
+{
+	alt_leaf(i);
+	KEEP();
+}
+
+__attribute__((noinline)) void alt_b(int i)
+{
+	alt_leaf(i);
+	KEEP();
+}
+
+__attribute__((noinline)) void alternate(int n)
+{
+	for (int i = 0; i < n; i++)
+		(i & 1 ? alt_b : alt_a)(i);
+	for (int i = n; i < 2 * n; i++)
+		alt_a(i);
+}
+
 /* Recurses `depth` frames, then touches `n` pages: a stack deeper than an
  * unwinder keeps. */
 __attribute__((noinline)) void deep_recurse(int depth, int n)
@@ -136,7 +168,7 @@ __attribute__((noinline)) void signal_raise(int n)
 int main(int argc, char **argv)
 {
 	if (argc < 3) {
-		fprintf(stderr, "usage: nofp sbrk|touch|leak|signal N | deep D N | dlopen N LIB\n");
+		fprintf(stderr, "usage: nofp sbrk|touch|leak|alternate|signal N | deep D N | dlopen N LIB\n");
 		return 2;
 	}
 	int n = atoi(argv[2]);
@@ -153,6 +185,8 @@ int main(int argc, char **argv)
 		signal_raise(n);
 	else if (!strcmp(argv[1], "leak"))
 		leak_outer(n);
+	else if (!strcmp(argv[1], "alternate") && n <= 4096)
+		alternate(n);
 	else if (!strcmp(argv[1], "deep") && argc > 3)
 		deep_recurse(n, atoi(argv[3]));
 	else if (!strcmp(argv[1], "dlopen") && argc > 3)

@@ -76,6 +76,9 @@ pub struct KTables {
     gen: u32,
     files: HashMap<FileId, Slice>,
     procs: BpfHash<MapData, u32, UnwindProc>,
+    /// `gen` for the kernel program: its memo of a stack holds until a
+    /// table changes.
+    gen_map: aya::maps::Array<MapData, u32>,
     misses: BpfHash<MapData, u32, u8>,
     /// Files with rows by identity, for code in no process's table yet.
     by_file: BpfHash<MapData, UnwindFileKey, UnwindFile>,
@@ -155,6 +158,8 @@ impl KTables {
         let rows_map = take(bpf, names::UNWIND_ROWS.name)?;
         let procs = BpfHash::try_from(take(bpf, names::UNWIND_PROCS.name)?)
             .map_err(|e| Error::Usage(format!("UNWIND_PROCS: {e}")))?;
+        let gen_map = aya::maps::Array::try_from(take(bpf, names::UNWIND_GEN.name)?)
+            .map_err(|e| Error::Usage(format!("UNWIND_GEN: {e}")))?;
         let misses = BpfHash::try_from(take(bpf, names::UNWIND_MISSES.name)?)
             .map_err(|e| Error::Usage(format!("UNWIND_MISSES: {e}")))?;
         let by_file = BpfHash::try_from(take(bpf, names::UNWIND_FILES.name)?)
@@ -175,6 +180,7 @@ impl KTables {
             gen: 0,
             files: HashMap::new(),
             procs,
+            gen_map,
             misses,
             by_file,
             pushed: HashMap::new(),
@@ -246,6 +252,12 @@ impl KTables {
                 say!("memtrace: unwind table: process {pid}: {e}");
             }
             return;
+        }
+        // After the table: a memo made before it is not used with it.
+        if let Err(e) = self.gen_map.set(0, self.gen, 0) {
+            if self.verbose {
+                say!("memtrace: unwind table generation: {e}");
+            }
         }
         self.pushed.insert(pid, entries);
     }

@@ -1,0 +1,61 @@
+//! What memleak's fast paths must not get wrong: the shim's sites that
+//! Linux 6.17 on enters by a system call, in forked children; the
+//! in-kernel unwinder's memo of the last stack, between stacks that differ
+//! by one word.
+
+use super::*;
+
+/// On Linux 6.17 on, a shim site a process ran is rewritten into a call
+/// into a trampoline that a forked child does not have: a child running
+/// it crashed. Each process of a chain deeper than the shim's generations
+/// of sites runs the allocator after its parent did; none crashes and the
+/// blocks of every one show.
+#[test]
+fn every_process_of_a_fork_chain_is_seen_and_none_crashes() {
+    const DEPTH: u64 = 10;
+    let cmd = format!(
+        "{} fork-chain {DEPTH} {K} {SIZE} 30000",
+        workload_bin().display()
+    );
+    let args = ["memleak", "--json", "--children", "--top", "50", "-c", &cmd];
+    let mut t = Tracer::start(&args);
+    let ready = t.stdout_line(|l| l.trim() == "ready", WAIT);
+    assert!(ready.is_some(), "the chain did not end: {}", t.early_stderr);
+    let out = t.interrupt();
+    let rows = json_of(&out.stdout, "memleak");
+    let n = (DEPTH + 1) * K;
+    assert_eq!(
+        held(&rows, "leak_small_blocks"),
+        (n, n * SIZE),
+        "{}",
+        out.stdout
+    );
+}
+
+/// The in-kernel unwinder reuses the stack it unwound last when every word
+/// it read is unchanged: allocations from two paths in turn, whose stacks
+/// differ only by one return address at the same place, each keep their
+/// own stack, exactly; a run from one path is unwound once.
+#[test]
+fn stacks_apart_by_one_return_address_are_told_apart() {
+    const N: u64 = 2000;
+    let cmd = format!("{} alternate {N}", super::common::nofp::c_workload().display());
+    let out = run(&["memleak", "--json", "--top", "50", "-c", &cmd]);
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    let rows = json_of(&out.stdout, "memleak");
+    let through = |f: &str| {
+        rows.iter()
+            .filter(|r| user_frames(r).iter().any(|x| x.starts_with(f)))
+            .map(|r| r["count"].as_u64().unwrap())
+            .sum::<u64>()
+    };
+    assert_eq!(
+        (through("alt_a"), through("alt_b")),
+        (N / 2 + N, N / 2),
+        "{}",
+        out.stdout
+    );
+    let summary = &json_of(&out.stdout, "summary")[0];
+    let repeated = summary["kunwind_repeated"].as_u64().unwrap();
+    assert!(repeated >= N - 1, "{summary}");
+}
