@@ -39,7 +39,10 @@ fn every_process_of_a_fork_chain_is_seen_and_none_crashes() {
 #[test]
 fn stacks_apart_by_one_return_address_are_told_apart() {
     const N: u64 = 2000;
-    let cmd = format!("{} alternate {N}", super::common::nofp::c_workload().display());
+    let cmd = format!(
+        "{} alternate {N}",
+        super::common::nofp::c_workload().display()
+    );
     let out = run(&["memleak", "--json", "--top", "50", "-c", &cmd]);
     assert_eq!(out.code, 0, "{}", out.stderr);
     let rows = json_of(&out.stdout, "memleak");

@@ -71,8 +71,9 @@ impl Copy {
         let want = core::hint::black_box(want);
         let mut copy = Copy { buf, base, len: 0 };
         if want <= WINDOW as u64
-            && unsafe { bpf_probe_read_user(buf as *mut c_void, want as u32, base as *const c_void) }
-                == 0
+            && unsafe {
+                bpf_probe_read_user(buf as *mut c_void, want as u32, base as *const c_void)
+            } == 0
         {
             copy.len = want;
         }
