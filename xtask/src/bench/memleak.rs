@@ -27,18 +27,18 @@ fn libc_path() -> Option<String> {
         .map(str::to_string)
 }
 
-/// The loop's own time in ns, run under `argv` (`-c` appended; untraced
-/// when empty), or None.
-fn once(lp: &str, argv: &[String]) -> Option<f64> {
-    let cmd = format!("{} {lp} {PAIRS}", workload());
+/// The loop's own time in ns for `pairs`, run under `argv` (`-c`
+/// appended; untraced when empty), or None.
+fn once(lp: &str, argv: &[String], pairs: u64) -> Option<f64> {
+    let cmd = format!("{} {lp} {pairs}", workload());
     let mut c = match argv.split_first() {
         // memcg --heap watches the group the loop runs in.
-        Some((prog, rest)) if prog == MEMCG_HEAP => return super::heap::once(lp, PAIRS, rest),
+        Some((prog, rest)) if prog == MEMCG_HEAP => return super::heap::once(lp, pairs, rest),
         Some((prog, rest)) if prog == BY_PID => return by_pid(lp, rest),
         // heaptrack runs its program as its arguments, no -c.
         Some((prog, rest)) if prog == "heaptrack" => {
             let mut c = Command::new(prog);
-            c.args(rest).arg(workload()).args([lp, &PAIRS.to_string()]);
+            c.args(rest).arg(workload()).args([lp, &pairs.to_string()]);
             c
         }
         Some((prog, rest)) => {
@@ -48,7 +48,7 @@ fn once(lp: &str, argv: &[String]) -> Option<f64> {
         }
         None => {
             let mut c = Command::new(workload());
-            c.args([lp, &PAIRS.to_string()]);
+            c.args([lp, &pairs.to_string()]);
             c
         }
     };
@@ -122,7 +122,65 @@ pub(super) fn memleak_cost(runs: usize, out: &mut String) -> Result<()> {
     ] {
         loop_cost(runs, [lp, f, what, unit], out)?;
     }
+    steady(runs, out);
     Ok(())
+}
+
+/// Pairs of the long run that `steady` sets beside the bench's `PAIRS`.
+const LONG: u64 = 2_000_000;
+
+/// Cost per pair apart from a tracer's start-up: the loop timed at `PAIRS`
+/// and at `LONG` pairs; the slope is what each more pair adds, the rest a
+/// fixed cost paid inside the loop (heaptrack sets itself up at the
+/// program's first allocation, which the 200,000-pair figure carries).
+fn steady(runs: usize, out: &mut String) {
+    let m = memtrace();
+    let owned = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+    let configs = [
+        ("untraced", Some(Vec::new())),
+        (
+            "memtrace memleak (preloaded shim, exact)",
+            Some(owned(&[&m, "memleak"])),
+        ),
+        (
+            "heaptrack",
+            have("heaptrack").then(|| owned(&["heaptrack", "-o", HEAPTRACK_OUT])),
+        ),
+    ];
+    out.push_str(&format!(
+        "\n### memleak: malloc(16)/free pairs, per pair and fixed ({PAIRS} and {LONG} pairs)\n\n\
+         | tracer | added ns per pair (slope) | fixed ms in the loop | added ns per pair at {PAIRS} |\n\
+         |---|---:|---:|---:|\n"
+    ));
+    let time = |argv: &[String], n: u64| {
+        let t: Vec<f64> = (0..runs)
+            .filter_map(|_| once("malloc-loop", argv, n))
+            .collect();
+        (!t.is_empty()).then(|| median(t))
+    };
+    let mut base = None;
+    for (name, argv) in &configs {
+        let Some(argv) = argv else {
+            out.push_str(&format!("| {name} | not installed | | |\n"));
+            continue;
+        };
+        let (Some(short), Some(long)) = (time(argv, PAIRS), time(argv, LONG)) else {
+            out.push_str(&format!("| {name} | failed to run | | |\n"));
+            continue;
+        };
+        let slope = (long - short) / (LONG - PAIRS) as f64;
+        let fixed = short - slope * PAIRS as f64;
+        let (b_slope, b_fixed) = *base.get_or_insert((slope, fixed));
+        let added_short = (short - b_slope * PAIRS as f64 - b_fixed) / PAIRS as f64;
+        out.push_str(&format!(
+            "| {name} | {:+.0} | {:.1} | {added_short:+.0} |\n",
+            slope - b_slope,
+            (fixed - b_fixed) / 1e6
+        ));
+    }
+    for ext in ["zst", "gz"] {
+        let _ = std::fs::remove_file(format!("{HEAPTRACK_OUT}.{ext}"));
+    }
 }
 
 fn loop_cost(runs: usize, [lp, f, what, unit]: [&str; 4], out: &mut String) -> Result<()> {
@@ -228,7 +286,7 @@ fn loop_cost(runs: usize, [lp, f, what, unit]: [&str; 4], out: &mut String) -> R
     let mut times: Vec<Vec<f64>> = vec![Vec::new(); configs.len()];
     for _ in 0..runs {
         for (i, (_, argv)) in configs.iter().enumerate() {
-            if let Some(t) = argv.as_deref().and_then(|a| once(lp, a)) {
+            if let Some(t) = argv.as_deref().and_then(|a| once(lp, a, PAIRS)) {
                 times[i].push(t);
             }
         }

@@ -88,7 +88,7 @@ pub fn probes(shim: &Path, pid: Option<u32>) -> Result<(Vec<Probe>, Vec<String>)
     );
     let said = vec![format!(
         "allocator: glibc's, through the shim preloaded from {} (one probe per call, \
-         at a nop: a system call on Linux 6.17 on, else an emulated trap; sampling done in the process)",
+         at a nop, entered by a system call from Linux 6.17 on, else by a trap; sampling done in the process)",
         shim.display()
     )];
     Ok((probes, said))
