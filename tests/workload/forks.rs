@@ -76,17 +76,18 @@ pub(crate) fn one_after_another(n: usize, f: impl Fn()) {
 /// `k` blocks of `size` (`leak_small_blocks`). The last prints "ready";
 /// it holds `hold_ms`, then each exits after its child.
 pub(crate) fn chain(depth: usize, k: usize, size: usize, hold_ms: u64) {
-    for _ in 0..depth {
+    for d in 0..=depth {
         crate::leak::malloc_loop(1000);
         crate::leak::leak_small_blocks(k, size);
+        if d == depth {
+            break;
+        }
         let pid = unsafe { libc::fork() };
         if pid != 0 {
             wait(pid);
             return;
         }
     }
-    crate::leak::malloc_loop(1000);
-    crate::leak::leak_small_blocks(k, size);
     println!("ready");
     std::thread::sleep(std::time::Duration::from_millis(hold_ms));
 }

@@ -24,16 +24,12 @@ impl Copy {
     pub(super) fn word(&self, addr: u64) -> Option<u64> {
         let off = addr.wrapping_sub(self.base);
         // The words read are recorded for the memo (`unwind_memo`).
-        let Some(memo) = unwind_memo::memo() else {
-            return None;
-        };
-        let memo = unsafe { &mut *memo };
         let at = if addr & 7 == 0 && off + 8 <= self.len && off < WINDOW as u64 {
             let at = off as usize & (WINDOW - 1);
-            memo.read(addr, unsafe { (self.buf.add(at) as *const u64).read() });
+            unwind_memo::record(addr, unsafe { (self.buf.add(at) as *const u64).read() });
             at
         } else {
-            memo.spoil();
+            unwind_memo::spoil();
             let r = unsafe {
                 bpf_probe_read_user(
                     self.buf.add(WINDOW) as *mut c_void,
@@ -49,9 +45,7 @@ impl Copy {
         // 8-aligned in an 8-aligned buffer: one load.
         Some(unsafe { (self.buf.add(at) as *const u64).read() })
     }
-}
 
-impl Copy {
     /// One read of the stack in use into `buf`, from `sp` (8-aligned down)
     /// up to `top`, the main thread's stack top (a thread's top is unknown:
     /// the rest of sp's page), far cheaper than a read per word. `len` is

@@ -56,7 +56,7 @@ static UNWIND_MEMO: PerCpuArray<UnwindMemo> = PerCpuArray::with_max_entries(1, 0
 
 /// This CPU's memo (None only if the map has no slot).
 #[inline(always)]
-pub(super) fn memo() -> Option<*mut UnwindMemo> {
+fn memo() -> Option<*mut UnwindMemo> {
     UNWIND_MEMO.get_ptr_mut(0)
 }
 
@@ -99,23 +99,28 @@ pub(super) fn forget() {
     }
 }
 
-impl UnwindMemo {
-    /// A word the unwind read from its copy of the stack.
-    #[inline(always)]
-    pub(super) fn read(&mut self, addr: u64, v: u64) {
-        let i = self.n as usize;
-        if i < READS {
-            self.reads[i] = [addr, v];
-            self.n = i as u64 + 1;
-        } else {
-            self.spoiled = 1;
-        }
+/// A word the unwind read from its copy of the stack; past `READS`, the
+/// unwind is not kept.
+#[inline(always)]
+pub(super) fn record(addr: u64, v: u64) {
+    let Some(m) = memo() else {
+        return;
+    };
+    let m = unsafe { &mut *m };
+    let i = m.n as usize;
+    if i < READS {
+        m.reads[i] = [addr, v];
+        m.n = i as u64 + 1;
+    } else {
+        m.spoiled = 1;
     }
+}
 
-    /// A word read from outside the copy: not checkable later.
-    #[inline(always)]
-    pub(super) fn spoil(&mut self) {
-        self.spoiled = 1;
+/// A word read from outside the copy: not checkable later.
+#[inline(always)]
+pub(super) fn spoil() {
+    if let Some(m) = memo() {
+        unsafe { (*m).spoiled = 1 };
     }
 }
 

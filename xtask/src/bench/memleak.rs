@@ -126,6 +126,13 @@ pub(super) fn memleak_cost(runs: usize, out: &mut String) -> Result<()> {
     Ok(())
 }
 
+/// heaptrack's data from the runs (it adds .zst or .gz to the name).
+fn remove_heaptrack_out() {
+    for ext in ["zst", "gz"] {
+        let _ = std::fs::remove_file(format!("{HEAPTRACK_OUT}.{ext}"));
+    }
+}
+
 /// Pairs of the long run that `steady` sets beside the bench's `PAIRS`.
 const LONG: u64 = 2_000_000;
 
@@ -158,6 +165,7 @@ fn steady(runs: usize, out: &mut String) {
             .collect();
         (!t.is_empty()).then(|| median(t))
     };
+    // The untraced loop's (slope, fixed, time at PAIRS), from the first row.
     let mut base = None;
     for (name, argv) in &configs {
         let Some(argv) = argv else {
@@ -170,17 +178,15 @@ fn steady(runs: usize, out: &mut String) {
         };
         let slope = (long - short) / (LONG - PAIRS) as f64;
         let fixed = short - slope * PAIRS as f64;
-        let (b_slope, b_fixed) = *base.get_or_insert((slope, fixed));
-        let added_short = (short - b_slope * PAIRS as f64 - b_fixed) / PAIRS as f64;
+        let (b_slope, b_fixed, b_short) = *base.get_or_insert((slope, fixed, short));
+        let added_short = (short - b_short) / PAIRS as f64;
         out.push_str(&format!(
             "| {name} | {:+.0} | {:.1} | {added_short:+.0} |\n",
             slope - b_slope,
             (fixed - b_fixed) / 1e6
         ));
     }
-    for ext in ["zst", "gz"] {
-        let _ = std::fs::remove_file(format!("{HEAPTRACK_OUT}.{ext}"));
-    }
+    remove_heaptrack_out();
 }
 
 fn loop_cost(runs: usize, [lp, f, what, unit]: [&str; 4], out: &mut String) -> Result<()> {
@@ -291,9 +297,7 @@ fn loop_cost(runs: usize, [lp, f, what, unit]: [&str; 4], out: &mut String) -> R
             }
         }
     }
-    for ext in ["zst", "gz"] {
-        let _ = std::fs::remove_file(format!("{HEAPTRACK_OUT}.{ext}"));
-    }
+    remove_heaptrack_out();
     let per = |i: usize| (!times[i].is_empty()).then(|| median(times[i].clone()) / PAIRS as f64);
     let base = per(0).unwrap_or(0.0);
     let bt_added = per(configs.len() - 1).map(|t| t - base);
