@@ -107,7 +107,7 @@ fn c_compiler() -> anyhow::Result<String> {
 
 /// Compiles memleak's allocator shim (preload/*.c) into a shared object
 /// that memtrace embeds and writes out for `memleak -c`. The system C
-/// compiler (`c_compiler`): five files with no dependency but glibc
+/// compiler (`c_compiler`): a few files with no dependency but glibc
 /// (libc and libm), so no build system is needed around them.
 fn preload() -> anyhow::Result<()> {
     let srcs = [
@@ -116,6 +116,8 @@ fn preload() -> anyhow::Result<()> {
         "preload/cxx.c",
         "preload/jemalloc.c",
         "preload/frees.c",
+        "preload/memo.c",
+        "preload/sampled.c",
         "preload/sites.c",
         "preload/shim.h",
     ];
@@ -141,7 +143,7 @@ fn preload() -> anyhow::Result<()> {
             "-o",
         ])
         .arg(&out)
-        .args(&srcs[..6])
+        .args(srcs.iter().filter(|s| s.ends_with(".c")))
         // log and expm1, for the sampling gaps and weights.
         .arg("-lm")
         // pthread keys and atfork (in libc from glibc 2.34 on).

@@ -41,6 +41,7 @@ modules! {
     oom,
     reclaim,
     rss,
+    shim,
     snoop,
     stacks,
     swapin,

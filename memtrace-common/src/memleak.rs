@@ -53,7 +53,13 @@ pub mod counter {
     pub const PENDING_COLLISION: u32 = 5;
     /// Processes that loaded memleak's preloaded allocator shim.
     pub const PRELOADED: u32 = 6;
-    pub const NR: u32 = 7;
+    /// Allocations the shim reported in a batch, their stack from the memo
+    /// (`shim`), of them.
+    pub const MEMOIZED: u32 = 7;
+    /// Batched allocations whose block a free had already released (it
+    /// came from another thread's batch first, `ML_EARLY_FREES`).
+    pub const FREED_EARLY: u32 = 8;
+    pub const NR: u32 = 9;
 }
 
 #[repr(C)]
@@ -92,7 +98,9 @@ pub struct MemleakConfig {
     /// Non-zero: the processes traced are those in the memory cgroups
     /// memcg watches (`MEMCG_WATCH`), whatever `FILTER` says (memcg --heap).
     pub by_group: u32,
-    pub _pad: u32,
+    /// Non-zero: the shim is given the memo (`shim`), so its batches carry
+    /// allocations, and a batched free may come before its block's.
+    pub shim_memo: u32,
 }
 
 impl MemleakConfig {
@@ -119,7 +127,7 @@ impl MemleakConfig {
         pcpu_free_ptr: 0,
         page_size: 4096,
         by_group: 0,
-        _pad: 0,
+        shim_memo: 0,
     };
 }
 
@@ -223,9 +231,9 @@ pub struct AllocStats {
     pub comm: [u8; TASK_COMM_LEN],
 }
 
-/// The shim's batches of frees (memtrace/preload/frees.c): at most this
-/// many in one report, each an address and the CLOCK_MONOTONIC time of
-/// its free.
+/// The shim's batches (memtrace/preload/frees.c): at most this many
+/// entries (`shim::BatchEntry`) in one report, each with the
+/// CLOCK_MONOTONIC time of its call.
 pub const FREE_BATCH: u32 = 64;
 
 /// The shim's hot sites (memtrace/preload/sites.c): `memtrace_alloc_site_N`
@@ -236,13 +244,6 @@ pub const SITE_GENERATIONS: u32 = 8;
 /// Where a batch's entries start (frees.c's `struct batch`: a u32 count,
 /// a u32, a u64, then the entries).
 pub const BATCH_ENTRIES_AT: u64 = 16;
-
-#[repr(C)]
-#[derive(Clone, Copy, Debug, Default)]
-pub struct BatchedFree {
-    pub addr: u64,
-    pub ts_ns: u64,
-}
 
 crate::names! {
     maps {
@@ -255,7 +256,7 @@ crate::names! {
         ML_EXECS: u32 => u64, OnDemand;
         ML_BATCHES: u32 => u64, Compiled;
         ML_BLOCK: () => (), Compiled;
-        ML_FREES_READ: () => (), Compiled;
+        ML_BATCH_READ: () => (), Compiled;
     }
     globals {
         MEMLEAK_CFG: MemleakConfig;

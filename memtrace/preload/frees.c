@@ -1,6 +1,10 @@
 /* Frees in batches (every call followed, no sampling): a free site per
  * call was a trap per free, about 40% of what an exact malloc/free pair
- * cost. Each thread keeps up to BATCH freed addresses with the time of
+ * cost. Allocations whose stack the memo gives (memo.c) go in the same
+ * batch, in order with the frees; a block freed while its allocation is
+ * still in the batch leaves only its figures there (address 0, merged
+ * with the entry before it when that is one from the same stack), so a
+ * loop of allocations and frees from one place stays in the process. Each thread keeps up to BATCH freed addresses with the time of
  * each free (CLOCK_MONOTONIC, the clock of bpf_ktime_get_ns) and reports
  * them at one site when the batch is full, when its oldest is STALE_NS
  * old at the thread's next free, at the thread's exit, at the process's
@@ -34,9 +38,15 @@
 #define STALE_NS 100000000ull
 #define THREADS 4096
 
+/* memtrace-common's shim::BatchEntry: a free (stack 0) or an allocation
+ * (stack | ALLOCATED); an allocation freed in the batch has p 0 and counts
+ * `ts` blocks of `size` bytes in all. */
 struct entry {
-  uint64_t p, ts;
+  uint64_t p, ts, size, stack;
 };
+#define ALLOCATED (1ull << 63)
+/* Entries a free looks back over for its block's allocation. */
+#define LOOK_BACK 16
 struct batch {
   _Atomic uint32_t n;
   uint32_t slot;
@@ -45,7 +55,7 @@ struct batch {
   uint32_t tid;
 };
 
-/* `n` frees at `e` (an array of {address, time}). */
+/* `n` entries at `e`. */
 SITE void memtrace_frees_site(UNUSED struct entry *e, UNUSED unsigned long n) { NOP; }
 /* Thread `tid`'s batch (NULL: none any more): memtrace keeps it by
  * thread, and reports what is left in it when the thread exits without
@@ -133,21 +143,66 @@ static struct batch *get(void) {
   return NULL;
 }
 
-int memtrace_batched_free(void *p) {
+static struct batch *batch(void) {
   struct batch *b = mine;
-  if (__builtin_expect(!b, 0)) {
-    if (unbatched || !(b = get()))
-      return 0;
+  if (__builtin_expect(!b, 0) && !unbatched)
+    b = get();
+  return b;
+}
+
+/* The block's allocation still in the batch, if it is (then it leaves its
+ * figures there instead of a free). */
+static int cancelled(struct batch *b, uint32_t n, uintptr_t p) {
+  uint32_t stop = n > LOOK_BACK ? n - LOOK_BACK : 0;
+  for (uint32_t i = n; i-- > stop;) {
+    struct entry *e = &b->e[i];
+    if (e->p != p || !(e->stack & ALLOCATED))
+      continue;
+    struct entry *before = i > 0 ? &b->e[i - 1] : NULL;
+    if (i + 1 == n && before && before->p == 0 && before->stack == e->stack) {
+      before->ts++;
+      before->size += e->size;
+      atomic_store_explicit(&b->n, n - 1, memory_order_release);
+    } else {
+      e->p = 0;
+      e->ts = 1;
+    }
+    return 1;
   }
-  uint64_t t = now_ns();
+  return 0;
+}
+
+static void queue(struct batch *b, struct entry e) {
   uint32_t n = atomic_load_explicit(&b->n, memory_order_relaxed);
   if (n == 0)
-    b->first = t;
-  b->e[n].p = (uintptr_t)p;
-  b->e[n].ts = t;
+    b->first = e.ts;
+  b->e[n] = e;
   atomic_store_explicit(&b->n, n + 1, memory_order_release);
-  if (n + 1 == BATCH || t - b->first > STALE_NS)
+  if (n + 1 == BATCH || e.ts - b->first > STALE_NS)
     flush(b);
+}
+
+int memtrace_batched_free(void *p) {
+  struct batch *b = batch();
+  if (!b)
+    return 0;
+  uint32_t n = atomic_load_explicit(&b->n, memory_order_relaxed);
+  if (memtrace_memo_on && cancelled(b, n, (uintptr_t)p))
+    return 1;
+  queue(b, (struct entry){.p = (uintptr_t)p, .ts = now_ns()});
+  return 1;
+}
+
+int memtrace_batched_alloc(void *p, size_t size, void *old, unsigned kind, uintptr_t bp) {
+  struct batch *b = batch();
+  uint64_t stack;
+  uintptr_t site = (uintptr_t)memtrace_alloc_sites[memtrace_gen()];
+  if (!b || !memtrace_memo_stack(b->tid, bp, site, kind, &stack))
+    return 0;
+  if (old)
+    memtrace_batched_free(old);
+  queue(b, (struct entry){.p = (uintptr_t)p, .ts = now_ns(), .size = size,
+                          .stack = stack | ALLOCATED});
   return 1;
 }
 

@@ -51,12 +51,23 @@ extern void *__libc_pvalloc(size_t);
 #define EXPORT __attribute__((visibility("default")))
 #define SITE __attribute__((noinline, used)) EXPORT
 
-/* What a site reports, beside the addresses (memtrace-common's origin). */
+/* What a site reports, beside the addresses (memtrace-common's origin),
+ * and above KIND_SHIFT which function called it (for the memo). */
 enum { ORIGIN_USER = 0, ORIGIN_MMAP = 1 };
+enum {
+  KIND_MALLOC = 1,
+  KIND_CALLOC,
+  KIND_REALLOC,
+  KIND_REALLOCARRAY,
+  KIND_MEMALIGN,
+  KIND_ALIGNED_ALLOC,
+  KIND_POSIX_MEMALIGN,
+  KIND_VALLOC,
+  KIND_PVALLOC,
+};
 
 /* The probe sites (sites.c has the hot ones). Each begins with shim.h's NOP. */
 #define UNUSED __attribute__((unused))
-SITE void memtrace_table_full_site(UNUSED void *p) { NOP; }
 SITE void memtrace_hello_site(UNUSED unsigned long sample) { NOP; }
 
 
@@ -81,6 +92,7 @@ INLINE unsigned long sample_bytes(void) {
 
 __attribute__((constructor)) static void hello(void) {
   memtrace_sites_init();
+  memtrace_memo_init(getenv("MEMTRACE_PRELOAD_SAMPLE"));
   memtrace_hello_site(sample_bytes());
 }
 
@@ -122,40 +134,6 @@ __attribute__((destructor)) static void bye(void) {
   if (skipped)
     FREE_SITE_CALL(NULL, ORIGIN_USER, skipped);
   skipped = 0;
-}
-
-/* Addresses sampled and not yet freed: buckets of one cache line, an
- * address in the bucket of its hash. A full bucket drops the sample (and
- * says so through a site), so no free of a reported block goes unseen. */
-#define BUCKETS 8192
-#define WAYS 8
-static _Atomic uintptr_t sampled[BUCKETS][WAYS] __attribute__((aligned(64)));
-
-static _Atomic uintptr_t *bucket(uintptr_t p) {
-  return sampled[(p >> 4) * 0x9e3779b97f4a7c15ull >> 51];
-}
-
-static int remember(uintptr_t p) {
-  _Atomic uintptr_t *b = bucket(p);
-  for (int i = 0; i < WAYS; i++) {
-    uintptr_t none = 0;
-    if (atomic_load_explicit(&b[i], memory_order_relaxed) == 0 &&
-        atomic_compare_exchange_strong(&b[i], &none, p))
-      return 1;
-  }
-  memtrace_table_full_site((void *)p);
-  return 0;
-}
-
-static int forget(uintptr_t p) {
-  _Atomic uintptr_t *b = bucket(p);
-  for (int i = 0; i < WAYS; i++) {
-    uintptr_t q = p;
-    if (atomic_load_explicit(&b[i], memory_order_relaxed) == p &&
-        atomic_compare_exchange_strong(&b[i], &q, 0))
-      return 1;
-  }
-  return 0;
 }
 
 /* The allocator calls go to, glibc's until another is found. */
@@ -275,15 +253,27 @@ INLINE int take(size_t size, unsigned long *w) {
 /* A new block (and the old one it replaces), reported if taken. Not when
  * the allocator made the call itself (a realloc built on malloc and free,
  * which resolve to this shim): the outer call reports its result, and the
- * inner block counted too would stay outstanding under the inner stack. */
-INLINE void allocated(void *p, size_t size, void *old_reported) {
+ * inner block counted too would stay outstanding under the inner stack.
+ * Exact, with the memo: queued with the stack it gives, else the old
+ * block goes in the batch (behind the allocations there) and the new one
+ * traps. `kind`: the exported function this is inlined into, whose frame
+ * is the frame address here. */
+INLINE void allocated(void *p, size_t size, void *old_reported, unsigned kind) {
   if (in_alloc)
     return;
   int sampling = sample_bytes() != 0;
+  if (!sampling && __atomic_load_n(&memtrace_memo_on, __ATOMIC_RELAXED)) {
+    uintptr_t bp = (uintptr_t)__builtin_frame_address(0);
+    if (p && memtrace_batched_alloc(p, size, old_reported, kind, bp))
+      return;
+    if (old_reported && memtrace_batched_free(old_reported))
+      old_reported = NULL;
+  }
   unsigned long w = 0;
-  int report = p && take(size, &w) && (!sampling || remember((uintptr_t)p));
+  int report = p && take(size, &w) && (!sampling || memtrace_remember((uintptr_t)p));
   if (report || old_reported)
-    ALLOC_SITE_CALL(report ? p : NULL, size, old_reported, skipped, ORIGIN_USER, w);
+    ALLOC_SITE_CALL(report ? p : NULL, size, old_reported, skipped,
+                    ORIGIN_USER | (unsigned long)kind << KIND_SHIFT, w);
 }
 
 /* Before a block goes back to glibc: reported if followed. Returns it when
@@ -291,14 +281,14 @@ INLINE void allocated(void *p, size_t size, void *old_reported) {
 INLINE void *releasing(void *p) {
   if (!p || in_alloc)
     return NULL;
-  if (sample_bytes() != 0 && !forget((uintptr_t)p))
+  if (sample_bytes() != 0 && !memtrace_forget((uintptr_t)p))
     return NULL;
   return p;
 }
 
 EXPORT void *malloc(size_t n) {
   void *p = FORWARD(next.malloc(n));
-  allocated(p, n, NULL);
+  allocated(p, n, NULL, KIND_MALLOC);
   return p;
 }
 
@@ -317,24 +307,24 @@ EXPORT void *calloc(size_t n, size_t size) {
   size_t bytes;
   if (__builtin_mul_overflow(n, size, &bytes))
     bytes = SIZE_MAX;
-  allocated(p, bytes, NULL);
+  allocated(p, bytes, NULL, KIND_CALLOC);
   return p;
 }
 
-INLINE void *resize(void *old, size_t n) {
+INLINE void *resize(void *old, size_t n, unsigned kind) {
   void *followed = releasing(old);
   void *p = FORWARD(next.realloc(old, n));
   if (!p && n != 0 && old) {
     /* Failed: the old block is still there. */
     if (followed && sample_bytes() != 0)
-      remember((uintptr_t)old);
+      memtrace_remember((uintptr_t)old);
     return p;
   }
-  allocated(p, n, followed);
+  allocated(p, n, followed, kind);
   return p;
 }
 
-EXPORT void *realloc(void *old, size_t n) { return resize(old, n); }
+EXPORT void *realloc(void *old, size_t n) { return resize(old, n, KIND_REALLOC); }
 
 EXPORT void *reallocarray(void *old, size_t n, size_t size) {
   size_t bytes;
@@ -342,38 +332,38 @@ EXPORT void *reallocarray(void *old, size_t n, size_t size) {
     errno = ENOMEM;
     return NULL;
   }
-  return resize(old, bytes);
+  return resize(old, bytes, KIND_REALLOCARRAY);
 }
 
 EXPORT void *memalign(size_t align, size_t n) {
   void *p = FORWARD(next.memalign(align, n));
-  allocated(p, n, NULL);
+  allocated(p, n, NULL, KIND_MEMALIGN);
   return p;
 }
 
 EXPORT void *aligned_alloc(size_t align, size_t n) {
   void *p = FORWARD(next.aligned_alloc(align, n));
-  allocated(p, n, NULL);
+  allocated(p, n, NULL, KIND_ALIGNED_ALLOC);
   return p;
 }
 
 EXPORT int posix_memalign(void **out, size_t align, size_t n) {
   int e = FORWARD(next.posix_memalign(out, align, n));
   if (e == 0)
-    allocated(*out, n, NULL);
+    allocated(*out, n, NULL, KIND_POSIX_MEMALIGN);
   return e;
 }
 
 EXPORT void *valloc(size_t n) {
   void *p = FORWARD(next.valloc(n));
-  allocated(p, n, NULL);
+  allocated(p, n, NULL, KIND_VALLOC);
   return p;
 }
 
 EXPORT void *pvalloc(size_t n) {
   size_t page = (size_t)sysconf(_SC_PAGESIZE);
   void *p = FORWARD(next.pvalloc(n));
-  allocated(p, (n + page - 1) / page * page, NULL);
+  allocated(p, (n + page - 1) / page * page, NULL, KIND_PVALLOC);
   return p;
 }
 

@@ -4,6 +4,7 @@
 #define MEMTRACE_SHIM_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 typedef void *(*dlsym_fn)(void *, const char *);
 
@@ -15,6 +16,26 @@ dlsym_fn memtrace_real_dlsym(void);
  * says it must be reported on its own (0); and reports every thread's. */
 int memtrace_batched_free(void *p);
 void memtrace_flush_all(void);
+
+/* sampled.c: a sampled block kept until its free (0: no room, said
+ * through a site), and whether a block being freed was one. */
+int memtrace_remember(uintptr_t p);
+int memtrace_forget(uintptr_t p);
+
+/* memo.c: the stacks the kernel program published for this process's
+ * threads (memtrace-common's shim, whose constants these mirror). */
+#define MEMO_SLOTS 2048
+#define MEMO_WAYS 8
+#define MEMO_READS 122
+#define KIND_SHIFT 8
+extern int memtrace_memo_on;
+void memtrace_memo_init(const char *config);
+int memtrace_memo_stack(uint32_t tid, uintptr_t bp, uintptr_t site, unsigned kind,
+                        uint64_t *stack);
+
+/* frees.c: an allocation (and the block it replaces) queued with the stack
+ * its memo gives (1), or not (0: it traps). */
+int memtrace_batched_alloc(void *p, size_t size, void *old, unsigned kind, uintptr_t bp);
 
 /* sites.c: the hot probe sites by generation (the last one never
  * rewritten), and the one this process may run. */

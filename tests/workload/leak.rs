@@ -283,3 +283,46 @@ pub fn freed_then_idle(k: usize) {
     std::io::stdout().flush().unwrap();
     std::thread::sleep(Duration::from_secs(60));
 }
+
+/// K blocks of `size` bytes, never freed (no vector of them: its buffer
+/// would be held here too).
+#[inline(never)]
+fn kept_owner(k: usize, size: usize) {
+    for _ in 0..k {
+        std::hint::black_box(unsafe { libc::malloc(size) });
+    }
+}
+
+/// `kept-then-idle K`: K blocks of 100 bytes from `kept_owner`, then idle:
+/// with memleak's memo the shim holds most of them in its batch until a
+/// report reads it.
+pub fn kept_then_idle(k: usize) {
+    use std::io::Write;
+    kept_owner(k, 100);
+    println!("kept");
+    std::io::stdout().flush().unwrap();
+    std::thread::sleep(Duration::from_secs(60));
+}
+
+#[inline(never)]
+fn handed_over() -> usize {
+    unsafe { libc::malloc(48) as usize }
+}
+
+/// `handoff N K`: N blocks of 48 bytes from `handed_over`, each freed by
+/// another thread (its free may reach memleak before its allocation: the
+/// two threads' batches go separately), then K kept from `kept_owner`.
+pub fn handoff(n: usize, k: usize) {
+    let (tx, rx) = std::sync::mpsc::sync_channel::<usize>(1024);
+    let freer = std::thread::spawn(move || {
+        for p in rx {
+            unsafe { libc::free(p as *mut libc::c_void) };
+        }
+    });
+    for _ in 0..n {
+        tx.send(handed_over()).unwrap();
+    }
+    drop(tx);
+    freer.join().unwrap();
+    kept_owner(k, 48);
+}

@@ -347,6 +347,9 @@ fn main() {
         ),
         "reuse-then-exit" => leak::reuse_then_exit(arg(&args, 1, 20)),
         "freed-then-idle" => leak::freed_then_idle(arg(&args, 1, 20)),
+        "kept-then-idle" => leak::kept_then_idle(arg(&args, 1, 20)),
+        // handoff N K: allocated in one thread, freed in another (leak.rs).
+        "handoff" => leak::handoff(arg(&args, 1, 10000), arg(&args, 2, 10)),
         "got-watch" => leak::got_watch(arg(&args, 1, 10), arg(&args, 2, 100)),
         // late-lib LIB K SIZE: a library dlopen'd on request (late.rs).
         "late-lib" => late::late_lib(&args[1], arg(&args, 2, 10), arg(&args, 3, 100)),

@@ -19,7 +19,7 @@ mod rssstat;
 mod snoop;
 mod stacks;
 mod unwind_copy;
-mod unwind_memo;
+pub(crate) mod unwind_memo;
 mod unwind_rows;
 mod unwind_vma;
 mod walk;

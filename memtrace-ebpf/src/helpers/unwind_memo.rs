@@ -12,6 +12,7 @@
 #![cfg_attr(feature = "compat", allow(dead_code))]
 
 use aya_ebpf::{
+    bindings::BPF_F_MMAPABLE,
     cty::c_void,
     helpers::generated::bpf_loop,
     macros::map,
@@ -28,23 +29,24 @@ pub struct UnwindMemo {
     /// 1 when the rest describes the stack in the walk's scratch.
     valid: u64,
     /// `UNWIND_GEN` when it was made.
-    gen: u64,
+    pub(crate) gen: u64,
     tgid: u64,
-    ip: u64,
+    pub(crate) ip: u64,
     sp: u64,
-    bp: u64,
+    pub(crate) bp: u64,
     /// `memtrace_unwind_user_stack`'s result for it.
     result: u64,
     /// Reads recorded; past `READS`, or a read from outside the copy, the
     /// unwind is not kept.
-    n: u64,
+    pub(crate) n: u64,
     spoiled: u64,
-    reads: [[u64; 2]; READS],
+    pub(crate) reads: [[u64; 2]; READS],
 }
 
-/// The generation of the last process table userspace published.
+/// The generation of the last process table userspace published. Mapped
+/// by memleak's shim too (its memo of a stack holds as long as this one).
 #[map]
-static UNWIND_GEN: Array<u32> = Array::with_max_entries(1, 0);
+static UNWIND_GEN: Array<u32> = Array::with_max_entries(1, BPF_F_MMAPABLE);
 
 #[inline(always)]
 fn tables_gen() -> u64 {
@@ -89,6 +91,16 @@ pub(super) fn keep(result: u64) {
         m.result = result;
         m.valid = (m.spoiled == 0) as u64;
     }
+}
+
+/// The memo, when it holds the unwind just made for process `tgid` with
+/// `stack` (the stack id and check, the check's low bit set as
+/// `capture_stacks` sets it).
+#[inline(always)]
+pub(crate) fn held(tgid: u32, stack: u64) -> Option<&'static UnwindMemo> {
+    let m = unsafe { &*memo()? };
+    let same = m.result | 1 == stack;
+    (m.valid != 0 && m.tgid == tgid as u64 && same && m.gen == tables_gen()).then_some(m)
 }
 
 /// The walk's scratch frames are about to be written by another walk.

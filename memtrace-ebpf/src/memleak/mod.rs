@@ -22,7 +22,9 @@ use memtrace_common::{
 
 use crate::helpers::{bump_by_stack, capture_stacks, count_loss, Stacks, NO_PREALLOC};
 
+mod batched;
 mod kernel;
+mod memo;
 mod preload;
 mod user;
 
@@ -204,7 +206,7 @@ fn record_stacks(
     origin: u32,
     weight: (u64, u64),
     mut st: Stacks,
-) {
+) -> Option<(i32, u32)> {
     bump(counter::ALLOCS);
     let mut key = StackKey {
         tgid,
@@ -231,15 +233,12 @@ fn record_stacks(
         };
         if t.stacks.insert(&key, &v, 0).is_err() {
             count_loss(loss::MAP_FULL);
-            return;
+            return None;
         }
     }
     // Built in a per-CPU slot, not on this program's stack, which the
     // unwinder's calls leave little of (6.1: 512 bytes for the chain).
-    let Some(slot) = ML_BLOCK.get_ptr_mut(0) else {
-        return;
-    };
-    let slot = unsafe { &mut *slot };
+    let slot = unsafe { &mut *ML_BLOCK.get_ptr_mut(0)? };
     slot.0 = AllocKey { addr, tgid, origin };
     slot.1 = AllocInfo {
         size,
@@ -248,7 +247,7 @@ fn record_stacks(
         weight_bytes: bytes,
         stack: key,
     };
-    keep(core::ptr::eq(t.allocs, &ML_KALLOCS));
+    keep(core::ptr::eq(t.allocs, &ML_KALLOCS)).then_some((key.ustack, key.ustack_check))
 }
 
 /// Puts the block in `ML_BLOCK` in the table. An address handed out again
@@ -261,10 +260,10 @@ fn record_stacks(
 /// be followed to its free. The block is in a map, not on the stack:
 /// beside the unwinder's calls, 6.1 has 512 bytes for the chain.
 #[inline(always)]
-fn keep(kernel: bool) {
+fn keep(kernel: bool) -> bool {
     let t = if kernel { KERNEL } else { USER };
     let Some(slot) = ML_BLOCK.get_ptr(0) else {
-        return;
+        return false;
     };
     let (k, info) = unsafe { &*slot };
     if let Some(old) = t.allocs.get_ptr_mut(k) {
@@ -274,13 +273,14 @@ fn keep(kernel: bool) {
         // Not `*old = *info`: two map pointers, so LLVM called a memmove,
         // which copies byte by byte in BPF (about 20 ns here).
         unsafe { core::ptr::copy_nonoverlapping(info as *const AllocInfo, old, 1) };
-        return;
+        return true;
     }
     if t.allocs.insert(k, info, 0).is_ok() {
-        return;
+        return true;
     }
     settle(t, info);
     count_loss(loss::MAP_FULL);
+    false
 }
 
 /// Takes a block out of its stack's figures (its free).
@@ -312,6 +312,10 @@ fn release_before(t: Tables, tgid: u32, addr: u64, ts: u64) {
     };
     if release_if(t, &k, ts) == Released::None {
         bump(counter::FREE_UNKNOWN);
+        // Its block may be in another thread's batch still.
+        if MEMLEAK_CFG.load().shim_memo != 0 {
+            batched::freed_early(&k, ts);
+        }
     }
 }
 

@@ -11,12 +11,17 @@ use aya_ebpf::{
 use aya_ebpf::{macros::uprobe, programs::ProbeContext};
 use memtrace_common::{
     loss,
-    memleak::{counter, origin, BatchedFree, BATCH_ENTRIES_AT, FREE_BATCH},
+    memleak::{counter, origin, BATCH_ENTRIES_AT, FREE_BATCH},
+    shim::{BatchEntry, KIND_SHIFT},
 };
 
+#[cfg(not(feature = "compat"))]
+use super::batched::batched;
 use super::user::traced;
-use super::{add, bump, record_stacks, release, release_before, weigh, USER};
+use super::{add, bump, memo, record_stacks, release, release_before, weigh, USER};
 use crate::helpers::{capture_stacks, count_loss, current_tgid, Stacks, NO_PREALLOC};
+#[cfg(not(feature = "compat"))]
+use memtrace_common::shim::ALLOCATED;
 
 /// Each thread's batch of frees in the shim, by thread id.
 #[map]
@@ -25,7 +30,9 @@ static ML_BATCHES: HashMap<u32, u64> = HashMap::with_max_entries(65536, NO_PREAL
 /// `memtrace_alloc_site(p, size, old, skipped, origin, weight)`: a new block
 /// (or none: p is 0 when only the old one is reported), the block it
 /// replaces (realloc), and its weight (2^-16 allocations: 1/(1 - e^(-size/N))
-/// under sampling). The allocations passed over come with frees.
+/// under sampling). The allocations passed over come with frees. The
+/// origin's high bits name the shim's function that called (`shim`'s
+/// kinds): an exact allocation's unwind is published for it (`memo`).
 #[uprobe]
 pub fn ml_preload_alloc(ctx: ProbeContext) -> u32 {
     let tgid = current_tgid();
@@ -34,6 +41,7 @@ pub fn ml_preload_alloc(ctx: ProbeContext) -> u32 {
     }
     let arg = |i| ctx.arg::<u64>(i).unwrap_or(0);
     let (p, size, old, from, w) = (arg(0), arg(1), arg(2), arg(4), arg(5));
+    let (from, kind) = (from & 0xff, from >> KIND_SHIFT);
     // The stacks first, before any other branch: with the in-kernel
     // unwinder, each path into it is one more walk of it for the verifier.
     let st = if p != 0 {
@@ -55,9 +63,22 @@ pub fn ml_preload_alloc(ctx: ProbeContext) -> u32 {
         weigh(size, w)
     };
     let from = if mmap { origin::MMAP } else { origin::USER };
-    if let Some(w) = w {
-        record_stacks(USER, tgid, p, size, from, w, st);
+    let Some(w) = w else {
+        return 0;
+    };
+    let kept = record_stacks(USER, tgid, p, size, from, w, st);
+    #[cfg(not(feature = "compat"))]
+    if let Some((id, check)) = kept {
+        let c = super::MEMLEAK_CFG.load();
+        let exact = w.0 == 1 && w.1 == size && c.min_size == 0 && c.max_size == 0;
+        if c.shim_memo != 0 && kind != 0 && exact && st.kern < 0 && id >= 0 {
+            let tid = aya_ebpf::helpers::bpf_get_current_pid_tgid() as u32;
+            let stack = ((id as u32 as u64) << 32) | check as u64;
+            memo::publish(tid, tgid, stack, kind, &ML_BATCHES);
+        }
     }
+    #[cfg(feature = "compat")]
+    let _ = (kept, kind);
     0
 }
 
@@ -109,6 +130,7 @@ pub fn ml_preload_batch(ctx: ProbeContext) -> u32 {
     match ctx.arg::<u64>(0).unwrap_or(0) {
         0 => {
             let _ = ML_BATCHES.remove(&tid);
+            memo::forget(tid);
         }
         at => {
             let _ = ML_BATCHES.insert(&tid, &at, 0);
@@ -125,6 +147,7 @@ pub fn ml_batch_exit(_ctx: TracePointContext) -> u32 {
         return 0;
     };
     let _ = ML_BATCHES.remove(&(id as u32));
+    memo::forget(id as u32);
     match unsafe { bpf_probe_read_user(at as *const u32) } {
         Ok(n) => apply_batch((id >> 32) as u32, at + BATCH_ENTRIES_AT, n as u64),
         Err(_) => count_loss(loss::READ),
@@ -135,20 +158,21 @@ pub fn ml_batch_exit(_ctx: TracePointContext) -> u32 {
 /// A batch read in one go, per CPU: one read where there was one per free
 /// (each read's fixed cost was most of a batched free's).
 #[map]
-static ML_FREES_READ: PerCpuArray<[BatchedFree; FREE_BATCH as usize]> =
+static ML_BATCH_READ: PerCpuArray<[BatchEntry; FREE_BATCH as usize]> =
     PerCpuArray::with_max_entries(1, 0);
 
-/// Applies `n` batched frees at `at`.
+/// Applies the `n` entries of a batch at `at`, in order: frees, and
+/// allocations whose stack the shim took from the memo.
 #[inline(always)]
 fn apply_batch(tgid: u32, at: u64, n: u64) {
-    let Some(buf) = ML_FREES_READ.get_ptr_mut(0) else {
+    let Some(buf) = ML_BATCH_READ.get_ptr_mut(0) else {
         return;
     };
     let n = n.min(FREE_BATCH as u64);
-    let len = n as u32 * core::mem::size_of::<BatchedFree>() as u32;
+    let size = core::mem::size_of::<BatchEntry>() as u32;
     // Bounded for the verifier: at most the buffer.
-    let len = core::hint::black_box(len) & (2 * FREE_BATCH * 16 - 1);
-    if len == 0 || len as usize > core::mem::size_of::<[BatchedFree; FREE_BATCH as usize]>() {
+    let len = core::hint::black_box(n as u32 * size) & (2 * FREE_BATCH * size - 1);
+    if len == 0 || len as usize > core::mem::size_of::<[BatchEntry; FREE_BATCH as usize]>() {
         return;
     }
     let r = unsafe {
@@ -162,13 +186,50 @@ fn apply_batch(tgid: u32, at: u64, n: u64) {
         count_loss(loss::READ);
         return;
     }
-    let frees = unsafe { &*buf };
-    for (i, f) in frees.iter().enumerate() {
+    let entries = unsafe { &*buf };
+    // With the in-kernel unwinder (and so the memo), entries may be
+    // allocations: one entry a step of a `bpf_loop`, which the verifier
+    // checks once (the whole loop unrolled was past its limit).
+    #[cfg(not(feature = "compat"))]
+    {
+        let mut b = Batch { tgid, entries };
+        unsafe {
+            aya_ebpf::helpers::generated::bpf_loop(
+                n as u32,
+                apply_entry as *mut core::ffi::c_void,
+                &mut b as *mut Batch as *mut core::ffi::c_void,
+                0,
+            )
+        };
+    }
+    #[cfg(feature = "compat")]
+    for (i, e) in entries.iter().enumerate() {
         if i as u64 >= n {
             break;
         }
-        release_before(USER, tgid, f.addr, f.ts_ns);
+        release_before(USER, tgid, e.addr, e.ts_ns);
     }
+}
+
+/// A batch being applied (`bpf_loop`'s context).
+#[cfg(not(feature = "compat"))]
+struct Batch {
+    tgid: u32,
+    entries: &'static [BatchEntry; FREE_BATCH as usize],
+}
+
+/// `bpf_loop` step `i`: entry `i`.
+#[cfg(not(feature = "compat"))]
+#[inline(never)]
+extern "C" fn apply_entry(i: u32, ctx: *mut core::ffi::c_void) -> i64 {
+    let b = unsafe { &*(ctx as *const Batch) };
+    let e = &b.entries[i as usize & (FREE_BATCH as usize - 1)];
+    if e.stack & ALLOCATED == 0 {
+        release_before(USER, b.tgid, e.addr, e.ts_ns);
+    } else {
+        batched(b.tgid, e);
+    }
+    0
 }
 
 /// `memtrace_table_full_site(p)`: the shim's table of sampled addresses

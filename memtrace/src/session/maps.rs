@@ -256,6 +256,14 @@ impl Session {
             .collect()
     }
 
+    /// A descriptor of an array (for a process to map it).
+    pub fn array_fd<V: Pod>(&self, map: MapName<u32, V>) -> Result<std::os::fd::OwnedFd> {
+        let aya::maps::Map::Array(data) = self.map_data(map.name)? else {
+            return Err(Error::Runtime(format!("{} is not an array", map.name)));
+        };
+        Ok(data.fd().as_fd().try_clone_to_owned()?)
+    }
+
     /// Sets slot `i` of an array.
     pub fn set_array<V: Pod>(&mut self, map: MapName<u32, V>, i: u32, v: V) -> Result<()> {
         let m = self

@@ -7,6 +7,7 @@ pub mod entries;
 pub mod execs;
 pub mod exited;
 pub mod injection;
+pub mod memo;
 pub mod points;
 pub mod report;
 pub mod shim;

@@ -79,6 +79,9 @@ pub struct View<'a> {
     /// address, time of the free. A block there allocated before it is
     /// not held.
     pub pending: &'a [(u32, u64, u64)],
+    /// Allocations not yet applied in the kernel (the shim's batches, with
+    /// the memo's stack): stack, address, time, size. Held.
+    pub pending_allocs: &'a [(StackKey, u64, u64, u64)],
     /// Ordered by outstanding bytes (else by allocations).
     pub by_bytes: bool,
     /// Only allocations older than this (read from the live table).
@@ -163,6 +166,13 @@ pub fn outstanding(
             h.0 += a.weight;
             h.1 += a.weight_bytes;
         }
+        for &(k, _, ts, size) in args.pending_allocs {
+            if ts >= phase.since_ns && now.saturating_sub(ts) >= min_age && shown(k.tgid) {
+                let h = held.entry(k).or_default();
+                h.0 += 1;
+                h.1 += size;
+            }
+        }
     } else {
         for (k, v) in &stats {
             // Less what went with an exec of the image that made it.
@@ -173,6 +183,11 @@ pub fn outstanding(
             if n > 0 {
                 held.insert(*k, (n, b));
             }
+        }
+        for &(k, _, _, size) in args.pending_allocs.iter().filter(|a| shown(a.0.tgid)) {
+            let h = held.entry(k).or_default();
+            h.0 += 1;
+            h.1 += size;
         }
     }
     let mut top: Vec<(StackKey, (u64, u64))> = held.into_iter().filter(|(_, h)| h.0 > 0).collect();

@@ -262,6 +262,13 @@ impl KTables {
         self.pushed.insert(pid, entries);
     }
 
+    /// A descriptor of the tables' generation (a mappable array), for
+    /// memos of unwinds kept elsewhere (memleak's shim).
+    pub fn gen_fd(&self) -> Option<std::os::fd::OwnedFd> {
+        use aya::maps::IterableMap;
+        self.gen_map.map().fd().as_fd().try_clone_to_owned().ok()
+    }
+
     /// `pid` exec'd: the kernel program dropped its table, so the next
     /// update publishes one even if the new maps look like the old.
     pub fn exec(&mut self, pid: u32) {

@@ -1,17 +1,39 @@
-//! Frees the shim's threads hold in batches (memtrace/preload/frees.c)
-//! when a report is made: read from the processes (the kernel keeps each
-//! thread's batch address), so that a report taken while a thread idles
-//! after freeing does not show those blocks as held. The kernel applies
-//! them when the batch is reported; only the report discounts them now.
+//! What the shim's threads hold in their batches (memtrace/preload/frees.c)
+//! when a report is made, read from the processes (the kernel keeps each
+//! thread's batch address): frees, so that a report taken while a thread
+//! idles after freeing does not show those blocks as held, and
+//! allocations whose stack came from the memo, which are. The kernel
+//! applies them when the batch is reported; only the report counts them
+//! now. A free pending in one thread may be of a block whose allocation is
+//! pending in another's, or whose free the kernel already holds
+//! (`ML_EARLY_FREES`): such a block is not held.
 
-use memtrace_common::memleak::{BatchedFree, BATCH_ENTRIES_AT, FREE_BATCH};
-use memtrace_common::names::ML_BATCHES;
+use std::collections::HashMap;
+
+use memtrace_common::memleak::{AllocKey, BATCH_ENTRIES_AT, FREE_BATCH};
+use memtrace_common::names::{ML_BATCHES, ML_EARLY_FREES};
+use memtrace_common::shim::{entry_key, BatchEntry, ALLOCATED};
+use memtrace_common::stacks::StackKey;
 
 use crate::stacks::Traced;
 
-/// (process, address, time of the free) of every pending free.
-pub fn pending(s: &Traced) -> Vec<(u32, u64, u64)> {
-    let mut out = Vec::new();
+/// An allocation in a batch: its stack, address, time and size.
+pub type PendingBlock = (StackKey, u64, u64, u64);
+
+#[derive(Default)]
+pub struct Pending {
+    /// (process, address, time of the free) of the frees not matched to a
+    /// pending allocation.
+    pub frees: Vec<(u32, u64, u64)>,
+    /// The allocations still held.
+    pub allocs: Vec<PendingBlock>,
+    /// Frees in batches, all of them.
+    pub nr_frees: u64,
+}
+
+pub fn pending(s: &Traced) -> Pending {
+    let mut frees = Vec::new();
+    let mut allocs: Vec<Option<PendingBlock>> = Vec::new();
     for (tid, at) in s.hash_entries(ML_BATCHES) {
         let Some(tgid) = crate::process::proc::tgid_of(tid) else {
             continue;
@@ -21,17 +43,60 @@ pub fn pending(s: &Traced) -> Vec<(u32, u64, u64)> {
             continue;
         }
         let n = u32::from_ne_bytes(n).min(FREE_BATCH) as usize;
-        let size = std::mem::size_of::<BatchedFree>();
+        let size = std::mem::size_of::<BatchEntry>();
         let mut buf = vec![0u8; n * size];
         if read(tid, at + BATCH_ENTRIES_AT, &mut buf).is_none() {
             continue;
         }
         for e in buf.chunks_exact(size) {
-            let word = |i: usize| u64::from_ne_bytes(e[i..i + 8].try_into().unwrap());
-            out.push((tgid, word(0), word(8)));
+            let word = |i: usize| u64::from_ne_bytes(e[i * 8..i * 8 + 8].try_into().unwrap());
+            let (addr, ts, bytes, stack) = (word(0), word(1), word(2), word(3));
+            if stack & ALLOCATED == 0 {
+                frees.push((tgid, addr, ts));
+            } else if addr != 0 {
+                allocs.push(Some((entry_key(tgid, stack), addr, ts, bytes)));
+            }
         }
     }
-    out
+    let nr_frees = frees.len() as u64;
+    // By block: the pending allocations there, oldest first.
+    let mut at: HashMap<(u32, u64), Vec<usize>> = HashMap::new();
+    allocs.sort_by_key(|a| a.map(|a| a.2));
+    for (i, a) in allocs.iter().enumerate() {
+        if let Some((k, addr, _, _)) = a {
+            at.entry((k.tgid, *addr)).or_default().push(i);
+        }
+    }
+    // A free takes the newest pending allocation made before it.
+    frees.retain(|&(tgid, addr, ts)| {
+        let Some(idx) = at.get(&(tgid, addr)) else {
+            return true;
+        };
+        let newest = idx
+            .iter()
+            .rev()
+            .find(|&&i| allocs[i].is_some_and(|a| a.2 <= ts));
+        match newest {
+            Some(&i) => {
+                allocs[i] = None;
+                false
+            }
+            None => true,
+        }
+    });
+    for (k, ts) in s.hash_entries(ML_EARLY_FREES) {
+        let AllocKey { addr, tgid, .. } = k;
+        for &i in at.get(&(tgid, addr)).into_iter().flatten() {
+            if allocs[i].is_some_and(|a| a.2 <= ts) {
+                allocs[i] = None;
+            }
+        }
+    }
+    Pending {
+        frees,
+        allocs: allocs.into_iter().flatten().collect(),
+        nr_frees,
+    }
 }
 
 /// `buf.len()` bytes of thread `tid`'s memory at `at`, whole or None.

@@ -6,6 +6,7 @@
 mod args;
 mod batches;
 mod preload;
+mod summary;
 mod unseen;
 
 use std::path::PathBuf;
@@ -15,7 +16,8 @@ use args::{DEFAULT_MAX_ALLOCS, DEFAULT_MAX_STACKS};
 
 use memtrace_common::{
     memleak::{counter, MemleakConfig, PENDING_SLOTS},
-    names::{MEMLEAK_CFG, ML_COUNTS, ML_EXECS, ML_PENDING},
+    names::{MEMLEAK_CFG, ML_COUNTS, ML_EARLY_FREES, ML_EXECS, ML_MEMO, ML_PENDING},
+    shim::{EARLY_FREES, MEMO_SLOTS},
     stack_mode,
 };
 
@@ -37,13 +39,17 @@ pub struct Memleak {
     placements: Vec<String>,
     /// The probed allocator's file name when it maps arenas of its own.
     arenas: Vec<String>,
-    /// The shim preloaded into the `-c` command, when it is.
+    /// The shim preloaded into the `-c` command, when it is, and the name
+    /// its memo of stacks is served at.
     preload: Option<PathBuf>,
+    memo: Option<String>,
     /// The shim to load into the `-p` process, until it is (or is not).
     inject_from: Option<PathBuf>,
     injection: Option<Injection>,
     /// Frees in the shim's batches at the last report (applied later).
     pending_frees: u64,
+    /// Allocations from the memo in the batches at the last report, held.
+    pending_allocs: u64,
     /// The process traced (`-p`, `-c`): its exit ends the run, and the
     /// final report reads its blocks, so they are never swept before.
     target: Option<u32>,
@@ -78,9 +84,11 @@ impl Memleak {
             .then(shim::install)
             .and_then(|r| r.ok());
         Ok(Memleak {
+            memo: preload::memo_name(a, preload.is_some()),
             inject_from,
             injection: None,
             pending_frees: 0,
+            pending_allocs: 0,
             args: a.clone(),
             user,
             probes: Vec::new(),
@@ -140,7 +148,7 @@ impl Tool for Memleak {
     }
     fn command_env(&self) -> Vec<(String, String)> {
         match &self.preload {
-            Some(shim) => preload::env(shim, &self.args),
+            Some(shim) => preload::env(shim, &self.args, self.memo.as_deref()),
             None => Vec::new(),
         }
     }
@@ -188,6 +196,7 @@ impl Tool for Memleak {
             max_size: self.args.max_size.unwrap_or(0),
             sample_bytes: self.args.sample_bytes.unwrap_or(0),
             page_size: crate::kernel::btf::page_size() as u32,
+            shim_memo: self.memo.is_some() as u32,
             ..Default::default()
         };
         self.target = k.target;
@@ -281,6 +290,10 @@ impl Tool for Memleak {
         k.loader.max_entries(t.allocs, allocs);
         k.loader.max_entries(t.stacks, stacks);
         k.loader.max_entries(ML_COUNTS, counter::NR);
+        if self.memo.is_some() {
+            k.loader.max_entries(ML_MEMO, MEMO_SLOTS);
+            k.loader.max_entries(ML_EARLY_FREES, EARLY_FREES);
+        }
         Ok(())
     }
 
@@ -293,11 +306,13 @@ impl Tool for Memleak {
         }
         // Frees the shim's threads still hold in batches: not held.
         let pending = batches::pending(s);
-        self.pending_frees = pending.len() as u64;
+        self.pending_frees = pending.nr_frees;
+        self.pending_allocs = pending.allocs.len() as u64;
         let exited_rows = self.exited.kept.resolved_reports(false);
         let view = report::View {
             exited_rows: &exited_rows,
-            pending: &pending,
+            pending: &pending.frees,
+            pending_allocs: &pending.allocs,
             by_bytes: self.args.sort == Sort::Size,
             older: self.args.older,
             churn: self.args.all,
@@ -332,7 +347,10 @@ impl Tool for Memleak {
         self.report(s, out, false)
     }
 
-    fn on_start(&mut self, _s: &mut Traced) -> Result<()> {
+    fn on_start(&mut self, s: &mut Traced) -> Result<()> {
+        if let Some(name) = &self.memo {
+            preload::serve_memo(s, name, self.args.common.verbose);
+        }
         match &mut self.injection {
             Some(i) => i.redirect(self.args.common.verbose),
             None => Ok(()),
@@ -382,31 +400,6 @@ impl Tool for Memleak {
     }
 
     fn summary_extra(&self) -> Vec<(&'static str, Value)> {
-        let c = |i: u32| Value::from(self.counts[i as usize]);
-        let mut v = vec![
-            ("allocations", c(counter::ALLOCS)),
-            ("frees", c(counter::FREES)),
-            ("frees_untracked", c(counter::FREE_UNKNOWN)),
-        ];
-        if self.preload.is_some() || self.injection.is_some() {
-            v.push(("frees_in_batches", Value::from(self.pending_frees)));
-        }
-        if self.preload.is_some() {
-            v.push(("preloaded_processes", c(counter::PRELOADED)));
-        } else if self.user {
-            v.push(("pending_collisions", c(counter::PENDING_COLLISION)));
-        }
-        if self.args.sample_bytes.is_some() {
-            v.push(("not_sampled", c(counter::UNSAMPLED)));
-        }
-        if self.args.min_size.is_some() || self.args.max_size.is_some() {
-            v.push(("out_of_bounds", c(counter::OUT_OF_BOUNDS)));
-        }
-        if self.user {
-            v.push(("blocks_gone_with_exec", Value::from(self.execs.blocks())));
-        }
-        v.extend(self.exited.summary());
-        v.extend(self.injection.iter().flat_map(|i| i.summary()));
-        v
+        self.summary_rows()
     }
 }

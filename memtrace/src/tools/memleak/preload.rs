@@ -5,8 +5,11 @@
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 
+use memtrace_common::names::ML_MEMO;
+
 use super::Args;
 use crate::session::uprobe::{interpreter, Interp};
+use crate::stacks::Traced;
 
 /// Why the shim cannot serve `a`'s command, or None when it can.
 pub fn unusable(a: &Args) -> Option<String> {
@@ -54,17 +57,50 @@ pub fn injectable(a: &Args) -> bool {
 }
 
 /// The command's environment: the shim first in LD_PRELOAD, and the
-/// sampling rate it applies.
-pub fn env(shim: &Path, a: &Args) -> Vec<(String, String)> {
+/// sampling rate it applies (with the memo's socket, `memo`, after it).
+pub fn env(shim: &Path, a: &Args, memo: Option<&str>) -> Vec<(String, String)> {
     let mut preload = shim.display().to_string();
     if let Some(v) = std::env::var_os("LD_PRELOAD").filter(|v| !v.is_empty()) {
         preload = format!("{preload}:{}", v.to_string_lossy());
     }
+    let mut config = a.sample_bytes.unwrap_or(0).to_string();
+    if let Some(name) = memo {
+        config = format!("{config},memo={name}");
+    }
     vec![
         ("LD_PRELOAD".into(), preload),
-        (
-            "MEMTRACE_PRELOAD_SAMPLE".into(),
-            a.sample_bytes.unwrap_or(0).to_string(),
-        ),
+        ("MEMTRACE_PRELOAD_SAMPLE".into(), config),
     ]
+}
+
+/// The memo's socket name when the shim gets one: every allocation
+/// followed (no sampling, no size bounds, which the shim does not apply).
+pub fn memo_name(a: &Args, preload: bool) -> Option<String> {
+    let exact = a.sample_bytes.is_none() && a.min_size.is_none() && a.max_size.is_none();
+    (preload && exact).then(crate::probes::heap::memo::name)
+}
+
+/// Serves the memo's maps at `name` (a failure is said, and the shim's
+/// allocations all trap).
+pub fn serve_memo(s: &Traced, name: &str, verbose: bool) {
+    let gen = s
+        .sym
+        .maps
+        .lock()
+        .unwrap()
+        .ktables
+        .as_ref()
+        .and_then(|k| k.gen_fd());
+    let r = match (s.array_fd(ML_MEMO), gen) {
+        (Ok(slots), Some(gen)) => {
+            crate::probes::heap::memo::serve(name, [slots, gen]).map_err(|e| e.to_string())
+        }
+        (Err(e), _) => Err(e.to_string()),
+        (_, None) => Err("no in-kernel unwinder (no stacks to memoize)".into()),
+    };
+    match r {
+        Ok(()) if verbose => say!("memtrace: memleak: shim's memo of stacks served at @{name}"),
+        Err(e) if verbose => say!("memtrace: memleak: no memo of stacks for the shim: {e}"),
+        _ => {}
+    }
 }

@@ -222,6 +222,7 @@ impl HeapWatch {
         self.sweep(s)?;
         let view = View {
             pending: &[],
+            pending_allocs: &[],
             by_bytes: true,
             estimated: self.sample > 0,
             only: Some(pids),

@@ -1,0 +1,123 @@
+/* The memo (memtrace-common's `shim`): where an exact allocation learns,
+ * without trapping, the stack memleak's kernel program would unwind for
+ * it. After an allocation traps, the program publishes its unwind in a
+ * slot of a memory-mapped BPF array, by thread and frame: the frame
+ * pointer at the site, the site (its generation), the shim's function
+ * that called it, the unwind tables' generation, and every word of user
+ * stack the unwind read with its value. The same function called from the
+ * same frame with those words unchanged would unwind the same: the shim
+ * queues the allocation in its batch with that stack (frees.c).
+ *
+ * memtrace hands the two maps (the slots, and the tables' generation)
+ * over a Unix socket it names in MEMTRACE_PRELOAD_SAMPLE ("N,memo=NAME",
+ * an abstract address), to processes it traces only. Without them (no
+ * socket, a process that closed it, `memleak -p`) every allocation traps
+ * as before. */
+#define _GNU_SOURCE
+#include <stdint.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/syscall.h>
+#include <sys/time.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include "shim.h"
+
+/* memtrace-common's shim::ShimMemo. */
+struct memo {
+  uint64_t seq, tid, bp, site, kind, gen, stack, n;
+  uint64_t reads[MEMO_READS][2];
+};
+
+static const struct memo *memos;
+static const volatile uint32_t *tables_gen;
+int memtrace_memo_on;
+
+/* memtrace-common's shim::memo_slot. */
+static uint32_t slot_of(uint32_t tid, uint64_t bp) {
+  const uint64_t k = 0x9e3779b97f4a7c15ull;
+  uint32_t group = (uint32_t)(((uint64_t)tid * k) >> 40) & (MEMO_SLOTS / MEMO_WAYS - 1);
+  uint32_t way = (uint32_t)(((bp >> 4) * k) >> 60) & (MEMO_WAYS - 1);
+  return group * MEMO_WAYS + way;
+}
+
+/* The two maps from memtrace at `name` (after "memo="), mapped read-only. */
+void memtrace_memo_init(const char *config) {
+  const char *name = config ? strstr(config, ",memo=") : NULL;
+  if (!name)
+    return;
+  name += 6;
+  struct sockaddr_un a = {.sun_family = AF_UNIX};
+  size_t len = strlen(name);
+  if (len + 1 >= sizeof a.sun_path)
+    return;
+  memcpy(a.sun_path + 1, name, len); /* abstract: a leading NUL */
+  int s = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (s < 0)
+    return;
+  struct timeval t = {.tv_sec = 2};
+  setsockopt(s, SOL_SOCKET, SO_RCVTIMEO, &t, sizeof t);
+  int fds[2] = {-1, -1};
+  char byte;
+  struct iovec io = {.iov_base = &byte, .iov_len = 1};
+  union {
+    struct cmsghdr h;
+    char buf[CMSG_SPACE(sizeof fds)];
+  } c;
+  struct msghdr m = {.msg_iov = &io, .msg_iovlen = 1, .msg_control = c.buf,
+                     .msg_controllen = sizeof c.buf};
+  socklen_t alen = (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 + len);
+  if (connect(s, (struct sockaddr *)&a, alen) == 0 &&
+      recvmsg(s, &m, MSG_CMSG_CLOEXEC) == 1) {
+    struct cmsghdr *h = CMSG_FIRSTHDR(&m);
+    if (h && h->cmsg_type == SCM_RIGHTS && h->cmsg_len == CMSG_LEN(sizeof fds))
+      memcpy(fds, CMSG_DATA(h), sizeof fds);
+  }
+  close(s);
+  if (fds[0] < 0 || fds[1] < 0)
+    goto out;
+  /* By system call: the shim's own mmap would report them. */
+  void *slots = (void *)syscall(SYS_mmap, NULL, MEMO_SLOTS * sizeof(struct memo), PROT_READ,
+                                MAP_SHARED, fds[0], 0);
+  void *gen = (void *)syscall(SYS_mmap, NULL, (size_t)sysconf(_SC_PAGESIZE), PROT_READ,
+                              MAP_SHARED, fds[1], 0);
+  if (slots != MAP_FAILED && gen != MAP_FAILED) {
+    tables_gen = gen;
+    memos = slots;
+    __atomic_store_n(&memtrace_memo_on, 1, __ATOMIC_RELEASE);
+  }
+out:
+  for (int i = 0; i < 2; i++)
+    if (fds[i] >= 0)
+      close(fds[i]);
+}
+
+/* The stack of an allocation from `kind` (the shim's function) in frame
+ * `bp` of thread `tid`, about to call `site`, if its slot holds it. */
+int memtrace_memo_stack(uint32_t tid, uintptr_t bp, uintptr_t site, unsigned kind,
+                        uint64_t *stack) {
+  const struct memo *m = memos + slot_of(tid, bp);
+  uint64_t seq = __atomic_load_n(&m->seq, __ATOMIC_ACQUIRE);
+  if (seq & 1 || m->tid != tid || m->bp != bp || m->site != site || m->kind != kind)
+    return 0;
+  uint64_t n = m->n;
+  if (m->gen != *tables_gen || n > MEMO_READS)
+    return 0;
+  uint64_t s = m->stack;
+  for (uint64_t i = 0; i < n; i++) {
+    uintptr_t at = m->reads[i][0];
+    /* Below the frame: the site's return address into the function,
+     * which the kind and frame fix. */
+    if (at < bp)
+      continue;
+    if (*(const uint64_t *)at != m->reads[i][1])
+      return 0;
+  }
+  __atomic_thread_fence(__ATOMIC_ACQUIRE);
+  if (__atomic_load_n(&m->seq, __ATOMIC_RELAXED) != seq)
+    return 0;
+  *stack = s;
+  return 1;
+}
