@@ -113,3 +113,37 @@ fn blocks_still_in_a_batch_are_held_in_a_report() {
         "{s}"
     );
 }
+
+/// A caller that keeps a new value in rbp at each call, saved where its
+/// unwind information says: the unwind never uses that word, so it is not
+/// part of the stack's memo, and every allocation after the first comes
+/// from the memo, each in its exact place.
+#[test]
+fn a_saved_rbp_the_unwind_never_uses_does_not_void_the_memo() {
+    if !cfg!(target_arch = "x86_64") {
+        skip(
+            "a_saved_rbp_the_unwind_never_uses_does_not_void_the_memo",
+            "x86_64 only",
+        );
+        return;
+    }
+    const N: u64 = 3000;
+    let cmd = format!("{} churn {N}", super::common::nofp::c_workload().display());
+    let out = run(&["memleak", "--json", "--top", "50", "-c", &cmd]);
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    let rows = json_of(&out.stdout, "memleak");
+    assert_eq!(held(&rows, "churn_leaf"), (N, N * 64), "{}", out.stdout);
+    let churned: Vec<_> = rows
+        .iter()
+        .filter(|r| user_frames(r).iter().any(|f| f.starts_with("churn_leaf")))
+        .collect();
+    for r in &churned {
+        super::common::nofp::assert_in_order(
+            &user_frames(r),
+            &["churn_leaf", "keep_in_rbp", "churn_loop", "main"],
+        );
+    }
+    let s = &json_of(&out.stdout, "summary")[0];
+    let from_memo = s["allocations_from_memo"].as_u64().unwrap();
+    assert!(from_memo >= N - 2, "{s}");
+}

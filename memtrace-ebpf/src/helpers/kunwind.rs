@@ -119,6 +119,12 @@ pub struct Step {
     /// The process (here, not in `Walk`: the unwinder's stack has no
     /// room to spare on 6.1, see `next`).
     tgid: u64,
+    /// Where `bp` was read from, until the unwind depends on its value (a
+    /// frame's CFA from it, or a test of it): then the read is recorded for
+    /// the memo. Most saved rbps are never used (code without frame
+    /// pointers keeps data there: a request's pointer in a server), and a
+    /// memo that held them would hold for that one request only.
+    bp_at: u64,
 }
 
 impl Step {
@@ -175,15 +181,18 @@ extern "C" fn unwind_frame(index: u32, ctx: *mut c_void) -> i64 {
         Ok(r) => r,
         // Tables not ready (a process or library not read yet): its frame
         // pointers, rather than no stack at all.
-        Err(mark::NO_TABLE) => return fp_frame(w, st, i),
+        Err(mark::NO_TABLE) => {
+            bp_used(st);
+            return fp_frame(w, st, i);
+        }
         // The outermost frame without unwind information (ld.so's entry
         // has none): a zero rbp marks it, as the ABI has it.
-        Err(mark::NO_INFO) if bp == 0 => return stop(st, 0),
+        Err(mark::NO_INFO) if bp_used(st) == 0 => return stop(st, 0),
         Err(e) => return stop(st, e),
     };
     let cfa = match r.kind {
         row::RSP => sp.wrapping_add(r.cfa_off as i64 as u64),
-        row::RBP => bp.wrapping_add(r.cfa_off as i64 as u64),
+        row::RBP => bp_used(st).wrapping_add(r.cfa_off as i64 as u64),
         row::PLT => sp + 8 + (le(r.cfa_off as u64, ip & 15) << 3),
         row::END => return stop(st, 0),
         row::SIGNAL => {
@@ -197,15 +206,19 @@ extern "C" fn unwind_frame(index: u32, ctx: *mut c_void) -> i64 {
         }
         // Between functions with unwind information: ld.so's entry, unless
         // rbp is still the zero it starts with.
-        _ if bp == 0 => return stop(st, 0),
+        _ if bp_used(st) == 0 => return stop(st, 0),
         _ => return stop(st, mark::NO_INFO),
     };
     let Some(ra) = w.copy.word(cfa.wrapping_sub(8)) else {
         return stop(st, mark::READ_FAIL);
     };
     if r.rbp_off != 0 {
-        match w.copy.word(cfa.wrapping_add((r.rbp_off as i64 * 8) as u64)) {
-            Some(v) => bp = v,
+        let at = cfa.wrapping_add((r.rbp_off as i64 * 8) as u64);
+        match w.copy.peek(at) {
+            Some(v) => {
+                bp = v;
+                st.bp_at = at;
+            }
             None => return stop(st, mark::READ_FAIL),
         }
     }
@@ -216,6 +229,17 @@ extern "C" fn unwind_frame(index: u32, ctx: *mut c_void) -> i64 {
     f.ips[i] = ra;
     st.next(ra, cfa, bp, i, 0);
     0
+}
+
+/// `bp`, now that the unwind depends on it: the read it came from (if one)
+/// is recorded for the memo.
+#[inline(always)]
+fn bp_used(st: &mut Step) -> u64 {
+    if st.bp_at != 0 {
+        unwind_memo::record(st.bp_at, st.bp);
+        st.bp_at = 0;
+    }
+    st.bp
 }
 
 /// One frame by frame pointers, where the code has no table yet: the frame
@@ -264,6 +288,8 @@ fn signal_frame(w: &Walk, st: &mut Step, i: usize, at: u64, rbp_off: i8) -> i64 
     }
     unsafe { (*w.s).frames.ips[i] = ip };
     st.next(ip, sp, bp, i, 1);
+    // Its bp was read (and recorded) from the signal frame.
+    st.bp_at = 0;
     0
 }
 
@@ -298,6 +324,7 @@ fn unwind_user_stack() -> (i32, u32) {
             pending: 0,
             miss: 0,
             tgid: tgid as u64,
+            bp_at: 0,
         };
     }
     let mut w = Walk {

@@ -46,6 +46,19 @@ impl Copy {
         Some(unsafe { (self.buf.add(at) as *const u64).read() })
     }
 
+    /// The word at `addr`, not recorded for the memo until it is used
+    /// (`unwind_memo::record`); a word from outside the copy cannot be, so
+    /// it spoils the memo at once.
+    #[inline(always)]
+    pub(super) fn peek(&self, addr: u64) -> Option<u64> {
+        let off = addr.wrapping_sub(self.base);
+        if addr & 7 == 0 && off + 8 <= self.len && off < WINDOW as u64 {
+            let at = off as usize & (WINDOW - 1);
+            return Some(unsafe { (self.buf.add(at) as *const u64).read() });
+        }
+        self.word(addr)
+    }
+
     /// One read of the stack in use into `buf`, from `sp` (8-aligned down)
     /// up to `top`, the main thread's stack top (a thread's top is unknown:
     /// the rest of sp's page), far cheaper than a read per word. `len` is

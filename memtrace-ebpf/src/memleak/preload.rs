@@ -139,6 +139,15 @@ pub fn ml_preload_batch(ctx: ProbeContext) -> u32 {
     0
 }
 
+/// An exec: the thread's batch was in the image it left (what it held
+/// went with it), and its slots of the memo with it.
+#[inline(always)]
+pub(super) fn left_image(tid: u32) {
+    if ML_BATCHES.remove(&tid).is_ok() {
+        memo::forget(tid);
+    }
+}
+
 /// A thread's exit, before its memory goes: the frees left in its batch.
 #[tracepoint]
 pub fn ml_batch_exit(_ctx: TracePointContext) -> u32 {

@@ -222,12 +222,15 @@ pub fn ml_free(ctx: ProbeContext) -> u32 {
 
 /// An exec ends every call in flight in the old image: their returns never
 /// come (a `-c` command's own exec starts inside one). The old image's
-/// blocks are gone too: noted, for userspace to take them out.
+/// blocks are gone too: noted, for userspace to take them out; and the
+/// shim's batch there (its address would read the new image's memory).
 #[tracepoint]
 pub fn ml_exec(_ctx: TracePointContext) -> u32 {
-    if let Some(s) = pending(bpf_get_current_pid_tgid()) {
+    let id = bpf_get_current_pid_tgid();
+    if let Some(s) = pending(id) {
         s.id = 0;
     }
+    super::preload::left_image(id as u32);
     let tgid = current_tgid();
     if traced(tgid)
         && ML_EXECS

@@ -106,6 +106,51 @@ __attribute__((noinline)) void alternate(int n)
 		alt_a(i);
 }
 
+/* Blocks from a caller that keeps a new value in rbp each call, saved
+ * where its unwind information says (code without frame pointers keeps any
+ * data there: a server's request): the unwind never uses it, so memleak's
+ * memo of the stack must not depend on it. Kept in kept3. */
+void *kept3[8192];
+
+__attribute__((noinline)) void churn_leaf(int i)
+{
+	kept3[i & 8191] = malloc(64);
+	KEEP();
+}
+
+#if defined(__x86_64__)
+/* keep_in_rbp(i): rbp saved (CFI says where), i in it, churn_leaf called. */
+void keep_in_rbp(int i);
+__asm__(".text\n"
+	".globl keep_in_rbp\n"
+	".type keep_in_rbp, @function\n"
+	"keep_in_rbp:\n"
+	".cfi_startproc\n"
+	"push %rbp\n"
+	".cfi_def_cfa_offset 16\n"
+	".cfi_offset %rbp, -16\n"
+	"movslq %edi, %rbp\n"
+	"call churn_leaf\n"
+	"pop %rbp\n"
+	".cfi_def_cfa_offset 8\n"
+	"ret\n"
+	".cfi_endproc\n"
+	".size keep_in_rbp, .-keep_in_rbp\n");
+
+__attribute__((noinline)) int churn_loop(int n)
+{
+	for (int i = 0; i < n; i++)
+		keep_in_rbp(i);
+	return 0;
+}
+#else
+__attribute__((noinline)) int churn_loop(int n)
+{
+	(void)n;
+	return 2;
+}
+#endif
+
 /* Recurses `depth` frames, then touches `n` pages: a stack deeper than an
  * unwinder keeps. */
 __attribute__((noinline)) void deep_recurse(int depth, int n)
@@ -168,7 +213,7 @@ __attribute__((noinline)) void signal_raise(int n)
 int main(int argc, char **argv)
 {
 	if (argc < 3) {
-		fprintf(stderr, "usage: nofp sbrk|touch|leak|alternate|signal N | deep D N | dlopen N LIB\n");
+		fprintf(stderr, "usage: nofp sbrk|touch|leak|alternate|churn|signal N | deep D N | dlopen N LIB\n");
 		return 2;
 	}
 	int n = atoi(argv[2]);
@@ -187,6 +232,8 @@ int main(int argc, char **argv)
 		leak_outer(n);
 	else if (!strcmp(argv[1], "alternate") && n <= 4096)
 		alternate(n);
+	else if (!strcmp(argv[1], "churn") && n <= 8192)
+		return churn_loop(n);
 	else if (!strcmp(argv[1], "deep") && argc > 3)
 		deep_recurse(n, atoi(argv[3]));
 	else if (!strcmp(argv[1], "dlopen") && argc > 3)

@@ -88,7 +88,8 @@ pub fn probes(shim: &Path, pid: Option<u32>) -> Result<(Vec<Probe>, Vec<String>)
     );
     let said = vec![format!(
         "allocator: glibc's, through the shim preloaded from {} (one probe per call, \
-         at a nop, entered by a system call from Linux 6.17 on, else by a trap; sampling done in the process)",
+         at a nop, entered by a system call from Linux 6.17 on, else by a trap; sampling done in the process; \
+         exact, a call from a stack the kernel already unwound is queued in the process with it, from the memo)",
         shim.display()
     )];
     Ok((probes, said))
