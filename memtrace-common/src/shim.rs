@@ -28,6 +28,8 @@ pub const MEMO_READS: usize = 122;
 #[derive(Clone, Copy)]
 pub struct ShimMemo {
     pub seq: u64,
+    /// Writers in the slot (atomic adds): one writes, the others pass.
+    pub busy: u64,
     /// The thread whose unwind it is.
     pub tid: u64,
     /// The frame pointer at the site (the shim's exported function's frame).
@@ -80,6 +82,8 @@ pub const ALLOCATED: u64 = 1 << 63;
 /// Batched frees that found no block (`ML_EARLY_FREES`, by block: the time
 /// of the free): its allocation may still be in another thread's batch.
 pub const EARLY_FREES: u32 = 16384;
+/// Frees kept by block (a power of two).
+pub const EARLY_TIMES: usize = 4;
 
 /// The stack key of a batched allocation by process `tgid`.
 #[inline(always)]
@@ -97,7 +101,7 @@ pub fn entry_key(tgid: u32, stack: u64) -> StackKey {
 crate::names! {
     maps {
         ML_MEMO: u32 => ShimMemo, OnDemand;
-        ML_EARLY_FREES: AllocKey => u64, OnDemand;
+        ML_EARLY_FREES: AllocKey => [u64; EARLY_TIMES], OnDemand;
     }
     globals {}
     progs {}

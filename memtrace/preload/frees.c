@@ -38,9 +38,10 @@
 #define STALE_NS 100000000ull
 #define THREADS 4096
 
-/* memtrace-common's shim::BatchEntry: a free (stack 0) or an allocation
- * (stack | ALLOCATED); an allocation freed in the batch has p 0 and counts
- * `ts` blocks of `size` bytes in all. */
+/* memtrace-common's shim::BatchEntry: a free (stack 0; size 1 when other
+ * threads have batches) or an allocation (stack | ALLOCATED); an
+ * allocation freed in the batch has p 0 and counts `ts` blocks of `size`
+ * bytes in all. */
 struct entry {
   uint64_t p, ts, size, stack;
 };
@@ -71,6 +72,10 @@ static void done_with(struct batch *b) {
   memtrace_batch_site(NULL, b->tid);
 }
 
+/* Threads with a batch: past one, a block one frees may have its
+ * allocation in another's batch still (its frees say so, for the kernel). */
+static _Atomic int nbatches;
+
 static struct batch *_Atomic all[THREADS];
 static __thread struct batch *mine __attribute__((tls_model("initial-exec")));
 /* This thread got no batch (no slot, no memory): per-call sites. */
@@ -95,6 +100,7 @@ static void flush(struct batch *b) {
 static void gone(void *v) {
   struct batch *b = v;
   done_with(b);
+  atomic_fetch_sub(&nbatches, 1);
   atomic_store(&all[b->slot], NULL);
   mine = NULL;
   unbatched = 1;
@@ -102,23 +108,30 @@ static void gone(void *v) {
 }
 
 /* A forked child: the other threads' batches and this one's pending
- * frees are the parent's, which reports its own copies. */
-static void forked(void) {
+ * entries are the parent's, which reports its own copies. Run by the
+ * child's first call into the shim (sites.c sees the fork) or by its
+ * fork handler, whichever is first (another library's fork handler may
+ * allocate before this one runs): once. */
+void memtrace_batches_forked(void) {
+  uint32_t me = (uint32_t)syscall(SYS_gettid);
+  if (mine && mine->tid == me)
+    return;
   for (int i = 0; i < THREADS; i++) {
     struct batch *b = atomic_load_explicit(&all[i], memory_order_relaxed);
     if (b && b != mine)
       atomic_store_explicit(&all[i], NULL, memory_order_relaxed);
   }
+  atomic_store_explicit(&nbatches, mine ? 1 : 0, memory_order_relaxed);
   if (mine) {
     atomic_store_explicit(&mine->n, 0, memory_order_relaxed);
-    mine->tid = (uint32_t)syscall(SYS_gettid);
+    mine->tid = me;
     memtrace_batch_site(mine, mine->tid);
   }
 }
 
 static void setup(void) {
   pthread_key_create(&key, gone);
-  pthread_atfork(NULL, NULL, forked);
+  pthread_atfork(NULL, NULL, memtrace_batches_forked);
 }
 
 static struct batch *get(void) {
@@ -129,11 +142,13 @@ static struct batch *get(void) {
     for (uint32_t i = 0; i < THREADS; i++) {
       struct batch *none = NULL;
       if (atomic_compare_exchange_strong(&all[i], &none, b)) {
+        /* Its thread first: setspecific may allocate, and find it. */
         b->slot = i;
-        mine = b;
-        pthread_setspecific(key, b);
         b->tid = (uint32_t)syscall(SYS_gettid);
         memtrace_batch_site(b, b->tid);
+        atomic_fetch_add(&nbatches, 1);
+        mine = b;
+        pthread_setspecific(key, b);
         return b;
       }
     }
@@ -144,6 +159,7 @@ static struct batch *get(void) {
 }
 
 static struct batch *batch(void) {
+  (void)memtrace_gen(); /* a forked child's batch is set right first */
   struct batch *b = mine;
   if (__builtin_expect(!b, 0) && !unbatched)
     b = get();
@@ -189,7 +205,8 @@ int memtrace_batched_free(void *p) {
   uint32_t n = atomic_load_explicit(&b->n, memory_order_relaxed);
   if (memtrace_memo_on && cancelled(b, n, (uintptr_t)p))
     return 1;
-  queue(b, (struct entry){.p = (uintptr_t)p, .ts = now_ns()});
+  int shared = atomic_load_explicit(&nbatches, memory_order_relaxed) > 1;
+  queue(b, (struct entry){.p = (uintptr_t)p, .ts = now_ns(), .size = (uint64_t)shared});
   return 1;
 }
 

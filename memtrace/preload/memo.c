@@ -15,6 +15,7 @@
  * as before. */
 #define _GNU_SOURCE
 #include <stdint.h>
+#include <stdio.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
@@ -27,7 +28,7 @@
 
 /* memtrace-common's shim::ShimMemo. */
 struct memo {
-  uint64_t seq, tid, bp, site, kind, gen, stack, n;
+  uint64_t seq, busy, tid, bp, site, kind, gen, stack, n;
   uint64_t reads[MEMO_READS][2];
 };
 
@@ -41,6 +42,18 @@ static uint32_t slot_of(uint32_t tid, uint64_t bp) {
   uint32_t group = (uint32_t)(((uint64_t)tid * k) >> 40) & (MEMO_SLOTS / MEMO_WAYS - 1);
   uint32_t way = (uint32_t)(((bp >> 4) * k) >> 60) & (MEMO_WAYS - 1);
   return group * MEMO_WAYS + way;
+}
+
+/* Whether `fd` is a BPF map (the size of whose mapping the kernel checks:
+ * a file shorter than the slots would fault where they are read). */
+static int bpf_map(int fd) {
+  char path[64], link[32];
+  snprintf(path, sizeof path, "/proc/self/fd/%d", fd);
+  ssize_t n = readlink(path, link, sizeof link - 1);
+  if (n <= 0)
+    return 0;
+  link[n] = 0;
+  return strcmp(link, "anon_inode:bpf-map") == 0;
 }
 
 /* The two maps from memtrace at `name` (after "memo="), mapped read-only. */
@@ -69,14 +82,19 @@ void memtrace_memo_init(const char *config) {
   struct msghdr m = {.msg_iov = &io, .msg_iovlen = 1, .msg_control = c.buf,
                      .msg_controllen = sizeof c.buf};
   socklen_t alen = (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 + len);
+  /* Only root's (memtrace's) maps: another server would hand this process
+   * addresses to read. */
+  struct ucred cred;
+  socklen_t clen = sizeof cred;
   if (connect(s, (struct sockaddr *)&a, alen) == 0 &&
+      getsockopt(s, SOL_SOCKET, SO_PEERCRED, &cred, &clen) == 0 && cred.uid == 0 &&
       recvmsg(s, &m, MSG_CMSG_CLOEXEC) == 1) {
     struct cmsghdr *h = CMSG_FIRSTHDR(&m);
     if (h && h->cmsg_type == SCM_RIGHTS && h->cmsg_len == CMSG_LEN(sizeof fds))
       memcpy(fds, CMSG_DATA(h), sizeof fds);
   }
   close(s);
-  if (fds[0] < 0 || fds[1] < 0)
+  if (fds[0] < 0 || fds[1] < 0 || !bpf_map(fds[0]) || !bpf_map(fds[1]))
     goto out;
   /* By system call: the shim's own mmap would report them. */
   void *slots = (void *)syscall(SYS_mmap, NULL, MEMO_SLOTS * sizeof(struct memo), PROT_READ,
@@ -100,7 +118,7 @@ int memtrace_memo_stack(uint32_t tid, uintptr_t bp, uintptr_t site, unsigned kin
                         uint64_t *stack) {
   const struct memo *m = memos + slot_of(tid, bp);
   uint64_t seq = __atomic_load_n(&m->seq, __ATOMIC_ACQUIRE);
-  if (seq & 1 || m->tid != tid || m->bp != bp || m->site != site || m->kind != kind)
+  if (tid == 0 || seq & 1 || m->tid != tid || m->bp != bp || m->site != site || m->kind != kind)
     return 0;
   uint64_t n = m->n;
   if (m->gen != *tables_gen || n > MEMO_READS)
@@ -108,11 +126,17 @@ int memtrace_memo_stack(uint32_t tid, uintptr_t bp, uintptr_t site, unsigned kin
   uint64_t s = m->stack;
   for (uint64_t i = 0; i < n; i++) {
     uintptr_t at = m->reads[i][0];
+    uint64_t want = m->reads[i][1];
     /* Below the frame: the site's return address into the function,
      * which the kind and frame fix. */
     if (at < bp)
       continue;
-    if (*(const uint64_t *)at != m->reads[i][1])
+    /* The slot still this thread's (a writer since could have put
+     * another thread's addresses there): only then is `at` in its stack. */
+    __atomic_thread_fence(__ATOMIC_ACQUIRE);
+    if (__atomic_load_n(&m->seq, __ATOMIC_RELAXED) != seq)
+      return 0;
+    if (*(const uint64_t *)at != want)
       return 0;
   }
   __atomic_thread_fence(__ATOMIC_ACQUIRE);

@@ -36,6 +36,8 @@ int memtrace_memo_stack(uint32_t tid, uintptr_t bp, uintptr_t site, unsigned kin
 /* frees.c: an allocation (and the block it replaces) queued with the stack
  * its memo gives (1), or not (0: it traps). */
 int memtrace_batched_alloc(void *p, size_t size, void *old, unsigned kind, uintptr_t bp);
+/* A forked child's batch, set right once (frees.c). */
+void memtrace_batches_forked(void);
 
 /* sites.c: the hot probe sites by generation (the last one never
  * rewritten), and the one this process may run. */

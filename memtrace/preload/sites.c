@@ -92,4 +92,5 @@ void memtrace_sites_forked(void) {
   if (g < SITE_GENS)
     __atomic_store_n(&memtrace_site_gen, g + 1, __ATOMIC_RELAXED);
   *(volatile char *)memtrace_alive = 1;
+  memtrace_batches_forked();
 }

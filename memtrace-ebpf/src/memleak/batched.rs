@@ -14,23 +14,82 @@ use aya_ebpf::{helpers::bpf_get_current_comm, macros::map, maps::LruHashMap};
 use memtrace_common::{
     loss,
     memleak::{counter, origin, AllocInfo, AllocKey, AllocStats},
-    shim::{entry_key, BatchEntry},
+    shim::{entry_key, BatchEntry, EARLY_TIMES},
     stacks::StackKey,
     TASK_COMM_LEN,
 };
 
-use super::{add, bump, keep, ML_BLOCK, ML_STACKS, USER};
+use super::{add, bump, keep, release_if, Released, ML_BLOCK, ML_STACKS, USER};
 use crate::helpers::count_loss;
 
-/// `shim::EARLY_FREES` with the memo.
+/// `shim::EARLY_FREES` with the memo: by block, the times of frees that may
+/// be of an allocation still in a batch (0: none), a few, for an address
+/// handed from thread to thread.
 #[map]
-static ML_EARLY_FREES: LruHashMap<AllocKey, u64> = LruHashMap::with_max_entries(1, 0);
+static ML_EARLY_FREES: LruHashMap<AllocKey, [u64; EARLY_TIMES]> =
+    LruHashMap::with_max_entries(1, 0);
 
-/// A batched free at `ts` found no block at `k`: kept for the batched
-/// allocation that may still come.
+/// A free at `ts` of the block at `k` that may be of an allocation still in
+/// another thread's batch (it found no block; or, other threads having
+/// batches, the one it released may have been an older block at the same
+/// address): kept for that allocation, in place of the oldest kept.
 #[inline(always)]
 pub(super) fn freed_early(k: &AllocKey, ts: u64) {
-    let _ = ML_EARLY_FREES.insert(k, &ts, 0);
+    if let Some(v) = ML_EARLY_FREES.get_ptr_mut(k) {
+        let v = unsafe { &mut *v };
+        let mut at = 0;
+        for i in 1..EARLY_TIMES {
+            if v[i] < v[at] {
+                at = i;
+            }
+        }
+        v[at] = ts;
+        return;
+    }
+    let mut v = [0; EARLY_TIMES];
+    v[0] = ts;
+    let _ = ML_EARLY_FREES.insert(k, &v, 0);
+}
+
+/// Whether a free kept for `k` came at or after `ts` (the first such is its
+/// allocation's: the block was live until then): taken if so.
+#[inline(always)]
+fn take_early(k: &AllocKey, ts: u64) -> bool {
+    let Some(v) = ML_EARLY_FREES.get_ptr_mut(k) else {
+        return false;
+    };
+    let v = unsafe { &mut *v };
+    let mut at = EARLY_TIMES;
+    for i in 0..EARLY_TIMES {
+        if v[i] >= ts && v[i] != 0 && (at == EARLY_TIMES || v[i] < v[at & (EARLY_TIMES - 1)]) {
+            at = i;
+        }
+    }
+    if at == EARLY_TIMES {
+        return false;
+    }
+    v[at & (EARLY_TIMES - 1)] = 0;
+    true
+}
+
+/// A batched free (`e.size` 1: the process has other threads with
+/// batches): applied to a block allocated before it, kept when it found
+/// none or others' batches may hold a newer block.
+#[inline(always)]
+pub(super) fn batched_free(tgid: u32, e: &BatchEntry) {
+    let k = AllocKey {
+        addr: e.addr,
+        tgid,
+        origin: origin::USER,
+    };
+    match release_if(USER, &k, e.ts_ns) {
+        Released::None => {
+            bump(counter::FREE_UNKNOWN);
+            freed_early(&k, e.ts_ns);
+        }
+        Released::Yes if e.size != 0 => freed_early(&k, e.ts_ns),
+        _ => {}
+    }
 }
 
 /// Applies a batched allocation of process `tgid`.
@@ -56,13 +115,10 @@ pub(super) fn batched(tgid: u32, e: &BatchEntry) {
         origin: origin::USER,
     };
     // Freed already, by a batch that came first.
-    if let Some(&at) = unsafe { ML_EARLY_FREES.get(&k) } {
-        let _ = ML_EARLY_FREES.remove(&k);
-        if at >= e.ts_ns {
-            bump(counter::FREED_EARLY);
-            freed(v, 1, e.size);
-            return;
-        }
+    if take_early(&k, e.ts_ns) {
+        bump(counter::FREED_EARLY);
+        freed(v, 1, e.size);
+        return;
     }
     // The address was handed out again since: this block went before.
     if let Some(old) = unsafe { USER.allocs.get(&k) } {

@@ -14,6 +14,7 @@ use aya_ebpf::{
     macros::map,
     maps::{Array, HashMap},
 };
+use core::intrinsics::{atomic_xadd, AtomicOrdering};
 use memtrace_common::shim::{memo_slot, ShimMemo, MEMO_READS, MEMO_WAYS};
 
 use crate::helpers::unwind_memo;
@@ -39,11 +40,10 @@ pub(super) fn publish(tid: u32, tgid: u32, stack: u64, kind: u64, batches: &Hash
         return;
     };
     let s = unsafe { &mut *slot };
-    // Already there (an allocation that trapped for another reason).
-    if s.tid == tid as u64 && s.bp == m.bp && s.stack == stack && s.site == m.ip {
-        if s.kind == kind && s.gen == m.gen {
-            return;
-        }
+    // One writer at a time (another CPU's thread may share the slot): a
+    // torn slot could name one thread with another's words.
+    if !claim(s) {
+        return;
     }
     let seq = s.seq | 1;
     write(&mut s.seq, seq);
@@ -62,6 +62,30 @@ pub(super) fn publish(tid: u32, tgid: u32, stack: u64, kind: u64, batches: &Hash
     write(&mut s.n, if ok { m.n } else { 0 });
     // Left odd (unusable) when the copy failed.
     write(&mut s.seq, if ok { seq + 1 } else { seq });
+    release(s);
+}
+
+/// Takes the slot for this writer: an atomic add (its result unused: the
+/// one read-modify-write every BPF target has), then the count seen alone,
+/// or the add taken back. Of writers that overlap, at most one sees 1.
+#[inline(always)]
+fn claim(s: &mut ShimMemo) -> bool {
+    add(&mut s.busy, 1);
+    if unsafe { core::ptr::read_volatile(&s.busy) } == 1 {
+        return true;
+    }
+    release(s);
+    false
+}
+
+#[inline(always)]
+fn release(s: &mut ShimMemo) {
+    add(&mut s.busy, u64::MAX);
+}
+
+#[inline(always)]
+fn add(at: &mut u64, v: u64) {
+    unsafe { atomic_xadd::<u64, u64, { AtomicOrdering::SeqCst }>(at, v) };
 }
 
 /// Thread `tid`'s slots go (its batch went, or it exited): a thread that
@@ -72,11 +96,13 @@ pub(super) fn forget(tid: u32) {
     for w in 0..MEMO_WAYS {
         if let Some(slot) = ML_MEMO.get_ptr_mut(first + w) {
             let s = unsafe { &mut *slot };
-            if s.tid == tid as u64 {
+            if s.tid == tid as u64 && claim(s) {
                 let seq = s.seq | 1;
                 write(&mut s.seq, seq);
                 write(&mut s.tid, 0);
+                write(&mut s.n, 0);
                 write(&mut s.seq, seq + 1);
+                release(s);
             }
         }
     }

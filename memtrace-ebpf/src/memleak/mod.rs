@@ -13,7 +13,7 @@ use aya_ebpf::{
 use memtrace_common::{
     loss,
     memleak::{
-        counter, origin, AllocInfo, AllocKey, AllocStats, MemleakConfig, PendingAlloc, PendingSlot,
+        counter, AllocInfo, AllocKey, AllocStats, MemleakConfig, PendingAlloc, PendingSlot,
         PENDING_SLOTS, SAMPLE_G, SAMPLE_STEP, SAMPLE_STEPS, WEIGHT_ONE,
     },
     stacks::StackKey,
@@ -303,19 +303,17 @@ fn tracked(t: Tables, tgid: u32, addr: u64, origin: u32) -> bool {
 /// A batched free at `ts`: the block there is released only if it was
 /// allocated before (else the address was handed out again since, and that
 /// allocation released the block this free was for).
+// The compat object's batches (frees only); with the memo, `batched`.
+#[cfg(feature = "compat")]
 #[inline(always)]
 fn release_before(t: Tables, tgid: u32, addr: u64, ts: u64) {
     let k = AllocKey {
         addr,
         tgid,
-        origin: origin::USER,
+        origin: memtrace_common::memleak::origin::USER,
     };
     if release_if(t, &k, ts) == Released::None {
         bump(counter::FREE_UNKNOWN);
-        // Its block may be in another thread's batch still.
-        if MEMLEAK_CFG.load().shim_memo != 0 {
-            batched::freed_early(&k, ts);
-        }
     }
 }
 

@@ -16,9 +16,11 @@ use memtrace_common::{
 };
 
 #[cfg(not(feature = "compat"))]
-use super::batched::batched;
+use super::batched::{batched, batched_free};
+#[cfg(feature = "compat")]
+use super::release_before;
 use super::user::traced;
-use super::{add, bump, memo, record_stacks, release, release_before, weigh, USER};
+use super::{add, bump, memo, record_stacks, release, weigh, USER};
 use crate::helpers::{capture_stacks, count_loss, current_tgid, Stacks, NO_PREALLOC};
 #[cfg(not(feature = "compat"))]
 use memtrace_common::shim::ALLOCATED;
@@ -155,6 +157,11 @@ pub fn ml_batch_exit(_ctx: TracePointContext) -> u32 {
     let Some(&at) = (unsafe { ML_BATCHES.get(&(id as u32)) }) else {
         return 0;
     };
+    // A thread number taken again by a stranger: not its batch.
+    if !traced((id >> 32) as u32) {
+        let _ = ML_BATCHES.remove(&(id as u32));
+        return 0;
+    }
     let _ = ML_BATCHES.remove(&(id as u32));
     memo::forget(id as u32);
     match unsafe { bpf_probe_read_user(at as *const u32) } {
@@ -234,7 +241,7 @@ extern "C" fn apply_entry(i: u32, ctx: *mut core::ffi::c_void) -> i64 {
     let b = unsafe { &*(ctx as *const Batch) };
     let e = &b.entries[i as usize & (FREE_BATCH as usize - 1)];
     if e.stack & ALLOCATED == 0 {
-        release_before(USER, b.tgid, e.addr, e.ts_ns);
+        batched_free(b.tgid, e);
     } else {
         batched(b.tgid, e);
     }

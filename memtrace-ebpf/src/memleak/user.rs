@@ -39,9 +39,24 @@ const MMAP_FLOOR: u64 = 128 * 1024;
 
 #[inline(always)]
 pub(super) fn free_user(tgid: u32, addr: u64) {
-    if addr != 0 && !release(USER, tgid, addr, origin::USER) && MEMLEAK_CFG.load().sample_bytes == 0
-    {
+    if addr == 0 {
+        return;
+    }
+    let c = MEMLEAK_CFG.load();
+    let released = release(USER, tgid, addr, origin::USER);
+    if !released && c.sample_bytes == 0 {
         bump(counter::FREE_UNKNOWN);
+    }
+    // A free on its own (a thread with no batch) while others queue
+    // allocations: theirs may be of this block.
+    #[cfg(not(feature = "compat"))]
+    if c.shim_memo != 0 {
+        let k = memtrace_common::memleak::AllocKey {
+            addr,
+            tgid,
+            origin: origin::USER,
+        };
+        super::batched::freed_early(&k, unsafe { bpf_ktime_get_ns() });
     }
 }
 

@@ -23,7 +23,9 @@ pub fn name() -> String {
 }
 
 /// Serves `fds` (the slots, the generation) at `name` on a thread of its
-/// own, for as long as memtrace runs.
+/// own, for as long as memtrace runs. The descriptors can write (this
+/// kernel refuses to map a read-only one): a process of the command's own
+/// tree could change what the others read, as it could anything of theirs.
 pub fn serve(name: &str, fds: [OwnedFd; 2]) -> io::Result<()> {
     let addr = SocketAddr::from_abstract_name(name.as_bytes())?;
     let listener = UnixListener::bind_addr(&addr)?;

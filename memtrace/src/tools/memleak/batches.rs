@@ -84,10 +84,16 @@ pub fn pending(s: &Traced) -> Pending {
             None => true,
         }
     });
-    for (k, ts) in s.hash_entries(ML_EARLY_FREES) {
+    // Frees the kernel keeps for allocations still in batches: each takes
+    // the first such allocation at or before it, as the kernel will.
+    for (k, times) in s.hash_entries(ML_EARLY_FREES) {
         let AllocKey { addr, tgid, .. } = k;
+        let mut times: Vec<u64> = times.into_iter().filter(|&t| t != 0).collect();
+        times.sort_unstable();
         for &i in at.get(&(tgid, addr)).into_iter().flatten() {
-            if allocs[i].is_some_and(|a| a.2 <= ts) {
+            let Some(a) = allocs[i] else { continue };
+            if let Some(j) = times.iter().position(|&t| t >= a.2) {
+                times.remove(j);
                 allocs[i] = None;
             }
         }
