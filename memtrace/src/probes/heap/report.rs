@@ -166,13 +166,6 @@ pub fn outstanding(
             h.0 += a.weight;
             h.1 += a.weight_bytes;
         }
-        for &(k, _, ts, size) in args.pending_allocs {
-            if ts >= phase.since_ns && now.saturating_sub(ts) >= min_age && shown(k.tgid) {
-                let h = held.entry(k).or_default();
-                h.0 += 1;
-                h.1 += size;
-            }
-        }
     } else {
         for (k, v) in &stats {
             // Less what went with an exec of the image that made it.
@@ -184,10 +177,18 @@ pub fn outstanding(
                 held.insert(*k, (n, b));
             }
         }
-        for &(k, _, _, size) in args.pending_allocs.iter().filter(|a| shown(a.0.tgid)) {
-            let h = held.entry(k).or_default();
-            h.0 += 1;
-            h.1 += size;
+    }
+    // Allocations still in the shim's batches are held (in the phase and
+    // past the age asked for, as the table's).
+    if !args.pending_allocs.is_empty() {
+        let now = monotonic_ns();
+        let min_age = args.older.map_or(0, |d| d.as_nanos() as u64);
+        for &(k, _, ts, size) in args.pending_allocs {
+            if ts >= phase.since_ns && now.saturating_sub(ts) >= min_age && shown(k.tgid) {
+                let h = held.entry(k).or_default();
+                h.0 += 1;
+                h.1 += size;
+            }
         }
     }
     let mut top: Vec<(StackKey, (u64, u64))> = held.into_iter().filter(|(_, h)| h.0 > 0).collect();
