@@ -59,7 +59,10 @@ pub mod counter {
     /// Batched allocations whose block a free had already released (it
     /// came from another thread's batch first, `ML_EARLY_FREES`).
     pub const FREED_EARLY: u32 = 8;
-    pub const NR: u32 = 9;
+    /// Children of the command exec'd with LD_PRELOAD removed from their
+    /// environment (on purpose: `env -i`): the shim obeys, they are lost.
+    pub const UNPRELOADED: u32 = 9;
+    pub const NR: u32 = 10;
 }
 
 #[repr(C)]

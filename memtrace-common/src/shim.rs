@@ -30,7 +30,9 @@ pub struct ShimMemo {
     pub seq: u64,
     /// Writers in the slot (atomic adds): one writes, the others pass.
     pub busy: u64,
-    /// The thread whose unwind it is.
+    /// The thread whose unwind it is (low 32 bits) and its process (high):
+    /// the shim takes only its own process's slots (a thread number can be
+    /// another process's since).
     pub tid: u64,
     /// The frame pointer at the site (the shim's exported function's frame).
     pub bp: u64,

@@ -5,12 +5,15 @@
  *   handle, which finds glibc's and not the shim's: those calls were never
  *   seen. The shim's dlsym gives its own function wherever the lookup
  *   finds the one the shim forwards to.
- * - exec with an environment of its own: `LD_PRELOAD=lib prog` in a shell,
- *   `env -i`, or a program that builds its children's environment drops
- *   the shim from them. The shim's execve, execvpe, fexecve and
+ * - exec with a preload of its own: `LD_PRELOAD=lib prog` in a shell
+ *   replaces the shim's entry. The shim's execve, execvpe, fexecve and
  *   posix_spawn(p) put it back first in LD_PRELOAD (before the command's
  *   own preloads, whose allocator it then forwards to), with its sampling
  *   rate.
+ * - exec with LD_PRELOAD removed (`env -i`, an environment built without
+ *   it): the program asked its children not to preload anything, and is
+ *   obeyed. The exec is counted (the hello site's `lost`), and memtrace
+ *   says how many children were lost that way.
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
@@ -147,7 +150,13 @@ static char **with_shim(char *const envp[], size_t *len) {
     else if (starts(envp[n], "MEMTRACE_PRELOAD_SAMPLE="))
       has_sample = 1;
   }
-  int has_self = pre && listed(pre);
+  /* Removed on purpose: obeyed, and said (if the exec then fails, a
+   * child is counted lost that never was). */
+  if (!pre) {
+    memtrace_exec_unpreloaded();
+    return NULL;
+  }
+  int has_self = listed(pre);
   if (has_self && has_sample)
     return NULL;
   *len = (n + 3) * sizeof(char *) + 11 + strlen(self) + 1 + (pre ? strlen(pre) : 0) + 1;
@@ -202,6 +211,32 @@ EXPORT int fexecve(int fd, char *const argv[], char *const envp[]) {
 EXPORT int execvpe(const char *file, char *const argv[], char *const envp[]) {
   int (*f)(const char *, char *const[], char *const[]) = past_shim("execvpe");
   return WITH_SHIM(envp, f ? f(file, argv, env) : -1);
+}
+
+/* exec by the process's own environment: nothing to put back, but one
+ * that dropped LD_PRELOAD (`env -i` clears it, then calls execvp) loses
+ * the child, which is said. */
+static void check_environ(void) {
+  extern char **environ;
+  size_t n = 0;
+  char **e = environ;
+  for (; e && e[n]; n++)
+    if (starts(e[n], "LD_PRELOAD="))
+      return;
+  if (self[0])
+    memtrace_exec_unpreloaded();
+}
+
+EXPORT int execvp(const char *file, char *const argv[]) {
+  int (*f)(const char *, char *const[]) = past_shim("execvp");
+  check_environ();
+  return f ? f(file, argv) : -1;
+}
+
+EXPORT int execv(const char *path, char *const argv[]) {
+  int (*f)(const char *, char *const[]) = past_shim("execv");
+  check_environ();
+  return f ? f(path, argv) : -1;
 }
 
 typedef int (*spawn_fn)(pid_t *, const char *, const posix_spawn_file_actions_t *,

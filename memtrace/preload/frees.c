@@ -53,11 +53,21 @@ struct batch {
   uint32_t slot;
   uint64_t first;
   struct entry e[BATCH];
-  uint32_t tid;
+  uint32_t tid, tgid;
+  struct batch *next; /* on the spare list */
 };
 
 /* `n` entries at `e`. */
-SITE void memtrace_frees_site(UNUSED struct entry *e, UNUSED unsigned long n) { NOP; }
+#ifdef MEMTRACE_SHIM_TEST
+void memtrace_test_frees(const struct entry *e, unsigned long n); /* test/shim_test.c */
+#define TEST_FREES(e, n) memtrace_test_frees(e, n)
+#else
+#define TEST_FREES(e, n) ((void)0)
+#endif
+SITE void memtrace_frees_site(UNUSED struct entry *e, UNUSED unsigned long n) {
+  NOP;
+  TEST_FREES(e, n);
+}
 /* Thread `tid`'s batch (NULL: none any more): memtrace keeps it by
  * thread, and reports what is left in it when the thread exits without
  * the shim's help (_exit, a signal), where the kernel's exit tracepoint
@@ -96,6 +106,17 @@ static void flush(struct batch *b) {
   atomic_store_explicit(&b->n, 0, memory_order_release);
 }
 
+/* Batches of threads gone, for threads to come: never unmapped, since
+ * memtrace_flush_all at the process's exit may still be reading one that
+ * it found in `all` just before its thread let it go. */
+static struct batch *spare;
+static atomic_flag spare_lock = ATOMIC_FLAG_INIT;
+
+static void lock_spare(void) {
+  while (atomic_flag_test_and_set_explicit(&spare_lock, memory_order_acquire))
+    ;
+}
+
 /* A thread's exit: its frees, then its batch let go. */
 static void gone(void *v) {
   struct batch *b = v;
@@ -104,7 +125,10 @@ static void gone(void *v) {
   atomic_store(&all[b->slot], NULL);
   mine = NULL;
   unbatched = 1;
-  syscall(SYS_munmap, b, sizeof *b);
+  lock_spare();
+  b->next = spare;
+  spare = b;
+  atomic_flag_clear_explicit(&spare_lock, memory_order_release);
 }
 
 /* A forked child: the other threads' batches and this one's pending
@@ -125,6 +149,7 @@ void memtrace_batches_forked(void) {
   if (mine) {
     atomic_store_explicit(&mine->n, 0, memory_order_relaxed);
     mine->tid = me;
+    mine->tgid = (uint32_t)getpid();
     memtrace_batch_site(mine, mine->tid);
   }
 }
@@ -136,15 +161,24 @@ static void setup(void) {
 
 static struct batch *get(void) {
   pthread_once(&once, setup);
-  struct batch *b = (void *)syscall(SYS_mmap, NULL, sizeof *b, PROT_READ | PROT_WRITE,
-                                    MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  lock_spare();
+  struct batch *b = spare;
+  if (b)
+    spare = b->next;
+  atomic_flag_clear_explicit(&spare_lock, memory_order_release);
+  if (!b)
+    b = (void *)syscall(SYS_mmap, NULL, sizeof *b, PROT_READ | PROT_WRITE,
+                        MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   if (b != MAP_FAILED) {
+    /* Its thread before it is seen in `all` (flush_all reads it). */
+    atomic_store_explicit(&b->n, 0, memory_order_relaxed);
+    b->tid = (uint32_t)syscall(SYS_gettid);
+    b->tgid = (uint32_t)getpid();
     for (uint32_t i = 0; i < THREADS; i++) {
       struct batch *none = NULL;
       if (atomic_compare_exchange_strong(&all[i], &none, b)) {
         /* Its thread first: setspecific may allocate, and find it. */
         b->slot = i;
-        b->tid = (uint32_t)syscall(SYS_gettid);
         memtrace_batch_site(b, b->tid);
         atomic_fetch_add(&nbatches, 1);
         mine = b;
@@ -152,7 +186,10 @@ static struct batch *get(void) {
         return b;
       }
     }
-    syscall(SYS_munmap, b, sizeof *b);
+    lock_spare();
+    b->next = spare;
+    spare = b;
+    atomic_flag_clear_explicit(&spare_lock, memory_order_release);
   }
   unbatched = 1;
   return NULL;
@@ -214,7 +251,7 @@ int memtrace_batched_alloc(void *p, size_t size, void *old, unsigned kind, uintp
   struct batch *b = batch();
   uint64_t stack;
   uintptr_t site = (uintptr_t)memtrace_alloc_sites[memtrace_gen()];
-  if (!b || !memtrace_memo_stack(b->tid, bp, site, kind, &stack))
+  if (!b || !memtrace_memo_stack(b->tid, b->tgid, bp, site, kind, &stack))
     return 0;
   if (old)
     memtrace_batched_free(old);

@@ -8,12 +8,14 @@
  * same frame with those words unchanged would unwind the same: the shim
  * queues the allocation in its batch with that stack (frees.c).
  *
- * memtrace hands the two maps (the slots, and the tables' generation)
+ * memtrace hands the slots' map (frozen) and the tables' generation (a
+ * sealed memfd page), neither mappable writable,
  * over a Unix socket it names in MEMTRACE_PRELOAD_SAMPLE ("N,memo=NAME",
  * an abstract address), to processes it traces only. Without them (no
  * socket, a process that closed it, `memleak -p`) every allocation traps
  * as before. */
 #define _GNU_SOURCE
+#include <fcntl.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>
@@ -28,7 +30,7 @@
 
 /* memtrace-common's shim::ShimMemo. */
 struct memo {
-  uint64_t seq, busy, tid, bp, site, kind, gen, stack, n;
+  uint64_t seq, busy, tid /* | tgid << 32 */, bp, site, kind, gen, stack, n;
   uint64_t reads[MEMO_READS][2];
 };
 
@@ -56,7 +58,16 @@ static int bpf_map(int fd) {
   return strcmp(link, "anon_inode:bpf-map") == 0;
 }
 
-/* The two maps from memtrace at `name` (after "memo="), mapped read-only. */
+/* Whether `fd` is memtrace's sealed generation page: a memfd no one can
+ * write or resize any more. */
+static int sealed_page(int fd) {
+  int seals = fcntl(fd, F_GET_SEALS);
+  int want = F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_FUTURE_WRITE | F_SEAL_SEAL;
+  return seals >= 0 && (seals & want) == want;
+}
+
+/* The slots' map and the generation page from memtrace at `name` (after
+ * "memo="), mapped read-only. */
 void memtrace_memo_init(const char *config) {
   const char *name = config ? strstr(config, ",memo=") : NULL;
   if (!name)
@@ -94,7 +105,7 @@ void memtrace_memo_init(const char *config) {
       memcpy(fds, CMSG_DATA(h), sizeof fds);
   }
   close(s);
-  if (fds[0] < 0 || fds[1] < 0 || !bpf_map(fds[0]) || !bpf_map(fds[1]))
+  if (fds[0] < 0 || fds[1] < 0 || !bpf_map(fds[0]) || !sealed_page(fds[1]))
     goto out;
   /* By system call: the shim's own mmap would report them. */
   void *slots = (void *)syscall(SYS_mmap, NULL, MEMO_SLOTS * sizeof(struct memo), PROT_READ,
@@ -112,21 +123,34 @@ out:
       close(fds[i]);
 }
 
+#ifdef MEMTRACE_SHIM_TEST
+/* The test's own slots and generation (test/shim_test.c). */
+void memtrace_memo_test_set(const void *slots, const volatile uint32_t *gen) {
+  tables_gen = gen;
+  memos = slots;
+  __atomic_store_n(&memtrace_memo_on, 1, __ATOMIC_RELEASE);
+}
+#endif
+
 /* The stack of an allocation from `kind` (the shim's function) in frame
  * `bp` of thread `tid`, about to call `site`, if its slot holds it. */
-int memtrace_memo_stack(uint32_t tid, uintptr_t bp, uintptr_t site, unsigned kind,
+int memtrace_memo_stack(uint32_t tid, uint32_t tgid, uintptr_t bp, uintptr_t site, unsigned kind,
                         uint64_t *stack) {
   const struct memo *m = memos + slot_of(tid, bp);
+  /* The slot's words, which a writer may be changing: atomic (relaxed)
+   * loads, checked by the seqlock; plain ones would be a data race. */
+#define SLOT(f) __atomic_load_n(&m->f, __ATOMIC_RELAXED)
   uint64_t seq = __atomic_load_n(&m->seq, __ATOMIC_ACQUIRE);
-  if (tid == 0 || seq & 1 || m->tid != tid || m->bp != bp || m->site != site || m->kind != kind)
+  if (tid == 0 || seq & 1 || SLOT(tid) != ((uint64_t)tgid << 32 | tid) || SLOT(bp) != bp ||
+      SLOT(site) != site || SLOT(kind) != kind)
     return 0;
-  uint64_t n = m->n;
-  if (m->gen != *tables_gen || n > MEMO_READS)
+  uint64_t n = SLOT(n);
+  if (SLOT(gen) != *tables_gen || n > MEMO_READS)
     return 0;
-  uint64_t s = m->stack;
+  uint64_t s = SLOT(stack);
   for (uint64_t i = 0; i < n; i++) {
-    uintptr_t at = m->reads[i][0];
-    uint64_t want = m->reads[i][1];
+    uintptr_t at = SLOT(reads[i][0]);
+    uint64_t want = SLOT(reads[i][1]);
     /* Below the frame: the site's return address into the function,
      * which the kind and frame fix. */
     if (at < bp)
@@ -144,4 +168,5 @@ int memtrace_memo_stack(uint32_t tid, uintptr_t bp, uintptr_t site, unsigned kin
     return 0;
   *stack = s;
   return 1;
+#undef SLOT
 }

@@ -68,7 +68,9 @@ enum {
 
 /* The probe sites (sites.c has the hot ones). Each begins with shim.h's NOP. */
 #define UNUSED __attribute__((unused))
-SITE void memtrace_hello_site(UNUSED unsigned long sample) { NOP; }
+/* `lost`: 0 when the shim starts in a process; 1 for an exec of a child
+ * that will not preload it (its environment dropped LD_PRELOAD). */
+SITE void memtrace_hello_site(UNUSED unsigned long sample, UNUSED unsigned long lost) { NOP; }
 
 
 
@@ -93,8 +95,10 @@ INLINE unsigned long sample_bytes(void) {
 __attribute__((constructor)) static void hello(void) {
   memtrace_sites_init();
   memtrace_memo_init(getenv("MEMTRACE_PRELOAD_SAMPLE"));
-  memtrace_hello_site(sample_bytes());
+  memtrace_hello_site(sample_bytes(), 0);
 }
+
+void memtrace_exec_unpreloaded(void) { memtrace_hello_site(sample_bytes(), 1); }
 
 /* Per thread: bytes left before the next sample, allocations not sampled
  * since the last report of them (with a free), and a random state (0 until

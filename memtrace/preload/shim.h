@@ -28,9 +28,11 @@ int memtrace_forget(uintptr_t p);
 #define MEMO_WAYS 8
 #define MEMO_READS 122
 #define KIND_SHIFT 8
+/* memtrace_preload.c: an exec whose environment dropped LD_PRELOAD. */
+void memtrace_exec_unpreloaded(void);
 extern int memtrace_memo_on;
 void memtrace_memo_init(const char *config);
-int memtrace_memo_stack(uint32_t tid, uintptr_t bp, uintptr_t site, unsigned kind,
+int memtrace_memo_stack(uint32_t tid, uint32_t tgid, uintptr_t bp, uintptr_t site, unsigned kind,
                         uint64_t *stack);
 
 /* frees.c: an allocation (and the block it replaces) queued with the stack

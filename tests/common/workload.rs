@@ -37,11 +37,15 @@ impl Workload {
         f: impl FnOnce(&mut Command),
     ) -> Workload {
         let mut c = Command::new(bin);
-        c.arg("--wait")
-            .args(args)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped());
+        c.arg("--wait").args(args);
         f(&mut c);
+        Self::spawn(c)
+    }
+
+    /// The workload as `c` runs it (a wrapper that ends by exec'ing it with
+    /// --wait: its pid is the wrapper's).
+    pub fn spawn(mut c: Command) -> Workload {
+        c.stdin(Stdio::piped()).stdout(Stdio::piped());
         let mut child = c.spawn().expect("spawn workload");
         let mut line = String::new();
         let mut stdout = BufReader::new(child.stdout.take().unwrap());

@@ -78,7 +78,7 @@ fn connections_past_the_bound_are_answered_503_at_once() {
 /// A process name with an ESC in it is a label with the byte written out,
 /// never sent raw to whatever shows the page.
 #[test]
-fn serve_drops_its_capabilities_and_writes_out_control_bytes() {
+fn serve_becomes_nobody_without_capabilities_and_writes_out_control_bytes() {
     let port = free_port();
     let t = serve(port, &["--max-series", "10000"]);
     let _ = settle(port, |m| m.contains("memtrace_page_faults_total{"));
@@ -95,6 +95,15 @@ fn serve_drops_its_capabilities_and_writes_out_control_bytes() {
         assert_eq!(field(cap), "0000000000000000", "{cap}\n{status}");
     }
     assert_eq!(field("NoNewPrivs:"), "1", "{status}");
+    // Not root any more: a capability-less uid 0 still owns root's files.
+    let uids: Vec<&str> = status
+        .lines()
+        .find_map(|l| l.strip_prefix("Uid:"))
+        .unwrap()
+        .split_whitespace()
+        .collect();
+    assert_eq!(uids, ["65534"; 4], "{status}");
+    assert_eq!(field("Groups:"), "", "{status}");
     // Its threads too (the HTTP ones start after the drop).
     for task in std::fs::read_dir(format!("/proc/{}/task", t.pid())).unwrap() {
         let st = std::fs::read_to_string(task.unwrap().path().join("status")).unwrap_or_default();

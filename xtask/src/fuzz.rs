@@ -9,7 +9,14 @@ use anyhow::{bail, Context, Result};
 use crate::{root, sh};
 
 /// The targets, as fuzz/Cargo.toml names them.
-pub const TARGETS: [&str; 5] = ["tracefs_format", "btf", "proc_maps", "elf", "record"];
+pub const TARGETS: [&str; 6] = [
+    "tracefs_format",
+    "btf",
+    "proc_maps",
+    "elf",
+    "record",
+    "ktables_build",
+];
 
 pub fn run(only: Option<&str>, seconds: u64) -> Result<()> {
     let targets: Vec<&str> = match only {
@@ -70,6 +77,41 @@ fn install() -> Result<()> {
     if !have {
         println!("xtask: fuzz: installing cargo-fuzz");
         sh(Command::new("cargo").args(["install", "cargo-fuzz", "--locked"]))?;
+    }
+    Ok(())
+}
+
+/// Every fuzz target compiles (a `cargo check` of the fuzz crate, without
+/// the eBPF objects): a move in memtrace that breaks one fails the tests,
+/// not the next person who fuzzes.
+pub fn check() -> Result<()> {
+    let root = crate::root();
+    let st = std::process::Command::new("cargo")
+        .args(["check", "--quiet", "--bins", "--manifest-path"])
+        .arg(root.join("fuzz/Cargo.toml"))
+        .arg("--target-dir")
+        .arg(crate::target_dir().join("fuzz-check"))
+        .env("MEMTRACE_NO_EBPF", "1")
+        .status()?;
+    if !st.success() {
+        bail!("the fuzz targets do not build (fuzz/fuzz_targets)");
+    }
+    println!("xtask: the {} fuzz targets build", TARGETS.len());
+    Ok(())
+}
+
+/// The shim's C test under ASan and TSan (memtrace/preload/test/run.sh):
+/// batches flushed by threads at exit, the memo's seqlock reader.
+pub fn shim_sanitizers() -> Result<()> {
+    let script = crate::root().join("memtrace/preload/test/run.sh");
+    let out = std::process::Command::new("bash").arg(&script).output()?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    for l in text.lines().filter(|l| !l.ends_with(" failed")) {
+        println!("xtask: shim under {l}");
+    }
+    if !out.status.success() {
+        eprintln!("{}", String::from_utf8_lossy(&out.stderr));
+        bail!("the shim's sanitizer test failed");
     }
     Ok(())
 }

@@ -155,6 +155,8 @@ fn main() -> Result<()> {
             let skips = tests::skip_log();
             let _ = std::fs::remove_file(&skips);
             let built = tests::build()?;
+            fuzz::check()?;
+            fuzz::shim_sanitizers()?;
             kernels::build_arm64()?;
             // The guests boot beside the tests that run alone, at the
             // lowest CPU priority (boot.rs): one test at a time mostly

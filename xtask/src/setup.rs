@@ -10,6 +10,11 @@ use anyhow::{bail, Context, Result};
 
 use crate::{output, root, sh, target_dir};
 
+/// The bpf-linker the eBPF objects are linked and checked with: its code
+/// generation decides how much stack the programs take, which the
+/// verifier bounds (a newer release is taken on purpose, not by chance).
+const BPF_LINKER: &str = "0.13.0";
+
 /// The `channel` of `memtrace-ebpf/rust-toolchain.toml`, e.g. `nightly-2026-05-20`.
 pub fn pinned_nightly() -> Result<String> {
     let file = root().join("memtrace-ebpf/rust-toolchain.toml");
@@ -134,10 +139,13 @@ pub fn setup() -> Result<()> {
             &tc,
         ]))?;
     }
-    if works(&mut rustup(&["run", &tc, "bpf-linker", "--version"])) {
+    let have = output(&mut rustup(&["run", &tc, "bpf-linker", "--version"]));
+    if have.as_deref().is_some_and(|v| v.contains(BPF_LINKER)) {
         return Ok(());
     }
-    eprintln!("xtask: installing bpf-linker, built against {tc}'s LLVM (about a minute)");
+    eprintln!(
+        "xtask: installing bpf-linker {BPF_LINKER}, built against {tc}'s LLVM (about a minute)"
+    );
     let sysroot = output(&mut rustup(&["run", &tc, "rustc", "--print", "sysroot"]))
         .context("the pinned nightly's sysroot")?;
     let lib = Path::new(sysroot.trim()).join("lib");
@@ -166,6 +174,9 @@ pub fn setup() -> Result<()> {
         .args([
             "install",
             "bpf-linker",
+            "--version",
+            &format!("={BPF_LINKER}"),
+            "--force",
             "--locked",
             "--no-default-features",
             "--features",

@@ -47,7 +47,10 @@ pub(super) fn publish(tid: u32, tgid: u32, stack: u64, kind: u64, batches: &Hash
     }
     let seq = s.seq | 1;
     write(&mut s.seq, seq);
-    write(&mut s.tid, tid as u64);
+    // tgid << 32 | tid, of the thread whose call this is.
+    write(&mut s.tid, unsafe {
+        aya_ebpf::helpers::bpf_get_current_pid_tgid()
+    });
     write(&mut s.bp, m.bp);
     write(&mut s.site, m.ip);
     write(&mut s.kind, kind);
@@ -96,7 +99,7 @@ pub(super) fn forget(tid: u32) {
     for w in 0..MEMO_WAYS {
         if let Some(slot) = ML_MEMO.get_ptr_mut(first + w) {
             let s = unsafe { &mut *slot };
-            if s.tid == tid as u64 && claim(s) {
+            if s.tid as u32 == tid && claim(s) {
                 let seq = s.seq | 1;
                 write(&mut s.seq, seq);
                 write(&mut s.tid, 0);

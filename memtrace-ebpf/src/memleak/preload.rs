@@ -41,9 +41,10 @@ pub fn ml_preload_alloc(ctx: ProbeContext) -> u32 {
     if !traced(tgid) {
         return 0;
     }
-    let arg = |i| ctx.arg::<u64>(i).unwrap_or(0);
-    let (p, size, old, from, w) = (arg(0), arg(1), arg(2), arg(4), arg(5));
-    let (from, kind) = (from & 0xff, from >> KIND_SHIFT);
+    let (p, size) = (
+        ctx.arg::<u64>(0).unwrap_or(0),
+        ctx.arg::<u64>(1).unwrap_or(0),
+    );
     // The stacks first, before any other branch: with the in-kernel
     // unwinder, each path into it is one more walk of it for the verifier.
     let st = if p != 0 {
@@ -51,6 +52,18 @@ pub fn ml_preload_alloc(ctx: ProbeContext) -> u32 {
     } else {
         Stacks::NONE
     };
+    keep_alloc(&ctx, tgid, &st)
+}
+
+/// The rest of `ml_preload_alloc`, in a frame of its own: its locals are
+/// not on the stack while the unwinder's frames are (the verifier bounds
+/// the frames of a call chain together).
+#[inline(never)]
+fn keep_alloc(ctx: &ProbeContext, tgid: u32, st: &Stacks) -> u32 {
+    let st = *st;
+    let arg = |i| ctx.arg::<u64>(i).unwrap_or(0);
+    let (p, size, old, from, w) = (arg(0), arg(1), arg(2), arg(4), arg(5));
+    let (from, kind) = (from & 0xff, from >> KIND_SHIFT);
     if old != 0 {
         release(USER, tgid, old, origin::USER);
     }
@@ -260,9 +273,12 @@ pub fn ml_preload_full(_ctx: ProbeContext) -> u32 {
 
 /// `memtrace_hello_site(sample)`: a process loaded the shim.
 #[uprobe]
-pub fn ml_preload_hello(_ctx: ProbeContext) -> u32 {
+pub fn ml_preload_hello(ctx: ProbeContext) -> u32 {
     if traced(current_tgid()) {
-        bump(counter::PRELOADED);
+        match ctx.arg::<u64>(1) {
+            Some(1) => bump(counter::UNPRELOADED),
+            _ => bump(counter::PRELOADED),
+        }
     }
     0
 }

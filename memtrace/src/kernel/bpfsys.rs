@@ -129,6 +129,27 @@ pub unsafe fn call_fd<T>(cmd: libc::c_long, attr: &T) -> io::Result<OwnedFd> {
     Ok(unsafe { OwnedFd::from_raw_fd(r as i32) })
 }
 
+pub const BPF_MAP_FREEZE: libc::c_long = 22;
+
+/// `BPF_MAP_FREEZE`'s attribute: the map's descriptor.
+#[repr(C)]
+struct MapFd {
+    map_fd: u32,
+    _pad: u32,
+}
+
+/// Freezes a map: from now on no system call writes it and no process maps
+/// it writable (the kernel programs still write it).
+pub fn freeze(fd: std::os::fd::BorrowedFd<'_>) -> io::Result<()> {
+    use std::os::fd::AsRawFd;
+    let attr = MapFd {
+        map_fd: fd.as_raw_fd() as u32,
+        _pad: 0,
+    };
+    // SAFETY: BPF_MAP_FREEZE reads a map descriptor from the attribute.
+    unsafe { call(BPF_MAP_FREEZE, &attr) }
+}
+
 #[cfg(test)]
 mod tests {
     #[test]

@@ -77,6 +77,56 @@ pub fn drop_all_but(keep: u64) -> std::io::Result<()> {
     Ok(())
 }
 
+/// The user a daemon runs as once attached: `name` (or a number) from
+/// /etc/passwd; `nobody` is 65534 where passwd lacks it.
+pub fn user_ids(name: &str) -> Option<(u32, u32)> {
+    if let Ok(uid) = name.parse::<u32>() {
+        return Some((uid, uid));
+    }
+    let passwd = std::fs::read_to_string("/etc/passwd").unwrap_or_default();
+    let found = passwd.lines().find_map(|l| {
+        let f: Vec<&str> = l.split(':').collect();
+        (f.len() > 3 && f[0] == name).then(|| Some((f[2].parse().ok()?, f[3].parse().ok()?)))?
+    });
+    found.or_else(|| (name == "nobody").then_some((65534, 65534)))
+}
+
+/// Becomes `uid`/`gid` (no supplementary groups), keeping no capability
+/// but `keep`, with no_new_privs: a capability-less root still owns root's
+/// files. glibc changes the ids of every thread; a capability kept is the
+/// calling thread's.
+pub fn become_user(uid: u32, gid: u32, keep: u64) -> std::io::Result<()> {
+    let os = |r: libc::c_int| {
+        if r == 0 {
+            Ok(())
+        } else {
+            Err(std::io::Error::last_os_error())
+        }
+    };
+    // SAFETY: prctl and the id calls take integers; setgroups an empty list.
+    unsafe {
+        os(libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0))?;
+        for c in (0..=last_cap()).filter(|c| keep & (1 << c) == 0) {
+            libc::prctl(libc::PR_CAPBSET_DROP, c as libc::c_ulong, 0, 0, 0);
+        }
+        if keep != 0 {
+            os(libc::prctl(libc::PR_SET_KEEPCAPS, 1, 0, 0, 0))?;
+        }
+        os(libc::setgroups(0, std::ptr::null()))?;
+        os(libc::setresgid(gid, gid, gid))?;
+        os(libc::setresuid(uid, uid, uid))?;
+    }
+    // What setresuid left (the permitted set with KEEPCAPS) narrowed to `keep`.
+    drop_all_but(keep).or_else(|e| if keep == 0 { Ok(()) } else { Err(e) })?;
+    // SAFETY: as above.
+    if unsafe { libc::getuid() } != uid || effective()? != keep {
+        return Err(std::io::Error::other(
+            "the ids or capabilities did not change",
+        ));
+    }
+    Ok(())
+}
+
 /// What reading maps by their descriptors still needs once loaded: nothing
 /// since 6.5, but before it every bpf(2) call checks CAP_BPF (CAP_SYS_ADMIN
 /// before 5.8) while `kernel.unprivileged_bpf_disabled` is set, as

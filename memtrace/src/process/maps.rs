@@ -1,6 +1,7 @@
 //! /proc/PID/maps: a process's mappings, with their paths interned.
 
 use std::collections::HashMap;
+use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, OnceLock};
 
@@ -188,11 +189,99 @@ pub fn read_maps(pid: u32) -> Option<Vec<Mapping>> {
 }
 
 impl Mapping {
-    /// The mapped file as process `pid` sees it (through its root: right
-    /// inside containers), exact bytes.
+    /// The mapped file itself, by the kernel's link to this mapping
+    /// (`/proc/PID/map_files`): no path of the process's is resolved, so a
+    /// symlink it planted (in a container's tree) cannot send root to
+    /// another file. Valid while the mapping is.
     pub fn file_in(&self, pid: u32) -> PathBuf {
-        let mut p = std::ffi::OsString::from(format!("/proc/{pid}/root"));
-        p.push(self.file.as_os_str());
-        p.into()
+        format!("/proc/{pid}/map_files/{:x}-{:x}", self.start, self.end).into()
     }
+
+    /// The mapped file opened for reading: by `file_in`, or where that
+    /// link is refused (no CAP_SYS_ADMIN), by its path resolved inside the
+    /// process's root with no symlink leaving it; either way a regular
+    /// file (never a device or FIFO a read would hang on), and by the
+    /// second way the one the mapping names (device and inode).
+    pub fn open_in(&self, pid: u32) -> std::io::Result<File> {
+        let f = match File::open(self.file_in(pid)) {
+            Ok(f) => f,
+            // Gone (an exited process), or no CAP_SYS_ADMIN: by its path
+            // inside its root, else in memtrace's (the process exited), and
+            // only if that is the very file mapped.
+            Err(_) => {
+                let f = self.open_in_root(pid).or_else(|_| self.open_here())?;
+                let st = rustix::fs::fstat(&f)?;
+                let dev = (rustix::fs::major(st.st_dev), rustix::fs::minor(st.st_dev));
+                if (dev, st.st_ino) != (self.dev, self.inode) {
+                    return Err(std::io::Error::other("not the file it maps"));
+                }
+                f
+            }
+        };
+        regular(&f)?;
+        Ok(f)
+    }
+
+    fn open_here(&self) -> std::io::Result<File> {
+        use rustix::fs::{Mode, OFlags};
+        let flags = OFlags::RDONLY | OFlags::NONBLOCK | OFlags::NOCTTY | OFlags::CLOEXEC;
+        Ok(rustix::fs::open(&*self.file, flags, Mode::empty())?.into())
+    }
+
+    fn open_in_root(&self, pid: u32) -> std::io::Result<File> {
+        use rustix::fs::{Mode, OFlags, ResolveFlags};
+        let root = rustix::fs::open(
+            format!("/proc/{pid}/root"),
+            OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
+            Mode::empty(),
+        )?;
+        let fd = rustix::fs::openat2(
+            &root,
+            &*self.file,
+            OFlags::RDONLY | OFlags::NONBLOCK | OFlags::NOCTTY | OFlags::CLOEXEC,
+            Mode::empty(),
+            ResolveFlags::IN_ROOT | ResolveFlags::NO_MAGICLINKS,
+        )?;
+        Ok(fd.into())
+    }
+}
+
+/// Object files read whole (symbols, relocations) stop at this size: a
+/// process could map a file of any size.
+pub const MAX_OBJECT: u64 = 2 << 30;
+
+fn regular(f: &File) -> std::io::Result<u64> {
+    let st = rustix::fs::fstat(f)?;
+    if rustix::fs::FileType::from_raw_mode(st.st_mode) != rustix::fs::FileType::RegularFile {
+        return Err(std::io::Error::other("not a regular file"));
+    }
+    Ok(st.st_size as u64)
+}
+
+/// The whole of an object file at `path` (one of `file_in`'s links, or a
+/// path of memtrace's own): a regular file of at most `MAX_OBJECT` bytes.
+pub fn read_object(path: &Path) -> std::io::Result<Vec<u8>> {
+    read_file(File::open(path)?)
+}
+
+/// The whole of an opened object file, bounded as `read_object`: read at
+/// offsets (a handle shared with others keeps its position).
+pub fn read_file(f: File) -> std::io::Result<Vec<u8>> {
+    use std::os::unix::fs::FileExt;
+    let size = regular(&f)?;
+    if size > MAX_OBJECT {
+        return Err(std::io::Error::other(format!(
+            "{size} bytes, more than memtrace reads of one object"
+        )));
+    }
+    let mut out = vec![0u8; size as usize];
+    let mut at = 0;
+    while at < out.len() {
+        match f.read_at(&mut out[at..], at as u64)? {
+            0 => break,
+            n => at += n,
+        }
+    }
+    out.truncate(at);
+    Ok(out)
 }

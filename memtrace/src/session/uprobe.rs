@@ -86,7 +86,7 @@ pub struct Symbols {
 
 impl Symbols {
     pub fn open(path: &Path) -> Result<Symbols> {
-        let data = std::fs::read(path)
+        let data = crate::process::maps::read_object(path)
             .map_err(|e| Error::Usage(format!("cannot read {}: {e}", path.display())))?;
         Self::parse(data)
             .map_err(|e| Error::Usage(format!("{}: not an ELF object ({e})", path.display())))
@@ -200,6 +200,14 @@ pub fn is_static(path: &Path) -> bool {
     matches!(interpreter(path), Interp::Static)
 }
 
+/// Whether the opened executable `f` is static (a handle kept on a
+/// process's file, read after it exited).
+pub fn is_static_file(f: &std::fs::File) -> bool {
+    f.try_clone()
+        .and_then(crate::process::maps::read_file)
+        .is_ok_and(|d| matches!(interp_of(&d), Interp::Static))
+}
+
 /// How an ELF executable is loaded.
 pub enum Interp {
     Static,
@@ -209,17 +217,21 @@ pub enum Interp {
 
 /// Whether `path` is static, has an interpreter (which), or is no ELF file.
 pub fn interpreter(path: &Path) -> Interp {
-    use object::read::elf::{ElfFile64, ProgramHeader as _};
-    let Ok(data) = std::fs::read(path) else {
+    let Ok(data) = crate::process::maps::read_object(path) else {
         return Interp::NotElf;
     };
-    let Ok(elf) = ElfFile64::<object::Endianness>::parse(&*data) else {
+    interp_of(&data)
+}
+
+fn interp_of(data: &[u8]) -> Interp {
+    use object::read::elf::{ElfFile64, ProgramHeader as _};
+    let Ok(elf) = ElfFile64::<object::Endianness>::parse(data) else {
         return Interp::NotElf;
     };
     let e = elf.endian();
     for ph in elf.elf_program_headers() {
         if ph.p_type(e) == object::elf::PT_INTERP {
-            let name = ph.data(e, &*data).unwrap_or_default();
+            let name = ph.data(e, data).unwrap_or_default();
             let name = name.split(|&b| b == 0).next().unwrap_or_default();
             return Interp::Other(String::from_utf8_lossy(name).into_owned());
         }

@@ -65,7 +65,10 @@ impl Execs {
             if Some(image.inode) == self.probed || self.said.contains(&image.inode) {
                 continue;
             }
-            if crate::session::uprobe::is_static(&image.file) {
+            let file = maps
+                .file(image)
+                .or_else(|| image.open_in(tgid).ok().map(std::sync::Arc::new));
+            if file.is_some_and(|f| crate::session::uprobe::is_static_file(&f)) {
                 self.said.insert(image.inode);
                 say!(
                     "memtrace: warning: PID {tgid} runs {}, which is statically linked: \

@@ -36,14 +36,21 @@ impl Injection {
         sample: u64,
         tool: &'static str,
     ) -> std::result::Result<Started, String> {
-        let inner = Injected::load(pid, shim, sample).map_err(|e| e.to_string())?;
+        let inner =
+            Injected::load(pid, shim, super::shim::bytes(), sample).map_err(|e| e.to_string())?;
+        let from = match inner.own_copy() {
+            true => {
+                "a sealed memfd of its own (another mount namespace: nothing written to its files)"
+                    .to_string()
+            }
+            false => shim.display().to_string(),
+        };
         let mut said =
             vec![format!(
-            "allocator: {}, through the shim loaded into pid {pid} from {} (its allocator calls \
+            "allocator: {}, through the shim loaded into pid {pid} from {from} (its allocator calls \
              are pointed at the shim once the probes are on; one probe per call, at an emulated \
              nop; sampling done in the process)",
             if inner.allocator.is_empty() { "the process's" } else { &inner.allocator },
-            shim.display()
         )];
         if !inner.kept.is_empty() {
             said.push(format!(

@@ -6,34 +6,40 @@
 //! left on disk) and gets the two descriptors, which it maps read-only. A
 //! process that memtrace did not start (not a descendant) gets nothing.
 //!
-//! Hand-written: passing descriptors (SCM_RIGHTS) and reading the peer's
-//! credentials are two libc calls, which std does not have on stable.
+//! Who gets them: a process of memtrace's own command tree whose user is
+//! root (`SO_PEERCRED`, the peer pinned by a pidfd while its ancestry is
+//! walked, so a pid taken over meanwhile is not believed). The slots hold
+//! words of every traced process's stack: a process of another user gets
+//! no memo (its allocations trap, still exact). The slots' map is frozen
+//! before it is handed out, and the generation is a sealed page
+//! (`ktables::genpage`): neither maps writable, so no process changes what
+//! another reads.
 
-use std::io::{self, Write};
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::io;
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::os::linux::net::SocketAddrExt;
 use std::os::unix::net::{SocketAddr, UnixListener, UnixStream};
 
-/// The socket's abstract name for this run (in the shim's environment).
+/// The socket's abstract name for this run (in the shim's environment):
+/// random, so that no one binds it first.
 pub fn name() -> String {
-    let nonce = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.subsec_nanos());
-    format!("memtrace-memo-{}-{nonce:x}", std::process::id())
+    let mut b = [0u8; 8];
+    let _ = rustix::rand::getrandom(&mut b, rustix::rand::GetRandomFlags::empty());
+    let r: String = b.iter().map(|x| format!("{x:02x}")).collect();
+    format!("memtrace-memo-{}-{r}", std::process::id())
 }
 
 /// Serves `fds` (the slots, the generation) at `name` on a thread of its
-/// own, for as long as memtrace runs. The descriptors can write (this
-/// kernel refuses to map a read-only one): a process of the command's own
-/// tree could change what the others read, as it could anything of theirs.
+/// own, for as long as memtrace runs. The slots' map is frozen first.
 pub fn serve(name: &str, fds: [OwnedFd; 2]) -> io::Result<()> {
+    crate::kernel::bpfsys::freeze(fds[0].as_fd())?;
     let addr = SocketAddr::from_abstract_name(name.as_bytes())?;
     let listener = UnixListener::bind_addr(&addr)?;
     std::thread::Builder::new()
         .name("shim-memo".into())
         .spawn(move || {
             for stream in listener.incoming().map_while(Result::ok) {
-                if peer(&stream).is_some_and(ours) {
+                if allowed(&stream) {
                     let _ = send(&stream, &fds);
                 }
             }
@@ -41,25 +47,55 @@ pub fn serve(name: &str, fds: [OwnedFd; 2]) -> io::Result<()> {
     Ok(())
 }
 
-/// The connecting process.
-fn peer(s: &UnixStream) -> Option<u32> {
-    let mut cred = libc::ucred {
-        pid: 0,
-        uid: 0,
-        gid: 0,
+/// Whether the connecting process is root's and memtrace's descendant.
+fn allowed(s: &UnixStream) -> bool {
+    let Ok(cred) = rustix::net::sockopt::socket_peercred(s) else {
+        return false;
     };
-    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
-    // SAFETY: a ucred-sized buffer and its length.
+    if !cred.uid.is_root() {
+        return false;
+    }
+    let pid = cred.pid.as_raw_nonzero().get() as u32;
+    // Pinned: the pidfd names the peer's process even if it exits and its
+    // number is reused while the walk reads /proc.
+    let pinned = peer_pidfd(s).or_else(|| {
+        rustix::process::pidfd_open(cred.pid, rustix::process::PidfdFlags::empty()).ok()
+    });
+    let Some(pidfd) = pinned else {
+        return false;
+    };
+    pidfd_pid(&pidfd) == Some(pid) && ours(pid) && pidfd_pid(&pidfd) == Some(pid)
+}
+
+/// The peer's pidfd as the kernel took it at connect (SO_PEERPIDFD, 6.5+).
+fn peer_pidfd(s: &UnixStream) -> Option<OwnedFd> {
+    const SO_PEERPIDFD: libc::c_int = 77;
+    let mut fd: libc::c_int = -1;
+    let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+    // SAFETY: an int-sized buffer and its length.
     let r = unsafe {
         libc::getsockopt(
             s.as_raw_fd(),
             libc::SOL_SOCKET,
-            libc::SO_PEERCRED,
-            (&mut cred as *mut libc::ucred).cast(),
+            SO_PEERPIDFD,
+            (&mut fd as *mut libc::c_int).cast(),
             &mut len,
         )
     };
-    (r == 0 && cred.pid > 0).then_some(cred.pid as u32)
+    // SAFETY: a descriptor the kernel just made for this process.
+    (r == 0 && fd >= 0).then(|| unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) })
+}
+
+/// The pid a pidfd names in this namespace; None once it exited.
+fn pidfd_pid(fd: &OwnedFd) -> Option<u32> {
+    let info = std::fs::read_to_string(format!("/proc/self/fdinfo/{}", fd.as_raw_fd())).ok()?;
+    let pid: i64 = info
+        .lines()
+        .find_map(|l| l.strip_prefix("Pid:"))?
+        .trim()
+        .parse()
+        .ok()?;
+    (pid > 0).then_some(pid as u32)
 }
 
 /// Whether `pid` descends from memtrace (its `-c` command's tree).
@@ -77,34 +113,22 @@ fn ours(pid: u32) -> bool {
 }
 
 /// One byte with the descriptors.
-fn send(mut s: &UnixStream, fds: &[OwnedFd; 2]) -> io::Result<()> {
-    let raw = [fds[0].as_raw_fd(), fds[1].as_raw_fd()];
-    let mut byte = [1u8];
-    let mut iov = libc::iovec {
-        iov_base: byte.as_mut_ptr().cast(),
-        iov_len: 1,
-    };
-    // SAFETY: CMSG_SPACE of two descriptors, computed by libc.
-    let space = unsafe { libc::CMSG_SPACE(std::mem::size_of_val(&raw) as u32) } as usize;
-    let mut control = vec![0u8; space];
-    // SAFETY: a zeroed msghdr is valid; its buffers outlive the call.
-    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
-    msg.msg_iov = &mut iov;
-    msg.msg_iovlen = 1;
-    msg.msg_control = control.as_mut_ptr().cast();
-    msg.msg_controllen = space as _;
-    // SAFETY: the control buffer holds one header and the descriptors.
-    unsafe {
-        let h = libc::CMSG_FIRSTHDR(&msg);
-        (*h).cmsg_level = libc::SOL_SOCKET;
-        (*h).cmsg_type = libc::SCM_RIGHTS;
-        (*h).cmsg_len = libc::CMSG_LEN(std::mem::size_of_val(&raw) as u32) as _;
-        std::ptr::copy_nonoverlapping(raw.as_ptr(), libc::CMSG_DATA(h).cast(), 2);
+fn send(s: &UnixStream, fds: &[OwnedFd; 2]) -> io::Result<()> {
+    use rustix::net::{SendAncillaryBuffer, SendAncillaryMessage, SendFlags};
+    let borrowed = [fds[0].as_fd(), fds[1].as_fd()];
+    let mut space = [std::mem::MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(2))];
+    let mut control = SendAncillaryBuffer::new(&mut space);
+    if !control.push(SendAncillaryMessage::ScmRights(&borrowed)) {
+        return Err(io::Error::other("no room for the descriptors"));
     }
-    // SAFETY: a connected socket and a complete msghdr.
-    let n = unsafe { libc::sendmsg(s.as_raw_fd(), &msg, 0) };
+    let n = rustix::net::sendmsg(
+        s,
+        &[io::IoSlice::new(&[1])],
+        &mut control,
+        SendFlags::empty(),
+    )?;
     if n != 1 {
-        return Err(io::Error::last_os_error());
+        return Err(io::Error::other("short send"));
     }
-    s.flush()
+    Ok(())
 }

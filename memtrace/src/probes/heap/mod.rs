@@ -10,6 +10,7 @@ pub mod injection;
 pub mod memo;
 pub mod points;
 pub mod report;
+pub mod safe_dir;
 pub mod shim;
 pub mod shimmed;
 pub mod watch;

@@ -5,8 +5,7 @@
 //! process itself. `memleak -c` preloads it; `memleak -p` and memcg's
 //! `--heap` load it into running processes (`injection`).
 
-use std::os::unix::fs::PermissionsExt;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use memtrace_common::memleak::SITE_GENERATIONS;
 use memtrace_common::names::{
@@ -27,51 +26,34 @@ pub fn built() -> bool {
     !SHIM.is_empty()
 }
 
-/// Writes the shim where the command can map it executable (content-named,
-/// so runs share it and a newer memtrace never loads an older one).
-pub fn install() -> Result<PathBuf> {
-    let hash = SHIM.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &b| {
-        (h ^ b as u64).wrapping_mul(0x100_0000_01b3)
-    });
-    let name = format!("{FILE_PREFIX}{hash:016x}.so");
+/// The shim's bytes, as built (parsed from here, never read back from a
+/// file a process could have changed).
+pub fn bytes() -> &'static [u8] {
+    SHIM
+}
+
+/// Writes the shim for this run where the command (and processes of this
+/// mount namespace) can map it: see `safe_dir`. Removed when dropped.
+pub fn install() -> Result<Installed> {
     let mut tried = Vec::new();
-    for dir in ["/run/memtrace", "/var/tmp/memtrace", "/tmp/memtrace"] {
-        let dir = Path::new(dir);
-        match place(dir, &name) {
-            Ok(p) => return Ok(p),
-            Err(e) => tried.push(format!("{}: {e}", dir.display())),
+    for (dir, private) in [
+        ("/run/memtrace", false),
+        ("/var/tmp", true),
+        ("/tmp", true),
+        ("/dev/shm", true),
+    ] {
+        match super::safe_dir::place(Path::new(dir), private, SHIM, FILE_PREFIX) {
+            Ok(i) => return Ok(i),
+            Err(e) => tried.push(format!("{dir}: {e}")),
         }
     }
     Err(Error::Usage(format!(
-        "cannot write the allocator shim ({}): use --no-preload (memleak -c) or --no-inject",
+        "cannot write the allocator shim safely ({}): use --no-preload (memleak -c) or --no-inject",
         tried.join("; ")
     )))
 }
 
-fn place(dir: &Path, name: &str) -> std::io::Result<PathBuf> {
-    std::fs::create_dir_all(dir)?;
-    let path = dir.join(name);
-    if std::fs::read(&path).is_ok_and(|d| d == SHIM) {
-        return Ok(path);
-    }
-    if noexec(dir) {
-        return Err(std::io::Error::other("mounted noexec"));
-    }
-    let tmp = dir.join(format!("{name}.{}", std::process::id()));
-    std::fs::write(&tmp, SHIM)?;
-    std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o755))?;
-    std::fs::rename(&tmp, &path)?;
-    Ok(path)
-}
-
-fn noexec(dir: &Path) -> bool {
-    let Ok(c) = std::ffi::CString::new(dir.as_os_str().as_encoded_bytes()) else {
-        return true;
-    };
-    // SAFETY: a valid path and a statvfs to fill.
-    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
-    unsafe { libc::statvfs(c.as_ptr(), &mut st) == 0 && st.f_flag & libc::ST_NOEXEC != 0 }
-}
+pub use super::safe_dir::Installed;
 
 /// The probes on the shim's sites, with the tracepoints of execs and of
 /// threads' exits. Only processes that loaded the shim map it: following

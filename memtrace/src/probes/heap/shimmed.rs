@@ -15,7 +15,7 @@ use crate::output::Value;
 use crate::session::attach::Probe;
 
 pub struct Shimmed {
-    shim: PathBuf,
+    shim: shim::Installed,
     sample: u64,
     tool: &'static str,
     verbose: bool,
@@ -75,7 +75,7 @@ impl Shimmed {
     /// The probes on the shim's sites, for every process that maps it
     /// (the kernel programs keep the watched groups' calls).
     pub fn probes(&self) -> Result<Vec<Probe>> {
-        Ok(shim::probes(&self.shim, None)?.0)
+        Ok(shim::probes(self.shim.path(), None)?.0)
     }
 
     /// Whether loads were tried by the dozen in the last second.
@@ -104,7 +104,7 @@ impl Shimmed {
         let at = monotonic_ns();
         self.recent.push_back(std::time::Instant::now());
         let before = identity(pid);
-        let (mut i, said) = match Injection::start(pid, &self.shim, self.sample, self.tool) {
+        let (mut i, said) = match Injection::start(pid, self.shim.path(), self.sample, self.tool) {
             Ok(s) => s,
             // It exec'd or exited meanwhile: looked at again.
             Err(_) if identity(pid) != before || before.is_none() => return Some(None),
@@ -126,9 +126,10 @@ impl Shimmed {
                 say!("memtrace: {}: {s}", self.tool);
             }
         }
-        let probes = match same_file(i.shim(), &self.shim) {
+        // A process's own copy is mapped by it and its forks alone.
+        let probes = match same_file(i.shim(), self.shim.path()) {
             true => Vec::new(),
-            false => match shim::sites(i.shim(), Some(pid)) {
+            false => match shim::sites(i.shim(), None) {
                 Ok(p) => p,
                 Err(e) => {
                     say!(
@@ -242,7 +243,7 @@ fn maps_shim(pid: u32) -> bool {
             Path::new(&*m.path)
                 .file_name()
                 .and_then(|n| n.to_str())
-                .is_some_and(|n| n.starts_with(super::SHIM_PREFIX))
+                .is_some_and(|n| n.contains(super::SHIM_PREFIX))
         })
     })
 }

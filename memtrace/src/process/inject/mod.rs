@@ -19,6 +19,7 @@
 
 mod got;
 mod late;
+mod memfd;
 mod objects;
 mod ptrace;
 
@@ -79,6 +80,11 @@ pub struct Injected {
     pid: u32,
     /// The shim as memtrace reaches it (for the probes on its sites).
     pub shim: PathBuf,
+    /// Its `(dev, inode)`, to know its mapping by.
+    shim_id: (u64, u64),
+    /// The process's own sealed copy, when it has one (`memfd`): open while
+    /// the probes attach through it.
+    _copy: Option<memfd::Copy>,
     /// The file that defines the process's malloc.
     pub allocator: String,
     /// Functions the shim defines but the process gets from elsewhere (a
@@ -148,27 +154,17 @@ fn unsafe_to_enter(pid: u32) -> Option<String> {
     None
 }
 
-/// Where the shim is for `pid`: its own path when they share a mount
-/// namespace, else a copy in the process's /tmp.
-fn reachable(pid: u32, shim: &Path) -> Result<String> {
+/// Whether `pid` shares memtrace's mount namespace (the shim's file is
+/// then its to map; else it gets a sealed memfd of its own, `memfd`).
+fn same_mounts(pid: u32) -> bool {
     let ns = |p: &str| std::fs::read_link(format!("/proc/{p}/ns/mnt")).ok();
-    if ns("self") == ns(&pid.to_string()) {
-        return Ok(shim.display().to_string());
-    }
-    let name = shim
-        .file_name()
-        .and_then(|n| n.to_str())
-        .unwrap_or("memtrace-preload.so");
-    let inside = format!("/tmp/{name}");
-    std::fs::copy(shim, format!("/proc/{pid}/root{inside}"))
-        .map_err(|e| no(format!("cannot copy the shim into its /tmp: {e}")))?;
-    Ok(inside)
+    ns("self").is_some() && ns("self") == ns(&pid.to_string())
 }
 
 impl Injected {
-    /// Loads the shim (installed at `shim`) into `pid`, sampling as asked
-    /// (0: every call).
-    pub fn load(pid: u32, shim: &Path, sample: u64) -> Result<Injected> {
+    /// Loads the shim (`image`, installed at `shim` for this mount
+    /// namespace) into `pid`, sampling as asked (0: every call).
+    pub fn load(pid: u32, shim: &Path, image: &[u8], sample: u64) -> Result<Injected> {
         if !cfg!(target_arch = "x86_64") {
             return Err(no("injection is built for x86-64 only"));
         }
@@ -196,11 +192,34 @@ impl Injected {
                 "its glibc has no dlopen it can call (before 2.34, without libdl)",
             ));
         };
-        let path = reachable(pid, shim)?;
         let (mut held, tid) = hold_calm(pid, &busy(&libs))?;
         let call = |h: &mut Held, f: u64, args: &[u64], data: &[u8]| {
             h.call(tid, f, args, data)
                 .map_err(|e| no(format!("calling into thread {tid}: {e}")))
+        };
+        // The calls below set the thread's errno: put back at the end.
+        let errno = match libc.get("__errno_location") {
+            Some(&f) => {
+                let at = call(&mut held, f, &[], &[])?;
+                held.read_u64(at).ok().map(|v| (at, v as u32))
+            }
+            None => None,
+        };
+        let (path, copy) = if same_mounts(pid) {
+            (shim.display().to_string(), None)
+        } else {
+            let syscall = libc
+                .get("syscall")
+                .copied()
+                .ok_or_else(|| no("its glibc has no syscall()"))?;
+            let c = memfd::create(&mut held, pid, tid, syscall, image)?;
+            (format!("/proc/self/fd/{}", c.theirs), Some(c))
+        };
+        let shim_id = match &copy {
+            Some(c) => c.id,
+            None => std::fs::File::open(shim)
+                .and_then(|f| memfd::identity(&f))
+                .map_err(|e| no(format!("the shim: {e}")))?,
         };
         let cpath = [path.as_bytes(), b"\0"].concat();
         if call(&mut held, dlopen, &[DATA, libc::RTLD_NOW as u64], &cpath)? == 0 {
@@ -212,13 +231,16 @@ impl Injected {
             };
             return Err(no(format!("its dlopen of the shim failed: {msg}")));
         }
+        if let (Some(c), Some(&close)) = (&copy, libc.get("close")) {
+            call(&mut held, close, &[c.theirs as u64], &[])?;
+        }
         let libs = loaded(pid);
         let me = libs
             .iter()
-            .find(|l| l.shown == path)
+            .find(|l| l.id == shim_id)
             .ok_or_else(|| no("the shim is not in its maps after dlopen"))?;
-        let data = std::fs::read(&me.host).map_err(|e| no(format!("reading the shim: {e}")))?;
-        let ours: HashMap<String, u64> = got::exports(&data)
+        // Parsed from memtrace's own bytes, not read back from the process.
+        let ours: HashMap<String, u64> = got::exports(image)
             .map_err(|e| no(format!("the shim: {e}")))?
             .into_iter()
             .map(|(n, a)| (n, me.bias + a))
@@ -243,6 +265,9 @@ impl Injected {
                     ours: ours[name],
                 });
             }
+        }
+        if let Some((at, v)) = errno {
+            let _ = held.write(at, &v.to_ne_bytes());
         }
         drop(held);
         let owner = |a: u64| libs.iter().find(|l| (l.span.0..l.span.1).contains(&a));
@@ -274,7 +299,11 @@ impl Injected {
         });
         Ok(Injected {
             pid,
-            shim: me.host.clone(),
+            shim: copy
+                .as_ref()
+                .map_or_else(|| shim.to_path_buf(), |c| c.path()),
+            shim_id,
+            _copy: copy,
             allocator,
             kept,
             targets,
@@ -287,6 +316,12 @@ impl Injected {
         })
     }
 
+    /// Whether the process got a sealed copy of its own (`memfd`), which
+    /// only it and its forks map: probes on it need no process filter.
+    pub fn own_copy(&self) -> bool {
+        self._copy.is_some()
+    }
+
     /// Points every loaded object's calls of the shim's functions at it.
     /// Returns the slots and objects rewritten.
     pub fn redirect(&mut self) -> Result<(usize, usize)> {
@@ -297,10 +332,10 @@ impl Injected {
         self.newly.clear();
         for l in loaded(self.pid) {
             let name = file_name(&l.shown);
-            if l.host == self.shim || name.starts_with("ld-linux") || name.starts_with("ld64") {
+            if l.id == self.shim_id || name.starts_with("ld-linux") || name.starts_with("ld64") {
                 continue;
             }
-            let Ok(data) = std::fs::read(&l.host) else {
+            let Ok(data) = crate::process::maps::read_object(&l.host) else {
                 continue;
             };
             let Ok(slots) = got::slots(&data, &names) else {
@@ -357,7 +392,7 @@ impl Injected {
             }
             Err(e) => return Err(no(format!("cannot stop its threads: {e}"))),
         };
-        if !loaded(self.pid).iter().any(|l| l.host == self.shim) {
+        if !loaded(self.pid).iter().any(|l| l.id == self.shim_id) {
             return Ok(None);
         }
         let (mut put, mut changed) = (0, 0);

@@ -11,6 +11,8 @@ pub(super) struct Loaded {
     pub shown: String,
     pub host: PathBuf,
     pub bias: u64,
+    /// Its `(dev, inode)` as fstat gives them.
+    pub id: (u64, u64),
     /// Its mapped range, lowest to highest address.
     pub span: (u64, u64),
 }
@@ -24,7 +26,7 @@ pub(super) fn loaded(pid: u32) -> Vec<Loaded> {
             continue;
         }
         let host = m.file_in(pid);
-        let Ok(first) = std::fs::read(&host)
+        let Ok(first) = crate::process::maps::read_object(&host)
             .map_err(drop)
             .and_then(|d| got::first_load(&d).ok_or(()))
         else {
@@ -47,6 +49,7 @@ pub(super) fn loaded(pid: u32) -> Vec<Loaded> {
         out.push(Loaded {
             shown: m.path.to_string(),
             host,
+            id: (libc::makedev(m.dev.0, m.dev.1), m.inode),
             bias: got::bias(base.start, first, page),
             span: (base.start, hi),
         });
@@ -61,7 +64,7 @@ pub(super) fn file_name(p: &str) -> &str {
 /// The exported functions of a loaded object, as addresses in the process
 /// (the file read and parsed once).
 pub(super) fn functions(l: &Loaded) -> HashMap<String, u64> {
-    let data = std::fs::read(&l.host).unwrap_or_default();
+    let data = crate::process::maps::read_object(&l.host).unwrap_or_default();
     got::exports(&data)
         .map(|e| e.into_iter().map(|(n, a)| (n, l.bias + a)).collect())
         .unwrap_or_default()

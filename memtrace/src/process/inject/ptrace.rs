@@ -16,6 +16,9 @@ use std::time::{Duration, Instant};
 /// How long a called function may take (dlopen reads and maps a file).
 #[cfg(target_arch = "x86_64")]
 const CALL_LIMIT: Duration = Duration::from_secs(5);
+/// How long a thread may take to stop once interrupted (one in an
+/// uninterruptible sleep stops when it wakes).
+const STOP_LIMIT: Duration = Duration::from_secs(2);
 
 pub struct Held {
     pid: u32,
@@ -23,6 +26,9 @@ pub struct Held {
     /// Signals that stopped a thread while held: given back at detach.
     pending: HashMap<i32, i32>,
     mem: File,
+    /// A thread whose call did not return in time: the process is left
+    /// stopped at detach, never resumed mid-call.
+    stuck: Option<i32>,
 }
 
 fn ptrace(req: libc::c_uint, tid: i32, addr: usize, data: usize) -> io::Result<libc::c_long> {
@@ -96,6 +102,7 @@ impl Held {
             tids: Vec::new(),
             pending: HashMap::new(),
             mem,
+            stuck: None,
         };
         loop {
             let fresh: Vec<i32> = tasks(pid)?
@@ -114,11 +121,20 @@ impl Held {
                 }
                 h.tids.push(tid);
                 ptrace(libc::PTRACE_INTERRUPT, tid, 0, 0)?;
-                match wait_stop(tid, None) {
+                match wait_stop(tid, Some(Instant::now() + STOP_LIMIT)) {
                     Ok(Some(sig)) => {
                         h.pending.insert(tid, sig);
                     }
                     Ok(None) => {}
+                    Err(e) if e.kind() == io::ErrorKind::TimedOut => {
+                        return Err(io::Error::new(
+                            io::ErrorKind::TimedOut,
+                            format!(
+                                "thread {tid} did not stop in {} s (an uninterruptible sleep?)",
+                                STOP_LIMIT.as_secs()
+                            ),
+                        ))
+                    }
                     Err(_) => h.tids.retain(|&t| t != tid),
                 }
             }
@@ -168,13 +184,28 @@ impl Held {
     /// again mid-update corrupt the heap); None when every thread is in
     /// them (let it run a moment and hold it again).
     pub fn calm_thread(&self, busy: &[(u64, u64)]) -> Option<i32> {
-        let in_call = |tid: i32| {
+        let syscall = |tid: i32| {
             let s = std::fs::read_to_string(format!("/proc/{}/task/{tid}/syscall", self.pid))
                 .unwrap_or_default();
-            let nr = s.split_whitespace().next().unwrap_or("running");
-            nr.parse::<i64>()
-                .is_ok_and(|n| n >= 0 && n != libc::SYS_futex)
+            s.split_whitespace()
+                .next()
+                .and_then(|n| n.parse::<i64>().ok())
         };
+        let in_call = |tid: i32| syscall(tid).is_some_and(|n| n >= 0 && n != libc::SYS_futex);
+        // Every thread, not only the one called in: one stopped inside
+        // the allocator or the loader holds their locks, which the call
+        // then waits on. A thread waiting in a system call is not inside
+        // them unless it is one the allocator makes (its memory calls).
+        let inside = |tid: i32| {
+            let waiting = syscall(tid).is_some_and(|n| n >= 0 && !MEMORY_CALLS.contains(&n));
+            !waiting
+                && self
+                    .pc(tid)
+                    .is_none_or(|pc| busy.iter().any(|r| (r.0..r.1).contains(&pc)))
+        };
+        if self.tids.iter().any(|&t| inside(t)) {
+            return None;
+        }
         let free = |&t: &i32| !self.pending.contains_key(&t);
         if let Some(t) = self.tids.iter().copied().filter(free).find(|&t| in_call(t)) {
             return Some(t);
@@ -216,6 +247,11 @@ impl Held {
         )?;
         xstate.truncate(iov.iov_len);
         let r = self.run(tid, &saved, func, args, data);
+        if self.stuck.is_some() {
+            // Mid-call (maybe inside dlopen, its lock held): registers put
+            // back now would run on with the lock taken. Left stopped.
+            return r;
+        }
         let put = ptrace(libc::PTRACE_SETREGS, tid, 0, &saved as *const _ as usize);
         let mut iov = libc::iovec {
             iov_base: xstate.as_mut_ptr().cast(),
@@ -286,13 +322,21 @@ impl Held {
                 }
                 Ok(None) => {}
                 Err(e) if e.kind() == io::ErrorKind::TimedOut => {
-                    // Waiting on a lock someone held: stop it where it is
-                    // (the registers are put back by the caller).
+                    // Waiting on a lock someone held, or worse: the whole
+                    // process is left stopped (at detach) and said, never
+                    // resumed in the middle of the call.
                     let _ = ptrace(libc::PTRACE_INTERRUPT, tid, 0, 0);
-                    let _ = wait_stop(tid, None);
+                    let _ = wait_stop(tid, Some(Instant::now() + STOP_LIMIT));
+                    self.stuck = Some(tid);
                     return Err(io::Error::new(
                         io::ErrorKind::TimedOut,
-                        format!("the call did not return in {} s", CALL_LIMIT.as_secs()),
+                        format!(
+                            "the call did not return in {} s: pid {} is left stopped (SIGSTOP) \
+                             rather than resumed mid-call; `kill -CONT {}` resumes it as it is",
+                            CALL_LIMIT.as_secs(),
+                            self.pid,
+                            self.pid
+                        ),
                     ));
                 }
                 Err(e) => return Err(e),
@@ -302,11 +346,26 @@ impl Held {
     }
 }
 
+/// The system calls glibc's allocator makes (with its arena lock held).
+const MEMORY_CALLS: &[i64] = &[
+    libc::SYS_mmap,
+    libc::SYS_munmap,
+    libc::SYS_brk,
+    libc::SYS_madvise,
+    libc::SYS_mprotect,
+    libc::SYS_mremap,
+];
+
 /// An argument that stands for the address of the call's data.
 pub const DATA: u64 = u64::MAX - 0x4d54;
 
 impl Drop for Held {
     fn drop(&mut self) {
+        if self.stuck.is_some() {
+            // A group stop, which outlasts the detach.
+            // SAFETY: a signal to a process memtrace holds.
+            unsafe { libc::kill(self.pid as i32, libc::SIGSTOP) };
+        }
         for &tid in &self.tids {
             let sig = self.pending.get(&tid).copied().unwrap_or(0);
             let _ = ptrace(libc::PTRACE_DETACH, tid, 0, sig as usize);

@@ -162,7 +162,18 @@ fn convert<R: gimli::Reader<Offset = usize>>(
 pub fn file_rows(file: &File) -> Result<FileRows, NoRows> {
     let cache = object::ReadCache::new(file);
     let obj = object::File::parse(&cache).map_err(|_| NoRows::NotElf)?;
-    let segments = crate::stacks::unwind::exec_segments(&obj);
+    object_rows(&obj)
+}
+
+/// Compiles the `.eh_frame` of the ELF file in `data` (what a process maps:
+/// any bytes; the fuzz target `ktables_build`).
+pub fn bytes_rows(data: &[u8]) -> Result<FileRows, NoRows> {
+    let obj = object::File::parse(data).map_err(|_| NoRows::NotElf)?;
+    object_rows(&obj)
+}
+
+fn object_rows<'d, R: object::ReadRef<'d>>(obj: &object::File<'d, R>) -> Result<FileRows, NoRows> {
+    let segments = crate::stacks::unwind::exec_segments(obj);
     let sec = obj.section_by_name(".eh_frame").ok_or(NoRows::NoEhFrame)?;
     let data = sec.data().map_err(|_| NoRows::Bad)?;
     let mut bases = BaseAddresses::default().set_eh_frame(sec.address());

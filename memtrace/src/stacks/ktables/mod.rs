@@ -6,6 +6,7 @@
 
 pub mod build;
 mod files;
+mod genpage;
 mod rows;
 pub mod seed;
 mod slice;
@@ -79,6 +80,8 @@ pub struct KTables {
     /// `gen` for the kernel program: its memo of a stack holds until a
     /// table changes.
     gen_map: aya::maps::Array<MapData, u32>,
+    /// The generation as the shim reads it, once a memo is served.
+    shim_gen: Option<genpage::GenPage>,
     misses: BpfHash<MapData, u32, u8>,
     /// Files with rows by identity, for code in no process's table yet.
     by_file: BpfHash<MapData, UnwindFileKey, UnwindFile>,
@@ -181,6 +184,7 @@ impl KTables {
             files: HashMap::new(),
             procs,
             gen_map,
+            shim_gen: None,
             misses,
             by_file,
             pushed: HashMap::new(),
@@ -259,14 +263,22 @@ impl KTables {
                 say!("memtrace: unwind table generation: {e}");
             }
         }
+        if let Some(g) = &self.shim_gen {
+            g.set(self.gen);
+        }
         self.pushed.insert(pid, entries);
     }
 
-    /// A descriptor of the tables' generation (a mappable array), for
-    /// memos of unwinds kept elsewhere (memleak's shim).
-    pub fn gen_fd(&self) -> Option<std::os::fd::OwnedFd> {
-        use aya::maps::IterableMap;
-        self.gen_map.map().fd().as_fd().try_clone_to_owned().ok()
+    /// A descriptor of the tables' generation that maps read-only only
+    /// (`genpage`), for memos of unwinds kept elsewhere (memleak's shim).
+    pub fn gen_fd(&mut self) -> std::io::Result<std::os::fd::OwnedFd> {
+        if self.shim_gen.is_none() {
+            self.shim_gen = Some(genpage::GenPage::new(self.gen)?);
+        }
+        self.shim_gen
+            .as_ref()
+            .and_then(|g| g.fd())
+            .ok_or_else(|| std::io::Error::other("no descriptor"))
     }
 
     /// `pid` exec'd: the kernel program dropped its table, so the next

@@ -3,7 +3,6 @@
 //! process's events find its tables seconds later at most (until then its
 //! stacks are walked by frame pointers, counted as `tables_pending`).
 
-use std::fs::File;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
@@ -121,7 +120,7 @@ fn build_files(maps: &SharedMaps, pid: u32) {
         if known(maps) {
             continue;
         }
-        let Ok(f) = File::open(m.file_in(pid)).or_else(|_| File::open(&m.file)) else {
+        let Ok(f) = m.open_in(pid) else {
             continue;
         };
         let t0 = Instant::now();

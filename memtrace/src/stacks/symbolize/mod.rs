@@ -107,7 +107,7 @@ impl MapsCache {
                 continue;
             }
             // Through the process's root: right inside containers too.
-            if let Ok(f) = File::open(m.file_in(pid)).or_else(|_| File::open(&m.file)) {
+            if let Ok(f) = m.open_in(pid) {
                 let f = Arc::new(f);
                 crate::stacks::buildid::saw(&m.path, &f);
                 self.files.insert(key, f);

@@ -9,8 +9,6 @@ mod preload;
 mod summary;
 mod unseen;
 
-use std::path::PathBuf;
-
 pub use args::{Args, Sort};
 use args::{DEFAULT_MAX_ALLOCS, DEFAULT_MAX_STACKS};
 
@@ -41,10 +39,10 @@ pub struct Memleak {
     arenas: Vec<String>,
     /// The shim preloaded into the `-c` command, when it is, and the name
     /// its memo of stacks is served at.
-    preload: Option<PathBuf>,
+    preload: Option<shim::Installed>,
     memo: Option<String>,
     /// The shim to load into the `-p` process, until it is (or is not).
-    inject_from: Option<PathBuf>,
+    inject_from: Option<shim::Installed>,
     injection: Option<Injection>,
     /// Frees in the shim's batches at the last report (applied later).
     pending_frees: u64,
@@ -71,7 +69,13 @@ impl Memleak {
             ));
         }
         let preload = match preload::unusable(a) {
-            None if a.common.command.is_some() => Some(shim::install()?),
+            None if a.common.command.is_some() => {
+                let i = shim::install()?;
+                if a.common.verbose {
+                    say!("memtrace: memleak: allocator shim: {}", i.how());
+                }
+                Some(i)
+            }
             None => None,
             Some(why) => {
                 if a.common.command.is_some() && a.common.verbose && !a.no_preload {
@@ -148,7 +152,7 @@ impl Tool for Memleak {
     }
     fn command_env(&self) -> Vec<(String, String)> {
         match &self.preload {
-            Some(shim) => preload::env(shim, &self.args, self.memo.as_deref()),
+            Some(shim) => preload::env(shim.path(), &self.args, self.memo.as_deref()),
             None => Vec::new(),
         }
     }
@@ -200,9 +204,14 @@ impl Tool for Memleak {
             ..Default::default()
         };
         self.target = k.target;
-        let injected = match (self.inject_from.take(), k.target) {
+        let injected = match (&self.inject_from, k.target) {
             (Some(shim), Some(pid)) => {
-                match Injection::start(pid, &shim, self.args.sample_bytes.unwrap_or(0), "memleak") {
+                match Injection::start(
+                    pid,
+                    shim.path(),
+                    self.args.sample_bytes.unwrap_or(0),
+                    "memleak",
+                ) {
                     Ok(i) => Some(i),
                     Err(why) => {
                         say!("memtrace: memleak: not loading the allocator shim into pid {pid}: {why}; uprobes instead");
@@ -224,7 +233,7 @@ impl Tool for Memleak {
                     .command
                     .as_deref()
                     .is_some_and(|c| !crate::process::command::is_simple(c));
-            shim::probes(shim, if follow { None } else { k.target })?
+            shim::probes(shim.path(), if follow { None } else { k.target })?
         } else if self.user {
             let a = &self.args;
             let follow = a.common.children

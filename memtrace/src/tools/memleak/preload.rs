@@ -83,19 +83,16 @@ pub fn memo_name(a: &Args, preload: bool) -> Option<String> {
 /// Serves the memo's maps at `name` (a failure is said, and the shim's
 /// allocations all trap).
 pub fn serve_memo(s: &Traced, name: &str, verbose: bool) {
-    let gen = s
-        .sym
-        .maps
-        .lock()
-        .unwrap()
-        .ktables
-        .as_ref()
-        .and_then(|k| k.gen_fd());
+    let gen = match s.sym.maps.lock() {
+        Ok(mut m) => m.ktables.as_mut().map(|k| k.gen_fd()),
+        Err(_) => None,
+    };
     let r = match (s.array_fd(ML_MEMO), gen) {
-        (Ok(slots), Some(gen)) => {
+        (Ok(slots), Some(Ok(gen))) => {
             crate::probes::heap::memo::serve(name, [slots, gen]).map_err(|e| e.to_string())
         }
         (Err(e), _) => Err(e.to_string()),
+        (_, Some(Err(e))) => Err(format!("the generation page: {e}")),
         (_, None) => Err("no in-kernel unwinder (no stacks to memoize)".into()),
     };
     match r {

@@ -26,6 +26,7 @@ impl Memleak {
         }
         if self.preload.is_some() {
             v.push(("preloaded_processes", c(counter::PRELOADED)));
+            v.push(("children_unpreloaded", c(counter::UNPRELOADED)));
         } else if self.user {
             v.push(("pending_collisions", c(counter::PENDING_COLLISION)));
         }

@@ -23,6 +23,14 @@ impl Memleak {
 
     /// Said after the final report.
     pub(super) fn say_if_unseen(&self) {
+        let lost = self.counts[counter::UNPRELOADED as usize];
+        if lost > 0 {
+            say!(
+                "memtrace: memleak: warning: {lost} program(s) of the command were exec'd with \
+                 LD_PRELOAD removed from their environment (env -i, or an environment built \
+                 without it): that is obeyed, and their allocations were not seen"
+            );
+        }
         if self.preload.is_some() && self.counts[counter::PRELOADED as usize] == 0 {
             say!(
                 "memtrace: memleak: warning: no process of the command loaded the allocator shim \

@@ -36,6 +36,10 @@ pub struct Args {
     /// How long an exited process keeps its series (e.g. 60s).
     #[arg(long, default_value = "60s", value_parser = crate::run::args::parse_duration)]
     pub keep_exited: Duration,
+    /// The user serve runs as once everything is attached (a name or a
+    /// number): it then holds no capability and owns none of root's files.
+    #[arg(long, default_value = "nobody")]
+    pub user: String,
 }
 
 fn listen_addr(s: &str) -> Result<SocketAddr> {
@@ -62,11 +66,15 @@ pub struct Serve {
     addr: SocketAddr,
     pub(crate) state: metrics::State,
     events: u64,
+    /// The uid and gid it runs as once attached.
+    user: (u32, u32),
 }
 
 impl Serve {
     pub fn new(a: &Args) -> Result<Self> {
         let addr = listen_addr(&a.listen)?;
+        let user = crate::kernel::caps::user_ids(&a.user)
+            .ok_or_else(|| Error::Usage(format!("--user: no user '{}'", a.user)))?;
         // Bound before anything is loaded: a port in use is a usage error
         // (exit 2), said in one line.
         let listener = TcpListener::bind(addr).map_err(|e| {
@@ -90,6 +98,7 @@ impl Serve {
             addr,
             state: metrics::State::new(max),
             events: 0,
+            user,
         })
     }
 
@@ -151,8 +160,21 @@ impl Tool for Serve {
                  kernel.unprivileged_bpf_disabled is set"
             );
         }
-        if let Err(e) = crate::kernel::caps::drop_all_but(keep.map_or(0, |k| k.0)) {
-            say!("memtrace: serve: warning: could not drop capabilities: {e}");
+        let keep = keep.map_or(0, |k| k.0);
+        let (uid, gid) = self.user;
+        if let Err(e) = crate::kernel::caps::become_user(uid, gid, keep) {
+            say!(
+                "memtrace: serve: warning: could not become {} (uid {uid}): {e}; capabilities dropped, uid kept",
+                self.args.user
+            );
+            if let Err(e) = crate::kernel::caps::drop_all_but(keep) {
+                say!("memtrace: serve: warning: could not drop capabilities: {e}");
+            }
+        } else if self.args.common.verbose {
+            say!(
+                "memtrace: serve: running as {} (uid {uid}, gid {gid}), no capabilities",
+                self.args.user
+            );
         }
         if let Some(l) = self.listener.take() {
             http::spawn(l, self.page.clone())
