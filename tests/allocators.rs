@@ -143,6 +143,24 @@ fn the_command_s_own_ld_preload_runs_beside_the_shim() {
     assert_exact(&out.stdout);
 }
 
+/// `env LD_PRELOAD=lib prog`: env sets the variable, then execvp's with its
+/// own environment, which the shim's execvp hands to its execvpe: the shim
+/// goes back first there too (before, env's exec went past the shim and
+/// prog was not seen).
+#[test]
+fn env_s_own_ld_preload_runs_beside_the_shim() {
+    let prog = own_allocator_program();
+    let lib = prog.with_file_name("libownalloc.so");
+    let cmd = format!(
+        "env LD_PRELOAD={} {} {K} {SIZE} {N}",
+        lib.display(),
+        prog.display()
+    );
+    let out = run(&["memleak", "--json", "--top", "50", "-c", &cmd]);
+    assert_eq!(out.code, 0, "{}\n{}", out.stdout, out.stderr);
+    assert_exact(&out.stdout);
+}
+
 /// Python's ctypes finds malloc with dlsym in libc's own handle, past the
 /// preload: the shim's dlsym hands it the shim's malloc. 2,000 blocks of
 /// 3,000 bytes, half freed, the rest held when python ends (os._exit).

@@ -273,3 +273,23 @@ fn a_closed_stdout_is_an_error_unless_the_report_goes_to_a_file() {
     assert!(report.contains("true"), "{report}");
     let _ = std::fs::remove_file(file);
 }
+
+/// A stdout that is /dev/null opened read-write (Python's
+/// `subprocess.DEVNULL`, `daemon()`, a service manager) is open: memtrace
+/// writes its report there and exits 0. Only a closed one is an error.
+#[test]
+fn a_read_write_dev_null_stdout_is_an_open_stdout() {
+    let null = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/null")
+        .unwrap();
+    let out = std::process::Command::new(memtrace_bin())
+        .args(["faults", "-c", "true"])
+        .stdout(null)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    assert!(!stderr.contains("stdout is closed"), "{stderr}");
+}

@@ -67,6 +67,30 @@ fn a_directory_another_user_made_first_is_never_used_for_the_shim() {
     for d in ["/var/tmp/memtrace", "/tmp/memtrace"] {
         attacker_dir(Path::new(d), &lib);
     }
+    // As nobody, the planted library swapped in again and again, under
+    // every name found there, for as long as memtrace runs.
+    let swap = format!(
+        "while :; do for d in /var/tmp/memtrace /tmp/memtrace; do for f in $d/*; do \
+         cp {lib} $d/.x && mv -f $d/.x \"$f\"; done; cp {lib} $d/memtrace-preload-$$.so; done; done",
+        lib = lib.display()
+    );
+    std::fs::set_permissions(&lib, std::fs::Permissions::from_mode(0o755)).unwrap();
+    std::fs::set_permissions(
+        lib.parent().unwrap(),
+        std::fs::Permissions::from_mode(0o755),
+    )
+    .unwrap();
+    let mut swapper = Command::new("setpriv")
+        .args([
+            "--reuid=65534",
+            "--regid=65534",
+            "--clear-groups",
+            "sh",
+            "-c",
+            &swap,
+        ])
+        .spawn()
+        .unwrap();
     // A private mount namespace with a noexec tmpfs on /run.
     let script = format!(
         "mount -t tmpfs -o noexec,mode=755 tmpfs /run && exec {} memleak -v --json -c '{} leak 9 3000 0 0 100'",
@@ -77,6 +101,8 @@ fn a_directory_another_user_made_first_is_never_used_for_the_shim() {
         .args(["-m", "--propagation", "private", "sh", "-c", &script])
         .output()
         .unwrap();
+    let _ = swapper.kill();
+    let _ = swapper.wait();
     let stderr = String::from_utf8_lossy(&out.stderr);
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "{stderr}");

@@ -213,30 +213,17 @@ EXPORT int execvpe(const char *file, char *const argv[], char *const envp[]) {
   return WITH_SHIM(envp, f ? f(file, argv, env) : -1);
 }
 
-/* exec by the process's own environment: nothing to put back, but one
- * that dropped LD_PRELOAD (`env -i` clears it, then calls execvp) loses
- * the child, which is said. */
-static void check_environ(void) {
-  extern char **environ;
-  size_t n = 0;
-  char **e = environ;
-  for (; e && e[n]; n++)
-    if (starts(e[n], "LD_PRELOAD="))
-      return;
-  if (self[0])
-    memtrace_exec_unpreloaded();
-}
-
+/* exec by the process's own environment (execvp, execv: what `env`
+ * calls once it has set or cleared LD_PRELOAD) goes through the wrappers
+ * above with it, so that it is treated as an environment passed. */
 EXPORT int execvp(const char *file, char *const argv[]) {
-  int (*f)(const char *, char *const[]) = past_shim("execvp");
-  check_environ();
-  return f ? f(file, argv) : -1;
+  extern char **environ;
+  return execvpe(file, argv, environ);
 }
 
 EXPORT int execv(const char *path, char *const argv[]) {
-  int (*f)(const char *, char *const[]) = past_shim("execv");
-  check_environ();
-  return f ? f(path, argv) : -1;
+  extern char **environ;
+  return execve(path, argv, environ);
 }
 
 typedef int (*spawn_fn)(pid_t *, const char *, const posix_spawn_file_actions_t *,

@@ -75,6 +75,17 @@ SITE void memtrace_frees_site(UNUSED struct entry *e, UNUSED unsigned long n) {
  * first, and such frees are counted as failed reads). */
 SITE void memtrace_batch_site(UNUSED struct batch *b, UNUSED unsigned long tid) { NOP; }
 
+/* Batches of threads gone, for threads to come: never unmapped, since
+ * memtrace_flush_all at the process's exit may still be reading one that
+ * it found in `all` just before its thread let it go. */
+static struct batch *spare;
+static atomic_flag spare_lock = ATOMIC_FLAG_INIT;
+
+static void lock_spare(void) {
+  while (atomic_flag_test_and_set_explicit(&spare_lock, memory_order_acquire))
+    ;
+}
+
 static void flush(struct batch *b);
 
 static void done_with(struct batch *b) {
@@ -106,17 +117,6 @@ static void flush(struct batch *b) {
   atomic_store_explicit(&b->n, 0, memory_order_release);
 }
 
-/* Batches of threads gone, for threads to come: never unmapped, since
- * memtrace_flush_all at the process's exit may still be reading one that
- * it found in `all` just before its thread let it go. */
-static struct batch *spare;
-static atomic_flag spare_lock = ATOMIC_FLAG_INIT;
-
-static void lock_spare(void) {
-  while (atomic_flag_test_and_set_explicit(&spare_lock, memory_order_acquire))
-    ;
-}
-
 /* A thread's exit: its frees, then its batch let go. */
 static void gone(void *v) {
   struct batch *b = v;
@@ -137,6 +137,8 @@ static void gone(void *v) {
  * fork handler, whichever is first (another library's fork handler may
  * allocate before this one runs): once. */
 void memtrace_batches_forked(void) {
+  /* A thread that held it at the fork is not in the child. */
+  atomic_flag_clear_explicit(&spare_lock, memory_order_relaxed);
   uint32_t me = (uint32_t)syscall(SYS_gettid);
   if (mine && mine->tid == me)
     return;

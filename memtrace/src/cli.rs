@@ -36,7 +36,6 @@ pub enum Command {
 
 /// Runs what the command line asks for; the exit code.
 pub fn dispatch(cli: Cli) -> crate::error::Result<i32> {
-    crate::output::note_closed_stdout();
     match cli.cmd {
         Command::Tool(t) => {
             let (mut tool, common) = t.build()?;

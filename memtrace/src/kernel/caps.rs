@@ -106,6 +106,9 @@ pub fn become_user(uid: u32, gid: u32, keep: u64) -> std::io::Result<()> {
     // SAFETY: prctl and the id calls take integers; setgroups an empty list.
     unsafe {
         os(libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0))?;
+        // Not open to the user's other processes (ptrace, /proc/PID/mem)
+        // once it is theirs: its descriptors load and read BPF maps.
+        os(libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0))?;
         for c in (0..=last_cap()).filter(|c| keep & (1 << c) == 0) {
             libc::prctl(libc::PR_CAPBSET_DROP, c as libc::c_ulong, 0, 0, 0);
         }

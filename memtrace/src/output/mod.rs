@@ -277,18 +277,14 @@ pub fn destination(path: Option<&std::path::Path>) -> crate::error::Result<Box<d
 
 static STDOUT_CLOSED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
-/// Notes whether memtrace was started with stdout closed. Rust's runtime
-/// opens /dev/null read-write on a standard descriptor a program starts
-/// without (so nothing else takes its number); a shell's `>/dev/null`
-/// opens it write-only. The report then has nowhere to go (`destination`).
+/// Notes whether memtrace was started with stdout closed, as the process
+/// got it: called before Rust's runtime starts (main.rs, `.init_array`),
+/// which opens /dev/null read-write on a standard descriptor a program
+/// starts without. A /dev/null given as stdout (even read-write: Python's
+/// `subprocess.DEVNULL`, `daemon()`) is open, and written to.
 pub fn note_closed_stdout() {
-    let null = std::fs::read_link("/proc/self/fd/1").is_ok_and(|p| p == *"/dev/null");
-    if !null {
-        return;
-    }
     // SAFETY: fcntl with plain arguments.
-    let flags = unsafe { libc::fcntl(1, libc::F_GETFL) };
-    if flags >= 0 && flags & libc::O_ACCMODE == libc::O_RDWR {
+    if unsafe { libc::fcntl(1, libc::F_GETFD) } == -1 {
         STDOUT_CLOSED.store(true, std::sync::atomic::Ordering::Relaxed);
     }
 }

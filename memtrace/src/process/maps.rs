@@ -197,53 +197,66 @@ impl Mapping {
         format!("/proc/{pid}/map_files/{:x}-{:x}", self.start, self.end).into()
     }
 
-    /// The mapped file opened for reading: by `file_in`, or where that
-    /// link is refused (no CAP_SYS_ADMIN), by its path resolved inside the
-    /// process's root with no symlink leaving it; either way a regular
-    /// file (never a device or FIFO a read would hang on), and by the
-    /// second way the one the mapping names (device and inode).
+    /// The mapped file opened for reading: found by `file_in`, or where
+    /// that link is refused (no CAP_SYS_ADMIN, the process gone) by its
+    /// path inside the process's root (no symlink leaving it), else in
+    /// memtrace's. Found first without opening it (O_PATH: no driver's
+    /// open runs), and opened only if it is a regular file and the very
+    /// file the mapping names (device and inode).
     pub fn open_in(&self, pid: u32) -> std::io::Result<File> {
-        let f = match File::open(self.file_in(pid)) {
-            Ok(f) => f,
-            // Gone (an exited process), or no CAP_SYS_ADMIN: by its path
-            // inside its root, else in memtrace's (the process exited), and
-            // only if that is the very file mapped.
-            Err(_) => {
-                let f = self.open_in_root(pid).or_else(|_| self.open_here())?;
-                let st = rustix::fs::fstat(&f)?;
-                let dev = (rustix::fs::major(st.st_dev), rustix::fs::minor(st.st_dev));
-                if (dev, st.st_ino) != (self.dev, self.inode) {
-                    return Err(std::io::Error::other("not the file it maps"));
-                }
-                f
-            }
-        };
-        regular(&f)?;
-        Ok(f)
-    }
-
-    fn open_here(&self) -> std::io::Result<File> {
         use rustix::fs::{Mode, OFlags};
+        let found = self.locate(pid)?;
+        let st = rustix::fs::fstat(&found)?;
+        if rustix::fs::FileType::from_raw_mode(st.st_mode) != rustix::fs::FileType::RegularFile {
+            return Err(std::io::Error::other("not a regular file"));
+        }
+        let dev = (rustix::fs::major(st.st_dev), rustix::fs::minor(st.st_dev));
+        if (dev, st.st_ino) != (self.dev, self.inode) {
+            return Err(std::io::Error::other("not the file it maps"));
+        }
         let flags = OFlags::RDONLY | OFlags::NONBLOCK | OFlags::NOCTTY | OFlags::CLOEXEC;
-        Ok(rustix::fs::open(&*self.file, flags, Mode::empty())?.into())
-    }
-
-    fn open_in_root(&self, pid: u32) -> std::io::Result<File> {
-        use rustix::fs::{Mode, OFlags, ResolveFlags};
-        let root = rustix::fs::open(
-            format!("/proc/{pid}/root"),
-            OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
-            Mode::empty(),
-        )?;
-        let fd = rustix::fs::openat2(
-            &root,
-            &*self.file,
-            OFlags::RDONLY | OFlags::NONBLOCK | OFlags::NOCTTY | OFlags::CLOEXEC,
-            Mode::empty(),
-            ResolveFlags::IN_ROOT | ResolveFlags::NO_MAGICLINKS,
-        )?;
+        let fd = rustix::fs::open(fd_path(&found), flags, Mode::empty())?;
         Ok(fd.into())
     }
+
+    fn locate(&self, pid: u32) -> std::io::Result<std::os::fd::OwnedFd> {
+        use rustix::fs::{Mode, OFlags, ResolveFlags};
+        let path = OFlags::PATH | OFlags::CLOEXEC;
+        if let Ok(f) = rustix::fs::open(self.file_in(pid), path, Mode::empty()) {
+            return Ok(f);
+        }
+        let in_root = rustix::fs::open(
+            format!("/proc/{pid}/root"),
+            path | OFlags::DIRECTORY,
+            Mode::empty(),
+        )
+        .and_then(|root| {
+            let r = ResolveFlags::IN_ROOT | ResolveFlags::NO_MAGICLINKS;
+            rustix::fs::openat2(&root, &*self.file, path, Mode::empty(), r)
+        });
+        Ok(in_root.or_else(|_| rustix::fs::open(&*self.file, path, Mode::empty()))?)
+    }
+}
+
+/// The path of one of this process's descriptors (`/proc/self/fd/N`): the
+/// kernel resolves it to that very file.
+pub fn fd_path(fd: &impl std::os::fd::AsRawFd) -> PathBuf {
+    format!("/proc/self/fd/{}", fd.as_raw_fd()).into()
+}
+
+/// `f` kept open for the rest of the run, by its path: for what the kernel
+/// is handed by path (a uprobe's file), which then names the file memtrace
+/// read and checked, not whatever is at the process's path by then. One
+/// descriptor a file.
+pub fn pinned(f: File) -> std::io::Result<PathBuf> {
+    static PINNED: OnceLock<Mutex<HashMap<(u64, u64), File>>> = OnceLock::new();
+    let st = rustix::fs::fstat(&f)?;
+    let mut m = PINNED
+        .get_or_init(Default::default)
+        .lock()
+        .map_err(|_| std::io::Error::other("poisoned"))?;
+    let kept = m.entry((st.st_dev, st.st_ino)).or_insert(f);
+    Ok(fd_path(kept))
 }
 
 /// Object files read whole (symbols, relocations) stop at this size: a

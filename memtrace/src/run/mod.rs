@@ -55,6 +55,30 @@ fn gone_in_set_up(pid: Option<u32>, fd: Option<&OwnedFd>) -> Option<Error> {
 /// A file of memtrace's own, removed when the run ends.
 struct TempFile(std::path::PathBuf);
 
+impl TempFile {
+    /// A new file of memtrace's in the temporary directory: created here
+    /// (a random name, O_EXCL, no symlink followed, mode 0600), so that
+    /// what later opens it by name opens it (others cannot rename or
+    /// remove root's file in a sticky directory).
+    fn new(stem: &str) -> Result<TempFile> {
+        use std::os::unix::fs::OpenOptionsExt;
+        let mut b = [0u8; 8];
+        let _ = rustix::rand::getrandom(&mut b, rustix::rand::GetRandomFlags::empty());
+        let r: String = b.iter().map(|x| format!("{x:02x}")).collect();
+        let path = std::env::temp_dir().join(format!("{stem}-{}-{r}.rec", std::process::id()));
+        std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .custom_flags(libc::O_NOFOLLOW)
+            .open(&path)
+            .map_err(|e| {
+                Error::Output(std::io::Error::other(format!("{}: {e}", path.display())))
+            })?;
+        Ok(TempFile(path))
+    }
+}
+
 impl Drop for TempFile {
     fn drop(&mut self) {
         let _ = std::fs::remove_file(&self.0);
@@ -182,9 +206,10 @@ pub fn run(tool: &mut dyn Tool, common: &Common) -> Result<i32> {
     // --pprof is made from a record: the one asked for, or one of its own
     // (removed however the run ends).
     let exported = exports(common).any();
-    let own_record = (exported && common.record.is_none()).then(|| {
-        TempFile(std::env::temp_dir().join(format!("memtrace-pprof-{}.rec", std::process::id())))
-    });
+    let own_record = match exported && common.record.is_none() {
+        true => Some(TempFile::new("memtrace-pprof")?),
+        false => None,
+    };
     let record = common.record.as_ref().or(own_record.as_ref().map(|t| &t.0));
     if let Some(path) = record {
         // The record keeps source lines even when they are not shown.

@@ -53,12 +53,18 @@ pub fn mapped_libraries(pid: Option<u32>, matches: impl Fn(&str) -> bool) -> Vec
             let name = m.path.rsplit('/').next().unwrap_or("");
             m.path.starts_with('/') && matches(name) && seen.insert(m.path.clone())
         })
-        .map(|m| Library {
-            path: match pid {
-                Some(p) => m.file_in(p),
+        .filter_map(|m| {
+            // Opened and checked once, then named by memtrace's own
+            // descriptor: the process could map another file at that
+            // range before the probes attach.
+            let path = match pid {
+                Some(p) => m.open_in(p).and_then(crate::process::maps::pinned).ok()?,
                 None => m.file.to_path_buf(),
-            },
-            shown: m.path.to_string(),
+            };
+            Some(Library {
+                path,
+                shown: m.path.to_string(),
+            })
         })
         .collect()
 }
@@ -85,6 +91,11 @@ pub struct Symbols {
 }
 
 impl Symbols {
+    /// The functions of an object memtrace holds itself (its shim).
+    pub fn from_bytes(data: Vec<u8>) -> Symbols {
+        Symbols { data }
+    }
+
     pub fn open(path: &Path) -> Result<Symbols> {
         let data = crate::process::maps::read_object(path)
             .map_err(|e| Error::Usage(format!("cannot read {}: {e}", path.display())))?;

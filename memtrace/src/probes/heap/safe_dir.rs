@@ -144,6 +144,9 @@ pub fn place(dir: &Path, private: bool, data: &[u8], prefix: &str) -> Result<Ins
         if let Some(why) = untrusted(&fd, false) {
             return Err(why);
         }
+        // Made through the umask (0700 under 077): the command's processes
+        // of other users must reach the shim.
+        fs::fchmod(&fd, Mode::from_raw_mode(0o755)).map_err(|e| e.to_string())?;
         if noexec(&fd) {
             return Err("mounted noexec".into());
         }

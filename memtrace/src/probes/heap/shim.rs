@@ -79,7 +79,8 @@ pub fn probes(shim: &Path, pid: Option<u32>) -> Result<(Vec<Probe>, Vec<String>)
 
 /// The probes on the shim's sites alone (a copy of it, for one process).
 pub fn sites(shim: &Path, pid: Option<u32>) -> Result<Vec<Probe>> {
-    let syms = Symbols::open(shim)?;
+    // Offsets from memtrace's own bytes (what every copy holds).
+    let syms = Symbols::from_bytes(SHIM.to_vec());
     let path = shim.to_string_lossy().into_owned();
     let mut probes = Vec::new();
     let mut wanted: Vec<(String, Prog, String)> = Vec::new();

@@ -7,7 +7,7 @@
 //! file).
 
 use std::fs::File;
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::fd::OwnedFd;
 use std::os::unix::fs::FileExt;
 
 use rustix::fs::SealFlags;
@@ -61,45 +61,57 @@ pub fn create(held: &mut Held, pid: u32, tid: i32, syscall: u64, image: &[u8]) -
         ));
     }
     let theirs = fd as i32;
-    let ours = take_fd(pid, theirs).map_err(|e| no(format!("its memfd: {e}")))?;
-    let file = File::from(ours);
-    // What the process made: an empty file that can be sealed.
-    let st = rustix::fs::fstat(&file).map_err(|e| no(format!("its memfd: {e}")))?;
-    if st.st_size != 0 || rustix::fs::fcntl_get_seals(&file).is_err() {
-        return Err(no("its memfd is not a new sealable file"));
+    let file = File::from(take_fd(pid, theirs).map_err(|e| no(format!("its memfd: {e}")))?);
+    // What the process made, not what another process sharing its
+    // descriptors (CLONE_FILES) put at that number meanwhile: a new
+    // anonymous file of that name, never sealed, empty, open read-write.
+    let fresh = || -> std::io::Result<bool> {
+        let st = rustix::fs::fstat(&file)?;
+        let link = std::fs::read_link(crate::process::maps::fd_path(&file))?;
+        let mode = rustix::fs::fcntl_getfl(&file)?;
+        Ok(
+            rustix::fs::FileType::from_raw_mode(st.st_mode) == rustix::fs::FileType::RegularFile
+                && st.st_nlink == 0
+                && st.st_size == 0
+                && rustix::fs::fcntl_get_seals(&file)? == SealFlags::empty()
+                && mode & rustix::fs::OFlags::RWMODE == rustix::fs::OFlags::RDWR
+                && link.as_os_str() == "/memfd:memtrace-preload-shim (deleted)",
+        )
+    };
+    if !fresh().unwrap_or(false) {
+        return Err(no("its descriptor is not the memfd it made"));
     }
     file.write_all_at(image, 0)
         .map_err(|e| no(format!("writing the shim into its memfd: {e}")))?;
-    rustix::fs::fcntl_add_seals(
-        &file,
-        SealFlags::WRITE | SealFlags::GROW | SealFlags::SHRINK | SealFlags::SEAL,
-    )
-    .map_err(|e| no(format!("sealing its memfd: {e}")))?;
+    let all = SealFlags::WRITE | SealFlags::GROW | SealFlags::SHRINK | SealFlags::SEAL;
+    rustix::fs::fcntl_add_seals(&file, all).map_err(|e| no(format!("sealing its memfd: {e}")))?;
+    // Sealed as written: no other writer came between.
+    let mut back = vec![0u8; image.len()];
+    let same = rustix::fs::fcntl_get_seals(&file).is_ok_and(|s| s.contains(all))
+        && rustix::fs::fstat(&file).is_ok_and(|st| st.st_size as usize == image.len())
+        && file.read_exact_at(&mut back, 0).is_ok()
+        && back == image;
+    if !same {
+        return Err(no("its memfd changed while memtrace wrote it"));
+    }
     let fd = OwnedFd::from(file);
     let id = identity(&fd).map_err(|e| no(format!("its memfd: {e}")))?;
     Ok(Copy { fd, id, theirs })
 }
 
-/// A duplicate of descriptor `fd` of `pid` (pidfd_getfd, 5.6+; else the
-/// reopened /proc link, the same anonymous file).
+/// A duplicate of descriptor `fd` of `pid` (pidfd_getfd, 5.6+): never a
+/// reopening of its /proc link, which would run a driver's open on
+/// whatever another process put at that number.
 fn take_fd(pid: u32, fd: i32) -> std::io::Result<OwnedFd> {
     use rustix::process::{pidfd_getfd, pidfd_open, Pid, PidfdFlags, PidfdGetfdFlags};
     let p = Pid::from_raw(pid as i32).ok_or(std::io::ErrorKind::InvalidInput)?;
-    if let Ok(pidfd) = pidfd_open(p, PidfdFlags::empty()) {
-        if let Ok(f) = pidfd_getfd(&pidfd, fd, PidfdGetfdFlags::empty()) {
-            return Ok(f);
-        }
-    }
-    Ok(std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open(format!("/proc/{pid}/fd/{fd}"))?
-        .into())
+    let pidfd = pidfd_open(p, PidfdFlags::empty())?;
+    Ok(pidfd_getfd(&pidfd, fd, PidfdGetfdFlags::empty())?)
 }
 
 impl Copy {
     /// The path memtrace attaches the shim's probes by (its own descriptor).
     pub fn path(&self) -> std::path::PathBuf {
-        format!("/proc/self/fd/{}", self.fd.as_raw_fd()).into()
+        crate::process::maps::fd_path(&self.fd)
     }
 }

@@ -64,7 +64,15 @@ fn never(name: &str) -> bool {
     name.starts_with("memtrace_")
         || matches!(
             name,
-            "execve" | "fexecve" | "execvpe" | "posix_spawn" | "posix_spawnp" | "_init" | "_fini"
+            "execve"
+                | "fexecve"
+                | "execvpe"
+                | "execvp"
+                | "execv"
+                | "posix_spawn"
+                | "posix_spawnp"
+                | "_init"
+                | "_fini"
         )
 }
 
@@ -157,8 +165,18 @@ fn unsafe_to_enter(pid: u32) -> Option<String> {
 /// Whether `pid` shares memtrace's mount namespace (the shim's file is
 /// then its to map; else it gets a sealed memfd of its own, `memfd`).
 fn same_mounts(pid: u32) -> bool {
+    use std::os::unix::fs::MetadataExt;
     let ns = |p: &str| std::fs::read_link(format!("/proc/{p}/ns/mnt")).ok();
-    ns("self").is_some() && ns("self") == ns(&pid.to_string())
+    // And the same root: a chroot resolves the shim's path in its own tree.
+    let root = |p: &str| {
+        std::fs::metadata(format!("/proc/{p}/root"))
+            .ok()
+            .map(|m| (m.dev(), m.ino()))
+    };
+    ns("self").is_some()
+        && ns("self") == ns(&pid.to_string())
+        && root("self").is_some()
+        && root("self") == root(&pid.to_string())
 }
 
 impl Injected {

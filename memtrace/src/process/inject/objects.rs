@@ -21,11 +21,23 @@ pub(super) fn loaded(pid: u32) -> Vec<Loaded> {
     let maps = crate::process::maps::read_maps(pid).unwrap_or_default();
     let page = crate::kernel::btf::page_size();
     let mut out: Vec<Loaded> = Vec::new();
+    // Only files with code: a database's data files are mapped too, and
+    // are read whole here while the process is held.
+    let code: std::collections::HashSet<&str> = maps
+        .iter()
+        .filter(|m| m.perms.contains('x'))
+        .map(|m| &*m.path)
+        .collect();
     for m in &maps {
-        if !m.path.starts_with('/') || out.iter().any(|l| *l.shown == *m.path) {
+        if !m.path.starts_with('/')
+            || !code.contains(&*m.path)
+            || out.iter().any(|l| *l.shown == *m.path)
+        {
             continue;
         }
-        let host = m.file_in(pid);
+        let Ok(host) = m.open_in(pid).and_then(crate::process::maps::pinned) else {
+            continue;
+        };
         let Ok(first) = crate::process::maps::read_object(&host)
             .map_err(drop)
             .and_then(|d| got::first_load(&d).ok_or(()))

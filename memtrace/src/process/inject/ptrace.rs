@@ -187,18 +187,35 @@ impl Held {
         let syscall = |tid: i32| {
             let s = std::fs::read_to_string(format!("/proc/{}/task/{tid}/syscall", self.pid))
                 .unwrap_or_default();
-            s.split_whitespace()
+            let mut w = s.split_whitespace();
+            let nr = w.next().and_then(|n| n.parse::<i64>().ok())?;
+            let fd = w
                 .next()
-                .and_then(|n| n.parse::<i64>().ok())
+                .and_then(|a| i64::from_str_radix(a.trim_start_matches("0x"), 16).ok());
+            Some((nr, fd.unwrap_or(-1)))
         };
-        let in_call = |tid: i32| syscall(tid).is_some_and(|n| n >= 0 && n != libc::SYS_futex);
+        // Waiting for work, in a call neither the allocator nor the loader
+        // makes with a lock held. The loader reads files with its lock
+        // held: a read is idle only from a pipe, socket or terminal.
+        let waits = |fd: i64| {
+            std::fs::read_link(format!("/proc/{}/fd/{fd}", self.pid)).is_ok_and(|l| {
+                let l = l.to_string_lossy();
+                ["pipe:", "socket:", "/dev/pts/", "anon_inode:"]
+                    .iter()
+                    .any(|p| l.starts_with(p))
+            })
+        };
+        let idle = |tid: i32| {
+            syscall(tid).is_some_and(|(n, fd)| {
+                IDLE_CALLS.contains(&n) && (n != libc::SYS_read || waits(fd))
+            })
+        };
+        let in_call = idle;
         // Every thread, not only the one called in: one stopped inside
         // the allocator or the loader holds their locks, which the call
-        // then waits on. A thread waiting in a system call is not inside
-        // them unless it is one the allocator makes (its memory calls).
+        // then waits on.
         let inside = |tid: i32| {
-            let waiting = syscall(tid).is_some_and(|n| n >= 0 && !MEMORY_CALLS.contains(&n));
-            !waiting
+            !idle(tid)
                 && self
                     .pc(tid)
                     .is_none_or(|pc| busy.iter().any(|r| (r.0..r.1).contains(&pc)))
@@ -332,9 +349,9 @@ impl Held {
                         io::ErrorKind::TimedOut,
                         format!(
                             "the call did not return in {} s: pid {} is left stopped (SIGSTOP) \
-                             rather than resumed mid-call; `kill -CONT {}` resumes it as it is",
+                             rather than resumed mid-call, for you to inspect: resumed (kill -CONT), \
+                             the call goes on and its return faults, which ends the process",
                             CALL_LIMIT.as_secs(),
-                            self.pid,
                             self.pid
                         ),
                     ));
@@ -346,14 +363,31 @@ impl Held {
     }
 }
 
-/// The system calls glibc's allocator makes (with its arena lock held).
-const MEMORY_CALLS: &[i64] = &[
-    libc::SYS_mmap,
-    libc::SYS_munmap,
-    libc::SYS_brk,
-    libc::SYS_madvise,
-    libc::SYS_mprotect,
-    libc::SYS_mremap,
+/// System calls a thread waits for work in (events, timers, children,
+/// signals, a connection): neither glibc's allocator nor its loader makes
+/// one with a lock held. A futex wait is not one (a lock's).
+const IDLE_CALLS: &[i64] = &[
+    libc::SYS_epoll_wait,
+    libc::SYS_epoll_pwait,
+    libc::SYS_epoll_pwait2,
+    libc::SYS_poll,
+    libc::SYS_ppoll,
+    libc::SYS_select,
+    libc::SYS_pselect6,
+    libc::SYS_nanosleep,
+    libc::SYS_clock_nanosleep,
+    libc::SYS_accept,
+    libc::SYS_accept4,
+    libc::SYS_recvfrom,
+    libc::SYS_recvmsg,
+    libc::SYS_wait4,
+    libc::SYS_waitid,
+    libc::SYS_pause,
+    libc::SYS_rt_sigtimedwait,
+    libc::SYS_rt_sigsuspend,
+    libc::SYS_io_getevents,
+    libc::SYS_io_uring_enter,
+    libc::SYS_read,
 ];
 
 /// An argument that stands for the address of the call's data.

@@ -257,14 +257,16 @@ impl KTables {
             }
             return;
         }
-        // After the table: a memo made before it is not used with it.
+        // After the table: a memo made before it is not used with it. The
+        // shim's copy first: a slot the kernel tags with the old generation
+        // meanwhile is then refused, never taken.
+        if let Some(g) = &self.shim_gen {
+            g.set(self.gen);
+        }
         if let Err(e) = self.gen_map.set(0, self.gen, 0) {
             if self.verbose {
                 say!("memtrace: unwind table generation: {e}");
             }
-        }
-        if let Some(g) = &self.shim_gen {
-            g.set(self.gen);
         }
         self.pushed.insert(pid, entries);
     }

@@ -162,15 +162,14 @@ impl Tool for Serve {
         }
         let keep = keep.map_or(0, |k| k.0);
         let (uid, gid) = self.user;
-        if let Err(e) = crate::kernel::caps::become_user(uid, gid, keep) {
-            say!(
-                "memtrace: serve: warning: could not become {} (uid {uid}): {e}; capabilities dropped, uid kept",
+        // Failing closed: a capability-less uid 0 still owns root's files.
+        crate::kernel::caps::become_user(uid, gid, keep).map_err(|e| {
+            Error::Runtime(format!(
+                "serve: cannot become {} (uid {uid}): {e}; --user names another",
                 self.args.user
-            );
-            if let Err(e) = crate::kernel::caps::drop_all_but(keep) {
-                say!("memtrace: serve: warning: could not drop capabilities: {e}");
-            }
-        } else if self.args.common.verbose {
+            ))
+        })?;
+        if self.args.common.verbose {
             say!(
                 "memtrace: serve: running as {} (uid {uid}, gid {gid}), no capabilities",
                 self.args.user
