@@ -57,21 +57,30 @@ fn attach_error_exits_2_naming_missing_kprobes_and_leaves_nothing() {
 #[test]
 fn bad_input_exits_2_with_one_clear_line() {
     let before = settled_programs();
-    let cases: [(&[&str], &str); 6] = [
+    let cases: [(&[&str], &str); 9] = [
         (
             &["faults", "-p", "999999999"],
             "no process with pid 999999999",
         ),
         (&["faults", "-p", "0"], "pid must be greater than 0"),
         (&["faults", "-d", "soon"], "not a duration"),
+        (&["faults", "-d", "1e30"], "not a duration"),
         (&["nosuchtool"], "unrecognized subcommand"),
         (&["faults", "--by-mapping"], "needs -p"),
+        (&["faults", "--keys", "0"], "--keys"),
+        (&["faults", "--bogus"], "unexpected argument"),
         (&["mmapsnoop", "--buffer-size", "2G"], "out of range"),
     ];
     for (args, want) in cases {
         let out = run(args);
         assert_eq!(out.code, 2, "{args:?}: {}", out.stderr);
         assert!(out.stderr.contains(want), "{args:?}: {}", out.stderr);
+        assert_eq!(
+            out.stderr.trim().lines().count(),
+            1,
+            "{args:?}: {}",
+            out.stderr
+        );
         assert_programs_back_to(before);
     }
 }

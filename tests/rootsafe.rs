@@ -217,6 +217,9 @@ fn the_memo_maps_read_only_and_reaches_root_s_processes_only() {
     assert!(root.contains("writable refused"), "{root}");
     assert!(root.contains("read-only ok"), "{root}");
     assert!(root.contains("bpf-map writable mappings 0"), "{root}");
+    // The shim's own mappings, gone in a forked worker that drops root.
+    assert!(!root.contains("memo mappings before setuid 0"), "{root}");
+    assert!(root.contains("memo mappings after setuid 0"), "{root}");
     // Another user in the same tree gets nothing.
     let nobody = memo_probe(Some("65534"));
     assert!(nobody.contains("fds 0"), "{nobody}");

@@ -240,3 +240,25 @@ EXPORT int posix_spawnp(pid_t *pid, const char *file, const posix_spawn_file_act
   spawn_fn f = past_shim("posix_spawnp");
   return WITH_SHIM(envp, f ? f(pid, file, fa, attr, argv, env) : ENOSYS);
 }
+
+/* A change of ids first lets go of the memo (memo.c): what root's
+ * processes' stacks held is not for the user the process becomes. */
+#define DROPS_MEMO(name, params, args)                                                            \
+  EXPORT int name params {                                                                         \
+    int(*f) params = past_shim(#name);                                                             \
+    memtrace_memo_drop();                                                                          \
+    if (!f) {                                                                                      \
+      errno = ENOSYS;                                                                              \
+      return -1;                                                                                   \
+    }                                                                                              \
+    return f args;                                                                                 \
+  }
+DROPS_MEMO(setuid, (uid_t u), (u))
+DROPS_MEMO(seteuid, (uid_t u), (u))
+DROPS_MEMO(setreuid, (uid_t r, uid_t e), (r, e))
+DROPS_MEMO(setresuid, (uid_t r, uid_t e, uid_t s), (r, e, s))
+DROPS_MEMO(setgid, (gid_t g), (g))
+DROPS_MEMO(setegid, (gid_t g), (g))
+DROPS_MEMO(setregid, (gid_t r, gid_t e), (r, e))
+DROPS_MEMO(setresgid, (gid_t r, gid_t e, gid_t s), (r, e, s))
+DROPS_MEMO(setgroups, (size_t n, const gid_t *l), (n, l))

@@ -123,6 +123,21 @@ out:
       close(fds[i]);
 }
 
+/* The process is about to change its ids (setuid and the rest): the
+ * slots hold words of every traced root process's stack, which an
+ * unprivileged process must not read (a daemon forks workers that drop
+ * root without an exec). Both mappings are replaced in place by empty
+ * ones, so a thread reading them meanwhile reads zeros, which match no
+ * slot, and never faults. */
+void memtrace_memo_drop(void) {
+  if (!__atomic_exchange_n(&memtrace_memo_on, 0, __ATOMIC_ACQ_REL))
+    return;
+  syscall(SYS_mmap, (void *)memos, MEMO_SLOTS * sizeof(struct memo), PROT_READ,
+          MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0);
+  syscall(SYS_mmap, (void *)tables_gen, (size_t)sysconf(_SC_PAGESIZE), PROT_READ,
+          MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0);
+}
+
 #ifdef MEMTRACE_SHIM_TEST
 /* The test's own slots and generation (test/shim_test.c). */
 void memtrace_memo_test_set(const void *slots, const volatile uint32_t *gen) {

@@ -32,6 +32,7 @@ int memtrace_forget(uintptr_t p);
 void memtrace_exec_unpreloaded(void);
 extern int memtrace_memo_on;
 void memtrace_memo_init(const char *config);
+void memtrace_memo_drop(void);
 int memtrace_memo_stack(uint32_t tid, uint32_t tgid, uintptr_t bp, uintptr_t site, unsigned kind,
                         uint64_t *stack);
 

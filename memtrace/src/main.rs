@@ -11,7 +11,7 @@ extern "C" fn see_stdout() {
 }
 
 fn main() {
-    let cli = memtrace::cli::Cli::parse();
+    let cli = memtrace::cli::Cli::try_parse().unwrap_or_else(|e| usage_error(e));
     let code = match memtrace::cli::dispatch(cli) {
         Ok(code) => code,
         Err(e) => {
@@ -22,4 +22,22 @@ fn main() {
         }
     };
     std::process::exit(code);
+}
+
+/// Help and version as clap prints them; a usage error in one line, exit 2.
+fn usage_error(e: clap::Error) -> ! {
+    use clap::error::ErrorKind;
+    if matches!(
+        e.kind(),
+        ErrorKind::DisplayHelp
+            | ErrorKind::DisplayVersion
+            | ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand
+    ) {
+        e.exit();
+    }
+    let text = e.render().to_string();
+    let first = text.lines().next().unwrap_or("bad arguments");
+    let first = first.strip_prefix("error: ").unwrap_or(first);
+    memtrace::output::to_stderr(format_args!("memtrace: error: {first} (--help says more)"));
+    std::process::exit(2);
 }

@@ -35,3 +35,21 @@ with open("/proc/self/maps") as f:
         if "bpf-map" in line and "w" in parts[1]:
             writable += 1
 print("bpf-map writable mappings", writable)
+
+def memo_mappings():
+    with open("/proc/self/maps") as f:
+        return sum(1 for l in f if "bpf-map" in l or "memtrace-unwind-gen" in l)
+
+
+# A root daemon's worker that drops root without an exec keeps no view of
+# the memo (the shim lets go of it at the change of ids).
+if os.getuid() == 0:
+    print("memo mappings before setuid", memo_mappings())
+    pid = os.fork()
+    if pid == 0:
+        os.setgroups([])
+        os.setgid(65534)
+        os.setuid(65534)
+        print("memo mappings after setuid", memo_mappings(), flush=True)
+        os._exit(0)
+    os.waitpid(pid, 0)

@@ -151,7 +151,8 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
     };
     match num.trim().parse::<f64>() {
         // Below a millisecond nothing is measured: `-d 1e-300` is a typo.
-        Ok(v) if v.is_finite() && v * mult_ms >= 1.0 => {
+        // Past 64 bits of microseconds it would saturate and run forever.
+        Ok(v) if v.is_finite() && v * mult_ms >= 1.0 && v * mult_ms * 1000.0 < u64::MAX as f64 => {
             Ok(Duration::from_micros((v * mult_ms * 1000.0) as u64))
         }
         _ => Err(format!("'{s}' is not a duration (try 10, 10s, 500ms, 2m)")),

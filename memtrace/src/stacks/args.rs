@@ -105,6 +105,14 @@ pub fn parse_stack_size(s: &str) -> Result<u32, String> {
 }
 
 /// A size in bytes: "512M", "5MiB", "1G", "4096"; K/M/G/T are powers of 1024.
+/// A size, or 0 (where 0 means every one: `--heap-sample 0`).
+pub fn parse_size_or_zero(s: &str) -> Result<u64, String> {
+    match s.trim() {
+        "0" => Ok(0),
+        _ => parse_size(s),
+    }
+}
+
 pub fn parse_size(s: &str) -> Result<u64, String> {
     let t = s.trim();
     let lower = t.to_ascii_lowercase();

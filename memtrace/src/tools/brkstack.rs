@@ -38,7 +38,7 @@ pub struct Args {
     pub stacks: StackArgs,
     /// Keys of the kernel's count map. Tests shrink it to show that long
     /// runs never fill it.
-    #[arg(long, hide = true, default_value_t = 8192)]
+    #[arg(long, hide = true, default_value_t = 8192, value_parser = clap::value_parser!(u32).range(1..))]
     pub keys: u32,
     /// Counts by stack kept in runs without -i before those of exited
     /// processes are folded. Tests shrink it.

@@ -24,7 +24,7 @@ pub struct Copy {
     pub theirs: i32,
 }
 
-const SYS_MEMFD_CREATE: u64 = 319;
+const SYS_MEMFD_CREATE: u64 = libc::SYS_memfd_create as u64;
 const MFD_CLOEXEC: u64 = 1;
 const MFD_ALLOW_SEALING: u64 = 2;
 /// Executable on kernels that ask (6.3+, `vm.memfd_noexec`); older ones

@@ -73,6 +73,15 @@ fn never(name: &str) -> bool {
                 | "posix_spawnp"
                 | "_init"
                 | "_fini"
+                | "setuid"
+                | "seteuid"
+                | "setreuid"
+                | "setresuid"
+                | "setgid"
+                | "setegid"
+                | "setregid"
+                | "setresgid"
+                | "setgroups"
         )
 }
 

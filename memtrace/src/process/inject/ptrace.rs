@@ -367,21 +367,26 @@ impl Held {
 /// signals, a connection): neither glibc's allocator nor its loader makes
 /// one with a lock held. A futex wait is not one (a lock's).
 const IDLE_CALLS: &[i64] = &[
+    #[cfg(target_arch = "x86_64")]
     libc::SYS_epoll_wait,
     libc::SYS_epoll_pwait,
     libc::SYS_epoll_pwait2,
+    #[cfg(target_arch = "x86_64")]
     libc::SYS_poll,
     libc::SYS_ppoll,
+    #[cfg(target_arch = "x86_64")]
     libc::SYS_select,
     libc::SYS_pselect6,
     libc::SYS_nanosleep,
     libc::SYS_clock_nanosleep,
+    #[cfg(target_arch = "x86_64")]
     libc::SYS_accept,
     libc::SYS_accept4,
     libc::SYS_recvfrom,
     libc::SYS_recvmsg,
     libc::SYS_wait4,
     libc::SYS_waitid,
+    #[cfg(target_arch = "x86_64")]
     libc::SYS_pause,
     libc::SYS_rt_sigtimedwait,
     libc::SYS_rt_sigsuspend,
@@ -389,7 +394,6 @@ const IDLE_CALLS: &[i64] = &[
     libc::SYS_io_uring_enter,
     libc::SYS_read,
 ];
-
 /// An argument that stands for the address of the call's data.
 pub const DATA: u64 = u64::MAX - 0x4d54;
 

@@ -63,7 +63,7 @@ pub struct Args {
     /// Keys of the kernel's count map (default 16384, 65536 by stack,
     /// 262144 by mapping; allocated as used). Faults it has no room for
     /// are still counted, by process ("[count map full...]" rows).
-    #[arg(long, value_name = "N")]
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
     pub keys: Option<u32>,
 }
 

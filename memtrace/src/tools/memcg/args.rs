@@ -2,7 +2,6 @@
 //! and the heap.
 
 use crate::run::args::IntervalArgs;
-use crate::stacks::args::parse_size;
 
 #[derive(Debug, Clone, clap::Args)]
 pub struct Args {
@@ -44,7 +43,7 @@ pub struct Args {
     /// With --heap: one sample per N bytes allocated on average (each
     /// weighted by the inverse of its chance: an unbiased estimate); 0
     /// records every allocation.
-    #[arg(long, value_name = "BYTES", default_value = "512K", value_parser = parse_size, requires = "heap")]
+    #[arg(long, value_name = "BYTES", default_value = "512K", value_parser = crate::stacks::args::parse_size_or_zero, requires = "heap")]
     pub heap_sample: u64,
     /// With --heap: uprobes on the allocator in every process that maps it
     /// (a trap, about 1 us, on every call) instead of the allocator shim
