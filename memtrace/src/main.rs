@@ -35,9 +35,17 @@ fn usage_error(e: clap::Error) -> ! {
     ) {
         e.exit();
     }
+    // The message and what it lists (the arguments missing), on one line;
+    // not the usage and tips after it.
     let text = e.render().to_string();
-    let first = text.lines().next().unwrap_or("bad arguments");
-    let first = first.strip_prefix("error: ").unwrap_or(first);
-    memtrace::output::to_stderr(format_args!("memtrace: error: {first} (--help says more)"));
+    let said: Vec<&str> = text
+        .lines()
+        .take_while(|l| !l.starts_with("Usage:") && !l.starts_with("For more information"))
+        .map(str::trim)
+        .filter(|l| !l.is_empty() && !l.starts_with("tip:"))
+        .collect();
+    let line = said.join(" ");
+    let line = line.strip_prefix("error: ").unwrap_or(&line);
+    memtrace::output::to_stderr(format_args!("memtrace: error: {line} (--help says more)"));
     std::process::exit(2);
 }
