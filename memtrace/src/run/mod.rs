@@ -62,9 +62,7 @@ impl TempFile {
     /// remove root's file in a sticky directory).
     fn new(stem: &str) -> Result<TempFile> {
         use std::os::unix::fs::OpenOptionsExt;
-        let mut b = [0u8; 8];
-        let _ = rustix::rand::getrandom(&mut b, rustix::rand::GetRandomFlags::empty());
-        let r: String = b.iter().map(|x| format!("{x:02x}")).collect();
+        let r = crate::probes::heap::safe_dir::random_hex().map_err(Error::Output)?;
         let path = std::env::temp_dir().join(format!("{stem}-{}-{r}.rec", std::process::id()));
         std::fs::OpenOptions::new()
             .write(true)

@@ -22,11 +22,11 @@ use std::os::unix::net::{SocketAddr, UnixListener, UnixStream};
 
 /// The socket's abstract name for this run (in the shim's environment):
 /// random, so that no one binds it first.
-pub fn name() -> String {
-    let mut b = [0u8; 8];
-    let _ = rustix::rand::getrandom(&mut b, rustix::rand::GetRandomFlags::empty());
-    let r: String = b.iter().map(|x| format!("{x:02x}")).collect();
-    format!("memtrace-memo-{}-{r}", std::process::id())
+/// None without randomness (then no memo: a guessable name could be bound
+/// first).
+pub fn name() -> Option<String> {
+    let r = super::safe_dir::random_hex().ok()?;
+    Some(format!("memtrace-memo-{}-{r}", std::process::id()))
 }
 
 /// Serves `fds` (the slots, the generation) at `name` on a thread of its

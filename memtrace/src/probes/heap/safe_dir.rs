@@ -47,7 +47,8 @@ impl Drop for Installed {
     }
 }
 
-fn random_hex() -> std::io::Result<String> {
+/// 16 random hex digits: names others cannot guess or take first.
+pub fn random_hex() -> std::io::Result<String> {
     let mut b = [0u8; 8];
     rustix::rand::getrandom(&mut b, rustix::rand::GetRandomFlags::empty())?;
     Ok(b.iter().map(|x| format!("{x:02x}")).collect())

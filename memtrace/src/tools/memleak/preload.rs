@@ -77,7 +77,9 @@ pub fn env(shim: &Path, a: &Args, memo: Option<&str>) -> Vec<(String, String)> {
 /// followed (no sampling, no size bounds, which the shim does not apply).
 pub fn memo_name(a: &Args, preload: bool) -> Option<String> {
     let exact = a.sample_bytes.is_none() && a.min_size.is_none() && a.max_size.is_none();
-    (preload && exact).then(crate::probes::heap::memo::name)
+    (preload && exact)
+        .then(crate::probes::heap::memo::name)
+        .flatten()
 }
 
 /// Serves the memo's maps at `name` (a failure is said, and the shim's
