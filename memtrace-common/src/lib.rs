@@ -163,6 +163,9 @@ pub mod kind {
     pub const STACK_MEMBER: u32 = 16;
     /// A compaction run ended (`compact::CompactEvent`).
     pub const COMPACT: u32 = 17;
+    /// A followed process exited, with its last counters and peak
+    /// (`rss::RssExit`).
+    pub const RSS_EXIT: u32 = 18;
 }
 
 /// A process the kernel programs follow started or changed image: memtrace

@@ -22,6 +22,12 @@ pub struct RssConfig {
     /// The slot (`FILE`...) of each kernel counter index `member`; `NR` for
     /// counters memtrace does not keep.
     pub slots: [u8; 8],
+    /// `group_dead` of sched:sched_process_exit; 0 where the format has no
+    /// such field (before 6.16): then `signal->live` tells, at these offsets.
+    pub tp_group_dead: u32,
+    pub task_signal: u32,
+    pub signal_live: u32,
+    pub _pad: u32,
 }
 
 impl RssConfig {
@@ -33,6 +39,10 @@ impl RssConfig {
         tp_size: 0,
         threshold: 0,
         slots: [NR as u8; 8],
+        tp_group_dead: 0,
+        task_signal: 0,
+        signal_live: 0,
+        _pad: 0,
     };
 }
 
@@ -48,6 +58,23 @@ pub struct RssVal {
     /// The counters the kernel has written (bit `1 << slot`): memtrace
     /// fills the others from /proc for a process it did not see start.
     pub set: u32,
+    pub comm: [u8; TASK_COMM_LEN],
+    /// Its last thread exited: later changes (its mm torn down by another
+    /// task) are not its, and the exit row is printed from what is here
+    /// when the exit record was lost.
+    pub exited: u32,
+    pub _pad: u32,
+}
+
+/// Sent when a followed process's last thread exits: its row's last
+/// figures, so that every process gets its exit row however short it lived.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct RssExit {
+    pub kind: u32,
+    pub pid: u32,
+    pub bytes: [i64; NR],
+    pub peak: u64,
     pub comm: [u8; TASK_COMM_LEN],
 }
 
@@ -79,7 +106,8 @@ crate::names! {
     }
     progs {
         RSS_STAT = rss_stat,
+        RSS_EXIT = rss_exit,
     }
 }
 
-crate::pod!(RssConfig, RssVal, RssCross);
+crate::pod!(RssConfig, RssVal, RssCross, RssExit);

@@ -11,11 +11,13 @@ use aya_ebpf::{
 };
 use memtrace_common::{
     kind, loss,
-    rss::{RssConfig, RssCross, RssVal, NR},
+    rss::{RssConfig, RssCross, RssExit, RssVal, NR},
     TASK_COMM_LEN,
 };
 
-use crate::helpers::{count_loss, current_tgid, emit, rss_change, stack_ids, wanted, NO_PREALLOC};
+use crate::helpers::{
+    count_loss, current_task, current_tgid, emit, read0, rss_change, stack_ids, wanted, NO_PREALLOC,
+};
 
 #[unsafe(no_mangle)]
 static RSS_CFG: Global<RssConfig> = Global::new(RssConfig::INIT);
@@ -75,6 +77,8 @@ pub fn rss_stat(ctx: TracePointContext) -> u32 {
             crossed: 0,
             set: 0,
             comm: [0; TASK_COMM_LEN],
+            exited: 0,
+            _pad: 0,
         };
         if slot < NR {
             v.bytes[slot] = size;
@@ -91,6 +95,11 @@ pub fn rss_stat(ctx: TracePointContext) -> u32 {
     // One CPU at a time per process is not guaranteed; a racing update can
     // only leave an older absolute value, which the next event replaces.
     let v = unsafe { &mut *v };
+    if v.exited != 0 {
+        // Its mm torn down after its last thread left, or a new process
+        // under its pid before userspace let the old row go.
+        return 0;
+    }
     if slot < NR {
         v.bytes[slot] = size;
         v.set |= 1 << slot;
@@ -125,5 +134,47 @@ pub fn rss_stat(ctx: TracePointContext) -> u32 {
         comm: v.comm,
         task_comm: bpf_get_current_comm().unwrap_or([0; TASK_COMM_LEN]),
     });
+    0
+}
+
+/// `sched:sched_process_exit`: a followed process's last thread left. Its
+/// row goes to userspace now, with its peak, so that a process that lived
+/// between two reports still gets its exit row. Every thread exit on the host passes here: the row lookup first.
+#[tracepoint]
+pub fn rss_exit(ctx: TracePointContext) -> u32 {
+    let tgid = current_tgid();
+    let Some(v) = RSS.get_ptr_mut(tgid) else {
+        return 0;
+    };
+    let c = RSS_CFG.load();
+    let dead = if c.tp_group_dead != 0 {
+        match unsafe { ctx.read_at::<u8>(c.tp_group_dead as usize) } {
+            Ok(d) => d != 0,
+            Err(_) => {
+                count_loss(loss::READ);
+                return 0;
+            }
+        }
+    } else {
+        // Decremented before the tracepoint, as `group_dead` is computed.
+        let signal: *const u8 = unsafe { read0(current_task(), c.task_signal) };
+        !signal.is_null() && unsafe { read0::<i32>(signal, c.signal_live) } == 0
+    };
+    if !dead {
+        return 0;
+    }
+    let v = unsafe { &mut *v };
+    v.exited = 1;
+    let total = (v.bytes[0] + v.bytes[1] + v.bytes[3]).max(0) as u64;
+    let rec = RssExit {
+        kind: kind::RSS_EXIT,
+        pid: tgid,
+        bytes: v.bytes,
+        peak: v.peak.max(total),
+        comm: bpf_get_current_comm().unwrap_or(v.comm),
+    };
+    // Userspace lets the row go when the record comes; lost (counted), the
+    // row stays, marked, and the next report prints it from here.
+    emit(&rec);
     0
 }

@@ -48,9 +48,7 @@ pub(super) fn publish(tid: u32, tgid: u32, stack: u64, kind: u64, batches: &Hash
     let seq = s.seq | 1;
     write(&mut s.seq, seq);
     // tgid << 32 | tid, of the thread whose call this is.
-    write(&mut s.tid, unsafe {
-        aya_ebpf::helpers::bpf_get_current_pid_tgid()
-    });
+    write(&mut s.tid, aya_ebpf::helpers::bpf_get_current_pid_tgid());
     write(&mut s.bp, m.bp);
     write(&mut s.site, m.ip);
     write(&mut s.kind, kind);

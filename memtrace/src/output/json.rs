@@ -29,6 +29,7 @@ fn to_json(v: &Value) -> J {
         Value::I(n) => json!(n),
         Value::F(f, _) => json!(f),
         Value::S(s) => json!(s),
+        Value::B(b) => json!(b),
         Value::Null => J::Null,
     }
 }

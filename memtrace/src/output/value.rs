@@ -8,6 +8,8 @@ pub enum Value {
     /// A float and the digits to print after the point.
     F(f64, usize),
     S(String),
+    /// Yes or no: `true`/`false` in JSON.
+    B(bool),
     Null,
 }
 
@@ -36,6 +38,11 @@ impl From<String> for Value {
         Value::S(v)
     }
 }
+impl From<bool> for Value {
+    fn from(v: bool) -> Self {
+        Value::B(v)
+    }
+}
 impl From<&str> for Value {
     fn from(v: &str) -> Self {
         Value::S(v.to_string())
@@ -54,6 +61,7 @@ impl std::fmt::Display for Value {
             Value::I(v) => write!(f, "{v}"),
             Value::F(v, p) => write!(f, "{v:.p$}"),
             Value::S(s) => f.write_str(s),
+            Value::B(b) => f.write_str(if *b { "yes" } else { "no" }),
             Value::Null => f.write_str("-"),
         }
     }

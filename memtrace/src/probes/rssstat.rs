@@ -24,7 +24,19 @@ pub fn config(k: &Prep, threshold: u64) -> Result<RssConfig> {
         }
     }
     let slots = r.done("the mm counters of kmem:rss_stat", slots)?;
+    let exit = k.format("sched", "sched_process_exit")?;
+    let mut r = k.btf()?.resolver();
+    let live = (
+        r.member("task_struct", "signal"),
+        r.member("signal_struct", "live"),
+    );
+    let (task_signal, signal_live) = r.done("a process's live threads", live)?;
     Ok(RssConfig {
+        // Absent before 6.16: `signal->live` then.
+        tp_group_dead: exit.offset("group_dead").unwrap_or(0),
+        task_signal,
+        signal_live,
+        _pad: 0,
         tp_mm_id: f.offset("mm_id")?,
         tp_curr: f.offset("curr")?,
         tp_member: f.offset("member")?,

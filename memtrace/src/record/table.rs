@@ -21,6 +21,7 @@ pub enum Cell {
     F(f64, usize),
     S(String),
     Null,
+    B(bool),
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -89,6 +90,7 @@ impl From<&Value> for Cell {
             Value::I(n) => Cell::I(*n),
             Value::F(f, p) => Cell::F(*f, *p),
             Value::S(s) => Cell::S(s.clone()),
+            Value::B(b) => Cell::B(*b),
             Value::Null => Cell::Null,
         }
     }
@@ -101,6 +103,7 @@ impl From<&Cell> for Value {
             Cell::I(n) => Value::I(*n),
             Cell::F(f, p) => Value::F(*f, *p),
             Cell::S(s) => Value::S(s.clone()),
+            Cell::B(b) => Value::B(*b),
             Cell::Null => Value::Null,
         }
     }

@@ -168,6 +168,16 @@ fn decode(f: &Field, rec: &[u8]) -> Option<(Value, bool)> {
     }
     // Syscall formats declare every argument 8 bytes and unsigned; the C
     // type says how to read it (`int dfd` is -100, not 4294967196).
+    // A descriptor is an int wherever the kernel looks it up, whatever the
+    // format declares (`unsigned long fd` of mmap, `unsigned int fd` of
+    // read): an anonymous mmap's fd is -1, not 4294967295.
+    let descriptor = f.name == "fd"
+        || f.name.ends_with("dfd")
+        || f.name.starts_with("fd_")
+        || matches!(f.name.as_str(), "oldfd" | "newfd" | "epfd" | "ufd");
+    if descriptor && v >> 32 == 0 {
+        return Some((Value::I(v as u32 as i32 as i64), false));
+    }
     match f.ty.trim() {
         "int" | "pid_t" => return Some((Value::I(v as u32 as i32 as i64), false)),
         "long" | "off_t" | "loff_t" | "ssize_t" => return Some((Value::I(v as i64), false)),
@@ -334,6 +344,19 @@ mod tests {
         assert_eq!(decode(len, &rec).unwrap().0, Value::U(12288));
         assert_eq!(decode(nr, &rec).unwrap().0, Value::I(-1));
         assert!(decode(len, &rec[..20]).is_none(), "past the copy");
+    }
+
+    #[test]
+    fn decodes_descriptors_as_ints() {
+        let f = Format::parse(SYS_ENTER_MMAP);
+        let fd = f.field("fd").unwrap();
+        let mut rec = vec![0u8; 64];
+        // What glibc's mmap(..., -1, 0) passes: the int zero-extended.
+        rec[fd.offset as usize..fd.offset as usize + 8]
+            .copy_from_slice(&0xffff_ffffu64.to_le_bytes());
+        assert_eq!(decode(fd, &rec).unwrap().0, Value::I(-1));
+        rec[fd.offset as usize..fd.offset as usize + 8].copy_from_slice(&3u64.to_le_bytes());
+        assert_eq!(decode(fd, &rec).unwrap().0, Value::I(3));
     }
 
     #[test]

@@ -167,7 +167,9 @@ pub fn spawn_traced(
             c.arg("-c").arg(&cmd);
         }
         c.envs(env);
-        // SAFETY: ptrace(TRACEME) is async-signal-safe.
+        // SAFETY: getpid is async-signal-safe.
+        let parent = unsafe { libc::getpid() };
+        // SAFETY: ptrace(TRACEME), getppid and _exit are async-signal-safe.
         unsafe {
             c.pre_exec(move || {
                 if let Some(adj) = &oom_score_adj {
@@ -175,6 +177,12 @@ pub fn spawn_traced(
                 }
                 if libc::ptrace(libc::PTRACE_TRACEME, 0, 0, 0) < 0 {
                     return Err(std::io::Error::last_os_error());
+                }
+                // memtrace killed before the TRACEME: the child was handed
+                // to init (or a subreaper), which it would now have as its
+                // tracer, stopped for ever at its exec. It never runs.
+                if libc::getppid() != parent {
+                    libc::_exit(127);
                 }
                 Ok(())
             });

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use memtrace_common::{
     kind,
-    rss::{RssCross, RssVal, ANON, FILE, SHMEM, SWAP},
+    rss::{RssCross, RssExit, RssVal, ANON, FILE, SHMEM, SWAP},
     stack_mode,
 };
 
@@ -51,6 +51,8 @@ pub struct Args {
 pub fn probes() -> Vec<Probe> {
     vec![
         Probe::new("rss changes").tracepoint(names::RSS_STAT, "kmem", "rss_stat"),
+        // Each process's last figures as it exits, however short it lived.
+        Probe::new("process exits").tracepoint(names::RSS_EXIT, "sched", "sched_process_exit"),
         // The name each process took at exec, for its rows and exit row.
         crate::probes::follow::exec_probe(),
     ]
@@ -72,6 +74,11 @@ pub struct Rss {
     shown: u64,
     /// The processes listed, by pid and start time.
     born: seed::Born,
+    /// Exit records since the last report: each its last row.
+    exits: Vec<(u32, RssVal)>,
+    /// Rows of no process memtrace follows (a pid reused before it was let
+    /// go): left out, and counted.
+    unattributed: u64,
 }
 
 impl Rss {
@@ -92,6 +99,8 @@ impl Rss {
             exited: 0,
             shown: 0,
             born: Default::default(),
+            exits: Vec::new(),
+            unattributed: 0,
         })
     }
 
@@ -115,27 +124,33 @@ impl Rss {
         Ok(out)
     }
 
-    /// Forgets a process that exited: its counters, its exclusions and the
-    /// mm it owned, so that neither the table nor the maps keep it.
-    fn forget(&mut self, s: &mut Traced, pid: u32) -> Result<()> {
-        s.hash_remove(names::RSS, &pid)?;
-        s.hash_remove(names::RSS_EXCLUDED, &pid)?;
-        // A pid reused later must not take this process's exec name.
-        s.hash_remove(names::EXEC_NAMES, &pid)?;
+    /// Forgets processes that exited: their counters, their exclusions and
+    /// the mms they owned, so that neither the table nor the maps keep them.
+    fn forget(&mut self, s: &mut Traced, pids: &[u32]) -> Result<()> {
+        if pids.is_empty() {
+            return Ok(());
+        }
+        for pid in pids {
+            s.hash_remove(names::RSS, pid)?;
+            s.hash_remove(names::RSS_EXCLUDED, pid)?;
+            // A pid reused later must not take this process's exec name.
+            s.hash_remove(names::EXEC_NAMES, pid)?;
+            // Pids are reused: a new process under an old pid is a new row
+            // to count.
+            self.seen.remove(pid);
+            self.born.0.remove(pid);
+            self.exited += 1;
+        }
+        let pids: std::collections::HashSet<u32> = pids.iter().copied().collect();
         let owned: Vec<u32> = s
             .hash_entries(names::RSS_OWNER)
             .into_iter()
-            .filter(|(_, owner)| *owner == pid)
+            .filter(|(_, owner)| pids.contains(owner))
             .map(|(mm, _)| mm)
             .collect();
         for mm in owned {
             s.hash_remove(names::RSS_OWNER, &mm)?;
         }
-        // Pids are reused (pid_max is 32768 here): a new process under an
-        // old pid is a new row to count.
-        self.seen.remove(&pid);
-        self.born.0.remove(&pid);
-        self.exited += 1;
         Ok(())
     }
 
@@ -147,31 +162,49 @@ impl Rss {
         // the table; a new child is seeded; a stranger is never listed.
         // Names taken at exec, read before `forget` lets go of them.
         let renamed = crate::probes::follow::exec_names(s);
-        let mut gone = Vec::new();
-        let mut last = Vec::new();
+        // Exited since the last report (the kernel said so): a last row
+        // each, under the name it had at exit; its pid followed no more.
+        let mut last = std::mem::take(&mut self.exits);
+        let told: Vec<u32> = last.iter().map(|(p, _)| *p).collect();
+        let mut gone: std::collections::HashSet<u32> = told.iter().copied().collect();
+        let told_set = gone.clone();
+        for p in gone.iter().filter(|p| **p != self.target) {
+            s.hash_remove(names::FOLLOWED, p)?;
+        }
+        self.forget(s, &told)?;
+        let mut left = Vec::new();
         for (pid, v) in self.read(s)? {
             let followed = s.hash_get(names::FOLLOWED, &pid).is_some();
-            match self.born.fate(pid, self.target, followed) {
+            // Its exit record was lost (counted): its row says it exited.
+            let fate = if v.exited != 0 {
+                seed::Fate::Gone { reused: false }
+            } else {
+                self.born.fate(pid, self.target, followed)
+            };
+            match fate {
                 seed::Fate::Ours => {}
                 seed::Fate::New => {
                     if !self.born.seed_into(s, pid, |_| {})? {
                         // Gone before it could be seeded: a last row.
-                        self.forget(s, pid)?;
-                        gone.push(pid);
+                        left.push(pid);
                         last.push((pid, v));
                     }
                 }
                 seed::Fate::Gone { reused } => {
-                    self.forget(s, pid)?;
-                    gone.push(pid);
+                    left.push(pid);
                     last.push((pid, v));
                     if reused {
                         s.hash_remove(names::FOLLOWED, &pid)?;
                     }
                 }
-                seed::Fate::Stranger => s.hash_remove(names::RSS, &pid)?,
+                seed::Fate::Stranger => {
+                    self.unattributed += 1;
+                    s.hash_remove(names::RSS, &pid)?;
+                }
             }
         }
+        self.forget(s, &left)?;
+        gone.extend(left);
         let rows: Vec<(u32, RssVal)> = self
             .read(s)?
             .into_iter()
@@ -181,7 +214,12 @@ impl Rss {
         // Those that left are counted in `exited`.
         let live = rows.iter().map(|(p, _)| *p).filter(|p| !gone.contains(p));
         self.seen.extend(live);
-        let pids: Vec<u32> = rows.iter().map(|(p, _)| *p).collect();
+        // Not for those gone: the map would keep them.
+        let pids: Vec<u32> = rows
+            .iter()
+            .map(|(p, _)| *p)
+            .filter(|p| !gone.contains(p))
+            .collect();
         let excluded = self.refresh_excluded(s, &pids)?;
         let cols = [
             Col::text("time", "TIME", 8),
@@ -194,6 +232,7 @@ impl Rss {
             Col::num("swap_kb", "SWAP_KB", 9),
             Col::num("peak_kb", "PEAK_KB", 10),
             Col::num("counted_kb", "COUNTED_KB", 10),
+            Col::text("exited", "EXITED", 6),
         ];
         let kb = |b: i64| Value::U(b.max(0) as u64 / 1024);
         let now = clock();
@@ -210,9 +249,9 @@ impl Rss {
             // The name it has now, or took at its last exec: it may have
             // exec'd since its first change.
             let name = match renamed.get(pid).cloned() {
-                Some(n) if exited => format!("{n} (exited)"),
-                _ if exited => format!("{} (exited)", comm(&v.comm)),
+                _ if told_set.contains(pid) => comm(&v.comm),
                 Some(n) => n,
+                _ if exited => comm(&v.comm),
                 None => crate::process::proc::comm(*pid).unwrap_or_else(|| comm(&v.comm)),
             };
             table.push(Row(vec![
@@ -226,6 +265,7 @@ impl Rss {
                 kb(v.bytes[SWAP]),
                 kb(v.peak as i64),
                 kb(counted),
+                Value::B(exited),
             ]));
             self.shown += 1;
             if exited {
@@ -255,6 +295,7 @@ impl Rss {
                 kb(sum[2]),
                 kb(sum[3]),
                 kb(sum[4]),
+                Value::Null,
                 Value::Null,
                 Value::Null,
             ]));
@@ -308,6 +349,18 @@ impl Tool for Rss {
     }
 
     fn on_record(&mut self, data: &[u8], s: &mut Traced, out: &mut dyn Printer) -> Result<()> {
+        if let Some(ev) = record::<RssExit>(data, kind::RSS_EXIT) {
+            // Marked exited: the name it had at exit, the figures as it left.
+            let v = RssVal {
+                bytes: ev.bytes,
+                peak: ev.peak,
+                comm: ev.comm,
+                exited: 1,
+                ..Default::default()
+            };
+            self.exits.push((ev.pid, v));
+            return Ok(());
+        }
         let Some(ev) = record::<RssCross>(data, kind::RSS_CROSS) else {
             return Ok(());
         };
@@ -374,6 +427,7 @@ impl Tool for Rss {
             ("threshold_crossed", Value::U(self.crossed as u64)),
             ("processes", Value::U(self.seen.len() as u64 + self.exited)),
             ("processes_exited", Value::U(self.exited)),
+            ("processes_unattributed", Value::U(self.unattributed)),
         ]
     }
 

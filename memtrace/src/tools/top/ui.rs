@@ -62,6 +62,7 @@ fn text(v: &Value) -> String {
         Value::I(n) => n.to_string(),
         Value::F(x, d) => format!("{x:.d$}"),
         Value::S(s) => clean(s),
+        Value::B(_) => v.to_string(),
         Value::Null => "-".into(),
     }
 }
