@@ -130,11 +130,25 @@ pub fn sites(shim: &Path, pid: Option<u32>) -> Result<Vec<Probe>> {
     ] {
         wanted.push((site.to_string(), prog, what.to_string()));
     }
+    // One link per program where the kernel has uprobe_multi: each
+    // perf-event uprobe's detach waits out a grace period of its own, one
+    // after another, and Ctrl-C took seconds.
+    let mut by_prog: Vec<(Prog, String, Vec<(u64, u64)>)> = Vec::new();
     for (site, prog, what) in wanted {
         let f = syms
             .function(&site)
             .ok_or_else(|| Error::Usage(format!("{}: no function {site}", shim.display())))?;
-        probes.push(Probe::new(what).uprobe(prog, path.clone(), f.file_offset, pid));
+        match by_prog.iter_mut().find(|(p, ..)| *p == prog) {
+            Some((_, _, points)) => points.push((f.file_offset, 0)),
+            None => by_prog.push((prog, what, vec![(f.file_offset, 0)])),
+        }
+    }
+    for (prog, what, points) in by_prog {
+        let what = match points.len() {
+            1 => what,
+            n => format!("{} ({n} sites)", what.split(", site").next().unwrap_or(&what)),
+        };
+        probes.push(Probe::new(what).uprobe_multi(prog, path.clone(), points, pid));
     }
     Ok(probes)
 }
