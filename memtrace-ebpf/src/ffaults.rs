@@ -6,7 +6,7 @@ use aya_ebpf::{
     bindings::BPF_NOEXIST,
     helpers::bpf_get_current_comm,
     macros::{fentry, kprobe, map, tracepoint},
-    maps::{HashMap, PerCpuHashMap},
+    maps::{LruHashMap, PerCpuHashMap},
     programs::{FEntryContext, ProbeContext, TracePointContext},
     Global,
 };
@@ -33,9 +33,10 @@ static FFAULT_CFG: Global<FfaultsConfig> = Global::new(FfaultsConfig {
 static FILE_FAULTS: PerCpuHashMap<FileKey, u64> =
     PerCpuHashMap::with_max_entries(16384, NO_PREALLOC);
 
-/// Files already announced to userspace.
+/// Files already announced to userspace. LRU: one pushed out is announced
+/// again (userspace keeps its name), where a full map announced no more.
 #[map]
-static FILES_SEEN: HashMap<FileKey, u8> = HashMap::with_max_entries(16384, NO_PREALLOC);
+static FILES_SEEN: LruHashMap<FileKey, u8> = LruHashMap::with_max_entries(16384, 0);
 
 #[inline(always)]
 fn count(tgid: u32, dev: u32, ino: u64) {

@@ -159,6 +159,41 @@ fn by_mapping_attributes_the_faults_to_the_anonymous_region() {
     assert!(anon >= 4000, "{rows:?}");
 }
 
+/// Children that fault a file their parent mapped and exit at once: each
+/// file is named (198 of 200 were `[dev M:N inode I]`, their maps read
+/// after they were gone), though the parent itself exits before the report.
+#[test]
+fn ffaults_names_files_of_children_gone_before_their_maps_were_read() {
+    const N: usize = 60;
+    let dir = std::env::temp_dir().join(format!("memtrace-ffaults-kids-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let d = dir.to_str().unwrap();
+    let mut w = Workload::start(&["fork-fault-files", &N.to_string(), d]);
+    let pid = w.pid.to_string();
+    let t = Tracer::start(&["ffaults", "-p", &pid, "--children", "--json"]);
+    w.go();
+    assert!(w.wait().success());
+    let out = t.wait(Duration::from_secs(20));
+    std::fs::remove_dir_all(&dir).unwrap();
+    let rows = json_of(&out.stdout, "file_faults");
+    let unnamed: Vec<_> = rows
+        .iter()
+        .filter(|r| r["file"].as_str().is_some_and(|f| f.starts_with("[dev")))
+        .collect();
+    assert!(unnamed.is_empty(), "unnamed: {unnamed:?}");
+    for i in 0..N {
+        let f = format!("{d}/file-{i}");
+        let row = rows
+            .iter()
+            .find(|r| r["file"] == f.as_str())
+            .unwrap_or_else(|| panic!("{f} not in {rows:?}"));
+        // One read; a fault that waited for its page is entered again
+        // (VM_FAULT_RETRY), as bpftrace's ffaults counts it too.
+        let n = row["faults"].as_u64().unwrap();
+        assert!((1..=2).contains(&n), "{row}");
+    }
+}
+
 #[test]
 fn ffaults_names_the_file_with_its_faults() {
     const K: u64 = 300;

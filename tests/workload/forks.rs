@@ -91,3 +91,40 @@ pub(crate) fn chain(depth: usize, k: usize, size: usize, hold_ms: u64) {
     println!("ready");
     std::thread::sleep(std::time::Duration::from_millis(hold_ms));
 }
+
+/// The parent maps `n` files of `dir` (made here, out of the page cache)
+/// without touching them; then one child after another reads one page of
+/// one file and exits at once (a server's short-lived workers).
+pub(crate) fn fault_files(n: usize, dir: &str) {
+    use std::os::fd::AsRawFd;
+    let mut maps = Vec::new();
+    for i in 0..n {
+        let path = format!("{dir}/file-{i}");
+        std::fs::write(&path, [7u8; 4096]).expect("write");
+        let f = std::fs::File::open(&path).expect("open");
+        // SAFETY: calls on an open descriptor; the mapping is read only.
+        unsafe {
+            libc::fsync(f.as_raw_fd());
+            libc::posix_fadvise(f.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED);
+            let p = libc::mmap(
+                std::ptr::null_mut(),
+                4096,
+                libc::PROT_READ,
+                libc::MAP_PRIVATE,
+                f.as_raw_fd(),
+                0,
+            );
+            assert!(p != libc::MAP_FAILED);
+            maps.push(p as *const u8);
+        }
+    }
+    for p in maps {
+        let pid = unsafe { libc::fork() };
+        if pid == 0 {
+            // SAFETY: a page of a mapping made above.
+            std::hint::black_box(unsafe { std::ptr::read_volatile(p) });
+            unsafe { libc::_exit(0) };
+        }
+        wait(pid);
+    }
+}

@@ -278,6 +278,9 @@ fn main() {
             let pages = arg(&args, 2, 16usize);
             forks::one_after_another(arg(&args, 1, 100), || touch_fresh_pages(pages));
         }
+        // fork-fault-files N DIR: N files mapped by the parent, each read
+        // by a child of its own that exits at once.
+        "fork-fault-files" => forks::fault_files(arg(&args, 1, 10), &args[2]),
         // fork-sbrk-many N CALLS: N children forked one after another, each
         // calling sbrk CALLS times from one function and exiting (churn).
         "fork-sbrk-many" => {

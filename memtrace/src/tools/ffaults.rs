@@ -1,13 +1,15 @@
 //! `memtrace ffaults`: file-backed page faults by file. The kernel counts by
 //! (process, device, inode); the first fault of a process on a file is sent
-//! up so the file is named from that process's maps while it is alive.
+//! up so the file is named from that process's maps while it is alive, else
+//! from the maps kept of it (a forked child has its parent's), else from
+//! the followed processes' maps at the next report.
 
 use std::collections::HashMap;
 
 use memtrace_common::{
     ffaults::FileSeen,
     kind,
-    names::{FILES_SEEN, FILE_FAULTS},
+    names::{FILES_SEEN, FILE_FAULTS, FOLLOWED},
 };
 
 use crate::error::Result;
@@ -43,6 +45,10 @@ pub fn probes() -> Vec<Probe> {
 pub struct Ffaults {
     args: Args,
     names: HashMap<(u32, u64), String>,
+    /// Files not named yet: looked for again before each report.
+    unnamed: std::collections::HashSet<(u32, u64)>,
+    /// `-p`/`-c`'s process.
+    target: Option<u32>,
     comms: HashMap<u32, String>,
     faults: u64,
     /// `faults` and what a SIGUSR1 report (not clearing) showed since.
@@ -54,6 +60,8 @@ impl Ffaults {
         Ok(Ffaults {
             args: a.clone(),
             names: HashMap::new(),
+            unnamed: Default::default(),
+            target: None,
             comms: HashMap::new(),
             faults: 0,
             seen: 0,
@@ -67,7 +75,52 @@ impl Ffaults {
         })
     }
 
+    /// The path of file `key` as `pid` maps it now (an exiting process
+    /// shows no maps), else as memtrace kept its maps or any other's.
+    fn look_up(s: &Traced, pid: u32, key: (u32, u64)) -> Option<String> {
+        let dev = split_dev(key.0);
+        if let Some(m) = read_maps(pid)
+            .unwrap_or_default()
+            .into_iter()
+            .find(|m| m.dev == dev && m.inode == key.1)
+        {
+            return Some(m.path.to_string());
+        }
+        let kept = s.sym.maps.lock().unwrap();
+        kept.path_of(pid, dev, key.1).map(|p| p.to_string())
+    }
+
+    /// Files still unnamed, looked for in the processes followed now.
+    fn name_the_rest(&mut self, s: &mut Traced) {
+        if self.unnamed.is_empty() {
+            return;
+        }
+        let mut pids: Vec<u32> = s
+            .hash_entries(FOLLOWED)
+            .into_iter()
+            .map(|(p, _)| p)
+            .collect();
+        pids.extend(self.target);
+        for pid in pids {
+            let Some(maps) = read_maps(pid) else { continue };
+            self.unnamed.retain(|key| {
+                let dev = split_dev(key.0);
+                match maps.iter().find(|m| m.dev == dev && m.inode == key.1) {
+                    Some(m) => {
+                        self.names.insert(*key, m.path.to_string());
+                        false
+                    }
+                    None => true,
+                }
+            });
+            if self.unnamed.is_empty() {
+                return;
+            }
+        }
+    }
+
     fn report_files(&mut self, s: &mut Traced, out: &mut dyn Printer, clear: bool) -> Result<()> {
+        self.name_the_rest(s);
         let raw = s.read_counts(FILE_FAULTS, clear)?;
         let n: u64 = raw.iter().map(|(_, c)| c).sum();
         // A report that does not clear (SIGUSR1) shows counts that the next
@@ -139,12 +192,13 @@ impl Tool for Ffaults {
     }
 
     fn prepare(&mut self, k: &mut Prep) -> Result<()> {
+        self.target = k.target;
         crate::probes::counters::prepare_ffaults(k, 16384)?;
         k.loader.max_entries(FILES_SEEN, 16384);
         Ok(())
     }
 
-    fn on_record(&mut self, data: &[u8], _s: &mut Traced, _out: &mut dyn Printer) -> Result<()> {
+    fn on_record(&mut self, data: &[u8], s: &mut Traced, _out: &mut dyn Printer) -> Result<()> {
         let Some(ev) = record::<FileSeen>(data, kind::FILE_SEEN) else {
             return Ok(());
         };
@@ -155,10 +209,13 @@ impl Tool for Ffaults {
         if self.names.contains_key(&key) {
             return Ok(());
         }
-        let dev = split_dev(ev.key.dev);
-        if let Some(maps) = read_maps(ev.key.tgid) {
-            if let Some(m) = maps.iter().find(|m| m.dev == dev && m.inode == ev.key.ino) {
-                self.names.insert(key, m.path.to_string());
+        match Self::look_up(s, ev.key.tgid, key) {
+            Some(path) => {
+                self.unnamed.remove(&key);
+                self.names.insert(key, path);
+            }
+            None => {
+                self.unnamed.insert(key);
             }
         }
         Ok(())

@@ -133,7 +133,9 @@ pub fn sites(shim: &Path, pid: Option<u32>) -> Result<Vec<Probe>> {
     // One link per program where the kernel has uprobe_multi: each
     // perf-event uprobe's detach waits out a grace period of its own, one
     // after another, and Ctrl-C took seconds.
-    let mut by_prog: Vec<(Prog, String, Vec<(u64, u64)>)> = Vec::new();
+    // (program, what it counts, its points: offset and cookie)
+    type Points = Vec<(u64, u64)>;
+    let mut by_prog: Vec<(Prog, String, Points)> = Vec::new();
     for (site, prog, what) in wanted {
         let f = syms
             .function(&site)
@@ -146,7 +148,10 @@ pub fn sites(shim: &Path, pid: Option<u32>) -> Result<Vec<Probe>> {
     for (prog, what, points) in by_prog {
         let what = match points.len() {
             1 => what,
-            n => format!("{} ({n} sites)", what.split(", site").next().unwrap_or(&what)),
+            n => format!(
+                "{} ({n} sites)",
+                what.split(", site").next().unwrap_or(&what)
+            ),
         };
         probes.push(Probe::new(what).uprobe_multi(prog, path.clone(), points, pid));
     }

@@ -218,6 +218,22 @@ impl MapsCache {
         self.procs.get(&pid).map(|s| s.maps.as_slice())
     }
 
+    /// The path of file (`dev`, `inode`) in `pid`'s kept maps (its image
+    /// now or before its execs), else in any process's kept here.
+    pub fn path_of(&self, pid: u32, dev: (u32, u32), inode: u64) -> Option<Arc<str>> {
+        let find = |s: &Snapshot| {
+            std::iter::once(&s.maps)
+                .chain(&s.earlier)
+                .flat_map(|m| m.iter())
+                .find(|m| m.dev == dev && m.inode == inode)
+                .map(|m| m.path.clone())
+        };
+        self.procs
+            .get(&pid)
+            .and_then(find)
+            .or_else(|| self.procs.values().find_map(find))
+    }
+
     /// The file and file offset of `addr` in `pid`, with the file's open
     /// handle: in its image now, else in the images before its execs.
     fn locate(&self, pid: u32, addr: u64) -> Option<(&Mapping, u64, Option<Arc<File>>)> {
