@@ -68,6 +68,7 @@ pub fn forget_exited(s: &mut Traced) -> Result<usize> {
     for p in &gone {
         s.hash_remove(FOLLOWED, p)?;
     }
+    s.sym.maps.lock().unwrap().exited(&gone);
     Ok(gone.len())
 }
 

@@ -112,6 +112,8 @@ pub(crate) fn attach_with(
             (_, true) => FrameStyle::Lines,
             _ => FrameStyle::Function,
         });
+    // Stacks are symbolized after their process is gone.
+    session.sym.maps.lock().unwrap().keep_exited = filter.stacks & stack_mode::USER != 0;
     if follow || kunwind {
         session.attach(&crate::probes::follow::fork_probe())?;
     }

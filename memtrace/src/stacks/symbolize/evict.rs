@@ -72,6 +72,29 @@ impl MapsCache {
         }
     }
 
+    /// Processes that exited: their maps go now where nothing looks them up
+    /// after an exit (`keep_exited`), so that a churn of children leaves
+    /// their rows' figures and nothing else.
+    pub fn exited(&mut self, pids: &[u32]) {
+        if self.keep_exited || pids.is_empty() {
+            return;
+        }
+        for pid in pids {
+            if self.procs.remove(pid).is_none() {
+                continue;
+            }
+            if let Some(kt) = self.ktables.as_mut() {
+                kt.forget(*pid);
+            }
+            self.forgotten += 1;
+        }
+        self.pending.retain(|(p, _)| !pids.contains(p));
+        if self.forgotten >= FORGOTTEN_BEFORE_CLOSING {
+            self.forgotten = 0;
+            self.close_unused_files();
+        }
+    }
+
     /// Closes the files no kept process maps.
     fn close_unused_files(&mut self) {
         let used: HashSet<_> = self

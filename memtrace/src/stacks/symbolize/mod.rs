@@ -59,6 +59,9 @@ pub struct MapsCache {
     /// The kernel programs report execs and executable mmaps
     /// (`crate::probes::exemaps`): an exec is handled from that record.
     pub learns: bool,
+    /// Something looks up the maps of processes after they exit (user
+    /// stacks, faults by mapping): else they go as the process does.
+    pub keep_exited: bool,
 }
 
 impl MapsCache {
@@ -78,6 +81,11 @@ impl MapsCache {
         self.open_files(pid, &maps);
         // Before taking it out: a process read again keeps its place.
         self.keep(pid);
+        // Unchanged (a parent read again at each fork): the copy kept, so
+        // that the children it gave it to share one.
+        if self.procs.get(&pid).is_some_and(|s| *s.maps == maps) {
+            return true;
+        }
         let earlier = self
             .procs
             .remove(&pid)

@@ -420,6 +420,10 @@ impl Tool for Faults {
 
     fn on_start(&mut self, s: &mut Traced) -> Result<()> {
         self.kept.share_with_samples(s);
+        if self.args.by_mapping {
+            // A page's mapping is looked up at the report.
+            s.sym.maps.lock().unwrap().keep_exited = true;
+        }
         Ok(())
     }
 
