@@ -67,7 +67,7 @@ fn a_command_s_leaks_are_reported_exactly_by_stack() {
     assert!(
         out.stderr
             .lines()
-            .any(|l| l.contains("allocations (preloaded shim): attached uprobe ")),
+            .any(|l| l.contains("allocations (preloaded shim): attached uprobe")),
         "{}",
         out.stderr
     );

@@ -51,9 +51,13 @@ enum Cmd {
         /// Runs per configuration (medians are reported).
         #[arg(long, default_value_t = 5)]
         runs: usize,
-        /// Only this section (`memleak`, `stacks`, `tables`), replaced in bench/RESULTS.md.
+        /// Only this section (`memleak`, `stacks`, `tables`, `startup`), replaced in bench/RESULTS.md.
         #[arg(long)]
         only: Option<String>,
+        /// Fail when a figure is more than 20% worse than the committed
+        /// bench/RESULTS.md (every such figure is said either way).
+        #[arg(long)]
+        check: bool,
     },
     /// Fuzz the parsers of untrusted input (cargo-fuzz, installed if missing).
     Fuzz {
@@ -198,11 +202,11 @@ fn main() -> Result<()> {
             build()?;
             soak::run(minutes)
         }
-        Cmd::Bench { runs, only } => {
+        Cmd::Bench { runs, only, check } => {
             build()?;
             match only.as_deref() {
-                Some(section) => bench::run_only(section, runs),
-                None => bench::run(runs),
+                Some(section) => bench::run_only(section, runs, check),
+                None => bench::run(runs, check),
             }
         }
     }

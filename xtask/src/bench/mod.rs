@@ -8,6 +8,7 @@ use anyhow::Result;
 
 use crate::root;
 
+mod compare;
 mod heap;
 mod measure;
 mod memleak;
@@ -23,9 +24,14 @@ const PAGES: u64 = 1_000_000;
 const BRKS: u64 = 1_000_000;
 const MMAPS: u64 = 300_000;
 /// One section, replacing its earlier figures in bench/RESULTS.md.
-pub fn run_only(section: &str, runs: usize) -> Result<()> {
+/// `check`: an error when a figure got more than a fifth worse.
+pub fn run_only(section: &str, runs: usize, check: bool) -> Result<()> {
     let mut out = String::new();
     match section {
+        "startup" => {
+            ensure_peers();
+            startup_rss(&startup_configs(), runs, &mut out)?
+        }
         "memleak" => memleak::memleak_cost(runs, &mut out)?,
         "stacks" => {
             ensure_peers();
@@ -34,11 +40,14 @@ pub fn run_only(section: &str, runs: usize) -> Result<()> {
             stack_costs(&memtrace(), &bt, runs, &mut out)?
         }
         "tables" => tables::startup_tables(&memtrace(), runs, &mut out)?,
-        _ => anyhow::bail!("no bench section {section} (sections: memleak, stacks, tables)"),
+        _ => {
+            anyhow::bail!("no bench section {section} (sections: memleak, stacks, tables, startup)")
+        }
     }
     print!("{out}");
     let path = root().join("bench").join("RESULTS.md");
     let mut kept = std::fs::read_to_string(&path).unwrap_or_default();
+    let slipped = compare::report(&kept, &out, check);
     // Every table of the section replaces its earlier one.
     for head in out.lines().filter(|l| l.starts_with("### ")) {
         if let Some(at) = kept.find(head) {
@@ -51,7 +60,56 @@ pub fn run_only(section: &str, runs: usize) -> Result<()> {
     }
     std::fs::write(&path, format!("{}\n{}", kept.trim_end(), out))?;
     eprintln!("bench: updated the {section} section of bench/RESULTS.md");
-    Ok(())
+    slipped
+}
+
+/// Start-up and peak RSS: the tools that run system-wide, beside the peers.
+fn startup_configs() -> Vec<Config> {
+    let m = memtrace();
+    let bpftrace = have("bpftrace");
+    let bt = |prog: &str| bpftrace.then(|| s(&["bpftrace", "-e", prog]));
+    // Line-buffered, or a C tool's banner stays in its stdio buffer.
+    let tool = |name: &str| -> Option<Vec<String>> {
+        have(name).then(|| s(&["stdbuf", "-oL", "-eL", name]))
+    };
+    let cfg = |name, argv: Option<Vec<String>>, ready| Config { name, argv, ready };
+    let ours = |name: &'static str, tool: &str| cfg(name, Some(s(&[&m, tool])), "Tracing");
+    vec![
+        ours("memtrace oomkill", "oomkill"),
+        ours("memtrace faults", "faults"),
+        ours("memtrace brkstack", "brkstack"),
+        ours("memtrace drsnoop", "drsnoop"),
+        ours("memtrace mmapsnoop", "mmapsnoop"),
+        ours("memtrace shmsnoop", "shmsnoop"),
+        ours("memtrace vmscan", "vmscan"),
+        ours("memtrace memleak", "memleak"),
+        cfg("libbpf-tools oomkill", tool("oomkill"), "Tracing"),
+        cfg("libbpf-tools drsnoop", tool("drsnoop"), "LAT(ms)"),
+        cfg("BCC oomkill", tool("oomkill-bpfcc"), "Tracing"),
+        cfg(
+            "BCC stackcount -U t:syscalls:sys_enter_brk",
+            tool("stackcount-bpfcc").map(|mut v| {
+                v.extend(s(&["-U", "t:syscalls:sys_enter_brk"]));
+                v
+            }),
+            "Tracing",
+        ),
+        cfg(
+            "bpftrace brkstack.bt",
+            bt("tracepoint:syscalls:sys_enter_brk /comm == \"memtrace-worklo\"/ { @[ustack, comm] = count(); }"),
+            "Attaching",
+        ),
+        cfg(
+            "bpftrace oom:mark_victim",
+            bt("tracepoint:oom:mark_victim { printf(\"%d\\n\", args->pid); }"),
+            "Attaching",
+        ),
+        cfg(
+            "bpftrace faults by pid",
+            bt("tracepoint:exceptions:page_fault_user { @[pid] = count(); }"),
+            "Attaching",
+        ),
+    ]
 }
 
 /// User stacks: page faults and brk calls by stack, each way of taking them.
@@ -149,18 +207,13 @@ fn stack_costs(
     Ok(())
 }
 
-pub fn run(runs: usize) -> Result<()> {
+pub fn run(runs: usize, check: bool) -> Result<()> {
     // A warm-up run: the first runs after a build page in binaries.
     let _ = run_workload(&["zero-faults", "10000", "2"]);
     ensure_peers();
     let m = memtrace();
     let bpftrace = have("bpftrace");
     let bt = |prog: &str| bpftrace.then(|| s(&["bpftrace", "-e", prog]));
-    // A peer that is not installed is listed as such.
-    let tool = |name: &str| -> Option<Vec<String>> {
-        // Line-buffered, or a C tool's banner stays in its stdio buffer.
-        have(name).then(|| s(&["stdbuf", "-oL", "-eL", name]))
-    };
     let mut out = String::new();
     let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
     let cpu = std::fs::read_to_string("/proc/cpuinfo")
@@ -230,43 +283,16 @@ pub fn run(runs: usize) -> Result<()> {
     )?;
     streaming(runs, &mut out)?;
     memleak::memleak_cost(runs, &mut out)?;
-    startup_rss(
-        &[
-            cfg("memtrace oomkill", Some(s(&[&m, "oomkill"])), "Tracing"),
-            cfg("memtrace faults", Some(s(&[&m, "faults"])), "Tracing"),
-            cfg("memtrace brkstack", Some(s(&[&m, "brkstack"])), "Tracing"),
-            cfg("memtrace drsnoop", Some(s(&[&m, "drsnoop"])), "Tracing"),
-            cfg("memtrace mmapsnoop", Some(s(&[&m, "mmapsnoop"])), "Tracing"),
-            cfg("libbpf-tools oomkill", tool("oomkill"), "Tracing"),
-            cfg("libbpf-tools drsnoop", tool("drsnoop"), "LAT(ms)"),
-            cfg("BCC oomkill", tool("oomkill-bpfcc"), "Tracing"),
-            cfg("BCC stackcount -U t:syscalls:sys_enter_brk", tool("stackcount-bpfcc").map(|mut v| { v.extend(s(&["-U", "t:syscalls:sys_enter_brk"])); v }), "Tracing"),
-            cfg(
-                "bpftrace brkstack.bt",
-                bt("tracepoint:syscalls:sys_enter_brk /comm == \"memtrace-worklo\"/ { @[ustack, comm] = count(); }"),
-                "Attaching",
-            ),
-            cfg(
-                "bpftrace oom:mark_victim",
-                bt("tracepoint:oom:mark_victim { printf(\"%d\\n\", args->pid); }"),
-                "Attaching",
-            ),
-            cfg(
-                "bpftrace faults by pid",
-                bt("tracepoint:exceptions:page_fault_user { @[pid] = count(); }"),
-                "Attaching",
-            ),
-        ],
-        runs,
-        &mut out,
-    )?;
+    startup_rss(&startup_configs(), runs, &mut out)?;
     if !bpftrace {
         out.push_str(&format!("\nbpftrace: {bt_missing}\n"));
     }
     print!("{out}");
     let dir = root().join("bench");
     std::fs::create_dir_all(&dir)?;
+    let old = std::fs::read_to_string(dir.join("RESULTS.md")).unwrap_or_default();
+    let slipped = compare::report(&old, &out, check);
     std::fs::write(dir.join("RESULTS.md"), &out)?;
     eprintln!("bench: wrote bench/RESULTS.md");
-    Ok(())
+    slipped
 }

@@ -146,13 +146,8 @@ pub fn sites(shim: &Path, pid: Option<u32>) -> Result<Vec<Probe>> {
         }
     }
     for (prog, what, points) in by_prog {
-        let what = match points.len() {
-            1 => what,
-            n => format!(
-                "{} ({n} sites)",
-                what.split(", site").next().unwrap_or(&what)
-            ),
-        };
+        // Said "at N points" when attached.
+        let what = what.split(", site").next().unwrap_or(&what).to_string();
         probes.push(Probe::new(what).uprobe_multi(prog, path.clone(), points, pid));
     }
     Ok(probes)

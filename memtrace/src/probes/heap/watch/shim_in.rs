@@ -2,7 +2,9 @@
 //! the set-up, and each process taken in through it or, where it cannot
 //! be loaded, by uprobes of its own.
 
+use memtrace_common::memcg::MemcgProc;
 use memtrace_common::memleak::MemleakConfig;
+use memtrace_common::names;
 
 use super::super::shimmed::Shimmed;
 use std::time::Duration;
@@ -110,7 +112,9 @@ impl HeapWatch {
             self.seen.remove(&pid);
             return Ok(());
         }
+        let before = s.hash_get(names::MEMCG_PROCS, &pid);
         let probes = self.shim_in(pid);
+        uncredit_load(s, pid, before)?;
         self.attach_for(s, pid, &probes)
     }
 
@@ -144,4 +148,27 @@ fn age(pid: u32) -> Option<Duration> {
     unsafe { libc::clock_gettime(libc::CLOCK_BOOTTIME, &mut t) };
     let now = Duration::new(t.tv_sec as u64, t.tv_nsec as u32);
     Some(now.saturating_sub(Duration::from_millis(ticks * 1000 / hz)))
+}
+
+/// The shim's load (memtrace's dlopen, run in one of the process's threads)
+/// changes its RSS: the growth stack memcg keeps for it must not become
+/// that load's, or a process that grew by itself is shown growing in
+/// memtrace's dlopen. Its stack before the load is put back (none, if it
+/// had none: its next growth takes one). Every thread was held meanwhile,
+/// so no change of its own is undone.
+fn uncredit_load(s: &mut Traced, pid: u32, before: Option<MemcgProc>) -> Result<()> {
+    let Some(mut now) = s.hash_get(names::MEMCG_PROCS, &pid) else {
+        return Ok(());
+    };
+    let (ustack, kstack, stack_at) =
+        before.map_or((-1, -1, 0), |b| (b.ustack, b.kstack, b.stack_at));
+    if (now.ustack, now.kstack) == (ustack, kstack) {
+        return Ok(());
+    }
+    (now.ustack, now.kstack, now.stack_at) = (ustack, kstack, stack_at);
+    // BPF_EXIST (uapi): gone meanwhile (it exited), it stays gone.
+    match s.hash_insert(names::MEMCG_PROCS, pid, now, 2) {
+        Err(_) if s.hash_get(names::MEMCG_PROCS, &pid).is_none() => Ok(()),
+        r => r,
+    }
 }
