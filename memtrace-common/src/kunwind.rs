@@ -93,10 +93,12 @@ pub mod mark {
     /// or library not read yet: it is read now) and was walked by frame
     /// pointers from there (`loss::TABLES_PENDING`).
     pub const NO_TABLE: u64 = BASE + 2;
-    /// Code without unwind information, or a rule the rows cannot express.
+    /// Code without unwind information.
     pub const NO_INFO: u64 = BASE + 3;
     /// A read of the user stack failed.
     pub const READ_FAIL: u64 = BASE + 4;
+    /// Code with unwind information whose rule the rows cannot express.
+    pub const UNSUPPORTED: u64 = BASE + 5;
 
     /// Why a stack stopped, for a mark; None for an address.
     pub fn note(ip: u64) -> Option<&'static str> {
@@ -107,6 +109,7 @@ pub mod mark {
             ),
             NO_INFO => Some("code without usable unwind information"),
             READ_FAIL => Some("user stack read failed"),
+            UNSUPPORTED => Some("an unwind rule memtrace cannot follow here"),
             _ if ip >= BASE => Some("unwind stopped"),
             _ => None,
         }
@@ -124,7 +127,8 @@ pub mod stat {
     /// Of the complete ones, those that were the stack this CPU unwound
     /// last, found unchanged word for word (`unwind_memo`), not walked again.
     pub const REPEATED: u32 = 5;
-    pub const NR: u32 = 6;
+    pub const UNSUPPORTED: u32 = 6;
+    pub const NR: u32 = 7;
     pub const NAMES: [&str; NR as usize] = [
         "kunwind_complete",
         "kunwind_truncated",
@@ -132,6 +136,7 @@ pub mod stat {
         "kunwind_no_info",
         "kunwind_read_fail",
         "kunwind_repeated",
+        "kunwind_unsupported",
     ];
 }
 

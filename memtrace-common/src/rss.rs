@@ -22,6 +22,14 @@ pub struct RssConfig {
     /// The slot (`FILE`...) of each kernel counter index `member`; `NR` for
     /// counters memtrace does not keep.
     pub slots: [u8; 8],
+}
+
+/// What tells `rss_exit` that a process's last thread is leaving: its own
+/// global, as memcg's programs load `RssConfig` whole onto a stack that
+/// has no room for more on kernels before about 6.13.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct RssExitConfig {
     /// `group_dead` of sched:sched_process_exit; 0 where the format has no
     /// such field (before 6.16): then `signal->live` tells, at these offsets.
     pub tp_group_dead: u32,
@@ -39,10 +47,6 @@ impl RssConfig {
         tp_size: 0,
         threshold: 0,
         slots: [NR as u8; 8],
-        tp_group_dead: 0,
-        task_signal: 0,
-        signal_live: 0,
-        _pad: 0,
     };
 }
 
@@ -103,6 +107,7 @@ crate::names! {
     }
     globals {
         RSS_CFG: RssConfig;
+        RSS_EXIT_CFG: RssExitConfig;
     }
     progs {
         RSS_STAT = rss_stat,
@@ -110,4 +115,4 @@ crate::names! {
     }
 }
 
-crate::pod!(RssConfig, RssVal, RssCross, RssExit);
+crate::pod!(RssConfig, RssExitConfig, RssVal, RssCross, RssExit);

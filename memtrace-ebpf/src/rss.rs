@@ -11,7 +11,7 @@ use aya_ebpf::{
 };
 use memtrace_common::{
     kind, loss,
-    rss::{RssConfig, RssCross, RssExit, RssVal, NR},
+    rss::{RssConfig, RssCross, RssExit, RssExitConfig, RssVal, NR},
     TASK_COMM_LEN,
 };
 
@@ -21,6 +21,14 @@ use crate::helpers::{
 
 #[unsafe(no_mangle)]
 static RSS_CFG: Global<RssConfig> = Global::new(RssConfig::INIT);
+
+#[unsafe(no_mangle)]
+static RSS_EXIT_CFG: Global<RssExitConfig> = Global::new(RssExitConfig {
+    tp_group_dead: 0,
+    task_signal: 0,
+    signal_live: 0,
+    _pad: 0,
+});
 
 /// mm_id (a hash of the mm pointer) -> the process that owns it, learnt from
 /// events where the mm is current's; other tasks (reclaim, kswapd) change it too.
@@ -146,7 +154,7 @@ pub fn rss_exit(ctx: TracePointContext) -> u32 {
     let Some(v) = RSS.get_ptr_mut(tgid) else {
         return 0;
     };
-    let c = RSS_CFG.load();
+    let c = RSS_EXIT_CFG.load();
     let dead = if c.tp_group_dead != 0 {
         match unsafe { ctx.read_at::<u8>(c.tp_group_dead as usize) } {
             Ok(d) => d != 0,

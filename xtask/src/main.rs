@@ -51,7 +51,7 @@ enum Cmd {
         /// Runs per configuration (medians are reported).
         #[arg(long, default_value_t = 5)]
         runs: usize,
-        /// Only this section (`memleak`, `stacks`, `tables`, `startup`), replaced in bench/RESULTS.md.
+        /// Only this section (`memleak`, `stacks`, `tables`, `startup`, `redis`), replaced in bench/RESULTS.md.
         #[arg(long)]
         only: Option<String>,
         /// Fail when a figure is more than 20% worse than the committed

@@ -204,6 +204,8 @@ extern "C" fn unwind_frame(index: u32, ctx: *mut c_void) -> i64 {
                 r.rbp_off,
             )
         }
+        // Information the rows cannot express: never taken for the end.
+        row::UNSUPPORTED => return stop(st, mark::UNSUPPORTED),
         // Between functions with unwind information: ld.so's entry, unless
         // rbp is still the zero it starts with.
         _ if bp_used(st) == 0 => return stop(st, 0),
@@ -366,6 +368,7 @@ fn unwind_user_stack() -> (i32, u32) {
         mark::TRUNCATED => (stat::TRUNCATED, mark::TRUNCATED),
         mark::NO_TABLE => (stat::NO_TABLE, mark::NO_TABLE),
         mark::READ_FAIL => (stat::READ_FAIL, mark::READ_FAIL),
+        mark::UNSUPPORTED => (stat::UNSUPPORTED, mark::UNSUPPORTED),
         _ => (stat::NO_INFO, mark::NO_INFO),
     };
     count(what);

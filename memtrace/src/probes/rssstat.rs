@@ -1,7 +1,7 @@
 //! kmem:rss_stat as the kernel programs read it: the field offsets and the
 //! kernel's mm counter indexes, shared by the tools that follow RSS changes.
 
-use memtrace_common::rss::{RssConfig, ANON, FILE, NR, SHMEM, SWAP};
+use memtrace_common::rss::{RssConfig, RssExitConfig, ANON, FILE, NR, SHMEM, SWAP};
 
 use crate::error::Result;
 use crate::session::Prep;
@@ -24,6 +24,18 @@ pub fn config(k: &Prep, threshold: u64) -> Result<RssConfig> {
         }
     }
     let slots = r.done("the mm counters of kmem:rss_stat", slots)?;
+    Ok(RssConfig {
+        tp_mm_id: f.offset("mm_id")?,
+        tp_curr: f.offset("curr")?,
+        tp_member: f.offset("member")?,
+        tp_size: f.offset("size")?,
+        threshold,
+        slots,
+    })
+}
+
+/// What tells a process's last thread leaving at sched:sched_process_exit.
+pub fn exit_config(k: &Prep) -> Result<RssExitConfig> {
     let exit = k.format("sched", "sched_process_exit")?;
     let mut r = k.btf()?.resolver();
     let live = (
@@ -31,17 +43,11 @@ pub fn config(k: &Prep, threshold: u64) -> Result<RssConfig> {
         r.member("signal_struct", "live"),
     );
     let (task_signal, signal_live) = r.done("a process's live threads", live)?;
-    Ok(RssConfig {
+    Ok(RssExitConfig {
         // Absent before 6.16: `signal->live` then.
         tp_group_dead: exit.offset("group_dead").unwrap_or(0),
         task_signal,
         signal_live,
         _pad: 0,
-        tp_mm_id: f.offset("mm_id")?,
-        tp_curr: f.offset("curr")?,
-        tp_member: f.offset("member")?,
-        tp_size: f.offset("size")?,
-        threshold,
-        slots,
     })
 }

@@ -12,6 +12,7 @@ mod compare;
 mod heap;
 mod measure;
 mod memleak;
+mod redis;
 mod tables;
 mod tracer;
 
@@ -40,8 +41,11 @@ pub fn run_only(section: &str, runs: usize, check: bool) -> Result<()> {
             stack_costs(&memtrace(), &bt, runs, &mut out)?
         }
         "tables" => tables::startup_tables(&memtrace(), runs, &mut out)?,
+        "redis" => redis::redis_cost(runs, &mut out)?,
         _ => {
-            anyhow::bail!("no bench section {section} (sections: memleak, stacks, tables, startup)")
+            anyhow::bail!(
+                "no bench section {section} (sections: memleak, stacks, tables, startup, redis)"
+            )
         }
     }
     print!("{out}");
@@ -283,6 +287,7 @@ pub fn run(runs: usize, check: bool) -> Result<()> {
     )?;
     streaming(runs, &mut out)?;
     memleak::memleak_cost(runs, &mut out)?;
+    redis::redis_cost(runs, &mut out)?;
     startup_rss(&startup_configs(), runs, &mut out)?;
     if !bpftrace {
         out.push_str(&format!("\nbpftrace: {bt_missing}\n"));

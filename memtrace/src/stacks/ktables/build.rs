@@ -232,6 +232,25 @@ fn object_rows<'d, R: object::ReadRef<'d>>(obj: &object::File<'d, R>) -> Result<
         }
     }
     spans.sort_by_key(|s| s.0);
+    // Function entries no FDE covers (the C runtime's): the caller's rule.
+    let covered: Vec<(u64, u64)> = spans.iter().map(|s| (s.0, s.1)).collect();
+    let entry = UnwindRule {
+        cfa_off: 8,
+        rbp_off: 0,
+        kind: row::RSP,
+    };
+    for (start, end) in super::entries::uncovered(&super::entries::function_entries(obj), &covered)
+    {
+        if end > u32::MAX as u64 {
+            continue;
+        }
+        let r = Row {
+            pc: start as u32,
+            rule: entry,
+        };
+        spans.push((start, end, r));
+    }
+    spans.sort_by_key(|s| s.0);
     let mut last_end = 0u64;
     for (start, end, r) in spans {
         // Between FDEs there is no information: say so, rather than let the
@@ -315,6 +334,39 @@ mod tests {
             .collect();
         assert_eq!(sig.len(), 1, "{sig:?}");
         assert_eq!((sig[0].rule.cfa_off, sig[0].rule.rbp_off), (160, 15));
+    }
+
+    /// The rule in force at `pc`.
+    fn at(t: &FileRows, pc: u64) -> UnwindRule {
+        let i = t.rows.partition_point(|r| r.pc as u64 <= pc);
+        t.rows[i - 1].rule
+    }
+
+    /// `_fini` and the `.fini_array`'s destructor have no FDE; at their
+    /// first instruction the caller's rule applies, and only there.
+    #[test]
+    fn function_entries_without_an_fde_take_the_callers_rule() {
+        let path = "/lib/x86_64-linux-gnu/libm.so.6";
+        let Ok(data) = std::fs::read(path) else {
+            eprintln!("skipped: no {path}");
+            return;
+        };
+        let obj = object::File::parse(&*data).unwrap();
+        let fini = obj.section_by_name(".fini").unwrap().address();
+        let dtor = obj.section_by_name(".fini_array").unwrap().data().unwrap();
+        let dtor = u64::from_le_bytes(dtor[..8].try_into().unwrap());
+        let t = bytes_rows(&data).unwrap();
+        let entry = UnwindRule {
+            cfa_off: 8,
+            rbp_off: 0,
+            kind: row::RSP,
+        };
+        for a in [fini, dtor] {
+            assert_eq!(at(&t, a), entry, "{a:#x}");
+        }
+        // `_fini` does `sub $8, %rsp` first: the next instruction is not
+        // at the caller's rule, and has no information.
+        assert_eq!(at(&t, fini + 4).kind, row::NONE);
     }
 
     #[test]

@@ -5,6 +5,7 @@
 //! exec, and when the program meets code it has no table for).
 
 pub mod build;
+mod entries;
 mod files;
 mod genpage;
 mod rows;

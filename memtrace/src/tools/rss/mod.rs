@@ -341,6 +341,8 @@ impl Tool for Rss {
         self.target = k.target.unwrap_or(0);
         let cfg = crate::probes::rssstat::config(k, self.args.threshold.unwrap_or(0))?;
         k.loader.global(names::RSS_CFG, &cfg);
+        let exit = crate::probes::rssstat::exit_config(k)?;
+        k.loader.global(names::RSS_EXIT_CFG, &exit);
         k.loader.max_entries(names::RSS, 4096);
         k.loader.max_entries(names::RSS_OWNER, 4096);
         k.loader.max_entries(names::RSS_EXCLUDED, 4096);
