@@ -96,6 +96,11 @@ pub struct Memcg {
     /// RSS of each process in a watched group, sampled.
     rss_history: HashMap<u32, VecDeque<(Instant, u64)>>,
     checked_start: bool,
+    /// The groups over the warning line once their notifiers were armed:
+    /// those are warned about "at start" (a v1 notifier fires at a
+    /// crossing only); any other crosses later, and is warned about by
+    /// what saw it cross.
+    over_at_start: Vec<bool>,
     warnings: u64,
     kills: u64,
     rows: u64,
@@ -166,6 +171,7 @@ impl Memcg {
             poller: None,
             rss_history: HashMap::new(),
             checked_start: false,
+            over_at_start: Vec::new(),
             warnings: 0,
             kills: 0,
             rows: 0,
@@ -311,7 +317,9 @@ impl Tool for Memcg {
         if self.runup_events() {
             self.set_lines(s)?;
         }
-        self.arm()
+        self.arm()?;
+        self.over_at_start = (0..self.groups.len()).map(|i| self.over_line(i)).collect();
+        Ok(())
     }
 
     fn on_record(&mut self, data: &[u8], s: &mut Traced, out: &mut dyn Printer) -> Result<()> {

@@ -18,6 +18,21 @@ const TOP: usize = 5;
 impl Memcg {
     /// Warns if group `i` is at or over the `--warn` line (the notifiers
     /// also fire on the way down).
+    /// Whether group `i`'s usage is at or over the warning line now.
+    pub(super) fn over_line(&self, i: usize) -> bool {
+        let Some(pct) = self.args.warn else {
+            return false;
+        };
+        let w = &self.groups[i];
+        match (
+            w.threshold(pct),
+            w.limit.as_ref().and_then(|(_, at)| at.usage()),
+        ) {
+            (Some(thr), Some(usage)) => usage >= thr,
+            _ => false,
+        }
+    }
+
     pub(super) fn check_usage(
         &mut self,
         i: usize,

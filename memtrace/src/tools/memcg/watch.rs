@@ -201,7 +201,9 @@ impl Memcg {
                 if !self.checked_start {
                     self.checked_start = true;
                     for i in 0..self.groups.len() {
-                        self.check_usage(i, "at start", s, out)?;
+                        if self.over_at_start.get(i) == Some(&true) {
+                            self.check_usage(i, "at start", s, out)?;
+                        }
                     }
                 }
                 continue;
