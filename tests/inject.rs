@@ -106,3 +106,39 @@ fn a_library_loaded_later_gets_its_calls_pointed_at_the_shim() {
     w.go();
     assert!(w.wait().success());
 }
+
+/// A thread waiting on a lock of the program's own (in the C library's
+/// futex call) does not keep the shim out: every multithreaded service has
+/// one (Redis's bio threads, jemalloc's background thread), and each was
+/// refused ("every thread was inside its allocator or loader") and traced
+/// by uprobes, Redis at a sixteenth of its throughput.
+#[test]
+fn a_thread_waiting_on_its_own_lock_does_not_keep_the_shim_out() {
+    use std::io::{BufRead, Write};
+    let py = "import threading, sys\n\
+              ev = threading.Event()\n\
+              t = threading.Thread(target=ev.wait)\n\
+              t.start()\n\
+              print('ready', flush=True)\n\
+              sys.stdin.readline()\n\
+              ev.set()\n";
+    let mut child = std::process::Command::new("/usr/bin/python3")
+        .args(["-c", py])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = std::io::BufReader::new(child.stdout.take().unwrap()).lines();
+    assert_eq!(lines.next().unwrap().unwrap(), "ready");
+    let pid = child.id().to_string();
+    let out = run(&["memleak", "-p", &pid, "-d", "1", "-v"]);
+    child.stdin.take().unwrap().write_all(b"\n").unwrap();
+    assert!(child.wait().unwrap().success());
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    assert!(!out.stderr.contains("uprobes instead"), "{}", out.stderr);
+    assert!(
+        out.stderr.contains("allocator calls put back"),
+        "{}",
+        out.stderr
+    );
+}

@@ -51,6 +51,15 @@ pub fn pc(tid: pid_t) -> io::Result<u64> {
     Ok(*pc_of(&mut regs(tid)?))
 }
 
+/// Stopped thread `tid`'s stack pointer.
+pub fn sp(tid: pid_t) -> io::Result<u64> {
+    let r = regs(tid)?;
+    #[cfg(target_arch = "x86_64")]
+    return Ok(r.rsp);
+    #[cfg(target_arch = "aarch64")]
+    return Ok(r.sp);
+}
+
 /// Moves stopped thread `tid`'s program counter to `at`.
 pub fn set_pc(tid: pid_t, at: u64) -> io::Result<()> {
     let mut r = regs(tid)?;

@@ -64,19 +64,51 @@ fn throughput() -> Option<f64> {
         .next_back()
 }
 
-/// Reads `child`'s stderr until a line containing `ready` (false at EOF).
-fn ready_on_stderr(child: &mut Child, ready: &str) -> bool {
-    let Some(err) = child.stderr.take() else {
-        return false;
-    };
-    let mut lines = BufReader::new(err).lines();
-    let seen = lines
-        .by_ref()
-        .map_while(|l| l.ok())
-        .any(|l| l.contains(ready));
-    // The rest is drained, or the tracer blocks on a full pipe.
-    std::thread::spawn(move || lines.for_each(drop));
-    seen
+/// Reads `child`'s output (heaptrack says it on stdout, memtrace on
+/// stderr) until a line containing `ready`; false at its end or after a
+/// minute.
+fn ready_on_output(child: &mut Child, ready: &str) -> bool {
+    let (tx, rx) = std::sync::mpsc::channel::<String>();
+    let out = child
+        .stdout
+        .take()
+        .map(|o| Box::new(o) as Box<dyn std::io::Read + Send>);
+    let err = child
+        .stderr
+        .take()
+        .map(|e| Box::new(e) as Box<dyn std::io::Read + Send>);
+    for pipe in [out, err].into_iter().flatten() {
+        let tx = tx.clone();
+        // Drained to the end, or the tracer blocks on a full pipe.
+        std::thread::spawn(move || {
+            for l in BufReader::new(pipe).lines().map_while(|l| l.ok()) {
+                let _ = tx.send(l);
+            }
+        });
+    }
+    drop(tx);
+    let until = Instant::now() + Duration::from_secs(60);
+    while let Ok(l) = rx.recv_timeout(until.saturating_duration_since(Instant::now())) {
+        if l.contains(ready) {
+            return true;
+        }
+    }
+    false
+}
+
+/// Throws `child`'s output away as it comes (a full pipe would stall it).
+fn drain(child: &mut Child) {
+    let out = child
+        .stdout
+        .take()
+        .map(|o| Box::new(o) as Box<dyn std::io::Read + Send>);
+    let err = child
+        .stderr
+        .take()
+        .map(|e| Box::new(e) as Box<dyn std::io::Read + Send>);
+    for mut pipe in [out, err].into_iter().flatten() {
+        std::thread::spawn(move || std::io::copy(&mut pipe, &mut std::io::sink()));
+    }
 }
 
 fn stop(child: &mut Child, sig: &str) {
@@ -105,7 +137,7 @@ fn once(how: &str, tracer: &[String], ready: &str) -> Option<f64> {
     let spawn = |argv: Vec<String>| {
         Command::new(&argv[0])
             .args(&argv[1..])
-            .stdout(Stdio::null())
+            .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()
             .ok()
@@ -115,11 +147,12 @@ fn once(how: &str, tracer: &[String], ready: &str) -> Option<f64> {
     let r = match how {
         "-p" => {
             let mut server = spawn(server_cmd)?;
+            drain(&mut server);
             wait_ready().then_some(())?;
             let mut t = tracer.to_vec();
             t.extend(["-p".to_string(), server.id().to_string()]);
             let mut tr = spawn(t)?;
-            let attached = ready_on_stderr(&mut tr, ready);
+            let attached = ready_on_output(&mut tr, ready);
             let r = attached.then(throughput).flatten();
             // The tracer lets go first (memtrace puts the calls back).
             stop(&mut tr, "-INT");
@@ -138,6 +171,7 @@ fn once(how: &str, tracer: &[String], ready: &str) -> Option<f64> {
                 t.extend(server_cmd);
             }
             let mut tr = spawn(t)?;
+            drain(&mut tr);
             let r = wait_ready().then(throughput).flatten();
             shutdown();
             stop(&mut tr, "-INT");
@@ -145,6 +179,7 @@ fn once(how: &str, tracer: &[String], ready: &str) -> Option<f64> {
         }
         _ => {
             let mut server = spawn(server_cmd)?;
+            drain(&mut server);
             let r = wait_ready().then(throughput).flatten();
             shutdown();
             let _ = server.wait();

@@ -62,6 +62,17 @@ pub fn exports(data: &[u8]) -> Result<HashMap<String, u64>, object::Error> {
         .collect())
 }
 
+/// Every function an object defines, each version apart: (name, address
+/// relative to its load bias, size).
+pub fn sized_exports(data: &[u8]) -> Result<Vec<(String, u64, u64)>, object::Error> {
+    let file = object::File::parse(data)?;
+    Ok(file
+        .dynamic_symbols()
+        .filter(|s| s.is_definition() && s.kind() == object::SymbolKind::Text)
+        .filter_map(|s| Some((s.name().ok()?.to_string(), s.address(), s.size())))
+        .collect())
+}
+
 /// The first loadable segment's address and file offset: an object mapped
 /// with that offset at `start` has its load bias at start - address (both
 /// page-aligned).

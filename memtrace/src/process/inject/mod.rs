@@ -135,14 +135,111 @@ fn busy(libs: &[Loaded]) -> Vec<(u64, u64)> {
         .collect()
 }
 
+/// The C library's functions that take the allocator's or the loader's
+/// locks: a thread waiting on a futex inside one holds them.
+const LOCKING: &[&str] = &[
+    "malloc",
+    "free",
+    "calloc",
+    "realloc",
+    "reallocarray",
+    "memalign",
+    "aligned_alloc",
+    "posix_memalign",
+    "valloc",
+    "pvalloc",
+    "cfree",
+    "malloc_trim",
+    "malloc_usable_size",
+    "mallinfo",
+    "mallinfo2",
+    "malloc_stats",
+    "malloc_info",
+    "mallopt",
+    "__libc_malloc",
+    "__libc_free",
+    "__libc_calloc",
+    "__libc_realloc",
+    "__libc_memalign",
+    "__libc_valloc",
+    "__libc_pvalloc",
+    "dlopen",
+    "dlmopen",
+    "dlsym",
+    "dlvsym",
+    "dlclose",
+    "dladdr",
+    "dladdr1",
+    "dlinfo",
+    "dl_iterate_phdr",
+    "fork",
+    "_Fork",
+];
+
+/// A condition variable's waits: a thread in one has let go of its mutex.
+const COND_WAITS: &[&str] = &[
+    "pthread_cond_wait",
+    "pthread_cond_timedwait",
+    "pthread_cond_clockwait",
+];
+
+/// Where return addresses say what a thread waiting on a futex is doing:
+/// `held`, inside the allocator or the loader (the loader and any
+/// allocator library whole, and in the C library its allocator's and
+/// loader's functions, each up to the next export: more, never less);
+/// `released`, in a condition variable's wait.
+pub(super) struct Locking {
+    pub held: Vec<(u64, u64)>,
+    pub released: Vec<(u64, u64)>,
+}
+
+fn locking(pid: u32, libs: &[Loaded]) -> Locking {
+    let mut out = Vec::new();
+    let mut released = Vec::new();
+    let maps = crate::process::maps::read_maps(pid).unwrap_or_default();
+    for l in libs {
+        let n = file_name(&l.shown);
+        if n.starts_with("ld-linux") || n.contains("alloc") {
+            // Their code: their data holds the threads' own list links.
+            out.extend(
+                maps.iter()
+                    .filter(|m| *m.path == *l.shown && m.perms.contains('x'))
+                    .map(|m| (m.start, m.end)),
+            );
+        } else if n.starts_with("libc.so") {
+            // Every version of each (pthread_cond_wait has two).
+            let data = crate::process::maps::read_object(&l.host).unwrap_or_default();
+            let mut f: Vec<(u64, u64, String)> = got::sized_exports(&data)
+                .unwrap_or_default()
+                .into_iter()
+                .map(|(n, a, size)| (l.bias + a, size, n))
+                .collect();
+            f.sort();
+            for (i, (a, size, name)) in f.iter().enumerate() {
+                if LOCKING.contains(&name.as_str()) {
+                    let end = f[i + 1..].iter().map(|x| x.0).find(|e| e > a);
+                    out.push((*a, end.unwrap_or(l.span.1)));
+                } else if COND_WAITS.contains(&name.as_str()) {
+                    // Its own bytes only: a wrong "let go" is the unsafe way.
+                    released.push((*a, a + size));
+                }
+            }
+        }
+    }
+    Locking {
+        held: out,
+        released,
+    }
+}
+
 /// Every thread of `pid` held, with one to call in: held again after a
 /// moment while every thread is inside the allocator or the loader (an
 /// allocation-heavy loop), up to a limit.
-fn hold_calm(pid: u32, busy: &[(u64, u64)]) -> Result<(Held, i32)> {
+fn hold_calm(pid: u32, busy: &[(u64, u64)], locking: &Locking) -> Result<(Held, i32)> {
     const TRIES: u32 = 50;
     for _ in 0..TRIES {
         let held = Held::all(pid).map_err(|e| no(format!("cannot stop its threads: {e}")))?;
-        if let Some(tid) = held.calm_thread(busy) {
+        if let Some(tid) = held.calm_thread(busy, locking) {
             return Ok((held, tid));
         }
         drop(held);
@@ -219,7 +316,7 @@ impl Injected {
                 "its glibc has no dlopen it can call (before 2.34, without libdl)",
             ));
         };
-        let (mut held, tid) = hold_calm(pid, &busy(&libs))?;
+        let (mut held, tid) = hold_calm(pid, &busy(&libs), &locking(pid, &libs))?;
         let call = |h: &mut Held, f: u64, args: &[u64], data: &[u8]| {
             h.call(tid, f, args, data)
                 .map_err(|e| no(format!("calling into thread {tid}: {e}")))
@@ -433,8 +530,10 @@ impl Injected {
         }
         // Every thread is held: no batch changes while it is read.
         if let Some(f) = self.flush_all {
-            let busy = busy(&loaded(self.pid));
-            let tid = held.calm_thread(&busy).unwrap_or(held.first());
+            let libs = loaded(self.pid);
+            let tid = held
+                .calm_thread(&busy(&libs), &locking(self.pid, &libs))
+                .unwrap_or(held.first());
             held.call(tid, f, &[], &[])
                 .map_err(|e| no(format!("reporting its batched frees: {e}")))?;
         }

@@ -183,7 +183,7 @@ impl Held {
     /// C library, the loader and the allocator: malloc and dlopen entered
     /// again mid-update corrupt the heap); None when every thread is in
     /// them (let it run a moment and hold it again).
-    pub fn calm_thread(&self, busy: &[(u64, u64)]) -> Option<i32> {
+    pub fn calm_thread(&self, busy: &[(u64, u64)], locking: &super::Locking) -> Option<i32> {
         let syscall = |tid: i32| {
             let s = std::fs::read_to_string(format!("/proc/{}/task/{tid}/syscall", self.pid))
                 .unwrap_or_default();
@@ -211,6 +211,17 @@ impl Held {
             })
         };
         let in_call = idle;
+        // Waiting in the C library's futex call: in a condition variable's
+        // wait (its innermost frames say so), its mutex let go, as an
+        // allocator's background thread sleeps; else on a lock, which is
+        // one the call takes only inside the allocator or the loader: a
+        // return address into them on its stack tells (a word that only
+        // looks like one keeps it out, never the other way).
+        let waits_elsewhere = |tid: i32| {
+            syscall(tid).is_some_and(|(n, _)| n == libc::SYS_futex)
+                && (self.stack_points_into(tid, &locking.released, COND_FRAMES) == Some(true)
+                    || self.stack_points_into(tid, &locking.held, STACK_SCAN) == Some(false))
+        };
         // Every thread, not only the one called in: one stopped inside
         // the allocator or the loader holds their locks, which the call
         // then waits on.
@@ -219,6 +230,7 @@ impl Held {
                 && self
                     .pc(tid)
                     .is_none_or(|pc| busy.iter().any(|r| (r.0..r.1).contains(&pc)))
+                && !waits_elsewhere(tid)
         };
         if self.tids.iter().any(|&t| inside(t)) {
             return None;
@@ -231,6 +243,28 @@ impl Held {
             self.pc(t)
                 .is_some_and(|pc| !busy.iter().any(|r| (r.0..r.1).contains(&pc)))
         })
+    }
+
+    /// Whether a word of `tid`'s stack, from its stack pointer up to the
+    /// end of its stack or `bytes`, lies in one of `ranges`; None when the
+    /// stack cannot be read.
+    fn stack_points_into(&self, tid: i32, ranges: &[(u64, u64)], bytes: usize) -> Option<bool> {
+        let sp = crate::process::ptregs::sp(tid).ok()?;
+        // Its stack's mapping only: above it lie other data (a loader's
+        // tables of its own functions).
+        let maps = crate::process::maps::read_maps(self.pid)?;
+        let stack = maps.iter().find(|m| m.start <= sp && sp < m.end)?;
+        let bytes = bytes.min((stack.end - sp) as usize);
+        let mut buf = vec![0u8; bytes];
+        // Up to the end of its mapping: a short read at the stack's top.
+        let n = match self.mem.read_at(&mut buf, sp) {
+            Ok(n) if n >= 8 => n,
+            _ => return None,
+        };
+        Some(buf[..n].chunks_exact(8).any(|w| {
+            let v = u64::from_ne_bytes(w.try_into().unwrap());
+            ranges.iter().any(|r| (r.0..r.1).contains(&v))
+        }))
     }
 
     pub fn first(&self) -> i32 {
@@ -394,6 +428,13 @@ const IDLE_CALLS: &[i64] = &[
     libc::SYS_io_uring_enter,
     libc::SYS_read,
 ];
+/// How much of a futex waiter's stack is looked at for frames of the
+/// allocator or the loader.
+const STACK_SCAN: usize = 64 * 1024;
+/// The innermost frames of a futex waiter, where a condition variable's
+/// wait is looked for (the futex call's own frames are a few words).
+const COND_FRAMES: usize = 1024;
+
 /// An argument that stands for the address of the call's data.
 pub const DATA: u64 = u64::MAX - 0x4d54;
 
