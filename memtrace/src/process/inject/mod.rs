@@ -17,6 +17,7 @@
 //!    are nops, so a memtrace killed before restoring leaves a process
 //!    that still works.
 
+mod calm;
 mod got;
 mod late;
 mod memfd;
@@ -26,7 +27,8 @@ mod ptrace;
 use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
 
-use objects::{file_name, functions, loaded, Loaded};
+use calm::{busy, hold_calm, locking};
+use objects::{file_name, functions, loaded};
 use ptrace::{Held, DATA};
 
 /// Why the shim was not loaded (one line, said before uprobes take over).
@@ -34,7 +36,7 @@ use ptrace::{Held, DATA};
 #[error("{0}")]
 pub struct NotInjected(pub String);
 
-type Result<T> = std::result::Result<T, NotInjected>;
+pub(super) type Result<T> = std::result::Result<T, NotInjected>;
 
 fn no(why: impl Into<String>) -> NotInjected {
     NotInjected(why.into())
@@ -121,133 +123,6 @@ pub struct Injected {
     unsettled: HashMap<String, u8>,
     /// The files the last redirect pointed slots of at the shim.
     pub newly: Vec<(String, usize)>,
-}
-
-/// Where a thread must not be stopped to call in: the C library, the
-/// loader and any allocator library (their code runs under their locks).
-fn busy(libs: &[Loaded]) -> Vec<(u64, u64)> {
-    libs.iter()
-        .filter(|l| {
-            let n = file_name(&l.shown);
-            n.starts_with("libc.so") || n.starts_with("ld-linux") || n.contains("alloc")
-        })
-        .map(|l| l.span)
-        .collect()
-}
-
-/// The C library's functions that take the allocator's or the loader's
-/// locks: a thread waiting on a futex inside one holds them.
-const LOCKING: &[&str] = &[
-    "malloc",
-    "free",
-    "calloc",
-    "realloc",
-    "reallocarray",
-    "memalign",
-    "aligned_alloc",
-    "posix_memalign",
-    "valloc",
-    "pvalloc",
-    "cfree",
-    "malloc_trim",
-    "malloc_usable_size",
-    "mallinfo",
-    "mallinfo2",
-    "malloc_stats",
-    "malloc_info",
-    "mallopt",
-    "__libc_malloc",
-    "__libc_free",
-    "__libc_calloc",
-    "__libc_realloc",
-    "__libc_memalign",
-    "__libc_valloc",
-    "__libc_pvalloc",
-    "dlopen",
-    "dlmopen",
-    "dlsym",
-    "dlvsym",
-    "dlclose",
-    "dladdr",
-    "dladdr1",
-    "dlinfo",
-    "dl_iterate_phdr",
-    "fork",
-    "_Fork",
-];
-
-/// A condition variable's waits: a thread in one has let go of its mutex.
-const COND_WAITS: &[&str] = &[
-    "pthread_cond_wait",
-    "pthread_cond_timedwait",
-    "pthread_cond_clockwait",
-];
-
-/// Where return addresses say what a thread waiting on a futex is doing:
-/// `held`, inside the allocator or the loader (the loader and any
-/// allocator library whole, and in the C library its allocator's and
-/// loader's functions, each up to the next export: more, never less);
-/// `released`, in a condition variable's wait.
-pub(super) struct Locking {
-    pub held: Vec<(u64, u64)>,
-    pub released: Vec<(u64, u64)>,
-}
-
-fn locking(pid: u32, libs: &[Loaded]) -> Locking {
-    let mut out = Vec::new();
-    let mut released = Vec::new();
-    let maps = crate::process::maps::read_maps(pid).unwrap_or_default();
-    for l in libs {
-        let n = file_name(&l.shown);
-        if n.starts_with("ld-linux") || n.contains("alloc") {
-            // Their code: their data holds the threads' own list links.
-            out.extend(
-                maps.iter()
-                    .filter(|m| *m.path == *l.shown && m.perms.contains('x'))
-                    .map(|m| (m.start, m.end)),
-            );
-        } else if n.starts_with("libc.so") {
-            // Every version of each (pthread_cond_wait has two).
-            let data = crate::process::maps::read_object(&l.host).unwrap_or_default();
-            let mut f: Vec<(u64, u64, String)> = got::sized_exports(&data)
-                .unwrap_or_default()
-                .into_iter()
-                .map(|(n, a, size)| (l.bias + a, size, n))
-                .collect();
-            f.sort();
-            for (i, (a, size, name)) in f.iter().enumerate() {
-                if LOCKING.contains(&name.as_str()) {
-                    let end = f[i + 1..].iter().map(|x| x.0).find(|e| e > a);
-                    out.push((*a, end.unwrap_or(l.span.1)));
-                } else if COND_WAITS.contains(&name.as_str()) {
-                    // Its own bytes only: a wrong "let go" is the unsafe way.
-                    released.push((*a, a + size));
-                }
-            }
-        }
-    }
-    Locking {
-        held: out,
-        released,
-    }
-}
-
-/// Every thread of `pid` held, with one to call in: held again after a
-/// moment while every thread is inside the allocator or the loader (an
-/// allocation-heavy loop), up to a limit.
-fn hold_calm(pid: u32, busy: &[(u64, u64)], locking: &Locking) -> Result<(Held, i32)> {
-    const TRIES: u32 = 50;
-    for _ in 0..TRIES {
-        let held = Held::all(pid).map_err(|e| no(format!("cannot stop its threads: {e}")))?;
-        if let Some(tid) = held.calm_thread(busy, locking) {
-            return Ok((held, tid));
-        }
-        drop(held);
-        std::thread::sleep(std::time::Duration::from_micros(500));
-    }
-    Err(no(format!(
-        "every thread was inside its allocator or loader at {TRIES} stops"
-    )))
 }
 
 /// Why `pid` must not be stopped and made to load a library, if so.
