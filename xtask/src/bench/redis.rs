@@ -112,8 +112,9 @@ fn drain(child: &mut Child) {
 }
 
 fn stop(child: &mut Child, sig: &str) {
+    // The tracer's whole group (its pid is the group's id).
     let _ = Command::new("kill")
-        .args([sig, &child.id().to_string()])
+        .args([sig, "--", &format!("-{}", child.id())])
         .status();
     let t0 = Instant::now();
     while t0.elapsed() < Duration::from_secs(30) {
@@ -122,7 +123,9 @@ fn stop(child: &mut Child, sig: &str) {
         }
         std::thread::sleep(Duration::from_millis(50));
     }
-    let _ = child.kill();
+    let _ = Command::new("kill")
+        .args(["-KILL", "--", &format!("-{}", child.id())])
+        .status();
     let _ = child.wait();
 }
 
@@ -134,9 +137,13 @@ fn shutdown() {
 
 /// One measurement under `how`: "untraced", "-p" with `tracer`, or "-c".
 fn once(how: &str, tracer: &[String], ready: &str) -> Option<f64> {
+    // Each in a process group of its own, ended whole: heaptrack's script
+    // leaves subshells behind when only it is signalled.
     let spawn = |argv: Vec<String>| {
+        use std::os::unix::process::CommandExt;
         Command::new(&argv[0])
             .args(&argv[1..])
+            .process_group(0)
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()
@@ -186,6 +193,10 @@ fn once(how: &str, tracer: &[String], ready: &str) -> Option<f64> {
             r
         }
     };
+    // heaptrack -p's script leaves a subshell behind, outside its group.
+    let _ = Command::new("pkill")
+        .args(["-KILL", "-f", &format!("heaptrack -o {HEAPTRACK_OUT}")])
+        .status();
     for ext in ["zst", "gz"] {
         let _ = std::fs::remove_file(format!("{HEAPTRACK_OUT}.{ext}"));
     }
