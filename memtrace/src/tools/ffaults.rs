@@ -79,22 +79,26 @@ impl Ffaults {
     /// shows no maps), else as memtrace kept its maps or any other's.
     fn look_up(s: &Traced, pid: u32, key: (u32, u64)) -> Option<String> {
         let dev = split_dev(key.0);
-        if let Some(m) = read_maps(pid)
+        // Kept already (no read): the file a forked child faults is mostly
+        // one its parent mapped.
+        if let Some(p) = s.sym.maps.lock().unwrap().path_of(pid, dev, key.1) {
+            return Some(p.to_string());
+        }
+        read_maps(pid)
             .unwrap_or_default()
             .into_iter()
             .find(|m| m.dev == dev && m.inode == key.1)
-        {
-            return Some(m.path.to_string());
-        }
-        let kept = s.sym.maps.lock().unwrap();
-        kept.path_of(pid, dev, key.1).map(|p| p.to_string())
+            .map(|m| m.path.to_string())
     }
 
-    /// Files still unnamed, looked for in the processes followed now.
+    /// Files still unnamed, looked for once in the processes followed
+    /// now: one that none maps stays a number, and is not looked for at
+    /// every report in every process's maps.
     fn name_the_rest(&mut self, s: &mut Traced) {
         if self.unnamed.is_empty() {
             return;
         }
+        let mut unnamed = std::mem::take(&mut self.unnamed);
         let mut pids: Vec<u32> = s
             .hash_entries(FOLLOWED)
             .into_iter()
@@ -103,7 +107,7 @@ impl Ffaults {
         pids.extend(self.target);
         for pid in pids {
             let Some(maps) = read_maps(pid) else { continue };
-            self.unnamed.retain(|key| {
+            unnamed.retain(|key| {
                 let dev = split_dev(key.0);
                 match maps.iter().find(|m| m.dev == dev && m.inode == key.1) {
                     Some(m) => {
@@ -113,7 +117,7 @@ impl Ffaults {
                     None => true,
                 }
             });
-            if self.unnamed.is_empty() {
+            if unnamed.is_empty() {
                 return;
             }
         }

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Result};
 
-use super::tracer::{have, median, memtrace};
+use super::tracer::{have, median, memtrace, s};
 
 const PORT: &str = "16379";
 const REQUESTS: &str = "200000";
@@ -17,7 +17,7 @@ const CLIENTS: &str = "50";
 const HEAPTRACK_OUT: &str = "/tmp/memtrace-bench-redis-heaptrack";
 
 fn server_args() -> Vec<String> {
-    [
+    s(&[
         "--port",
         PORT,
         "--save",
@@ -26,10 +26,7 @@ fn server_args() -> Vec<String> {
         "no",
         "--daemonize",
         "no",
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect()
+    ])
 }
 
 /// Until the server answers PING (or 20 s).
@@ -221,7 +218,6 @@ pub(super) fn redis_cost(runs: usize, out: &mut String) -> Result<()> {
         .args(["stop", "redis-server"])
         .output();
     let m = memtrace();
-    let s = |v: &[&str]| v.iter().map(|x| x.to_string()).collect::<Vec<_>>();
     let ht = have("heaptrack");
     let configs: Vec<(&str, &str, Option<Vec<String>>, &str)> = vec![
         ("untraced", "", Some(Vec::new()), ""),

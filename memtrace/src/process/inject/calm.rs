@@ -6,7 +6,7 @@ use super::objects::{file_name, Loaded};
 use std::os::unix::fs::FileExt;
 
 use super::ptrace::Held;
-use super::{got, no, Result};
+use super::{got, no, Result, ALLOCATOR};
 
 /// Where a thread must not be stopped to call in: the C library, the
 /// loader and any allocator library (their code runs under their locks).
@@ -20,19 +20,10 @@ pub(super) fn busy(libs: &[Loaded]) -> Vec<(u64, u64)> {
         .collect()
 }
 
-/// The C library's functions that take the allocator's or the loader's
-/// locks: a thread waiting on a futex inside one holds them.
+/// The C library's functions, beside `ALLOCATOR`'s, that take the
+/// allocator's or the loader's locks: a thread waiting on a futex inside
+/// one holds them.
 const LOCKING: &[&str] = &[
-    "malloc",
-    "free",
-    "calloc",
-    "realloc",
-    "reallocarray",
-    "memalign",
-    "aligned_alloc",
-    "posix_memalign",
-    "valloc",
-    "pvalloc",
     "cfree",
     "malloc_trim",
     "malloc_usable_size",
@@ -101,7 +92,7 @@ pub(super) fn locking(pid: u32, libs: &[Loaded]) -> Locking {
                 .collect();
             f.sort();
             for (i, (a, size, name)) in f.iter().enumerate() {
-                if LOCKING.contains(&name.as_str()) {
+                if ALLOCATOR.contains(&name.as_str()) || LOCKING.contains(&name.as_str()) {
                     let end = f[i + 1..].iter().map(|x| x.0).find(|e| e > a);
                     out.push((*a, end.unwrap_or(l.span.1)));
                 } else if COND_WAITS.contains(&name.as_str()) {
@@ -164,8 +155,14 @@ impl Held {
                     .any(|p| l.starts_with(p))
             })
         };
+        // Each thread's call read once, and the maps once when a thread
+        // waits on a futex.
+        let calls: std::collections::HashMap<i32, Option<(i64, i64)>> =
+            self.tids.iter().map(|&t| (t, syscall(t))).collect();
+        let call = |tid: i32| calls.get(&tid).copied().flatten();
+        let maps = std::cell::OnceCell::new();
         let idle = |tid: i32| {
-            syscall(tid).is_some_and(|(n, fd)| {
+            call(tid).is_some_and(|(n, fd)| {
                 IDLE_CALLS.contains(&n) && (n != libc::SYS_read || waits(fd))
             })
         };
@@ -177,9 +174,21 @@ impl Held {
         // return address into them on its stack tells (a word that only
         // looks like one keeps it out, never the other way).
         let waits_elsewhere = |tid: i32| {
-            syscall(tid).is_some_and(|(n, _)| n == libc::SYS_futex)
-                && (self.stack_points_into(tid, &locking.released, COND_FRAMES) == Some(true)
-                    || self.stack_points_into(tid, &locking.held, STACK_SCAN) == Some(false))
+            if call(tid).is_none_or(|(n, _)| n != libc::SYS_futex) {
+                return false;
+            }
+            let maps = maps.get_or_init(|| crate::process::maps::read_maps(self.pid));
+            let Some(words) = maps.as_deref().and_then(|m| self.stack_words(tid, m)) else {
+                return false;
+            };
+            let into = |w: &[u64], ranges: &[(u64, u64)]| {
+                w.iter()
+                    .any(|v| ranges.iter().any(|r| (r.0..r.1).contains(v)))
+            };
+            into(
+                &words[..words.len().min(COND_FRAMES / 8)],
+                &locking.released,
+            ) || !into(&words, &locking.held)
         };
         // Every thread, not only the one called in: one stopped inside
         // the allocator or the loader holds their locks, which the call
@@ -204,26 +213,24 @@ impl Held {
         })
     }
 
-    /// Whether a word of `tid`'s stack, from its stack pointer up to the
-    /// end of its stack or `bytes`, lies in one of `ranges`; None when the
-    /// stack cannot be read.
-    fn stack_points_into(&self, tid: i32, ranges: &[(u64, u64)], bytes: usize) -> Option<bool> {
+    /// The words of `tid`'s stack from its stack pointer up to the end of
+    /// its stack's mapping (above it lie other data: struct pthread's list
+    /// links into the loader's), at most `STACK_SCAN` bytes; None when they
+    /// cannot be read.
+    fn stack_words(&self, tid: i32, maps: &[crate::process::maps::Mapping]) -> Option<Vec<u64>> {
         let sp = crate::process::ptregs::sp(tid).ok()?;
-        // Its stack's mapping only: above it lie other data (a loader's
-        // tables of its own functions).
-        let maps = crate::process::maps::read_maps(self.pid)?;
         let stack = maps.iter().find(|m| m.start <= sp && sp < m.end)?;
-        let bytes = bytes.min((stack.end - sp) as usize);
-        let mut buf = vec![0u8; bytes];
-        // Up to the end of its mapping: a short read at the stack's top.
+        let mut buf = vec![0u8; STACK_SCAN.min((stack.end - sp) as usize)];
         let n = match self.mem.read_at(&mut buf, sp) {
             Ok(n) if n >= 8 => n,
             _ => return None,
         };
-        Some(buf[..n].chunks_exact(8).any(|w| {
-            let v = u64::from_ne_bytes(w.try_into().unwrap());
-            ranges.iter().any(|r| (r.0..r.1).contains(&v))
-        }))
+        Some(
+            buf[..n]
+                .chunks_exact(8)
+                .map(|w| u64::from_ne_bytes(w.try_into().unwrap()))
+                .collect(),
+        )
     }
 }
 

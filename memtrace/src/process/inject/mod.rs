@@ -43,8 +43,8 @@ fn no(why: impl Into<String>) -> NotInjected {
 }
 
 /// The allocator's own entry points: always sent through the shim, which
-/// forwards each to where the process binds it.
-const PRIMITIVES: &[&str] = &[
+/// forwards each to where the process binds it (with `PRIMITIVES`).
+pub(super) const ALLOCATOR: &[&str] = &[
     "malloc",
     "free",
     "calloc",
@@ -55,11 +55,9 @@ const PRIMITIVES: &[&str] = &[
     "posix_memalign",
     "valloc",
     "pvalloc",
-    "mmap",
-    "mmap64",
-    "munmap",
-    "dlsym",
 ];
+/// The other calls the shim always takes: its mmaps, its dlsym.
+const PRIMITIVES: &[&str] = &["mmap", "mmap64", "munmap", "dlsym"];
 /// What the shim defines that a running process must keep as it is: the
 /// exec wrappers carry a preload to children, the sites are memtrace's.
 fn never(name: &str) -> bool {
@@ -286,7 +284,8 @@ impl Injected {
             let from = owner(t.theirs)
                 .map(|l| file_name(&l.shown).to_string())
                 .unwrap_or_default();
-            let fits = PRIMITIVES.contains(&t.name.as_str())
+            let fits = ALLOCATOR.contains(&t.name.as_str())
+                || PRIMITIVES.contains(&t.name.as_str())
                 || from.starts_with("libstdc++")
                 || from.starts_with("libc++")
                 || from.starts_with("libc.so")

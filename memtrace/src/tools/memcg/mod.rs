@@ -318,7 +318,9 @@ impl Tool for Memcg {
             self.set_lines(s)?;
         }
         self.arm()?;
-        self.over_at_start = (0..self.groups.len()).map(|i| self.over_line(i)).collect();
+        self.over_at_start = (0..self.groups.len())
+            .map(|i| self.over_line(i).is_some())
+            .collect();
         Ok(())
     }
 

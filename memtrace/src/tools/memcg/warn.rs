@@ -16,23 +16,16 @@ use crate::stacks::Traced;
 const TOP: usize = 5;
 
 impl Memcg {
-    /// Warns if group `i` is at or over the `--warn` line (the notifiers
-    /// also fire on the way down).
-    /// Whether group `i`'s usage is at or over the warning line now.
-    pub(super) fn over_line(&self, i: usize) -> bool {
-        let Some(pct) = self.args.warn else {
-            return false;
-        };
+    /// Group `i`'s usage now, when it is at or over the warning line.
+    pub(super) fn over_line(&self, i: usize) -> Option<u64> {
         let w = &self.groups[i];
-        match (
-            w.threshold(pct),
-            w.limit.as_ref().and_then(|(_, at)| at.usage()),
-        ) {
-            (Some(thr), Some(usage)) => usage >= thr,
-            _ => false,
-        }
+        let thr = w.threshold(self.args.warn?)?;
+        let usage = w.limit.as_ref().and_then(|(_, at)| at.usage())?;
+        (usage >= thr).then_some(usage)
     }
 
+    /// Warns if group `i` is at or over the `--warn` line (the notifiers
+    /// also fire on the way down).
     pub(super) fn check_usage(
         &mut self,
         i: usize,
@@ -40,18 +33,8 @@ impl Memcg {
         s: &mut Traced,
         out: &mut dyn Printer,
     ) -> Result<()> {
-        let Some(pct) = self.args.warn else {
-            return Ok(());
-        };
-        let w = &self.groups[i];
-        let (Some(thr), Some(usage)) = (
-            w.threshold(pct),
-            w.limit.as_ref().and_then(|(_, at)| at.usage()),
-        ) else {
-            return Ok(());
-        };
-        if usage >= thr {
-            // The usage that was over the line, not a later read.
+        // The usage that was over the line, not a later read.
+        if let Some(usage) = self.over_line(i) {
             self.warn(i, why, Some(usage), s, out)?;
         }
         Ok(())

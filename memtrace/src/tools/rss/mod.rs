@@ -3,7 +3,7 @@
 //! and swap with peaks, and a threshold checked in the kernel at the change
 //! that crosses it, with the allocating stack and a pmap-like breakdown.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
 use memtrace_common::{
@@ -126,7 +126,7 @@ impl Rss {
 
     /// Forgets processes that exited: their counters, their exclusions and
     /// the mms they owned, so that neither the table nor the maps keep them.
-    fn forget(&mut self, s: &mut Traced, pids: &[u32]) -> Result<()> {
+    fn forget(&mut self, s: &mut Traced, pids: &HashSet<u32>) -> Result<()> {
         if pids.is_empty() {
             return Ok(());
         }
@@ -141,7 +141,6 @@ impl Rss {
             self.born.0.remove(pid);
             self.exited += 1;
         }
-        let pids: std::collections::HashSet<u32> = pids.iter().copied().collect();
         let owned: Vec<u32> = s
             .hash_entries(names::RSS_OWNER)
             .into_iter()
@@ -207,7 +206,6 @@ impl Tool for Rss {
                 bytes: ev.bytes,
                 peak: ev.peak,
                 comm: ev.comm,
-                exited: 1,
                 ..Default::default()
             };
             self.exits.push((ev.pid, v));

@@ -2,6 +2,8 @@
 //! row for each that exited (from the kernel's exit record, or its row
 //! marked when that record was lost), and a TOTAL of the live ones.
 
+use std::collections::HashSet;
+
 use memtrace_common::names;
 use memtrace_common::rss::{RssVal, ANON, FILE, SHMEM, SWAP};
 
@@ -23,14 +25,12 @@ impl Rss {
         // Exited since the last report (the kernel said so): a last row
         // each, under the name it had at exit; its pid followed no more.
         let mut last = std::mem::take(&mut self.exits);
-        let told: Vec<u32> = last.iter().map(|(p, _)| *p).collect();
-        let mut gone: std::collections::HashSet<u32> = told.iter().copied().collect();
-        let told_set = gone.clone();
-        for p in gone.iter().filter(|p| **p != self.target) {
+        let told: HashSet<u32> = last.iter().map(|(p, _)| *p).collect();
+        for p in told.iter().filter(|p| **p != self.target) {
             s.hash_remove(names::FOLLOWED, p)?;
         }
         self.forget(s, &told)?;
-        let mut left = Vec::new();
+        let mut left = HashSet::new();
         for (pid, v) in self.read(s)? {
             let followed = s.hash_get(names::FOLLOWED, &pid).is_some();
             // Its exit record was lost (counted): its row says it exited.
@@ -44,12 +44,12 @@ impl Rss {
                 seed::Fate::New => {
                     if !self.born.seed_into(s, pid, |_| {})? {
                         // Gone before it could be seeded: a last row.
-                        left.push(pid);
+                        left.insert(pid);
                         last.push((pid, v));
                     }
                 }
                 seed::Fate::Gone { reused } => {
-                    left.push(pid);
+                    left.insert(pid);
                     last.push((pid, v));
                     if reused {
                         s.hash_remove(names::FOLLOWED, &pid)?;
@@ -62,7 +62,7 @@ impl Rss {
             }
         }
         self.forget(s, &left)?;
-        gone.extend(left);
+        let gone: HashSet<u32> = told.union(&left).copied().collect();
         let rows: Vec<(u32, RssVal)> = self
             .read(s)?
             .into_iter()
@@ -107,7 +107,7 @@ impl Rss {
             // The name it has now, or took at its last exec: it may have
             // exec'd since its first change.
             let name = match renamed.get(pid).cloned() {
-                _ if told_set.contains(pid) => comm(&v.comm),
+                _ if told.contains(pid) => comm(&v.comm),
                 Some(n) => n,
                 _ if exited => comm(&v.comm),
                 None => crate::process::proc::comm(*pid).unwrap_or_else(|| comm(&v.comm)),
