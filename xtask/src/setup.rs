@@ -189,19 +189,24 @@ pub fn setup() -> Result<()> {
 /// and libraries their workloads run on: installed with apt where missing (tests that need one skip, with the
 /// reason, where it cannot be had).
 pub fn test_readers() {
-    // protoc decodes --pprof output against the published schema.
-    const READERS: [(&str, &str); 1] = [("protoc", "protobuf-compiler")];
+    // protoc decodes --pprof output against the published schema; go
+    // builds the Go programs the runtime tests trace.
+    const READERS: [(&str, &str, &str); 2] = [
+        ("protoc", "--version", "protobuf-compiler"),
+        ("go", "version", "golang-go"),
+    ];
     // jemalloc: the allocator tests' programs run on it too.
     const LIBS: [(&str, &str); 1] =
         [("/usr/lib/x86_64-linux-gnu/libjemalloc.so.2", "libjemalloc2")];
     let missing = READERS
         .into_iter()
-        .filter(|(bin, _)| {
+        .filter(|(bin, arg, _)| {
             !Command::new(bin)
-                .arg("--version")
+                .arg(arg)
                 .output()
                 .is_ok_and(|o| o.status.success())
         })
+        .map(|(bin, _, pkg)| (bin, pkg))
         .chain(
             LIBS.into_iter()
                 .filter(|(path, _)| cfg!(target_arch = "x86_64") && !Path::new(path).exists()),

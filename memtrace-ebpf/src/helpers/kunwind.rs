@@ -192,7 +192,12 @@ extern "C" fn unwind_frame(index: u32, ctx: *mut c_void) -> i64 {
     };
     let cfa = match r.kind {
         row::RSP => sp.wrapping_add(r.cfa_off as i64 as u64),
-        row::RBP => bp_used(st).wrapping_add(r.cfa_off as i64 as u64),
+        // A zero rbp where the CFA is rbp's: the outermost frame (a Go
+        // goroutine's first, walked by frame pointers), as the ABI has it.
+        row::RBP => match bp_used(st) {
+            0 => return stop(st, 0),
+            b => b.wrapping_add(r.cfa_off as i64 as u64),
+        },
         row::PLT => sp + 8 + (le(r.cfa_off as u64, ip & 15) << 3),
         row::END => return stop(st, 0),
         row::SIGNAL => {

@@ -7,6 +7,7 @@ pub mod buildid;
 pub mod kept;
 pub mod ktables;
 pub mod members;
+pub mod sections;
 pub mod store;
 pub mod symbolize;
 mod traced;

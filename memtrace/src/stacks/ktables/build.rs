@@ -1,19 +1,18 @@
-//! One file's `.eh_frame` compiled into the rows the kernel programs unwind
-//! with (`memtrace_common::kunwind`): gimli evaluates each FDE's CFI into a
-//! table; each row becomes a CFA rule (rsp or rbp + offset, or the PLT's
-//! expression, or a signal frame's) and where the caller's rbp was saved.
-//! Rules the rows cannot
-//! express are kept as `UNSUPPORTED` rows (an unwind stops there) and
-//! counted.
+//! One file's call frame information compiled into the rows the kernel
+//! programs unwind with (`memtrace_common::kunwind`): `.eh_frame`, then
+//! `.debug_frame` for code `.eh_frame` does not cover (all of a Go
+//! program's own code; `cfi` reads either). A Go binary with neither is
+//! walked by frame pointers (`golang`).
 
 use std::fs::File;
 
-use gimli::{
-    BaseAddresses, CfaRule, CieOrFde, EhFrame, LittleEndian, Register, RegisterRule, UnwindContext,
-    UnwindSection, X86_64,
-};
+use gimli::{BaseAddresses, DebugFrame, EhFrame, LittleEndian};
 use memtrace_common::kunwind::{row, UnwindRule};
 use object::{Object, ObjectSection};
+
+use super::cfi::cfi_spans;
+use super::golang;
+use crate::stacks::sections::{section_bytes, SectionError};
 
 /// The rule in force from `pc` (relative to the file's stated addresses) up
 /// to the next row's.
@@ -32,130 +31,45 @@ pub struct FileRows {
     pub unsupported: u64,
     /// (file offset, file size, address) of each executable segment.
     pub segments: Vec<(u64, u64, u64)>,
+    /// Where the rows came from.
+    pub source: Source,
+}
+
+/// Where a file's rows came from, for `-v`.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub enum Source {
+    #[default]
+    EhFrame,
+    DebugFrame,
+    /// `.eh_frame`, and `.debug_frame` for code it does not cover (a Go
+    /// program with C in it).
+    Both,
+    /// No call frame information: a Go binary's frame pointers.
+    FramePointers,
+}
+
+impl Source {
+    pub fn describe(self) -> &'static str {
+        match self {
+            Source::EhFrame => ".eh_frame",
+            Source::DebugFrame => ".debug_frame",
+            Source::Both => ".eh_frame and .debug_frame",
+            Source::FramePointers => "frame pointers (a Go binary without .debug_frame)",
+        }
+    }
 }
 
 #[derive(Debug, PartialEq, Eq)]
 pub enum NoRows {
     /// Not an ELF file the parser reads.
     NotElf,
-    /// No `.eh_frame` section (a stripped file, or one with only
-    /// `.debug_frame`).
+    /// Neither `.eh_frame` nor `.debug_frame` (a stripped file), and not a
+    /// Go binary.
     NoEhFrame,
-    /// `.eh_frame` could not be parsed.
+    /// The call frame information could not be parsed.
     Bad,
     /// Addresses past 4 GiB, or more rows than one file may have.
     TooBig,
-}
-
-/// The PLT's CFA expression (what binutils writes for `.plt`):
-/// rsp + 8 + ((rip & 15) >= N) << 3, N = 10 or 11.
-fn plt_threshold(expr: &[u8]) -> Option<i16> {
-    match expr {
-        [0x77, 8, 0x80, 0, 0x3f, 0x1a, n @ (0x3a | 0x3b), 0x2a, 0x33, 0x24, 0x22] => {
-            Some((n - 0x30) as i16)
-        }
-        _ => None,
-    }
-}
-
-/// `[DW_OP_breg7 N]` (rsp + N), then whether a `DW_OP_deref` follows.
-fn rsp_plus(expr: &[u8]) -> Option<(i64, bool)> {
-    let enc = gimli::Encoding {
-        format: gimli::Format::Dwarf64,
-        version: 4,
-        address_size: 8,
-    };
-    let mut r = gimli::EndianSlice::new(expr, LittleEndian);
-    let Ok(gimli::Operation::RegisterOffset {
-        register: X86_64::RSP,
-        offset,
-        ..
-    }) = gimli::Operation::parse(&mut r, enc)
-    else {
-        return None;
-    };
-    match r.len() {
-        0 => Some((offset, false)),
-        _ => match gimli::Operation::parse(&mut r, enc) {
-            Ok(gimli::Operation::Deref { .. }) if r.is_empty() => Some((offset, true)),
-            _ => None,
-        },
-    }
-}
-
-/// A signal trampoline's row (what glibc writes for
-/// `__restore_rt`): CFA = *(rsp + N), rip at rsp + N + 8, rbp at rsp + M.
-fn signal_row<R: gimli::Reader<Offset = usize>>(
-    r: &gimli::UnwindTableRow<usize>,
-    ra_reg: Register,
-    eh: &EhFrame<R>,
-) -> Option<(u8, i16, i8)> {
-    let bytes =
-        |e: &gimli::UnwindExpression<usize>| Some(e.get(eh).ok()?.0.to_slice().ok()?.into_owned());
-    let CfaRule::Expression(cfa) = r.cfa() else {
-        return None;
-    };
-    let (n, true) = rsp_plus(&bytes(cfa)?)? else {
-        return None;
-    };
-    let Some(RegisterRule::Expression(ip)) = r.register(ra_reg) else {
-        return None;
-    };
-    if rsp_plus(&bytes(&ip)?)? != (n + 8, false) {
-        return None;
-    }
-    let Some(RegisterRule::Expression(bp)) = r.register(X86_64::RBP) else {
-        return None;
-    };
-    let (m, false) = rsp_plus(&bytes(&bp)?)? else {
-        return None;
-    };
-    if m % 8 != 0 {
-        return None;
-    }
-    Some((
-        row::SIGNAL,
-        i16::try_from(n).ok()?,
-        i8::try_from(m / 8).ok()?,
-    ))
-}
-
-/// The row for one CFI row: Err(()) when it cannot be expressed.
-fn convert<R: gimli::Reader<Offset = usize>>(
-    cfa: &CfaRule<usize>,
-    ra: Option<RegisterRule<usize>>,
-    rbp: Option<RegisterRule<usize>>,
-    eh: &EhFrame<R>,
-) -> Result<(u8, i16, i8), ()> {
-    if matches!(ra, Some(RegisterRule::Undefined)) {
-        return Ok((row::END, 0, 0));
-    }
-    if !matches!(ra, Some(RegisterRule::Offset(-8))) {
-        return Err(());
-    }
-    let (kind, off) = match cfa {
-        CfaRule::RegisterAndOffset { register, offset } => {
-            let kind = match *register {
-                X86_64::RSP => row::RSP,
-                X86_64::RBP => row::RBP,
-                _ => return Err(()),
-            };
-            (kind, i16::try_from(*offset).map_err(|_| ())?)
-        }
-        CfaRule::Expression(e) => {
-            let e = e.get(eh).map_err(|_| ())?;
-            let bytes = e.0.to_slice().map_err(|_| ())?;
-            (row::PLT, plt_threshold(&bytes).ok_or(())?)
-        }
-    };
-    let rbp = match rbp {
-        None | Some(RegisterRule::SameValue) | Some(RegisterRule::Undefined) => 0,
-        Some(RegisterRule::Offset(n)) if n % 8 == 0 && n != 0 => {
-            i8::try_from(n / 8).map_err(|_| ())?
-        }
-        Some(_) => return Err(()),
-    };
-    Ok((kind, off, rbp))
 }
 
 /// Compiles `file`'s `.eh_frame`.
@@ -172,64 +86,118 @@ pub fn bytes_rows(data: &[u8]) -> Result<FileRows, NoRows> {
     object_rows(&obj)
 }
 
+fn section_err(e: SectionError) -> NoRows {
+    match e {
+        SectionError::Bad => NoRows::Bad,
+        SectionError::TooBig => NoRows::TooBig,
+    }
+}
+
+/// Drops the spans of `extra` that overlap one of `main` (sorted).
+fn not_covered(main: &[(u64, u64, Row)], extra: Vec<(u64, u64, Row)>) -> Vec<(u64, u64, Row)> {
+    extra
+        .into_iter()
+        .filter(|&(s, e, _)| {
+            // The first span of `main` ending after `s` is the only one
+            // that can overlap [s, e) without an earlier one doing so.
+            let i = main.partition_point(|m| m.1 <= s);
+            main.get(i).is_none_or(|m| m.0 >= e)
+        })
+        .collect()
+}
+
+/// The parts of `extra`'s spans that no span of `main` (sorted, disjoint)
+/// covers.
+fn not_covered_parts(
+    main: &[(u64, u64, Row)],
+    extra: Vec<(u64, u64, Row)>,
+) -> Vec<(u64, u64, Row)> {
+    let mut out = Vec::new();
+    for (mut s, e, r) in extra {
+        let mut i = main.partition_point(|m| m.1 <= s);
+        while s < e {
+            let next = main.get(i).map_or(e, |m| m.0.min(e));
+            if s < next {
+                let part = Row { pc: s as u32, ..r };
+                out.push((s, next, part));
+            }
+            match main.get(i) {
+                Some(m) if m.0 < e => s = s.max(m.1),
+                _ => break,
+            }
+            i += 1;
+        }
+    }
+    out
+}
+
 fn object_rows<'d, R: object::ReadRef<'d>>(obj: &object::File<'d, R>) -> Result<FileRows, NoRows> {
     let segments = crate::stacks::unwind::exec_segments(obj);
-    let sec = obj.section_by_name(".eh_frame").ok_or(NoRows::NoEhFrame)?;
-    let data = sec.data().map_err(|_| NoRows::Bad)?;
-    let mut bases = BaseAddresses::default().set_eh_frame(sec.address());
-    if let Some(t) = obj.section_by_name(".text") {
-        bases = bases.set_text(t.address());
-    }
-    if let Some(g) = obj.section_by_name(".got") {
-        bases = bases.set_got(g.address());
-    }
-    let eh = EhFrame::new(data, LittleEndian);
-    let mut ctx = Box::new(UnwindContext::new());
     let mut out = FileRows {
         segments,
         ..Default::default()
     };
-    // (start, end, row) per CFI row, sorted and gaps filled after.
     let mut spans: Vec<(u64, u64, Row)> = Vec::new();
-    let mut entries = eh.entries(&bases);
-    while let Some(entry) = entries.next().map_err(|_| NoRows::Bad)? {
-        let CieOrFde::Fde(partial) = entry else {
-            continue;
-        };
-        let Ok(fde) = partial.parse(EhFrame::cie_from_offset) else {
-            continue;
-        };
-        let Ok(mut table) = fde.rows(&eh, &bases, &mut ctx) else {
-            continue;
-        };
-        let ra_reg: Register = fde.cie().return_address_register();
-        while let Ok(Some(r)) = table.next_row() {
-            let (start, end) = (r.start_address(), r.end_address());
-            if end > u32::MAX as u64 {
-                return Err(NoRows::TooBig);
-            }
-            let conv = if fde.is_signal_trampoline() {
-                signal_row(r, ra_reg, &eh).ok_or(())
-            } else {
-                convert(r.cfa(), r.register(ra_reg), r.register(X86_64::RBP), &eh)
-            };
-            let (kind, cfa_off, rbp_off) = conv.unwrap_or_else(|()| {
-                out.unsupported += 1;
-                (row::UNSUPPORTED, 0, 0)
-            });
-            spans.push((
-                start,
-                end,
-                Row {
-                    pc: start as u32,
-                    rule: UnwindRule {
-                        cfa_off,
-                        rbp_off,
-                        kind,
-                    },
-                },
-            ));
+    let eh_data = section_bytes(obj, ".eh_frame").map_err(section_err)?;
+    if let Some(data) = &eh_data {
+        let addr = obj.section_by_name(".eh_frame").map_or(0, |s| s.address());
+        let mut bases = BaseAddresses::default().set_eh_frame(addr);
+        if let Some(t) = obj.section_by_name(".text") {
+            bases = bases.set_text(t.address());
         }
+        if let Some(g) = obj.section_by_name(".got") {
+            bases = bases.set_got(g.address());
+        }
+        let eh = EhFrame::new(data, LittleEndian);
+        spans = cfi_spans(&eh, &bases, &mut out.unsupported)?;
+        spans.sort_by_key(|s| s.0);
+    }
+    // Code `.eh_frame` does not cover, by `.debug_frame` (all of a Go
+    // program's own code). Its damage costs only what it would add.
+    let debug = match section_bytes(obj, ".debug_frame") {
+        Ok(Some(data)) => {
+            let mut df = DebugFrame::new(&data, LittleEndian);
+            df.set_address_size(8);
+            let mut unsupported = 0;
+            match cfi_spans(&df, &BaseAddresses::default(), &mut unsupported) {
+                Ok(d) => {
+                    let d = not_covered(&spans, d);
+                    out.unsupported += unsupported;
+                    Some(d)
+                }
+                Err(_) if eh_data.is_some() => None,
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(None) => None,
+        Err(_) if eh_data.is_some() => None,
+        Err(e) => return Err(section_err(e)),
+    };
+    let go = golang::is_go(obj);
+    out.source = match (&eh_data, debug) {
+        (Some(_), Some(d)) if !d.is_empty() => {
+            spans.extend(d);
+            Source::Both
+        }
+        (None, Some(d)) if !d.is_empty() => {
+            spans = d;
+            Source::DebugFrame
+        }
+        // A Go program without `.debug_frame`: its frame pointers where
+        // `.eh_frame` (its C code's, if any) says nothing.
+        (eh, _) if go => {
+            let fp = golang::frame_pointer_spans(&out.segments);
+            spans.extend(not_covered_parts(&spans, fp));
+            match eh {
+                Some(_) => Source::Both,
+                None => Source::FramePointers,
+            }
+        }
+        (Some(_), _) => Source::EhFrame,
+        (None, _) => return Err(NoRows::NoEhFrame),
+    };
+    if go {
+        golang::end_at_top_frames(&mut spans, &golang::top_frames(obj));
     }
     spans.sort_by_key(|s| s.0);
     // Function entries no FDE covers (the C runtime's): the caller's rule.
@@ -299,17 +267,6 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_plt_expression_is_recognised_with_both_thresholds() {
-        let e = [0x77, 8, 0x80, 0, 0x3f, 0x1a, 0x3b, 0x2a, 0x33, 0x24, 0x22];
-        assert_eq!(plt_threshold(&e), Some(11));
-        let mut e10 = e;
-        e10[6] = 0x3a;
-        assert_eq!(plt_threshold(&e10), Some(10));
-        e10[1] = 16;
-        assert_eq!(plt_threshold(&e10), None);
-    }
-
-    #[test]
     fn libc_compiles_to_sorted_rows_with_few_unsupported() {
         let Ok(f) = File::open("/lib/x86_64-linux-gnu/libc.so.6") else {
             eprintln!("skipped: no /lib/x86_64-linux-gnu/libc.so.6");
@@ -369,13 +326,26 @@ mod tests {
         assert_eq!(at(&t, fini + 4).kind, row::NONE);
     }
 
+    fn span(s: u64, e: u64) -> (u64, u64, Row) {
+        let r = Row {
+            pc: s as u32,
+            ..Default::default()
+        };
+        (s, e, r)
+    }
+
+    /// A Go program with C in it: `.eh_frame`'s spans keep their code, the
+    /// frame-pointer rule fills what lies between them.
     #[test]
-    fn rsp_relative_expressions_are_read_and_others_are_not() {
-        // DW_OP_breg7 160; DW_OP_deref, as glibc writes for __restore_rt.
-        assert_eq!(rsp_plus(&[0x77, 0xa0, 0x01, 0x06]), Some((160, true)));
-        assert_eq!(rsp_plus(&[0x77, 0xa8, 0x01]), Some((168, false)));
-        // Two derefs, or rbp (breg6) as the base: not a signal frame's.
-        assert_eq!(rsp_plus(&[0x77, 0xa0, 0x01, 0x06, 0x06]), None);
-        assert_eq!(rsp_plus(&[0x76, 0xa0, 0x01, 0x06]), None);
+    fn extra_spans_fill_only_what_the_main_ones_leave() {
+        let main = [span(10, 20), span(30, 40)];
+        let parts = not_covered_parts(&main, vec![span(0, 50)]);
+        let got: Vec<_> = parts.iter().map(|p| (p.0, p.1, p.2.pc)).collect();
+        assert_eq!(got, [(0, 10, 0), (20, 30, 20), (40, 50, 40)]);
+        assert!(not_covered_parts(&main, vec![span(12, 18)]).is_empty());
+        // Whole spans: one that overlaps is dropped, one between is kept.
+        let kept = not_covered(&main, vec![span(5, 12), span(20, 30), span(39, 45)]);
+        let got: Vec<_> = kept.iter().map(|p| (p.0, p.1)).collect();
+        assert_eq!(got, [(20, 30)]);
     }
 }

@@ -48,6 +48,7 @@ impl KTables {
         built: Result<build::FileRows, build::NoRows>,
         t0: Instant,
     ) -> Slice {
+        let source = built.as_ref().map_or(build::Source::EhFrame, |t| t.source);
         let s = match built {
             Ok(t) if t.rows.is_empty() => {
                 self.stats.files_no_info += 1;
@@ -98,8 +99,8 @@ impl KTables {
                 self.stats.files_no_info += 1;
                 Slice::None(match e {
                     build::NoRows::NotElf => "not an ELF file",
-                    build::NoRows::NoEhFrame => "no .eh_frame",
-                    build::NoRows::Bad => ".eh_frame could not be parsed",
+                    build::NoRows::NoEhFrame => "no .eh_frame or .debug_frame",
+                    build::NoRows::Bad => "its call frame information could not be parsed",
                     build::NoRows::TooBig => "too large for the unwind table's format",
                 })
             }
@@ -108,7 +109,8 @@ impl KTables {
         if self.verbose {
             match &s {
                 Slice::Rows { n, rows, .. } => say!(
-                    "memtrace: unwind table: {path}: {rows} rows in {:.1} KiB ({:.1} ms)",
+                    "memtrace: unwind table: {path}: {rows} rows from {} in {:.1} KiB ({:.1} ms)",
+                    source.describe(),
                     super::table_bytes(*n as u64) as f64 / 1024.0,
                     t0.elapsed().as_secs_f64() * 1e3
                 ),

@@ -5,9 +5,11 @@
 //! exec, and when the program meets code it has no table for).
 
 pub mod build;
+mod cfi;
 mod entries;
 mod files;
 mod genpage;
+mod golang;
 mod rows;
 pub mod seed;
 mod slice;

@@ -287,6 +287,7 @@ pub struct Symbolizer {
     texts: HashSet<Shown>,
     kcache: HashMap<u64, Shown>,
     symtabs: symtab::Symtabs,
+    go: gopclntab::GoTables,
 }
 
 impl Default for Symbolizer {
@@ -305,6 +306,7 @@ impl Symbolizer {
             texts: HashSet::new(),
             kcache: HashMap::new(),
             symtabs: Default::default(),
+            go: Default::default(),
         }
     }
 
@@ -349,9 +351,14 @@ impl Symbolizer {
                 let mut elf = Elf::new(path);
                 elf.debug_syms =
                     self.style == FrameStyle::Lines || !self.symtabs.has(m.dev, m.inode, &elf.path);
+                let elf_path = elf.path.clone();
                 let src = Source::Elf(elf);
                 let s = match self.blaze.symbolize_single(&src, Input::FileOffset(off)) {
                     Ok(Symbolized::Sym(sym)) => describe(&sym, &module, self.style),
+                    // A stripped Go binary: its runtime's own function table.
+                    _ if let Some(n) = self.go.name_at(m.dev, m.inode, &elf_path, off) => {
+                        format!("{n} [{module}]")
+                    }
                     // No symbol: the offset in the file, as perf report
                     // shows it (the same in every run, for addr2line and
                     // for the stack's id); none when the code is no file's.
@@ -365,6 +372,7 @@ impl Symbolizer {
                     self.by_file.clear();
                     self.texts.clear();
                     self.symtabs.clear();
+                    self.go.clear();
                 }
                 let s = match self.texts.get(s.as_str()) {
                     Some(t) => t.clone(),
@@ -417,6 +425,7 @@ impl Symbolizer {
 }
 
 mod evict;
+mod gopclntab;
 mod learned;
 mod symtab;
 pub mod text;

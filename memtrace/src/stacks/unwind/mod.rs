@@ -77,7 +77,9 @@ impl ObjectInfo {
         let obj = object::File::parse(&cache).ok()?;
         let section = |name: &str| {
             let s = obj.section_by_name(name)?;
-            let data: Data = Arc::from(s.data().ok()?);
+            // Inflated where compressed (Go's `.debug_frame`).
+            let bytes = crate::stacks::sections::section_bytes(&obj, name).ok()??;
+            let data: Data = Arc::from(&*bytes);
             Some((s.address()..s.address() + s.size(), data))
         };
         let info = ObjectInfo {
