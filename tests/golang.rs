@@ -13,28 +13,29 @@ use common::*;
 
 const TEST: &str = "golang";
 
-/// The Go workload built with `ldflags` (None: no Go toolchain here).
-fn go_build(out: &str, ldflags: &str) -> Option<PathBuf> {
+/// The Go workload built with `ldflags` and build `tags` (None: no Go
+/// toolchain here).
+fn go_build(out: &str, ldflags: &str, tags: &str) -> Option<PathBuf> {
     if !installed("go", "version") {
         return None;
     }
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("workload/go/hoard.go");
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("workload/go");
     let tmp = Path::new(env!("CARGO_TARGET_TMPDIR"));
     let dir = tmp.join(TEST);
     std::fs::create_dir_all(&dir).unwrap();
     let path = dir.join(out);
     let cache = tmp.join("go-cache");
-    // Go takes its flags before the file: not nofp's `build`.
+    // Go takes its flags before the package: not nofp's `build`.
     let st = status_within(
         Command::new("go")
-            .args(["build", "-ldflags", ldflags, "-o"])
+            .args(["build", "-tags", tags, "-ldflags", ldflags, "-o"])
             .arg(&path)
-            .arg(src)
+            .arg(".")
             .env("GOCACHE", &cache)
             .env("GOPATH", cache.join("path"))
             .env("GO111MODULE", "off")
             .env("CGO_ENABLED", "0")
-            .current_dir(tmp),
+            .current_dir(src),
         std::time::Duration::from_secs(300),
     );
     assert!(st.success(), "building {out} failed");
@@ -43,12 +44,19 @@ fn go_build(out: &str, ldflags: &str) -> Option<PathBuf> {
 
 fn hoard() -> Option<&'static Path> {
     static BIN: OnceLock<Option<PathBuf>> = OnceLock::new();
-    BIN.get_or_init(|| go_build("go-hoard", "")).as_deref()
+    BIN.get_or_init(|| go_build("go-hoard", "", "")).as_deref()
+}
+
+/// With the runtime's heap profiling left on (it uses runtime/pprof).
+fn hoard_profiled() -> Option<&'static Path> {
+    static BIN: OnceLock<Option<PathBuf>> = OnceLock::new();
+    BIN.get_or_init(|| go_build("go-hoard-profiled", "", "profiled"))
+        .as_deref()
 }
 
 fn hoard_stripped() -> Option<&'static Path> {
     static BIN: OnceLock<Option<PathBuf>> = OnceLock::new();
-    BIN.get_or_init(|| go_build("go-hoard-stripped", "-s -w"))
+    BIN.get_or_init(|| go_build("go-hoard-stripped", "-s -w", ""))
         .as_deref()
 }
 
@@ -128,6 +136,86 @@ fn a_stripped_go_binary_is_walked_by_frame_pointers_and_named() {
         .stderr
         .lines()
         .filter(|l| l.contains(&format!("{name}:")) && l.contains("frame pointers"))
+        .collect();
+    assert_eq!(said.len(), 1, "{}", out.stderr);
+}
+
+/// Blocks of 64 KiB hoard() keeps for memleak: Go samples one allocation
+/// per 512 KiB on average, and this many make its estimate's spread a few
+/// percent.
+const BLOCKS: u64 = 4000;
+const HELD: u64 = BLOCKS * 65536;
+
+/// memleak -p on a running Go program, whose runtime `bin` profiles its
+/// heap or not: its JSON output, once the blocks are held.
+fn memleak_p(bin: &Path) -> Output {
+    let mut w = Workload::start_from(bin.as_os_str(), &[&BLOCKS.to_string()], |_| {});
+    let pid = w.pid.to_string();
+    let t = Tracer::start(&["memleak", "--json", "-p", &pid]);
+    w.send("go");
+    assert_eq!(w.line().trim(), format!("held {BLOCKS}"));
+    let out = t.interrupt();
+    w.go();
+    assert!(w.wait().success());
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    out
+}
+
+/// The Go heap held under stacks through main.hoard, in bytes.
+fn go_heap_in_hoard(stdout: &str) -> u64 {
+    json_of(stdout, "go_heap")
+        .iter()
+        .filter(|r| at(&user_frames(r), "main.hoard").is_some())
+        .map(|r| r["bytes"].as_u64().unwrap())
+        .sum()
+}
+
+/// Go's allocator calls no malloc: the Go heap in use comes from the
+/// runtime's own profile, by Go function, within 25% of what hoard() holds,
+/// and the runtime's reservations from the OS are not reported as held.
+#[test]
+fn memleak_p_reports_the_go_heap_by_function() {
+    let Some(bin) = hoard_profiled() else {
+        return skip(TEST, "no Go toolchain (golang-go)");
+    };
+    let out = memleak_p(bin);
+    let held = go_heap_in_hoard(&out.stdout);
+    assert!(
+        held * 4 >= HELD * 3 && held * 4 <= HELD * 5,
+        "{held} bytes of the Go heap under main.hoard, {HELD} held: {}",
+        out.stdout
+    );
+    let reserved: Vec<_> = json_of(&out.stdout, "memleak")
+        .into_iter()
+        .filter(|r| user_frames(r).iter().any(|f| f.starts_with("runtime.sys")))
+        .collect();
+    assert!(reserved.is_empty(), "{reserved:#?}");
+    // Said, with their bytes (at least the heap carved from them), and
+    // the Go heap's total is its rows'.
+    let summary = json_of(&out.stdout, "summary").pop().expect("a summary");
+    let left = summary["arena_bytes_left_out"].as_u64().unwrap_or(0);
+    assert!(left >= HELD, "{summary}");
+    let rows: u64 = json_of(&out.stdout, "go_heap")
+        .iter()
+        .map(|r| r["bytes"].as_u64().unwrap())
+        .sum();
+    assert_eq!(summary["go_heap_bytes"].as_u64(), Some(rows), "{summary}");
+    assert_eq!(summary["go_profile_rate"].as_u64(), Some(512 * 1024));
+}
+
+/// A Go program whose linker turned heap profiling off: said in one line,
+/// not an empty or arena-sized answer given as its heap.
+#[test]
+fn memleak_p_says_when_a_go_heap_cannot_be_read() {
+    let Some(bin) = hoard() else {
+        return skip(TEST, "no Go toolchain (golang-go)");
+    };
+    let out = memleak_p(bin);
+    assert_eq!(go_heap_in_hoard(&out.stdout), 0);
+    let said: Vec<_> = out
+        .stderr
+        .lines()
+        .filter(|l| l.contains("is a Go program") && l.contains("profiling is off"))
         .collect();
     assert_eq!(said.len(), 1, "{}", out.stderr);
 }

@@ -49,6 +49,9 @@ pub mod row {
     /// at rsp: its sp at rsp + `cfa_off` (the CFA), its ip just above, its
     /// rbp at rsp + 8 * `rbp_off`. The ip is not a return address.
     pub const SIGNAL: u8 = 6;
+    /// Go's switch to another stack (`runtime.systemstack` and its kind):
+    /// the callers are on the stack left, which the rows cannot find.
+    pub const SWITCH: u8 = 7;
 }
 
 /// An executable mapping of a process: `[start, end)`, file-relative pc =
@@ -99,6 +102,8 @@ pub mod mark {
     pub const READ_FAIL: u64 = BASE + 4;
     /// Code with unwind information whose rule the rows cannot express.
     pub const UNSUPPORTED: u64 = BASE + 5;
+    /// Go switched stacks here (`row::SWITCH`).
+    pub const SWITCH: u64 = BASE + 6;
 
     /// Why a stack stopped, for a mark; None for an address.
     pub fn note(ip: u64) -> Option<&'static str> {
@@ -110,6 +115,9 @@ pub mod mark {
             NO_INFO => Some("code without usable unwind information"),
             READ_FAIL => Some("user stack read failed"),
             UNSUPPORTED => Some("an unwind rule memtrace cannot follow here"),
+            SWITCH => Some(
+                "Go switched to its system stack here: the goroutine's callers are not followed",
+            ),
             _ if ip >= BASE => Some("unwind stopped"),
             _ => None,
         }
@@ -128,7 +136,9 @@ pub mod stat {
     /// last, found unchanged word for word (`unwind_memo`), not walked again.
     pub const REPEATED: u32 = 5;
     pub const UNSUPPORTED: u32 = 6;
-    pub const NR: u32 = 7;
+    /// Ended at a Go stack switch (`mark::SWITCH`).
+    pub const SWITCHED: u32 = 7;
+    pub const NR: u32 = 8;
     pub const NAMES: [&str; NR as usize] = [
         "kunwind_complete",
         "kunwind_truncated",
@@ -137,6 +147,7 @@ pub mod stat {
         "kunwind_read_fail",
         "kunwind_repeated",
         "kunwind_unsupported",
+        "kunwind_stack_switch",
     ];
 }
 

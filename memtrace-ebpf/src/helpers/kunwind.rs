@@ -200,6 +200,7 @@ extern "C" fn unwind_frame(index: u32, ctx: *mut c_void) -> i64 {
         },
         row::PLT => sp + 8 + (le(r.cfa_off as u64, ip & 15) << 3),
         row::END => return stop(st, 0),
+        row::SWITCH => return stop(st, mark::SWITCH),
         row::SIGNAL => {
             return signal_frame(
                 w,
@@ -374,6 +375,7 @@ fn unwind_user_stack() -> (i32, u32) {
         mark::NO_TABLE => (stat::NO_TABLE, mark::NO_TABLE),
         mark::READ_FAIL => (stat::READ_FAIL, mark::READ_FAIL),
         mark::UNSUPPORTED => (stat::UNSUPPORTED, mark::UNSUPPORTED),
+        mark::SWITCH => (stat::SWITCHED, mark::SWITCH),
         _ => (stat::NO_INFO, mark::NO_INFO),
     };
     count(what);

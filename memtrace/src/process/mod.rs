@@ -7,6 +7,7 @@ pub mod cgroup;
 pub mod command;
 pub mod container;
 pub mod entrystop;
+pub mod goheap;
 pub mod groups;
 pub mod inject;
 pub mod maps;

@@ -4,6 +4,7 @@
 
 pub mod args;
 pub mod buildid;
+pub mod gopclntab;
 pub mod kept;
 pub mod ktables;
 pub mod members;

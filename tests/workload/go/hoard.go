@@ -1,9 +1,11 @@
-// The Go workload: hoard() keeps BLOCKS blocks of 64 KiB, touching each
-// page, from one function; `wait` then holds them until stdin closes (a
-// handshake for -p: "held N" on stdout once the blocks are kept).
+// The Go workload: hoard() keeps N blocks of 64 KiB (1,000 by default),
+// touching each page, from one function. With --wait first (the tests'
+// Workload protocol): prints its pid, waits for a line on stdin, hoards,
+// says "held N" and holds the blocks until stdin closes.
 package main
 
 import (
+	"bufio"
 	"fmt"
 	"io"
 	"os"
@@ -24,13 +26,21 @@ func hoard(n int) {
 }
 
 func main() {
+	args := os.Args[1:]
+	wait := len(args) > 0 && args[0] == "--wait"
+	in := bufio.NewReader(os.Stdin)
+	if wait {
+		args = args[1:]
+		fmt.Println(os.Getpid())
+		in.ReadString('\n')
+	}
 	n := 1000
-	if len(os.Args) > 1 {
-		n, _ = strconv.Atoi(os.Args[1])
+	if len(args) > 0 {
+		n, _ = strconv.Atoi(args[0])
 	}
 	hoard(n)
 	fmt.Println("held", len(kept))
-	if len(os.Args) > 2 && os.Args[2] == "wait" {
-		io.Copy(io.Discard, os.Stdin)
+	if wait {
+		io.Copy(io.Discard, in)
 	}
 }

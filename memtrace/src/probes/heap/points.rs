@@ -53,6 +53,8 @@ enum Object {
     Static(Library, Symbols),
     /// A static executable without a malloc symbol (stripped): named.
     Stripped(String),
+    /// A Go program: its allocator calls no malloc.
+    Go(String),
 }
 
 /// The target's executable when it is statically linked: -p's, or a simple
@@ -101,7 +103,12 @@ fn object(a: &Points) -> Result<Object> {
     if let Some(lib) = static_executable(a) {
         let syms = Symbols::open(&lib.path)?;
         if syms.function(&format!("{}malloc", a.prefix)).is_none() {
-            return Ok(Object::Stripped(lib.shown));
+            let go = std::fs::File::open(&lib.path)
+                .is_ok_and(|f| crate::process::goheap::is_go_file(&f));
+            return Ok(match go {
+                true => Object::Go(lib.shown),
+                false => Object::Stripped(lib.shown),
+            });
         }
         say!(
             "memtrace: {} is statically linked: probing its own allocator",
@@ -169,6 +176,16 @@ pub fn user(a: &Points) -> Result<Probed> {
     let (lib, syms, cxx_ok) = match object(a)? {
         Object::Library(lib, syms) => (lib, syms, true),
         Object::Static(lib, syms) => (lib, syms, false),
+        Object::Go(exe) => {
+            let said = vec![format!(
+                "{exe}: a Go program: the Go heap from its runtime's profile, and its mmaps"
+            )];
+            return Ok(Probed {
+                probes: Vec::new(),
+                object: None,
+                said,
+            });
+        }
         Object::Stripped(exe) => {
             say!(
                 "memtrace: memleak: warning: {exe} is statically linked and stripped (no malloc \

@@ -108,7 +108,7 @@ fn not_covered(main: &[(u64, u64, Row)], extra: Vec<(u64, u64, Row)>) -> Vec<(u6
 
 /// The parts of `extra`'s spans that no span of `main` (sorted, disjoint)
 /// covers.
-fn not_covered_parts(
+pub(super) fn not_covered_parts(
     main: &[(u64, u64, Row)],
     extra: Vec<(u64, u64, Row)>,
 ) -> Vec<(u64, u64, Row)> {
@@ -197,7 +197,20 @@ fn object_rows<'d, R: object::ReadRef<'d>>(obj: &object::File<'d, R>) -> Result<
         (None, _) => return Err(NoRows::NoEhFrame),
     };
     if go {
-        golang::end_at_top_frames(&mut spans, &golang::top_frames(obj));
+        let mut all = golang::TOP_FRAMES.to_vec();
+        all.extend(golang::SWITCHES);
+        let found = golang::functions(obj, &all);
+        for (names, kind) in [
+            (&golang::TOP_FRAMES[..], row::END),
+            (&golang::SWITCHES[..], row::SWITCH),
+        ] {
+            let ranges: Vec<(u64, u64)> = found
+                .iter()
+                .filter(|f| names.contains(&f.2.as_str()))
+                .map(|f| (f.0, f.1))
+                .collect();
+            golang::set_rule(&mut spans, &ranges, kind);
+        }
     }
     spans.sort_by_key(|s| s.0);
     // Function entries no FDE covers (the C runtime's): the caller's rule.

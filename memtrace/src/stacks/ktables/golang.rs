@@ -11,12 +11,7 @@ use object::{Object, ObjectSymbol};
 
 use super::build::Row;
 
-/// Whether the file was built by the Go toolchain.
-pub(super) fn is_go<'d, R: object::ReadRef<'d>>(obj: &object::File<'d, R>) -> bool {
-    [".note.go.buildid", ".gopclntab", ".go.buildinfo"]
-        .into_iter()
-        .any(|s| obj.section_by_name(s).is_some())
-}
+pub(super) use crate::process::goheap::is_go;
 
 /// The frame-pointer rule as a row: CFA = rbp + 16, the return address
 /// below it, the caller's rbp saved at rbp.
@@ -41,48 +36,62 @@ pub(super) fn frame_pointer_spans(segments: &[(u64, u64, u64)]) -> Vec<(u64, u64
 }
 
 /// Where every goroutine and thread starts: nothing above them is a frame.
-/// (Not the stack switches, `runtime.systemstack` and `runtime.morestack`:
-/// callers are above them, on another stack, and a walk stopped there would
-/// be complete in name only.)
-const TOP_FRAMES: [&str; 3] = ["runtime.goexit", "runtime.mstart", "runtime.rt0_go"];
+pub(super) const TOP_FRAMES: [&str; 3] = ["runtime.goexit", "runtime.mstart", "runtime.rt0_go"];
 
-/// (start, end) of the file's top frames, by its symbols (none when
-/// stripped: the walk then ends where the words above stop being code).
-pub(super) fn top_frames<'d, R: object::ReadRef<'d>>(obj: &object::File<'d, R>) -> Vec<(u64, u64)> {
-    let mut v: Vec<(u64, u64)> = obj
+/// Where Go switches to another stack (the thread's system stack, or C's
+/// for cgo): the callers are above the old stack pointer, which the rows
+/// cannot find. A walk stops there with a mark, not as complete.
+pub(super) const SWITCHES: [&str; 4] = [
+    "runtime.systemstack",
+    "runtime.mcall",
+    "runtime.morestack",
+    "runtime.asmcgocall",
+];
+
+/// (start, end, name) of the file's functions named in `names` (an ABI
+/// suffix ignored), by its symbols, or by `.gopclntab` when it is
+/// stripped.
+pub(super) fn functions<'d, R: object::ReadRef<'d>>(
+    obj: &object::File<'d, R>,
+    names: &[&str],
+) -> Vec<(u64, u64, String)> {
+    let mut v: Vec<(u64, u64, String)> = obj
         .symbols()
         .filter(|s| s.size() > 0)
-        .filter(|s| {
-            s.name().is_ok_and(|n| {
-                let n = n.strip_suffix(".abi0").unwrap_or(n);
-                TOP_FRAMES.contains(&n)
-            })
+        .filter_map(|s| {
+            let n = s.name().ok()?;
+            let n = n.strip_suffix(".abi0").unwrap_or(n);
+            names
+                .contains(&n)
+                .then(|| (s.address(), s.address() + s.size(), n.to_string()))
         })
-        .map(|s| (s.address(), s.address() + s.size()))
         .collect();
+    if v.is_empty() && obj.symbols().next().is_none() {
+        v = crate::stacks::gopclntab::functions_named(obj, names);
+    }
     v.sort_unstable();
     v
 }
 
-/// Replaces the rows of `spans` inside a top frame by the end rule.
-pub(super) fn end_at_top_frames(spans: &mut Vec<(u64, u64, Row)>, tops: &[(u64, u64)]) {
-    if tops.is_empty() {
+/// Gives the code of `ranges` (sorted, disjoint) rule `kind` (the end of
+/// a walk, or a stack switch) in place of what `spans` had there.
+pub(super) fn set_rule(spans: &mut Vec<(u64, u64, Row)>, ranges: &[(u64, u64)], kind: u8) {
+    if ranges.is_empty() {
         return;
     }
-    let inside = |a: u64, b: u64| tops.iter().any(|&(s, e)| a < e && s < b);
-    spans.retain(|s| !inside(s.0, s.1));
-    let end = UnwindRule {
+    let rule = UnwindRule {
         cfa_off: 0,
         rbp_off: 0,
-        kind: row::END,
+        kind,
     };
-    for &(s, e) in tops {
-        if e <= u32::MAX as u64 {
-            let r = Row {
-                pc: s as u32,
-                rule: end,
-            };
-            spans.push((s, e, r));
-        }
-    }
+    let marked: Vec<(u64, u64, Row)> = ranges
+        .iter()
+        .filter(|r| r.1 <= u32::MAX as u64)
+        .map(|&(s, e)| (s, e, Row { pc: s as u32, rule }))
+        .collect();
+    // What lies outside them keeps its rows (a span over a whole segment,
+    // walked by frame pointers, is cut around them).
+    let mut rest = super::build::not_covered_parts(&marked, std::mem::take(spans));
+    rest.extend(marked);
+    *spans = rest;
 }

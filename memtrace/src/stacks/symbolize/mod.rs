@@ -287,7 +287,7 @@ pub struct Symbolizer {
     texts: HashSet<Shown>,
     kcache: HashMap<u64, Shown>,
     symtabs: symtab::Symtabs,
-    go: gopclntab::GoTables,
+    go: crate::stacks::gopclntab::GoTables,
 }
 
 impl Default for Symbolizer {
@@ -425,7 +425,6 @@ impl Symbolizer {
 }
 
 mod evict;
-mod gopclntab;
 mod learned;
 mod symtab;
 pub mod text;

@@ -5,6 +5,7 @@
 
 mod args;
 mod batches;
+mod golang;
 mod preload;
 mod summary;
 mod unseen;
@@ -55,6 +56,10 @@ pub struct Memleak {
     phase: report::Phase,
     exited: exited::Exited,
     execs: execs::Execs,
+    /// The Go heap, when the process is a Go program.
+    go: golang::GoView,
+    /// Arena mappings and bytes the last report left out.
+    left: report::LeftOut,
 }
 
 impl Memleak {
@@ -104,6 +109,8 @@ impl Memleak {
             phase: report::Phase::default(),
             exited: exited::Exited::new(a.max_kept),
             execs: execs::Execs::default(),
+            go: Default::default(),
+            left: (0, 0),
         })
     }
 
@@ -204,8 +211,10 @@ impl Tool for Memleak {
             ..Default::default()
         };
         self.target = k.target;
+        // A Go program's allocator calls no malloc: no shim to load.
+        let go = k.target.is_some_and(|pid| self.go.open(pid));
         let injected = match (&self.inject_from, k.target) {
-            (Some(shim), Some(pid)) => {
+            (Some(shim), Some(pid)) if !go => {
                 match Injection::start(
                     pid,
                     shim.path(),
@@ -318,6 +327,12 @@ impl Tool for Memleak {
         self.pending_frees = pending.nr_frees;
         self.pending_allocs = pending.allocs.len() as u64;
         let exited_rows = self.exited.kept.resolved_reports(false);
+        // A Go program's mmaps are its runtime's reservations: left out
+        // when its heap is shown by the runtime's profile instead.
+        let mut arenas = self.arenas.clone();
+        if self.go.readable() {
+            arenas.extend(self.go.exe_name.clone());
+        }
         let view = report::View {
             exited_rows: &exited_rows,
             pending: &pending.frees,
@@ -327,7 +342,7 @@ impl Tool for Memleak {
             churn: self.args.all,
             estimated: self.args.sample_bytes.is_some(),
             only: None,
-            arenas: &self.arenas,
+            arenas: &arenas,
         };
         let (reports, left) = report::outstanding(
             s,
@@ -343,12 +358,14 @@ impl Tool for Memleak {
         } else {
             ""
         };
-        let left = report::left_out(left, &self.arenas);
+        self.left = left;
+        let left = report::left_out(left, &arenas);
         let title = format!(
             "[{}] Top {n} stacks with outstanding allocations{est}{left}:",
             crate::output::clock()
         );
         out.stacks("memleak", &title, &reports);
+        self.go.report(s, out);
         Ok(())
     }
 
@@ -357,6 +374,11 @@ impl Tool for Memleak {
     }
 
     fn on_start(&mut self, s: &mut Traced) -> Result<()> {
+        if let Some(pid) = self.target {
+            if self.go.open(pid) {
+                self.go.tick(true);
+            }
+        }
         if let Some(name) = &self.memo {
             preload::serve_memo(s, name, self.args.common.verbose);
         }
@@ -396,6 +418,7 @@ impl Tool for Memleak {
         }
         // For --progress: the counts so far, not only at reports.
         self.read_counts(s)?;
+        self.go.tick(false);
         // Kernel objects outlive the process that allocated them.
         if !self.user {
             return Ok(0);

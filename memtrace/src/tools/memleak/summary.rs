@@ -39,6 +39,11 @@ impl Memleak {
         if self.user {
             v.push(("blocks_gone_with_exec", Value::from(self.execs.blocks())));
         }
+        if self.left.0 > 0 {
+            v.push(("arena_mappings_left_out", Value::from(self.left.0)));
+            v.push(("arena_bytes_left_out", Value::from(self.left.1)));
+        }
+        v.extend(self.go.summary());
         v.extend(self.exited.summary());
         v.extend(self.injection.iter().flat_map(|i| i.summary()));
         v

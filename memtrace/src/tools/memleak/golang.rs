@@ -1,0 +1,162 @@
+//! memleak on a Go program: Go's allocator never calls malloc, so what the
+//! probes see is only the runtime taking memory from the OS (its arena
+//! reservations, many times its heap). The Go heap in use by stack is
+//! read instead from the runtime's own sampled profile
+//! (`process::goheap`), as `runtime/pprof` estimates it, at every report
+//! and (for a program that exits first) as last read while it ran.
+
+use std::time::{Duration, Instant};
+
+use crate::output::{Printer, StackReport, Value};
+use crate::process::goheap::{estimate, GoHeap, NotRead, Profile};
+use crate::stacks::Traced;
+
+/// How often the profile is read between reports, so that a program that
+/// exits leaves one read close to its end.
+const EVERY: Duration = Duration::from_millis(200);
+
+#[derive(Default)]
+pub(super) struct GoView {
+    pid: Option<u32>,
+    heap: Option<Result<GoHeap, NotRead>>,
+    last: Option<(Profile, Instant)>,
+    read_at: Option<Instant>,
+    /// The program's name, for the arenas left out of the malloc report.
+    pub exe_name: Option<String>,
+    said: bool,
+    /// The last report's figures: estimated objects and bytes in use, and
+    /// the samples behind them.
+    shown: (u64, u64, u64),
+}
+
+impl GoView {
+    /// Whether `pid` is a Go program; its profile is opened then.
+    pub fn open(&mut self, pid: u32) -> bool {
+        if self.pid == Some(pid) {
+            return true;
+        }
+        // Not kept when not Go: a command not exec'd yet is asked again.
+        let heap = GoHeap::open(pid);
+        if matches!(heap, Err(NotRead::NotGo)) {
+            return false;
+        }
+        self.pid = Some(pid);
+        self.exe_name = std::fs::read_link(format!("/proc/{pid}/exe"))
+            .ok()
+            .and_then(|p| Some(p.file_name()?.to_string_lossy().into_owned()));
+        self.heap = Some(heap);
+        true
+    }
+
+    /// Whether the traced process is a Go program.
+    pub fn is_go(&self) -> bool {
+        self.heap.is_some()
+    }
+
+    /// The runtime's reservations are left out of the malloc report only
+    /// when the Go heap is shown instead.
+    pub fn readable(&self) -> bool {
+        matches!(self.heap, Some(Ok(_)))
+    }
+
+    /// Reads the profile if it is due (or `now`).
+    pub fn tick(&mut self, now: bool) {
+        let due = self.read_at.is_none_or(|t| t.elapsed() >= EVERY);
+        let Some(Ok(heap)) = &self.heap else {
+            return;
+        };
+        if !(now || due) {
+            return;
+        }
+        self.read_at = Some(Instant::now());
+        // Gone: the last read stands.
+        if let Ok(p) = heap.read() {
+            self.last = Some((p, Instant::now()));
+        }
+    }
+
+    /// The Go heap section of a report.
+    pub fn report(&mut self, s: &mut Traced, out: &mut dyn Printer) {
+        let Some(pid) = self.pid else {
+            return;
+        };
+        self.tick(true);
+        if let Some(Err(why)) = &self.heap {
+            if !self.said {
+                self.said = true;
+                say!(
+                    "memtrace: memleak: warning: PID {pid} is a Go program and its Go heap cannot \
+                     be read by function: {why}. The allocations shown are the Go runtime's \
+                     reservations from the OS, not its heap in use"
+                );
+            }
+            return;
+        }
+        let Some((p, at)) = &self.last else {
+            return;
+        };
+        let comm = crate::process::proc::comm(pid).unwrap_or_default();
+        let mut rows: Vec<StackReport> = p
+            .buckets
+            .iter()
+            .filter_map(|b| {
+                let (n, bytes) = b.in_use();
+                let (n, bytes) = estimate(n, bytes, p.rate);
+                (n > 0).then(|| StackReport {
+                    pid,
+                    comm: comm.clone(),
+                    count: n,
+                    bytes: Some(bytes),
+                    user: s.sym.user(pid, &b.stack),
+                    processes: 1,
+                    ..Default::default()
+                })
+            })
+            .collect();
+        rows.sort_by_key(|r| std::cmp::Reverse(r.bytes));
+        let samples = p.buckets.iter().map(|b| b.in_use().0).sum();
+        let objects = rows.iter().map(|r| r.count).sum();
+        self.shown = (objects, rows.iter().filter_map(|r| r.bytes).sum(), samples);
+        let age = at.elapsed().as_secs_f64();
+        let gone = crate::process::proc::comm(pid).is_none();
+        let when = match (gone, age >= 1.0) {
+            (true, _) => format!(", as last read while it ran, {age:.1} s ago"),
+            (false, true) => format!(", as read {age:.1} s ago"),
+            (false, false) => String::new(),
+        };
+        let rate = match p.rate {
+            0 => " (its rate is 0 now: not started yet, or turned off by the program)".to_string(),
+            _ => String::new(),
+        };
+        let damaged = if p.damaged {
+            "; the profile's list ended early (a bucket unreadable or damaged)"
+        } else {
+            ""
+        };
+        let title = format!(
+            "[{}] Go heap in use by stack (PID {pid}): Go's own sampled profile, one sample per {} \
+             bytes on average, estimated as runtime/pprof does; allocations since the last \
+             collection count as held until one frees them{rate}{when}{damaged}:",
+            crate::output::clock(),
+            p.rate
+        );
+        out.stacks("go_heap", &title, &rows);
+    }
+}
+
+impl GoView {
+    /// The summary's rows: the Go heap shown, or why it could not be read.
+    pub fn summary(&self) -> Vec<(&'static str, Value)> {
+        match (&self.heap, &self.last) {
+            (Some(Ok(_)), Some((p, _))) => vec![
+                ("go_heap_objects", Value::from(self.shown.0)),
+                ("go_heap_bytes", Value::from(self.shown.1)),
+                ("go_heap_samples", Value::from(self.shown.2)),
+                ("go_profile_rate", Value::from(p.rate)),
+                ("go_profile_damaged", Value::from(p.damaged as u64)),
+            ],
+            (Some(Err(why)), _) => vec![("go_heap_unread", Value::from(why.to_string()))],
+            _ => Vec::new(),
+        }
+    }
+}
