@@ -9,13 +9,14 @@ use anyhow::{bail, Context, Result};
 use crate::{root, sh};
 
 /// The targets, as fuzz/Cargo.toml names them.
-pub const TARGETS: [&str; 6] = [
+pub const TARGETS: [&str; 7] = [
     "tracefs_format",
     "btf",
     "proc_maps",
     "elf",
     "record",
     "ktables_build",
+    "gopclntab",
 ];
 
 pub fn run(only: Option<&str>, seconds: u64) -> Result<()> {

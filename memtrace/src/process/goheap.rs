@@ -63,7 +63,7 @@ impl Bucket {
     }
 }
 
-#[derive(Debug, Default)]
+#[derive(Debug, Default, Clone)]
 pub struct Profile {
     /// `runtime.MemProfileRate`: one sample per this many bytes on average.
     pub rate: u64,

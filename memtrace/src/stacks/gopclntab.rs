@@ -137,12 +137,13 @@ pub fn functions_named<'d, R: object::ReadRef<'d>>(
     obj: &object::File<'d, R>,
     wanted: &[&str],
 ) -> Vec<(u64, u64, String)> {
-    let Some(data) = obj
-        .section_by_name(".gopclntab")
+    obj.section_by_name(".gopclntab")
         .and_then(|s| s.data().ok())
-    else {
-        return Vec::new();
-    };
+        .map_or_else(Vec::new, |data| functions_in(data, wanted))
+}
+
+/// `functions_named` on the section's bytes (the fuzz target `gopclntab`).
+pub fn functions_in(data: &[u8], wanted: &[&str]) -> Vec<(u64, u64, String)> {
     let Some(t) = Table::read(&data, data.len() as u64) else {
         return Vec::new();
     };

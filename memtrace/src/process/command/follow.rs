@@ -117,8 +117,9 @@ pub(super) fn follow_tree(
             // At its entry: the libraries it links are mapped now.
             maps.lock().unwrap().snapshot(w as u32);
         } else if event == libc::PTRACE_EVENT_EXIT {
-            // Still mapped: keep what symbolization needs after exit.
-            maps.lock().unwrap().snapshot(w as u32);
+            // Still mapped: keep what symbolization (and a tool) needs
+            // after exit.
+            maps.lock().unwrap().exiting(w as u32);
         } else if event == 0 && sig == libc::SIGSTOP && seen.insert(w) {
             // A new process's first stop: follow it as its parent is
             // followed, but let it outlive memtrace.

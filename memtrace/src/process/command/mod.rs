@@ -27,6 +27,11 @@ pub trait Images: Send {
     fn exec(&mut self, pid: u32);
     /// Reads `pid`'s maps; false if it is gone.
     fn snapshot(&mut self, pid: u32) -> bool;
+    /// `pid` is stopped at its exit, its memory still mapped: its maps are
+    /// read, and whatever else must be read before they go.
+    fn exiting(&mut self, pid: u32) {
+        self.snapshot(pid);
+    }
     /// Unwound in the kernel: each new image needs its tables before it
     /// runs, so the command stops at its entry.
     fn unwinds_in_kernel(&self) -> bool;

@@ -62,6 +62,9 @@ pub struct MapsCache {
     /// Something looks up the maps of processes after they exit (user
     /// stacks, faults by mapping): else they go as the process does.
     pub keep_exited: bool,
+    /// Run as a followed process stops at its exit, its memory still there
+    /// (a tool's last read of it).
+    pub exit_hooks: Vec<Box<dyn FnMut(u32) + Send>>,
 }
 
 impl MapsCache {
@@ -266,6 +269,12 @@ impl crate::process::command::Images for MapsCache {
     }
     fn snapshot(&mut self, pid: u32) -> bool {
         MapsCache::snapshot(self, pid)
+    }
+    fn exiting(&mut self, pid: u32) {
+        MapsCache::snapshot(self, pid);
+        for h in &mut self.exit_hooks {
+            h(pid);
+        }
     }
     fn unwinds_in_kernel(&self) -> bool {
         self.ktables.is_some()

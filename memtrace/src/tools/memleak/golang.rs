@@ -3,8 +3,11 @@
 //! reservations, many times its heap). The Go heap in use by stack is
 //! read instead from the runtime's own sampled profile
 //! (`process::goheap`), as `runtime/pprof` estimates it, at every report
-//! and (for a program that exits first) as last read while it ran.
+//! and, for a `-c` command, as it stops at its exit (under ptrace, its
+//! memory still mapped); a `-p` process that exits first is reported as
+//! last read while it ran.
 
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use crate::output::{Printer, StackReport, Value};
@@ -15,11 +18,14 @@ use crate::stacks::Traced;
 /// exits leaves one read close to its end.
 const EVERY: Duration = Duration::from_millis(200);
 
+/// The last read: the profile, when, and whether at the process's exit.
+type Last = Arc<Mutex<Option<(Profile, Instant, bool)>>>;
+
 #[derive(Default)]
 pub(super) struct GoView {
     pid: Option<u32>,
-    heap: Option<Result<GoHeap, NotRead>>,
-    last: Option<(Profile, Instant)>,
+    heap: Option<Result<Arc<GoHeap>, NotRead>>,
+    last: Last,
     read_at: Option<Instant>,
     /// The program's name, for the arenas left out of the malloc report.
     pub exe_name: Option<String>,
@@ -44,8 +50,24 @@ impl GoView {
         self.exe_name = std::fs::read_link(format!("/proc/{pid}/exe"))
             .ok()
             .and_then(|p| Some(p.file_name()?.to_string_lossy().into_owned()));
-        self.heap = Some(heap);
+        self.heap = Some(heap.map(Arc::new));
         true
+    }
+
+    /// What reads the profile as the process stops at its exit (for the
+    /// maps cache to run then): None when it cannot be read.
+    pub fn exit_hook(&self) -> Option<Box<dyn FnMut(u32) + Send>> {
+        let (Some(pid), Some(Ok(heap))) = (self.pid, &self.heap) else {
+            return None;
+        };
+        let (heap, last) = (heap.clone(), self.last.clone());
+        Some(Box::new(move |p| {
+            if p == pid {
+                if let Ok(prof) = heap.read() {
+                    *last.lock().unwrap() = Some((prof, Instant::now(), true));
+                }
+            }
+        }))
     }
 
     /// Whether the traced process is a Go program.
@@ -69,9 +91,9 @@ impl GoView {
             return;
         }
         self.read_at = Some(Instant::now());
-        // Gone: the last read stands.
+        // Gone: the last read stands (the one at its exit, if made).
         if let Ok(p) = heap.read() {
-            self.last = Some((p, Instant::now()));
+            *self.last.lock().unwrap() = Some((p, Instant::now(), false));
         }
     }
 
@@ -92,7 +114,9 @@ impl GoView {
             }
             return;
         }
-        let Some((p, at)) = &self.last else {
+        // Out of the lock before symbolizing: the exit hook takes it
+        // under the maps' lock, which symbolizing takes.
+        let Some((p, at, at_exit)) = self.last.lock().unwrap().clone() else {
             return;
         };
         let comm = crate::process::proc::comm(pid).unwrap_or_default();
@@ -119,10 +143,11 @@ impl GoView {
         self.shown = (objects, rows.iter().filter_map(|r| r.bytes).sum(), samples);
         let age = at.elapsed().as_secs_f64();
         let gone = crate::process::proc::comm(pid).is_none();
-        let when = match (gone, age >= 1.0) {
-            (true, _) => format!(", as last read while it ran, {age:.1} s ago"),
-            (false, true) => format!(", as read {age:.1} s ago"),
-            (false, false) => String::new(),
+        let when = match (at_exit, gone, age >= 1.0) {
+            (true, _, _) => ", as read at its exit".to_string(),
+            (false, true, _) => format!(", as last read while it ran, {age:.1} s ago"),
+            (false, false, true) => format!(", as read {age:.1} s ago"),
+            (false, false, false) => String::new(),
         };
         let rate = match p.rate {
             0 => " (its rate is 0 now: not started yet, or turned off by the program)".to_string(),
@@ -147,8 +172,8 @@ impl GoView {
 impl GoView {
     /// The summary's rows: the Go heap shown, or why it could not be read.
     pub fn summary(&self) -> Vec<(&'static str, Value)> {
-        match (&self.heap, &self.last) {
-            (Some(Ok(_)), Some((p, _))) => vec![
+        match (&self.heap, &*self.last.lock().unwrap()) {
+            (Some(Ok(_)), Some((p, ..))) => vec![
                 ("go_heap_objects", Value::from(self.shown.0)),
                 ("go_heap_bytes", Value::from(self.shown.1)),
                 ("go_heap_samples", Value::from(self.shown.2)),

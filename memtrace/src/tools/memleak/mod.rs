@@ -377,6 +377,11 @@ impl Tool for Memleak {
         if let Some(pid) = self.target {
             if self.go.open(pid) {
                 self.go.tick(true);
+                if let (Some(hook), true) =
+                    (self.go.exit_hook(), self.args.common.command.is_some())
+                {
+                    s.sym.maps.lock().unwrap().exit_hooks.push(hook);
+                }
             }
         }
         if let Some(name) = &self.memo {
