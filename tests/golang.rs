@@ -165,8 +165,11 @@ fn memleak_p(bin: &Path) -> Output {
 
 /// The Go heap held under stacks through main.hoard, in bytes.
 fn go_heap_in_hoard(stdout: &str) -> u64 {
-    json_of(stdout, "go_heap")
-        .iter()
+    in_hoard(&json_of(stdout, "go_heap"))
+}
+
+fn in_hoard(rows: &[serde_json::Value]) -> u64 {
+    rows.iter()
         .filter(|r| at(&user_frames(r), "main.hoard").is_some())
         .map(|r| r["bytes"].as_u64().unwrap())
         .sum()
@@ -246,5 +249,80 @@ fn memleak_c_reads_the_go_heap_as_the_command_exits() {
     assert!(
         summary["arena_bytes_left_out"].as_u64().unwrap_or(0) >= HELD,
         "{summary}"
+    );
+}
+
+/// A Go program growing 2 MiB every 100 ms in a memory cgroup of 96 MiB
+/// until it is OOM-killed, with `args` tracing it (`GROUP` stands for the
+/// group's path): the victim's Go heap at the kill is in its report, by Go
+/// function (read from its profile at most about a second before the kill,
+/// so some 20 MiB short of the group's limit at worst), and its runtime's
+/// reservations are not in the allocator-level section `kind`.
+fn victims_go_heap(test: &str, args: &[&str], kind: &str) {
+    use std::os::unix::process::ExitStatusExt;
+    let Some(bin) = hoard_profiled() else {
+        return skip(test, "no Go toolchain (golang-go)");
+    };
+    if memcg_root().is_none() {
+        return skip(test, "no memory cgroup controller (v1 or v2)");
+    }
+    const MIB: u64 = 1 << 20;
+    let cg = Memcg::new(&test[..8], "96M");
+    let group = format!("/{}", cg.name);
+    let args: Vec<&str> = args
+        .iter()
+        .map(|a| if *a == "GROUP" { group.as_str() } else { a })
+        .collect();
+    let mut tracer = Tracer::start(&args);
+    let mut child = cg
+        .command(bin)
+        .arg("--grow")
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let st = wait_child(&mut child, WAIT);
+    assert_eq!(st.signal(), Some(libc::SIGKILL), "not OOM-killed: {st:?}");
+    let pid = child.id();
+    let victim = format!("\"pid\":{pid},");
+    let seen = tracer.stdout_line(|l| l.contains("\"go_heap\"") && l.contains(&victim), WAIT);
+    let out = tracer.interrupt();
+    assert!(seen.is_some(), "no Go heap of the victim: {}", out.stdout);
+    let rows: Vec<_> = json_of(&out.stdout, "go_heap")
+        .into_iter()
+        .filter(|r| r["pid"] == pid)
+        .collect();
+    let held = in_hoard(&rows);
+    assert!(
+        (40 * MIB..=120 * MIB).contains(&held),
+        "{} MiB of the Go heap under main.hoard: {rows:#?}",
+        held / MIB
+    );
+    let reserved: u64 = json_of(&out.stdout, kind)
+        .iter()
+        .filter(|r| r["pid"] == pid)
+        .map(|r| r["bytes"].as_u64().unwrap_or(0))
+        .sum();
+    assert!(
+        reserved < 16 * MIB,
+        "{reserved} bytes of reservations held: {}",
+        out.stdout
+    );
+}
+
+#[test]
+fn memcg_heap_shows_the_go_heap_an_oom_victim_held() {
+    victims_go_heap(
+        "memcg_heap_shows_the_go_heap_an_oom_victim_held",
+        &["memcg", "--cgroup", "GROUP", "--heap", "--json"],
+        "memcg_oom_heap",
+    );
+}
+
+#[test]
+fn oomkill_heap_shows_the_go_heap_an_oom_victim_held() {
+    victims_go_heap(
+        "oomkill_heap_shows_the_go_heap_an_oom_victim_held",
+        &["oomkill", "--heap", "--json"],
+        "oom_heap",
     );
 }

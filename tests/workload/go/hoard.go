@@ -1,7 +1,8 @@
 // The Go workload: hoard() keeps N blocks of 64 KiB (1,000 by default),
 // touching each page, from one function. With --wait first (the tests'
 // Workload protocol): prints its pid, waits for a line on stdin, hoards,
-// says "held N" and holds the blocks until stdin closes.
+// says "held N" and holds the blocks until stdin closes. With --grow: 2 MiB
+// more every 100 ms, for ever (until a memory cgroup's OOM kill).
 package main
 
 import (
@@ -10,6 +11,7 @@ import (
 	"io"
 	"os"
 	"strconv"
+	"time"
 )
 
 var kept [][]byte
@@ -27,6 +29,12 @@ func hoard(n int) {
 
 func main() {
 	args := os.Args[1:]
+	if len(args) > 0 && args[0] == "--grow" {
+		for {
+			hoard(32)
+			time.Sleep(100 * time.Millisecond)
+		}
+	}
 	wait := len(args) > 0 && args[0] == "--wait"
 	in := bufio.NewReader(os.Stdin)
 	if wait {

@@ -6,6 +6,7 @@
 pub mod entries;
 pub mod execs;
 pub mod exited;
+pub mod golang;
 pub mod injection;
 pub mod memo;
 pub mod points;

@@ -10,8 +10,9 @@
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use crate::output::{Printer, StackReport, Value};
-use crate::process::goheap::{estimate, GoHeap, NotRead, Profile};
+use crate::output::{Printer, Value};
+use crate::probes::heap::golang::Read;
+use crate::process::goheap::{GoHeap, NotRead, Profile};
 use crate::stacks::Traced;
 
 /// How often the profile is read between reports, so that a program that
@@ -119,28 +120,9 @@ impl GoView {
         let Some((p, at, at_exit)) = self.last.lock().unwrap().clone() else {
             return;
         };
-        let comm = crate::process::proc::comm(pid).unwrap_or_default();
-        let mut rows: Vec<StackReport> = p
-            .buckets
-            .iter()
-            .filter_map(|b| {
-                let (n, bytes) = b.in_use();
-                let (n, bytes) = estimate(n, bytes, p.rate);
-                (n > 0).then(|| StackReport {
-                    pid,
-                    comm: comm.clone(),
-                    count: n,
-                    bytes: Some(bytes),
-                    user: s.sym.user(pid, &b.stack),
-                    processes: 1,
-                    ..Default::default()
-                })
-            })
-            .collect();
-        rows.sort_by_key(|r| std::cmp::Reverse(r.bytes));
-        let samples = p.buckets.iter().map(|b| b.in_use().0).sum();
-        let objects = rows.iter().map(|r| r.count).sum();
-        self.shown = (objects, rows.iter().filter_map(|r| r.bytes).sum(), samples);
+        let read = Read::of(s, pid, &p);
+        let (objects, bytes) = read.in_use();
+        self.shown = (objects, bytes, read.samples);
         let age = at.elapsed().as_secs_f64();
         let gone = crate::process::proc::comm(pid).is_none();
         let when = match (at_exit, gone, age >= 1.0) {
@@ -149,23 +131,12 @@ impl GoView {
             (false, false, true) => format!(", as read {age:.1} s ago"),
             (false, false, false) => String::new(),
         };
-        let rate = match p.rate {
-            0 => " (its rate is 0 now: not started yet, or turned off by the program)".to_string(),
-            _ => String::new(),
-        };
-        let damaged = if p.damaged {
-            "; the profile's list ended early (a bucket unreadable or damaged)"
-        } else {
-            ""
-        };
         let title = format!(
-            "[{}] Go heap in use by stack (PID {pid}): Go's own sampled profile, one sample per {} \
-             bytes on average, estimated as runtime/pprof does; allocations since the last \
-             collection count as held until one frees them{rate}{when}{damaged}:",
+            "[{}] Go heap in use by stack (PID {pid}): {}:",
             crate::output::clock(),
-            p.rate
+            read.about(&when)
         );
-        out.stacks("go_heap", &title, &rows);
+        out.stacks("go_heap", &title, &read.rows);
     }
 }
 

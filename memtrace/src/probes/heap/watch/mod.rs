@@ -14,7 +14,7 @@ use memtrace_common::{
 
 use super::points::{self, Points};
 use super::report::{self, Phase, Tables, View, USER};
-use super::{execs::Execs, exited::Exited, shimmed::Shimmed};
+use super::{execs::Execs, exited::Exited, golang::GoHeaps, shimmed::Shimmed};
 
 mod shim_in;
 mod take_in;
@@ -65,6 +65,8 @@ pub struct HeapWatch {
     young_gone: u64,
     /// Processes gone while their probes went on.
     gone_before_probes: u64,
+    /// The Go programs among them: their Go heap, from Go's own profile.
+    go: GoHeaps,
 }
 
 impl HeapWatch {
@@ -89,6 +91,7 @@ impl HeapWatch {
             young: HashSet::new(),
             young_gone: 0,
             gone_before_probes: 0,
+            go: GoHeaps::default(),
         }
     }
 
@@ -195,15 +198,17 @@ impl HeapWatch {
             self.young_gone += (before - self.young.len()) as u64;
         }
         self.sweep(s)?;
+        self.go.tick(s);
         self.exited.reclaim(s, USER, None)
     }
 
     /// The blocks of images that exec'd away go; a process that exec'd is
-    /// taken in again (its new image has no shim).
+    /// taken in again (its new image has no shim, and may be a Go program).
     fn sweep(&mut self, s: &mut Traced) -> Result<()> {
         for (pid, at) in self.execs.sweep(s, USER)? {
-            if self.shim.as_mut().is_some_and(|sh| sh.exec(pid, at)) {
+            if self.shim.as_mut().is_none_or(|sh| sh.exec(pid, at)) {
                 self.seen.remove(&pid);
+                self.go.exec(pid);
             }
         }
         Ok(())
@@ -220,13 +225,15 @@ impl HeapWatch {
     ) -> Result<()> {
         self.read_counts(s)?;
         self.sweep(s)?;
+        // A Go program's reservations are left out where its Go heap is shown.
+        let arenas: Vec<String> = self.arenas.iter().chain(&self.go.names).cloned().collect();
         let view = View {
             pending: &[],
             pending_allocs: &[],
             by_bytes: true,
             estimated: self.sample > 0,
             only: Some(pids),
-            arenas: &self.arenas,
+            arenas: &arenas,
             ..Default::default()
         };
         let phase = Phase::default();
@@ -244,8 +251,9 @@ impl HeapWatch {
             ""
         };
         self.arena_bytes = left.1;
-        let left = report::left_out(left, &self.arenas);
+        let left = report::left_out(left, &arenas);
         out.stacks(kind, &format!("{title}{est}{left}"), &reports);
+        self.go.report(s, pids, title, out);
         Ok(())
     }
 
@@ -258,6 +266,12 @@ impl HeapWatch {
         for (k, v) in live.into_iter().chain(kept) {
             if among.contains(&k.tgid) {
                 *by_pid.entry(k.tgid).or_default() += v.bytes.saturating_sub(v.freed_bytes);
+            }
+        }
+        // A Go program by its Go heap, not its reservations.
+        for &pid in among {
+            if let Some(held) = self.go.held(pid) {
+                by_pid.insert(pid, held);
             }
         }
         let mut top: Vec<(u32, u64)> = by_pid.into_iter().filter(|p| p.1 > 0).collect();
@@ -287,6 +301,7 @@ impl HeapWatch {
             v.push(("heap_gone_before_shim", Value::from(self.young_gone)));
         }
         v.extend(self.shim.iter().flat_map(Shimmed::summary));
+        v.extend(self.go.summary());
         v
     }
 }

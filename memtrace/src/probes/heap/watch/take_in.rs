@@ -101,6 +101,11 @@ impl HeapWatch {
                 cache.maps(pid).map(<[Mapping]>::to_vec)
             };
             let Some(maps) = maps else { continue };
+            // A Go program without a C library has no allocator but Go's,
+            // read from its profile: nothing to probe or load.
+            if self.go.take(pid, &maps) && allocator_key(&maps).is_some_and(|k| !k.1) {
+                continue;
+            }
             if self.shim.is_some() {
                 self.follow_shim(s, pid, &maps)?;
                 continue;
