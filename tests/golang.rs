@@ -150,17 +150,31 @@ const HELD: u64 = BLOCKS * 65536;
 
 /// memleak -p on a running Go program, whose runtime `bin` profiles its
 /// heap or not: its JSON output, once the blocks are held.
-fn memleak_p(bin: &Path) -> Output {
+/// memleak `-p` (with `flags`) over `bin` hoarding: its output, and the
+/// program's heap profile rate after memtrace ended.
+fn memleak_p(bin: &Path, flags: &[&str]) -> (Output, u64) {
     let mut w = Workload::start_from(bin.as_os_str(), &[&BLOCKS.to_string()], |_| {});
     let pid = w.pid.to_string();
-    let t = Tracer::start(&["memleak", "--json", "-p", &pid]);
+    let mut args = vec!["memleak", "--json", "-p", &pid];
+    args.extend(flags);
+    let t = Tracer::start(&args);
     w.send("go");
     assert_eq!(w.line().trim(), format!("held {BLOCKS}"));
     let out = t.interrupt();
     w.go();
+    let rate = w.line();
     assert!(w.wait().success());
     assert_eq!(out.code, 0, "{}", out.stderr);
-    out
+    let rate = rate.trim().strip_prefix("rate ").expect("its rate");
+    (out, rate.parse().unwrap())
+}
+
+/// Within 25% of what hoard() holds.
+fn near_held(held: u64, out: &str) {
+    assert!(
+        held * 4 >= HELD * 3 && held * 4 <= HELD * 5,
+        "{held} bytes of the Go heap under main.hoard, {HELD} held: {out}"
+    );
 }
 
 /// The Go heap held under stacks through main.hoard, in bytes.
@@ -183,13 +197,10 @@ fn memleak_p_reports_the_go_heap_by_function() {
     let Some(bin) = hoard_profiled() else {
         return skip(TEST, "no Go toolchain (golang-go)");
     };
-    let out = memleak_p(bin);
-    let held = go_heap_in_hoard(&out.stdout);
-    assert!(
-        held * 4 >= HELD * 3 && held * 4 <= HELD * 5,
-        "{held} bytes of the Go heap under main.hoard, {HELD} held: {}",
-        out.stdout
-    );
+    let (out, rate) = memleak_p(bin, &[]);
+    near_held(go_heap_in_hoard(&out.stdout), &out.stdout);
+    // The program's own profiling is left as it was.
+    assert_eq!(rate, 512 * 1024);
     let reserved: Vec<_> = json_of(&out.stdout, "memleak")
         .into_iter()
         .filter(|r| user_frames(r).iter().any(|f| f.starts_with("runtime.sys")))
@@ -208,14 +219,59 @@ fn memleak_p_reports_the_go_heap_by_function() {
     assert_eq!(summary["go_profile_rate"].as_u64(), Some(512 * 1024));
 }
 
-/// A Go program whose linker turned heap profiling off: said in one line,
-/// not an empty or arena-sized answer given as its heap.
+/// A Go program whose linker turned heap profiling off: memleak turns it
+/// on (two words of the program written), reports the heap allocated from
+/// then on, says so, and puts it back off at its exit.
+#[test]
+fn memleak_p_turns_on_the_go_heap_profile_the_linker_left_off() {
+    let Some(bin) = hoard() else {
+        return skip(TEST, "no Go toolchain (golang-go)");
+    };
+    let (out, rate) = memleak_p(bin, &[]);
+    near_held(go_heap_in_hoard(&out.stdout), &out.stdout);
+    let rows = json_of(&out.stdout, "go_heap");
+    assert!(
+        rows.iter().all(|r| r["title"]
+            .as_str()
+            .unwrap()
+            .contains("turned on by memtrace at")),
+        "{rows:#?}"
+    );
+    let said = out
+        .stderr
+        .lines()
+        .filter(|l| l.contains("left heap profiling off"))
+        .count();
+    assert_eq!(said, 1, "{}", out.stderr);
+    assert_eq!(rate, 0, "profiling not put back off");
+}
+
+/// `-c`: turned on before the runtime starts, the whole run is profiled.
+#[test]
+fn memleak_c_turns_the_go_heap_profile_on_before_the_program_starts() {
+    let Some(bin) = hoard() else {
+        return skip(TEST, "no Go toolchain (golang-go)");
+    };
+    let cmd = format!("{} {BLOCKS}", bin.display());
+    let (out, _) = trace(&["memleak", "--json", "-c", &cmd]);
+    near_held(go_heap_in_hoard(&out), &out);
+    let rows = json_of(&out, "go_heap");
+    assert!(
+        rows.iter()
+            .all(|r| r["title"].as_str().unwrap().contains("before it started")),
+        "{rows:#?}"
+    );
+}
+
+/// With --no-inject the program is left as it is: said in one line, not an
+/// empty or arena-sized answer given as its heap.
 #[test]
 fn memleak_p_says_when_a_go_heap_cannot_be_read() {
     let Some(bin) = hoard() else {
         return skip(TEST, "no Go toolchain (golang-go)");
     };
-    let out = memleak_p(bin);
+    let (out, rate) = memleak_p(bin, &["--no-inject"]);
+    assert_eq!(rate, 0);
     assert_eq!(go_heap_in_hoard(&out.stdout), 0);
     let said: Vec<_> = out
         .stderr

@@ -23,6 +23,21 @@ pub fn count_loss(what: u32) {
     }
 }
 
+/// errno of a map insert into a full map.
+pub const E2BIG: i64 = 7;
+
+/// A new key a map refused, counted by why: the map full (E2BIG), or its
+/// entry not allocatable where the event fired (a map without
+/// preallocation, whose per-CPU caches a burst of new keys can empty
+/// before the kernel refills them).
+#[inline(always)]
+pub fn count_refused(e: impl Into<i64>) {
+    count_loss(match e.into() == -E2BIG {
+        true => loss::MAP_FULL,
+        false => loss::MAP_BUSY,
+    });
+}
+
 /// Sends `rec` to userspace, counting it as lost when the buffer is full.
 /// The reader is woken at once, even behind batched records: rare records
 /// are acted on while their process is still there (its maps are read).

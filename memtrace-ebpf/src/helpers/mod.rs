@@ -24,7 +24,7 @@ mod unwind_rows;
 mod unwind_vma;
 mod walk;
 
-pub use emit::{count_loss, emit};
+pub use emit::{count_loss, count_refused, emit};
 pub use filter::{current_tgid, in_watched_group, wanted, FILTER, MEMCG_WATCH};
 pub use generation::count_gen;
 pub use image::{image_owner, note_member, tell_member};

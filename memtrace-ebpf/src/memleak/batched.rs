@@ -12,7 +12,6 @@
 
 use aya_ebpf::{helpers::bpf_get_current_comm, macros::map, maps::LruHashMap};
 use memtrace_common::{
-    loss,
     memleak::{counter, origin, AllocInfo, AllocKey, AllocStats},
     shim::{entry_key, BatchEntry, EARLY_TIMES},
     stacks::StackKey,
@@ -20,7 +19,7 @@ use memtrace_common::{
 };
 
 use super::{add, bump, keep, release_if, Released, ML_BLOCK, ML_STACKS, USER};
-use crate::helpers::count_loss;
+use crate::helpers::count_refused;
 
 /// `shim::EARLY_FREES` with the memo: by block, the times of frees that may
 /// be of an allocation still in a batch (0: none), a few, for an address
@@ -164,8 +163,8 @@ fn stats(key: &StackKey) -> Option<*mut AllocStats> {
         freed_bytes: 0,
         comm: bpf_get_current_comm().unwrap_or([0; TASK_COMM_LEN]),
     };
-    if ML_STACKS.insert(key, &v, 0).is_err() {
-        count_loss(loss::MAP_FULL);
+    if let Err(e) = ML_STACKS.insert(key, &v, 0) {
+        count_refused(e);
         return None;
     }
     ML_STACKS.get_ptr_mut(key)

@@ -11,7 +11,6 @@ use aya_ebpf::{
     Global,
 };
 use memtrace_common::{
-    loss,
     memleak::{
         counter, AllocInfo, AllocKey, AllocStats, MemleakConfig, PendingAlloc, PendingSlot,
         PENDING_SLOTS, SAMPLE_G, SAMPLE_STEP, SAMPLE_STEPS, WEIGHT_ONE,
@@ -20,7 +19,7 @@ use memtrace_common::{
     TASK_COMM_LEN,
 };
 
-use crate::helpers::{bump_by_stack, capture_stacks, count_loss, Stacks, NO_PREALLOC};
+use crate::helpers::{bump_by_stack, capture_stacks, count_refused, Stacks, NO_PREALLOC};
 
 mod batched;
 mod kernel;
@@ -231,8 +230,8 @@ fn record_stacks(
             freed_bytes: 0,
             comm: bpf_get_current_comm().unwrap_or([0; TASK_COMM_LEN]),
         };
-        if t.stacks.insert(&key, &v, 0).is_err() {
-            count_loss(loss::MAP_FULL);
+        if let Err(e) = t.stacks.insert(&key, &v, 0) {
+            count_refused(e);
             return None;
         }
     }
@@ -275,11 +274,11 @@ fn keep(kernel: bool) -> bool {
         unsafe { core::ptr::copy_nonoverlapping(info as *const AllocInfo, old, 1) };
         return true;
     }
-    if t.allocs.insert(k, info, 0).is_ok() {
+    let Err(e) = t.allocs.insert(k, info, 0) else {
         return true;
-    }
+    };
     settle(t, info);
-    count_loss(loss::MAP_FULL);
+    count_refused(e);
     false
 }
 

@@ -7,9 +7,13 @@
 //! the one Go has kept from 1.18 to the newest; the addresses come from the
 //! binary's symbol table. Everything read is the traced program's own
 //! memory: every length is bounded and a damaged list ends the read.
+//! Where the Go linker left profiling off, `turn_on` writes the two words
+//! the runtime decides it by (the tools that load memleak's shim do it,
+//! unless told not to).
 
 use std::fs::File;
 use std::os::unix::fs::FileExt;
+use std::sync::OnceLock;
 
 use object::{Object, ObjectKind, ObjectSection, ObjectSymbol};
 
@@ -17,6 +21,9 @@ use object::{Object, ObjectKind, ObjectSection, ObjectSymbol};
 const MAX_BUCKETS: usize = 1 << 20;
 /// Frames a bucket may hold (Go keeps 32 by default, up to 1024 asked for).
 const MAX_FRAMES: u64 = 1024;
+/// Go's default `MemProfileRate`: what memtrace sets where the linker left
+/// profiling off.
+pub const DEFAULT_RATE: u64 = 512 * 1024;
 /// `memProfile`, the bucket type of the heap profile.
 const MEM_PROFILE: u64 = 1;
 /// next, allnext, typ, hash, size, nstk.
@@ -92,6 +99,12 @@ pub struct GoHeap {
     mem: File,
     buckets_at: u64,
     rate_at: u64,
+    /// `runtime.disableMemoryProfiling`, where the linker set it.
+    off_at: Option<u64>,
+    pid: u32,
+    /// Opened to write once profiling is turned on (the same process's
+    /// memory for as long as it lives, whatever its pid becomes).
+    written: OnceLock<File>,
 }
 
 /// Sections only the Go toolchain writes.
@@ -114,7 +127,7 @@ impl GoHeap {
     /// The profile of Go process `pid`.
     pub fn open(pid: u32) -> Result<GoHeap, NotRead> {
         let exe = File::open(format!("/proc/{pid}/exe"))?;
-        let (buckets, rate, pie) = {
+        let (buckets, rate, off, pie) = {
             let cache = object::ReadCache::new(&exe);
             let obj = object::File::parse(&cache).map_err(|_| NotRead::NotGo)?;
             if !is_go(&obj) {
@@ -131,16 +144,13 @@ impl GoHeap {
             };
             // Set by the linker in the file's data: known before the
             // runtime runs (which only then sets the rate).
-            let off = find("runtime.disableMemoryProfiling").and_then(|a| {
+            let off = find("runtime.disableMemoryProfiling").filter(|&a| {
                 let sec = obj
                     .sections()
-                    .find(|s| a >= s.address() && a < s.address() + s.size())?;
-                sec.data_range(a, 1).ok().flatten().map(|d| d[0])
+                    .find(|s| a >= s.address() && a < s.address() + s.size());
+                sec.and_then(|s| s.data_range(a, 1).ok().flatten()) == Some(&[1u8][..])
             });
-            if off == Some(1) {
-                return Err(NotRead::ProfilingOff);
-            }
-            (b, r, obj.kind() == ObjectKind::Dynamic)
+            (b, r, off, obj.kind() == ObjectKind::Dynamic)
         };
         let bias = if pie { load_bias(pid, &exe)? } else { 0 };
         let mem = File::open(format!("/proc/{pid}/mem"))?;
@@ -148,7 +158,51 @@ impl GoHeap {
             mem,
             buckets_at: buckets + bias,
             rate_at: rate + bias,
+            off_at: off.map(|a| a + bias),
+            pid,
+            written: OnceLock::new(),
         })
+    }
+
+    /// Whether the Go linker left heap profiling off in the program.
+    pub fn linker_off(&self) -> bool {
+        self.off_at.is_some()
+    }
+
+    /// Turns profiling on at Go's default rate: before the runtime starts,
+    /// by clearing the linker's flag (it keeps its rate then); once it
+    /// runs, by setting the rate it zeroed. Only these two words of the
+    /// program are written.
+    pub fn turn_on(&self) -> std::io::Result<()> {
+        let Some(off_at) = self.off_at else {
+            return Ok(());
+        };
+        let f = match self.written.get() {
+            Some(f) => f,
+            None => {
+                let f = std::fs::OpenOptions::new()
+                    .write(true)
+                    .open(format!("/proc/{}/mem", self.pid))?;
+                self.written.get_or_init(|| f)
+            }
+        };
+        f.write_all_at(&[0], off_at)?;
+        if self.word(self.rate_at)? == 0 {
+            f.write_all_at(&DEFAULT_RATE.to_le_bytes(), self.rate_at)?;
+        }
+        Ok(())
+    }
+
+    /// Puts profiling back off where it was turned on and its rate is still
+    /// the one memtrace set; the buckets stay (nothing in the program
+    /// reads them).
+    pub fn put_back(&self) {
+        let Some(f) = self.written.get() else {
+            return;
+        };
+        if self.word(self.rate_at).ok() == Some(DEFAULT_RATE) {
+            let _ = f.write_all_at(&0u64.to_le_bytes(), self.rate_at);
+        }
     }
 
     fn word(&self, at: u64) -> std::io::Result<u64> {
@@ -192,6 +246,12 @@ impl GoHeap {
             at = allnext;
         }
         Ok(p)
+    }
+}
+
+impl Drop for GoHeap {
+    fn drop(&mut self) {
+        self.put_back();
     }
 }
 

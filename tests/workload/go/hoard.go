@@ -1,7 +1,8 @@
 // The Go workload: hoard() keeps N blocks of 64 KiB (1,000 by default),
 // touching each page, from one function. With --wait first (the tests'
 // Workload protocol): prints its pid, waits for a line on stdin, hoards,
-// says "held N" and holds the blocks until stdin closes. With --grow: 2 MiB
+// says "held N" and holds the blocks until stdin closes, then says its
+// heap profile's rate ("rate N": 0 where the Go linker left profiling off). With --grow: 2 MiB
 // more every 100 ms, for ever (until a memory cgroup's OOM kill).
 package main
 
@@ -10,6 +11,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"runtime"
 	"strconv"
 	"time"
 )
@@ -50,5 +52,6 @@ func main() {
 	fmt.Println("held", len(kept))
 	if wait {
 		io.Copy(io.Discard, in)
+		fmt.Println("rate", runtime.MemProfileRate)
 	}
 }

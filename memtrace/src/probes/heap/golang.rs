@@ -36,8 +36,8 @@ pub struct Read {
 }
 
 impl Read {
-    pub fn of(s: &mut Traced, pid: u32, p: &Profile) -> Read {
-        let comm = crate::process::proc::comm(pid).unwrap_or_default();
+    /// `comm`: the process's name, taken while it ran.
+    pub fn of(s: &mut Traced, pid: u32, comm: &str, p: &Profile) -> Read {
         let mut rows: Vec<StackReport> = p
             .buckets
             .iter()
@@ -48,7 +48,7 @@ impl Read {
                 let (frees, freed_bytes) = estimate(b.frees, b.free_bytes, p.rate);
                 (n > 0).then(|| StackReport {
                     pid,
-                    comm: comm.clone(),
+                    comm: comm.to_string(),
                     count: n,
                     bytes: Some(bytes),
                     user: s.sym.user(pid, &b.stack),
@@ -123,6 +123,10 @@ pub struct GoHeaps {
     said: HashSet<String>,
     /// Go processes past the bound, not read.
     over: u64,
+    /// Turn on the profiling a Go linker left off (where the shim is
+    /// loaded into processes: the program is written to either way).
+    pub turn_on: bool,
+    turned_on: u64,
 }
 
 impl GoHeaps {
@@ -160,6 +164,9 @@ impl GoHeaps {
             Ok(h) => h,
         };
         self.images.insert(key, true);
+        if heap.linker_off() && !self.turn_on(pid, &heap) {
+            return false;
+        }
         if self.procs.len() >= MAX_PROCS {
             self.over += 1;
             return false;
@@ -182,6 +189,39 @@ impl GoHeaps {
             },
         );
         true
+    }
+
+    /// Turns on the profiling `pid`'s linker left off where allowed, said
+    /// once a program; whether it is on.
+    fn turn_on(&mut self, pid: u32, heap: &GoHeap) -> bool {
+        let name = crate::process::proc::comm(pid).unwrap_or_default();
+        let first = self.said.len() < MAX_IMAGES && self.said.insert(name.clone());
+        let why = match self.turn_on {
+            true => match heap.turn_on() {
+                Ok(()) => {
+                    self.turned_on += 1;
+                    if first {
+                        say!(
+                            "memtrace: --heap: PID {pid} ({name}) is a Go program whose linker \
+                             left heap profiling off: turned on at Go's default rate, put back \
+                             at exit (--no-inject leaves such programs as they are)"
+                        );
+                    }
+                    return true;
+                }
+                Err(e) => format!("turning its profiling on failed: {e}"),
+            },
+            false => NotRead::ProfilingOff.to_string(),
+        };
+        self.unread += 1;
+        if first {
+            say!(
+                "memtrace: --heap: PID {pid} ({name}) is a Go program and its Go heap cannot be \
+                 read by function: {why}. What is shown of it is the Go runtime's reservations \
+                 from the OS"
+            );
+        }
+        false
     }
 
     /// `pid` exec'd: its profile was its old image's.
@@ -213,7 +253,10 @@ impl GoHeaps {
             return;
         }
         match p.heap.read() {
-            Ok(prof) if crate::process::proc::alive(pid) => p.last = Some(Read::of(s, pid, &prof)),
+            Ok(prof) if crate::process::proc::alive(pid) => {
+                let comm = crate::process::proc::comm(pid).unwrap_or_default();
+                p.last = Some(Read::of(s, pid, &comm, &prof));
+            }
             _ => p.gone = Some(Instant::now()),
         }
     }
@@ -264,6 +307,7 @@ impl GoHeaps {
         vec![
             ("heap_go_processes", Value::from(self.procs.len() as u64)),
             ("heap_go_unread", Value::from(self.unread)),
+            ("heap_go_profiling_turned_on", Value::from(self.turned_on)),
             ("heap_go_not_read_over_bound", Value::from(self.over)),
         ]
     }

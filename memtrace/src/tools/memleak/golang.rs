@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use crate::output::{Printer, Value};
 use crate::probes::heap::golang::Read;
-use crate::process::goheap::{GoHeap, NotRead, Profile};
+use crate::process::goheap::{GoHeap, NotRead, Profile, DEFAULT_RATE};
 use crate::stacks::Traced;
 
 /// How often the profile is read between reports, so that a program that
@@ -31,6 +31,11 @@ pub(super) struct GoView {
     /// The program's name, for the arenas left out of the malloc report.
     pub exe_name: Option<String>,
     said: bool,
+    /// Its name, taken when it was opened (it may be gone by a report).
+    comm: String,
+    /// Where the linker left profiling off: memtrace turned it on, and
+    /// when ("before it started", "at HH:MM:SS").
+    turned_on: Option<String>,
     /// The last report's figures: estimated objects and bytes in use, and
     /// the samples behind them.
     shown: (u64, u64, u64),
@@ -48,11 +53,51 @@ impl GoView {
             return false;
         }
         self.pid = Some(pid);
+        self.comm = crate::process::proc::comm(pid).unwrap_or_default();
         self.exe_name = std::fs::read_link(format!("/proc/{pid}/exe"))
             .ok()
             .and_then(|p| Some(p.file_name()?.to_string_lossy().into_owned()));
         self.heap = Some(heap.map(Arc::new));
         true
+    }
+
+    /// Where the linker left the program's profiling off: turned on, and
+    /// said; with `leave` (--no-inject), left off and said at the report.
+    pub fn turn_on(&mut self, leave: bool, before_start: bool) {
+        let (Some(pid), Some(Ok(heap))) = (self.pid, &self.heap) else {
+            return;
+        };
+        if !heap.linker_off() || self.turned_on.is_some() {
+            return;
+        }
+        if leave {
+            self.heap = Some(Err(NotRead::ProfilingOff));
+            return;
+        }
+        if let Err(e) = heap.turn_on() {
+            say!(
+                "memtrace: memleak: warning: PID {pid}: turning Go's heap profiling on failed: {e}"
+            );
+            self.heap = Some(Err(NotRead::ProfilingOff));
+            return;
+        }
+        let when = match before_start {
+            true => "before it started".to_string(),
+            false => format!("at {}", crate::output::clock()),
+        };
+        say!(
+            "memtrace: memleak: PID {pid} is a Go program whose linker left heap profiling off: \
+             turned on {when} at Go's default rate (one sample per {DEFAULT_RATE} bytes), put \
+             back at exit (--no-inject leaves the program as it is)"
+        );
+        self.turned_on = Some(when);
+    }
+
+    /// Profiling put back off where memtrace turned it on.
+    pub fn put_back(&self) {
+        if let (Some(_), Some(Ok(heap))) = (&self.turned_on, &self.heap) {
+            heap.put_back();
+        }
     }
 
     /// What reads the profile as the process stops at its exit (for the
@@ -120,7 +165,7 @@ impl GoView {
         let Some((p, at, at_exit)) = self.last.lock().unwrap().clone() else {
             return;
         };
-        let read = Read::of(s, pid, &p);
+        let read = Read::of(s, pid, &self.comm, &p);
         let (objects, bytes) = read.in_use();
         self.shown = (objects, bytes, read.samples);
         let age = at.elapsed().as_secs_f64();
@@ -130,6 +175,13 @@ impl GoView {
             (false, true, _) => format!(", as last read while it ran, {age:.1} s ago"),
             (false, false, true) => format!(", as read {age:.1} s ago"),
             (false, false, false) => String::new(),
+        };
+        let when = match &self.turned_on {
+            Some(w) if w.starts_with("before") => format!("{when}; turned on by memtrace {w}"),
+            Some(w) => {
+                format!("{when}; turned on by memtrace {w}: what was allocated before is not seen")
+            }
+            None => when,
         };
         let title = format!(
             "[{}] Go heap in use by stack (PID {pid}): {}:",
@@ -150,6 +202,10 @@ impl GoView {
                 ("go_heap_samples", Value::from(self.shown.2)),
                 ("go_profile_rate", Value::from(p.rate)),
                 ("go_profile_damaged", Value::from(p.damaged as u64)),
+                (
+                    "go_profile_turned_on",
+                    Value::from(self.turned_on.is_some() as u64),
+                ),
             ],
             (Some(Err(why)), _) => vec![("go_heap_unread", Value::from(why.to_string()))],
             _ => Vec::new(),

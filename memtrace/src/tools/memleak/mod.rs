@@ -376,6 +376,9 @@ impl Tool for Memleak {
     fn on_start(&mut self, s: &mut Traced) -> Result<()> {
         if let Some(pid) = self.target {
             if self.go.open(pid) {
+                // A -c command is stopped at its exec: its runtime has not run.
+                let command = self.args.common.command.is_some();
+                self.go.turn_on(self.args.no_inject, command);
                 self.go.tick(true);
                 if let (Some(hook), true) =
                     (self.go.exit_hook(), self.args.common.command.is_some())
@@ -400,6 +403,7 @@ impl Tool for Memleak {
         // Processes gone since the last round are reported as exited too.
         self.forget_exited(s)?;
         self.report(s, out, false)?;
+        self.go.put_back();
         self.say_if_unseen();
         Ok(())
     }

@@ -103,6 +103,7 @@ impl HeapWatch {
             let Some(maps) = maps else { continue };
             // A Go program without a C library has no allocator but Go's,
             // read from its profile: nothing to probe or load.
+            self.go.turn_on = self.shim.is_some();
             if self.go.take(pid, &maps) && allocator_key(&maps).is_some_and(|k| !k.1) {
                 continue;
             }
