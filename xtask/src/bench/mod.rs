@@ -9,6 +9,7 @@ use anyhow::Result;
 use crate::root;
 
 mod compare;
+mod golang;
 mod heap;
 mod measure;
 mod memleak;
@@ -42,9 +43,11 @@ pub fn run_only(section: &str, runs: usize, check: bool) -> Result<()> {
         }
         "tables" => tables::startup_tables(&memtrace(), runs, &mut out)?,
         "redis" => redis::redis_cost(runs, &mut out)?,
+        "go" => golang::go_cost(runs, &mut out)?,
         _ => {
             anyhow::bail!(
-                "no bench section {section} (sections: memleak, stacks, tables, startup, redis)"
+                "no bench section {section} (sections: memleak, stacks, tables, startup, redis, \
+                 go)"
             )
         }
     }
@@ -288,6 +291,7 @@ pub fn run(runs: usize, check: bool) -> Result<()> {
     streaming(runs, &mut out)?;
     memleak::memleak_cost(runs, &mut out)?;
     redis::redis_cost(runs, &mut out)?;
+    golang::go_cost(runs, &mut out)?;
     startup_rss(&startup_configs(), runs, &mut out)?;
     if !bpftrace {
         out.push_str(&format!("\nbpftrace: {bt_missing}\n"));

@@ -64,7 +64,7 @@ fn throughput() -> Option<f64> {
 /// Reads `child`'s output (heaptrack says it on stdout, memtrace on
 /// stderr) until a line containing `ready`; false at its end or after a
 /// minute.
-fn ready_on_output(child: &mut Child, ready: &str) -> bool {
+pub(super) fn ready_on_output(child: &mut Child, ready: &str) -> bool {
     let (tx, rx) = std::sync::mpsc::channel::<String>();
     let out = child
         .stdout
