@@ -169,6 +169,16 @@ fn memleak_p(bin: &Path, flags: &[&str]) -> (Output, u64) {
     (out, rate.parse().unwrap())
 }
 
+/// Every Go heap row's title says `words`.
+fn titles_say(stdout: &str, words: &str) {
+    let rows = json_of(stdout, "go_heap");
+    assert!(
+        rows.iter()
+            .all(|r| r["title"].as_str().unwrap().contains(words)),
+        "{rows:#?}"
+    );
+}
+
 /// Within 25% of what hoard() holds.
 fn near_held(held: u64, out: &str) {
     assert!(
@@ -229,14 +239,7 @@ fn memleak_p_turns_on_the_go_heap_profile_the_linker_left_off() {
     };
     let (out, rate) = memleak_p(bin, &[]);
     near_held(go_heap_in_hoard(&out.stdout), &out.stdout);
-    let rows = json_of(&out.stdout, "go_heap");
-    assert!(
-        rows.iter().all(|r| r["title"]
-            .as_str()
-            .unwrap()
-            .contains("turned on by memtrace at")),
-        "{rows:#?}"
-    );
+    titles_say(&out.stdout, "turned on by memtrace at");
     let said = out
         .stderr
         .lines()
@@ -255,12 +258,7 @@ fn memleak_c_turns_the_go_heap_profile_on_before_the_program_starts() {
     let cmd = format!("{} {BLOCKS}", bin.display());
     let (out, _) = trace(&["memleak", "--json", "-c", &cmd]);
     near_held(go_heap_in_hoard(&out), &out);
-    let rows = json_of(&out, "go_heap");
-    assert!(
-        rows.iter()
-            .all(|r| r["title"].as_str().unwrap().contains("before it started")),
-        "{rows:#?}"
-    );
+    titles_say(&out, "before it started");
 }
 
 /// With --no-inject the program is left as it is: said in one line, not an
@@ -296,12 +294,7 @@ fn memleak_c_reads_the_go_heap_as_the_command_exits() {
         held * 4 >= HELD * 3 && held * 4 <= HELD * 5,
         "{held} bytes of the Go heap under main.hoard, {HELD} held: {out}"
     );
-    let rows = json_of(&out, "go_heap");
-    assert!(
-        rows.iter()
-            .all(|r| r["title"].as_str().unwrap().contains("as read at its exit")),
-        "{rows:#?}"
-    );
+    titles_say(&out, "as read at its exit");
     assert!(
         summary["arena_bytes_left_out"].as_u64().unwrap_or(0) >= HELD,
         "{summary}"
