@@ -39,6 +39,7 @@ modules! {
     memcg,
     memleak,
     oom,
+    python,
     reclaim,
     rss,
     shim,

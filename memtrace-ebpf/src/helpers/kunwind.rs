@@ -21,6 +21,7 @@ use memtrace_common::{
 use super::{
     emit::{count_loss, emit},
     filter::{current_tgid, FILTER},
+    python::{drop_python, inherit_python, is_python, memtrace_python_frames},
     reads::{stack_top, user_regs},
     stacks::USTACK,
     unwind_copy::Copy,
@@ -54,6 +55,7 @@ pub(super) fn inherit_table(parent: u32, child: u32) {
         let _ = UNWIND_PROCS.insert(&child, p, 0);
     }
     inherit_found(parent, child);
+    inherit_python(parent, child);
 }
 
 /// A process that exec'd runs a new image: the old table would unwind its
@@ -64,6 +66,7 @@ pub(super) fn inherit_table(parent: u32, child: u32) {
 pub(super) fn drop_table(tgid: u32) {
     let _ = UNWIND_PROCS.remove(&tgid);
     forget_found(tgid);
+    drop_python(tgid);
 }
 
 #[inline(always)]
@@ -313,7 +316,14 @@ fn unwind_user_stack() -> (i32, u32) {
     let (ip, sp, bp) = user_regs(&cfg);
     let copy = Copy::take(unsafe { (*s).stack.as_mut_ptr() }, sp, stack_top(&cfg));
     let tgid = current_tgid();
-    let r = unwind_memo::recall(tgid, ip, sp, bp, copy.len);
+    // One native stack runs many Python ones: a Python process's unwinds
+    // are not memoized.
+    let py = is_python(tgid);
+    let r = if py {
+        unwind_memo::NO_RECALL
+    } else {
+        unwind_memo::recall(tgid, ip, sp, bp, copy.len)
+    };
     if r != unwind_memo::NO_RECALL {
         count(stat::COMPLETE);
         count(stat::REPEATED);
@@ -392,6 +402,9 @@ fn unwind_user_stack() -> (i32, u32) {
             count_loss(loss::STACK_TRUNCATED);
         }
     }
+    if py {
+        nr = memtrace_python_frames(tgid, nr as u32) as usize;
+    }
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;
     for i in 0..MAX_UFRAMES {
         if i >= nr {
@@ -407,7 +420,7 @@ fn unwind_user_stack() -> (i32, u32) {
         (h >> 32) as u32,
     );
     // Complete, from tables alone: the next unwind from here may reuse it.
-    if end == 0 && !pending && !miss {
+    if end == 0 && !pending && !miss && !py {
         unwind_memo::keep(((id as u32 as u64) << 32) | check as u64);
     }
     (id, check)

@@ -11,6 +11,7 @@ mod generation;
 mod image;
 mod kunwind;
 mod process;
+mod python;
 mod reads;
 mod regs;
 mod rssstat;

@@ -8,6 +8,7 @@ pub mod gopclntab;
 pub mod kept;
 pub mod ktables;
 pub mod members;
+pub mod python;
 pub mod sections;
 pub mod store;
 pub mod symbolize;

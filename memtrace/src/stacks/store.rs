@@ -164,7 +164,20 @@ impl Traced {
         }
         self.harvested = std::time::Instant::now();
         let stacks = &mut self.stacks;
-        self.session.take_user_stacks(|id, s| stacks.keep(id, s))
+        let mut python = Vec::new();
+        let n = self.session.take_user_stacks(|id, s| {
+            stacks.keep(id, s);
+            let nr = (s.nr as usize).min(s.ips.len());
+            if let (_, Some(py)) = crate::stacks::python::split(&s.ips[..nr]) {
+                python.push(py);
+            }
+        })?;
+        // Their code objects, while the processes are there to read.
+        for py in &python {
+            let types = self.sym.python_types(py.tgid);
+            self.sym.python.learn(py, types);
+        }
+        Ok(n)
     }
 
     /// Harvests in the middle of long work (symbolizing a round of exited

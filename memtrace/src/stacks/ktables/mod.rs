@@ -71,6 +71,9 @@ pub struct TableStats {
     /// them).
     pub files_evicted: u64,
     pub build_ms: f64,
+    /// Python processes whose interpreter was published (None: the
+    /// object walks no Python frames).
+    pub python_processes: Option<u64>,
 }
 
 pub struct KTables {
@@ -94,6 +97,8 @@ pub struct KTables {
     refreshed: HashMap<u32, Instant>,
     verbose: bool,
     pub stats: TableStats,
+    /// Where each Python process's interpreter is, for its frames.
+    pub python: Option<crate::stacks::python::PyProcs>,
     /// Keep the arrays' maps (and so their mappings) alive.
     _rows_map: Map,
     _rules_map: Map,
@@ -198,6 +203,7 @@ impl KTables {
                 capacity_words: 2 * len as u64,
                 ..Default::default()
             },
+            python: crate::stacks::python::PyProcs::new(bpf, verbose),
             _rows_map: rows_map,
             _rules_map: rules_map,
         })
@@ -206,6 +212,10 @@ impl KTables {
     /// Publishes `pid`'s executable mappings, compiling the files not seen
     /// yet. `files` are the open handles MapsCache keeps.
     pub fn update(&mut self, pid: u32, maps: &[Mapping], files: &HashMap<FileId, Arc<File>>) {
+        if let Some(py) = self.python.as_mut() {
+            py.update(pid, maps, files);
+            self.stats.python_processes = Some(py.processes);
+        }
         let mut entries = Vec::new();
         // The files of this table are not in the kernel yet: an eviction
         // to place a later one must not take theirs.
@@ -290,12 +300,18 @@ impl KTables {
     /// update publishes one even if the new maps look like the old.
     pub fn exec(&mut self, pid: u32) {
         self.pushed.remove(&pid);
+        if let Some(py) = self.python.as_mut() {
+            py.exec(pid);
+        }
     }
 
     /// Forgets a process memtrace no longer keeps.
     pub fn forget(&mut self, pid: u32) {
         if self.pushed.remove(&pid).is_some() {
             let _ = self.procs.remove(&pid);
+        }
+        if let Some(py) = self.python.as_mut() {
+            py.forget(pid);
         }
         self.refreshed.remove(&pid);
     }
@@ -379,6 +395,17 @@ pub fn summary(
         ("unwind_files_evicted", Value::from(t.files_evicted)),
         ("unwind_table_build_ms", Value::F(t.build_ms, 1)),
     ]);
+    // Python frames: how each walk of a Python thread ended, and the
+    // code objects that could not be read to name them.
+    if let Some(py) = t.python_processes {
+        let ends = s.read_percpu_array(names::PY_STATS).unwrap_or_default();
+        for (i, n) in memtrace_common::python::stat::NAMES.iter().enumerate() {
+            let total: u64 = ends.get(i).map(|c| c.iter().sum()).unwrap_or(0);
+            v.push((*n, Value::from(total)));
+        }
+        v.push(("python_processes", Value::from(py)));
+        v.push(("python_code_unread", Value::from(s.sym.python.unread)));
+    }
     // System-wide: the processes running at the start, read in the
     // background.
     if let Some(sd) = seeded {

@@ -297,6 +297,8 @@ pub struct Symbolizer {
     kcache: HashMap<u64, Shown>,
     symtabs: symtab::Symtabs,
     go: crate::stacks::gopclntab::GoTables,
+    /// Python code objects read, for the Python frames of stacks.
+    pub python: crate::stacks::python::PyCodes,
 }
 
 impl Default for Symbolizer {
@@ -316,6 +318,7 @@ impl Symbolizer {
             kcache: HashMap::new(),
             symtabs: Default::default(),
             go: Default::default(),
+            python: Default::default(),
         }
     }
 
@@ -328,6 +331,13 @@ impl Symbolizer {
         self.blaze = Blaze::builder()
             .enable_code_info(style == FrameStyle::Lines)
             .build();
+    }
+
+    /// Where `pid`'s Python code and string types are, if it runs a
+    /// CPython whose frames are walked.
+    pub fn python_types(&self, pid: u32) -> Option<[u64; 2]> {
+        let maps = self.maps.lock().unwrap();
+        maps.ktables.as_ref()?.python.as_ref()?.types(pid)
     }
 
     /// Symbolizes user addresses of `pid`, innermost first.

@@ -104,13 +104,21 @@ impl Traced {
             }
             StackRef::Failed => Vec::new(),
             StackRef::Id(_) => match self.user_stack(id) {
-                Some(mut ips) => {
+                Some(ips) => {
+                    // Python's frames follow the native ones.
+                    let (native, py) = crate::stacks::python::split(&ips);
+                    let mut ips = native.to_vec();
                     // An in-kernel unwind that stopped early ends with why.
                     let end = ips.last().and_then(|&ip| mark::note(ip));
                     if end.is_some() {
                         ips.pop();
                     }
                     let mut frames = self.sym.user(pid, &ips);
+                    if let Some(py) = py {
+                        let types = self.sym.python_types(py.tgid);
+                        let pf = self.sym.python.frames(&py, types);
+                        frames = crate::stacks::python::merge(frames, &pf);
+                    }
                     frames.extend(end.map(|n| format!("[{n}]").into()));
                     frames
                 }

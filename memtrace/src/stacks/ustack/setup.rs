@@ -140,6 +140,9 @@ pub(crate) fn setup(
         loader.max_entries(names::UNWIND_CACHE, ROW_CACHE_SLOTS);
         loader.max_entries(names::UNWIND_FILES, 8192);
         loader.max_entries(names::UNWIND_FOUND, 8192);
+        // Python processes and their threads, for their Python frames.
+        loader.max_entries(names::PY_PROCS, 4096);
+        loader.max_entries(names::PY_THREADS, 16384);
         // Code in no table of its process yet found by its file (5.17+).
         match btf.vma_offsets() {
             Ok(v) => {
