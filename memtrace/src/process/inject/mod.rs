@@ -268,6 +268,9 @@ impl Injected {
         }
         drop(held);
         let owner = |a: u64| libs.iter().find(|l| (l.span.0..l.span.1).contains(&a));
+        if let Some(why) = behind_plt(&targets, &libs) {
+            return Err(no(why));
+        }
         let malloc = targets
             .iter()
             .find(|t| t.name == "malloc")
@@ -421,4 +424,30 @@ impl Drop for Injected {
             let _ = self.restore();
         }
     }
+}
+
+/// Why the shim cannot stand in, where dlsym answered `malloc` or `free`
+/// with a canonical PLT entry (an address in an object that does not
+/// define it: a non-PIE executable that takes its address, as Debian's
+/// python3 does). The executable's own slot holds the definition, not that
+/// entry, and was left as it was: its calls went to the allocator unseen.
+/// Uprobes on the allocator see every call.
+fn behind_plt(targets: &[Target], libs: &[objects::Loaded]) -> Option<String> {
+    let mut defs: HashMap<usize, HashMap<String, u64>> = HashMap::new();
+    for t in targets
+        .iter()
+        .filter(|t| t.name == "malloc" || t.name == "free")
+    {
+        let i = libs
+            .iter()
+            .position(|l| (l.span.0..l.span.1).contains(&t.theirs))?;
+        let d = defs.entry(i).or_insert_with(|| functions(&libs[i]));
+        if d.get(&t.name) != Some(&t.theirs) {
+            return Some(format!(
+                "{} binds {} to a PLT entry of its own (a non-PIE executable that takes its address), which its own calls do not go through",
+                libs[i].shown, t.name
+            ));
+        }
+    }
+    None
 }

@@ -101,7 +101,11 @@ fn this_hosts_interpreters_are_found_with_their_versions() {
                 continue;
             }
             match rt {
-                Runtime::Walked { minor: m, off, types } => {
+                Runtime::Walked {
+                    minor: m,
+                    off,
+                    types,
+                } => {
                     assert_eq!(m, minor, "{name}");
                     assert!(off > 0 && !types.contains(&0), "{name}");
                     n += 1;
