@@ -395,16 +395,8 @@ pub fn summary(
         ("unwind_files_evicted", Value::from(t.files_evicted)),
         ("unwind_table_build_ms", Value::F(t.build_ms, 1)),
     ]);
-    // Python frames: how each walk of a Python thread ended, and the
-    // code objects that could not be read to name them.
     if let Some(py) = t.python_processes {
-        let ends = s.read_percpu_array(names::PY_STATS).unwrap_or_default();
-        for (i, n) in memtrace_common::python::stat::NAMES.iter().enumerate() {
-            let total: u64 = ends.get(i).map(|c| c.iter().sum()).unwrap_or(0);
-            v.push((*n, Value::from(total)));
-        }
-        v.push(("python_processes", Value::from(py)));
-        v.push(("python_code_unread", Value::from(s.sym.python.unread)));
+        v.extend(crate::stacks::python::summary(s, py));
     }
     // System-wide: the processes running at the start, read in the
     // background.

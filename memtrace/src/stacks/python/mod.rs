@@ -21,7 +21,7 @@ use memtrace_common::{
 };
 use object::{Object, ObjectSection, ObjectSegment, ObjectSymbol};
 
-use crate::output::Shown;
+use crate::output::{Shown, Value};
 use crate::process::maps::Mapping;
 use code::Code;
 use layout::{layout, Layout, FIRST_MINOR, LAST_MINOR};
@@ -355,6 +355,26 @@ pub fn merge(native: Vec<Shown>, py: &[(Shown, bool)]) -> Vec<Shown> {
         out.extend(g.iter().map(|(s, _)| s.clone()));
     }
     out
+}
+
+/// The summary's Python figures: how each walk of a Python thread ended
+/// (`PY_STATS`), the processes published and the code objects that could
+/// not be read to name their frames.
+pub fn summary(s: &crate::stacks::Traced, processes: u64) -> Vec<(&'static str, Value)> {
+    let ends = s.read_percpu_array(names::PY_STATS).unwrap_or_default();
+    let mut v: Vec<(&'static str, Value)> = memtrace_common::python::stat::NAMES
+        .iter()
+        .enumerate()
+        .map(|(i, n)| {
+            (
+                *n,
+                Value::from(ends.get(i).map_or(0, |c| c.iter().sum::<u64>())),
+            )
+        })
+        .collect();
+    v.push(("python_processes", Value::from(processes)));
+    v.push(("python_code_unread", Value::from(s.sym.python.unread)));
+    v
 }
 
 #[cfg(test)]
