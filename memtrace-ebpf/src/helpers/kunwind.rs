@@ -21,7 +21,7 @@ use memtrace_common::{
 use super::{
     emit::{count_loss, emit},
     filter::{current_tgid, FILTER},
-    python::{drop_python, inherit_python, is_python, memtrace_python_frames},
+    python::{drop_python, inherit_python, is_python},
     reads::{stack_top, user_regs},
     stacks::USTACK,
     unwind_copy::Copy,
@@ -401,9 +401,6 @@ fn unwind_user_stack() -> (i32, u32) {
         if end == mark::TRUNCATED {
             count_loss(loss::STACK_TRUNCATED);
         }
-    }
-    if py {
-        nr = memtrace_python_frames(tgid, nr as u32) as usize;
     }
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;
     for i in 0..MAX_UFRAMES {

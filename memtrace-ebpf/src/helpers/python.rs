@@ -223,48 +223,49 @@ extern "C" fn frame_step(_i: u32, ctx: *mut c_void) -> i64 {
     0
 }
 
-/// Adds the current thread's Python frames to the stack in the walk's
-/// scratch, whose native frames (and end mark) fill its first `nr` slots;
-/// returns its new length. A global function: the verifier checks it on
-/// its own, apart from the unwinder's chain of calls and its stack.
+/// Adds the current thread's Python frames to the stack the unwinder
+/// left in the walk's scratch (native frames and end mark), and hashes it
+/// again: its id in the high half and more bits of its hash in the low, as
+/// `memtrace_unwind_user_stack`; all ones when nothing was added. A global
+/// function: the verifier checks it on its own.
 #[cfg(not(feature = "compat"))]
 #[unsafe(no_mangle)]
 #[inline(never)]
-pub extern "C" fn memtrace_python_frames(tgid: u32, nr: u32) -> u32 {
+pub extern "C" fn memtrace_python_frames(tgid: u32) -> u64 {
     let Some(py) = (unsafe { PY_PROCS.get(&tgid) }) else {
-        return nr;
+        return u64::MAX;
     };
     let (Some(st), Some(s)) = (PY_STEP.get_ptr_mut(0), WALK_SCRATCH.get_ptr_mut(0)) else {
-        return nr;
+        return u64::MAX;
     };
-    let nr = nr as usize;
+    let nr = unsafe { (*s).frames.nr } as usize;
     // Room for the BEGIN word and a frame at least.
     if nr + 2 > MAX_UFRAMES {
         count(stat::TRUNCATED);
-        return nr as u32;
+        return u64::MAX;
     }
     let tid = bpf_get_current_pid_tgid() as u32;
     let ts = thread_state(py, tid);
     if ts == 0 {
         count(stat::NO_THREAD);
-        return nr as u32;
+        return u64::MAX;
     }
     let Some(mut fr) = word(ts + py.ts_frame as u64) else {
         count(stat::READ_FAIL);
-        return nr as u32;
+        return u64::MAX;
     };
     if py.cframe_frame != NONE && fr != 0 {
         match word(fr + py.cframe_frame as u64) {
             Some(v) => fr = v,
             None => {
                 count(stat::READ_FAIL);
-                return nr as u32;
+                return u64::MAX;
             }
         }
     }
     if fr == 0 {
         count(stat::NO_FRAME);
-        return nr as u32;
+        return u64::MAX;
     }
     unsafe {
         (*s).frames.ips[nr & (MAX_UFRAMES - 1)] = frame::begin(py.minor, tgid);
@@ -291,18 +292,31 @@ pub extern "C" fn memtrace_python_frames(tgid: u32, nr: u32) -> u32 {
             stat::READ_FAIL => stat::READ_FAIL,
             _ => stat::NO_FRAME,
         });
-        return nr as u32;
+        return u64::MAX;
     }
     count(match end as u32 {
         stat::NR => stat::TRUNCATED,
         e => e,
     });
-    got as u32
+    let f = unsafe { &mut (*s).frames };
+    // The unwinder's hash, over every word now.
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for i in 0..MAX_UFRAMES {
+        if i >= got {
+            break;
+        }
+        h = (h ^ f.ips[i]).wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    h = (h ^ got as u64).wrapping_mul(0x0000_0100_0000_01b3);
+    f.hash = h;
+    f.nr = got as u32;
+    let id = (h ^ (h >> 32)) as u32 & 0x7fff_ffff;
+    ((id as u64) << 32) | (h >> 32) | 1
 }
 
 /// The compat object has no in-kernel unwinder, whose stacks this adds to.
 #[cfg(feature = "compat")]
 #[inline(always)]
-pub fn memtrace_python_frames(_tgid: u32, nr: u32) -> u32 {
-    nr
+pub fn memtrace_python_frames(_tgid: u32) -> u64 {
+    u64::MAX
 }

@@ -12,7 +12,10 @@ use aya_ebpf::{
 use memtrace_common::{loss, stack_mode, stacks::UstackConfig};
 
 #[cfg(not(feature = "compat"))]
-use super::{dwarf::sample_user_stack, kunwind::memtrace_unwind_user_stack, walk::walk_user_stack};
+use super::{
+    dwarf::sample_user_stack, filter::current_tgid, kunwind::memtrace_unwind_user_stack,
+    python::memtrace_python_frames, walk::walk_user_stack,
+};
 use super::{emit::count_loss, filter::FILTER, walk::store_user_stack};
 
 /// Userspace shrinks this for tools without stacks.
@@ -149,7 +152,16 @@ fn user_stack<C: StackIdContext>(ctx: &C, mode: u32, st: &mut Stacks, value: u64
             // A constant to the verifier (frozen .rodata): the other way is
             // never checked.
             (st.user, st.user_check) = if mode & stack_mode::KUNWIND != 0 {
-                let r = memtrace_unwind_user_stack();
+                let mut r = memtrace_unwind_user_stack();
+                // Python's frames after the native ones: a call of its
+                // own, not one more on the unwinder's chain of calls
+                // (whose stack has no room to spare on 6.1).
+                if r >> 32 != u32::MAX as u64 {
+                    let p = memtrace_python_frames(current_tgid());
+                    if p != u64::MAX {
+                        r = p;
+                    }
+                }
                 ((r >> 32) as u32 as i32, r as u32)
             } else {
                 walk_user_stack()
