@@ -51,11 +51,9 @@ const MAX_FILES: usize = 4096;
 
 /// Whether the file named `name` is CPython's runtime, from its symbols.
 pub fn classify<'d, R: object::ReadRef<'d>>(obj: &object::File<'d, R>) -> Runtime {
-    let sym = |n: &str| {
-        obj.dynamic_symbols()
-            .chain(obj.symbols())
-            .find(|s| s.name() == Ok(n))
-    };
+    // Exported, so in the dynamic symbols: the full symbol table of an
+    // interpreter built with debug information is tens of MiB to read.
+    let sym = |n: &str| obj.dynamic_symbols().find(|s| s.name() == Ok(n));
     let Some(rt) = sym("_PyRuntime") else {
         return Runtime::None;
     };
