@@ -9,18 +9,8 @@ use memtrace_common::python::{PyProc, NONE};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Layout {
-    pub minor: u32,
-    pub interp_main: u16,
-    pub interp_threads: u16,
-    pub ts_next: u16,
-    pub ts_tid: u16,
-    pub ts_frame: u16,
-    pub cframe_frame: u16,
-    pub f_code: u16,
-    pub f_previous: u16,
-    pub f_instr: u16,
-    pub f_owner: u16,
-    pub f_entry: u16,
+    /// What the kernel program walks (its `runtime` set per process).
+    pub walk: PyProc,
     pub co_firstlineno: u16,
     pub co_filename: u16,
     pub co_qualname: u16,
@@ -39,18 +29,22 @@ pub const LAST_MINOR: u32 = 13;
 
 const LAYOUTS: [Layout; 3] = [
     Layout {
-        minor: 11,
-        interp_main: 48,
-        interp_threads: 16,
-        ts_next: 8,
-        ts_tid: 160,
-        ts_frame: 56,
-        cframe_frame: 8,
-        f_code: 32,
-        f_previous: 48,
-        f_instr: 56,
-        f_owner: 69,
-        f_entry: 68,
+        walk: PyProc {
+            runtime: 0,
+            minor: 11,
+            interp_main: 48,
+            interp_threads: 16,
+            ts_next: 8,
+            ts_tid: 160,
+            ts_frame: 56,
+            cframe_frame: 8,
+            f_code: 32,
+            f_previous: 48,
+            f_instr: 56,
+            f_owner: 69,
+            f_entry: 68,
+            _pad: 0,
+        },
         co_firstlineno: 72,
         co_filename: 112,
         co_qualname: 128,
@@ -60,18 +54,22 @@ const LAYOUTS: [Layout; 3] = [
         compact_size: 72,
     },
     Layout {
-        minor: 12,
-        interp_main: 48,
-        interp_threads: 72,
-        ts_next: 8,
-        ts_tid: 144,
-        ts_frame: 56,
-        cframe_frame: 0,
-        f_code: 0,
-        f_previous: 8,
-        f_instr: 56,
-        f_owner: 70,
-        f_entry: NONE,
+        walk: PyProc {
+            runtime: 0,
+            minor: 12,
+            interp_main: 48,
+            interp_threads: 72,
+            ts_next: 8,
+            ts_tid: 144,
+            ts_frame: 56,
+            cframe_frame: 0,
+            f_code: 0,
+            f_previous: 8,
+            f_instr: 56,
+            f_owner: 70,
+            f_entry: NONE,
+            _pad: 0,
+        },
         co_firstlineno: 68,
         co_filename: 112,
         co_qualname: 128,
@@ -81,18 +79,22 @@ const LAYOUTS: [Layout; 3] = [
         compact_size: 56,
     },
     Layout {
-        minor: 13,
-        interp_main: 640,
-        interp_threads: 7344,
-        ts_next: 8,
-        ts_tid: 160,
-        ts_frame: 72,
-        cframe_frame: NONE,
-        f_code: 0,
-        f_previous: 8,
-        f_instr: 56,
-        f_owner: 70,
-        f_entry: NONE,
+        walk: PyProc {
+            runtime: 0,
+            minor: 13,
+            interp_main: 640,
+            interp_threads: 7344,
+            ts_next: 8,
+            ts_tid: 160,
+            ts_frame: 72,
+            cframe_frame: NONE,
+            f_code: 0,
+            f_previous: 8,
+            f_instr: 56,
+            f_owner: 70,
+            f_entry: NONE,
+            _pad: 0,
+        },
         co_firstlineno: 68,
         co_filename: 112,
         co_qualname: 128,
@@ -105,7 +107,7 @@ const LAYOUTS: [Layout; 3] = [
 
 /// The layout of CPython 3.`minor`, if memtrace has it.
 pub fn layout(minor: u32) -> Option<&'static Layout> {
-    LAYOUTS.iter().find(|l| l.minor == minor)
+    LAYOUTS.iter().find(|l| l.walk.minor == minor)
 }
 
 impl Layout {
@@ -114,19 +116,7 @@ impl Layout {
     pub fn proc(&self, runtime: u64) -> PyProc {
         PyProc {
             runtime,
-            minor: self.minor,
-            interp_main: self.interp_main,
-            interp_threads: self.interp_threads,
-            ts_next: self.ts_next,
-            ts_tid: self.ts_tid,
-            ts_frame: self.ts_frame,
-            cframe_frame: self.cframe_frame,
-            f_code: self.f_code,
-            f_previous: self.f_previous,
-            f_instr: self.f_instr,
-            f_owner: self.f_owner,
-            f_entry: self.f_entry,
-            _pad: 0,
+            ..self.walk
         }
     }
 }
@@ -139,10 +129,10 @@ mod tests {
     fn every_walked_version_has_a_layout() {
         for m in FIRST_MINOR..=LAST_MINOR {
             let l = layout(m).expect("a layout");
-            assert_eq!(l.minor, m);
+            assert_eq!(l.walk.minor, m);
             // 3.11 marks a C call's outermost frame itself, later versions
             // by a frame of the C stack's.
-            assert_eq!(l.f_entry == NONE, m >= 12);
+            assert_eq!(l.walk.f_entry == NONE, m >= 12);
         }
         assert!(layout(10).is_none());
     }
