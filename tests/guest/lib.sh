@@ -31,6 +31,29 @@ run_case() {
     [ "$rc" = "$want" ] || FAILED=1
 }
 
+# The same run COUNT times, the runs' lines one after another (each JSON
+# run ends in its summary); the status is the last failing run's:
+# CASE COUNT SECS ARGS...
+run_repeat() {
+    name=$1
+    count=$2
+    secs=$3
+    shift 3
+    rm -f /tmp/$name.out /tmp/$name.err /tmp/$name.w
+    t0=$(now_ms)
+    rc=0
+    i=0
+    while [ $i -lt "$count" ]; do
+        timeout -s KILL "$secs" memtrace "$@" >>/tmp/$name.out 2>>/tmp/$name.err || rc=$?
+        i=$((i + 1))
+    done
+    t1=$(now_ms)
+    emit "$name" /tmp/$name.out MT-OUT
+    emit "$name" /tmp/$name.err MT-ERR
+    echo "MT-CASE $name rc=$rc wrc=0 wpid=0 ms=$((t1 - t0))"
+    [ "$rc" = 0 ] || FAILED=1
+}
+
 # `memtrace ARGS` in the background, until it says "Tracing" (program
 # loads are slow under emulation): NAME ARGS...
 start_bg() {

@@ -11,6 +11,9 @@ use aya_ebpf::{
 };
 use memtrace_common::{loss, stack_mode, stacks::UstackConfig};
 
+#[cfg(feature = "compat")]
+use aya_ebpf::EbpfContext;
+
 #[cfg(not(feature = "compat"))]
 use super::{
     dwarf::sample_user_stack, filter::current_tgid, kunwind::memtrace_unwind_user_stack,
@@ -180,10 +183,18 @@ fn user_stack<C: StackIdContext>(ctx: &C, mode: u32, st: &mut Stacks, value: u64
 }
 
 /// Without bpf_loop (the compat object) the kernel's frame-pointer walker
-/// is the only way: userspace sets no other mode there.
+/// is the only way; its stacks are kept by their own hash (`WALK`, which
+/// userspace sets where it can size the store), else in the stack map.
 #[cfg(feature = "compat")]
 #[inline(always)]
-fn user_stack<C: StackIdContext>(ctx: &C, _mode: u32, st: &mut Stacks, _value: u64, _aux: u32) {
+fn user_stack<C: StackIdContext>(ctx: &C, mode: u32, st: &mut Stacks, _value: u64, _aux: u32) {
+    if mode & stack_mode::WALK != 0 {
+        (st.user, st.user_check) = super::walk::kernel_walk_user_stack(ctx.as_ptr());
+        if st.user >= 0 {
+            st.user_check |= 1;
+        }
+        return;
+    }
     match ctx.get_stackid(&STACKS, BPF_F_USER_STACK as u64) {
         Ok(id) => st.user = id as i32,
         Err(_) => count_loss(loss::STACK),

@@ -223,6 +223,45 @@ pub(super) fn walk_user_stack() -> (i32, u32) {
     )
 }
 
+/// Without bpf_loop (5.10): the kernel's walker fills the scratch's frames
+/// (`bpf_get_stack`), and the stack is kept by its own hash like a walked
+/// one, not in the kernel's stack map, whose buckets refuse a second stack
+/// that hashes into one: with ASLR, a lost stack one run in some tens.
+#[cfg(feature = "compat")]
+#[inline(always)]
+pub(super) fn kernel_walk_user_stack(ctx: *mut c_void) -> (i32, u32) {
+    let Some(s) = WALK_SCRATCH.get_ptr_mut(0) else {
+        return (-1, 0);
+    };
+    let f = unsafe { &mut (*s).frames };
+    let bytes = unsafe {
+        aya_ebpf::helpers::generated::bpf_get_stack(
+            ctx,
+            f.ips.as_mut_ptr() as *mut c_void,
+            (MAX_UFRAMES * 8) as u32,
+            aya_ebpf::bindings::BPF_F_USER_STACK as u64,
+        )
+    };
+    if bytes <= 0 {
+        count_loss(loss::STACK);
+        return (-1, 0);
+    }
+    let nr = (bytes as u64 / 8) as u32;
+    // The helper zeroes what it did not fill: every slot hashes, without a
+    // branch on nr for the verifier to follow.
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for i in 0..MAX_UFRAMES {
+        h = (h ^ f.ips[i]).wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    h = (h ^ nr as u64).wrapping_mul(0x0000_0100_0000_01b3);
+    f.hash = h;
+    f.nr = nr;
+    (
+        ((h ^ (h >> 32)) as u32 & 0x7fff_ffff) as i32,
+        (h >> 32) as u32,
+    )
+}
+
 /// Stores the stack the last walk on this CPU left in its scratch under
 /// `id`, unless it is there already. False when another stack holds the id
 /// or the map is full, both counted: the caller then counts the event

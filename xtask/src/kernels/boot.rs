@@ -12,7 +12,7 @@ use super::check::{parse, Guest};
 use super::{Assets, Boot};
 
 /// A guest that has not powered off by then is killed and fails.
-const BOOT_TIMEOUT: Duration = Duration::from_secs(600);
+const BOOT_TIMEOUT: Duration = Duration::from_secs(900);
 
 pub(super) fn boot(assets: &Assets, b: &Boot, initrd: &Path) -> Result<Guest> {
     let k = b.k;

@@ -69,6 +69,10 @@ pub(crate) fn setup(
             "memtrace: user stacks: fp by the kernel's walker (this kernel has no bpf_loop, Linux 5.17: \
              no DWARF unwinding, and a stack ends at code built without frame pointers)"
         );
+        // Kept by their own hash, as walked stacks are: the stack map's
+        // buckets would refuse one that hashes where another is.
+        filter.stacks |= stack_mode::WALK;
+        loader.max_entries(names::USTACKS, 16384);
         return Ok(None);
     }
     let system_wide = filter.tgid == 0;
