@@ -1,8 +1,8 @@
 //! memtrace's kernel programs. One module per tool; `helpers` holds what they share.
 #![no_std]
 #![no_main]
-// An atomic add for memleak's memo slots (`memleak/memo.rs`): core's
-// atomic types have no read-modify-write on the BPF target.
+// An atomic add (`helpers/atomic.rs`): core's atomic types have no
+// read-modify-write on the BPF target.
 #![allow(internal_features)]
 #![feature(core_intrinsics)]
 

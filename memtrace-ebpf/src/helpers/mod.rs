@@ -2,6 +2,7 @@
 //! here; the statics and programs keep their names whatever file holds
 //! them (`memtrace_common::names` refers to them by name).
 
+mod atomic;
 mod dwarf;
 mod emit;
 mod exemaps;
@@ -25,6 +26,7 @@ mod unwind_rows;
 mod unwind_vma;
 mod walk;
 
+pub use atomic::atomic_add;
 pub use emit::{count_loss, count_refused, emit};
 pub use filter::{current_tgid, in_watched_group, wanted, FILTER, MEMCG_WATCH};
 pub use generation::count_gen;

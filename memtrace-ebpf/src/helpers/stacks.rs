@@ -5,14 +5,11 @@
 use aya_ebpf::{
     bindings::BPF_F_USER_STACK,
     macros::map,
-    maps::{PerCpuArray, PerCpuHashMap, StackTrace},
+    maps::{HashMap, PerCpuArray, PerCpuHashMap, StackTrace},
     programs::tracing::StackIdContext,
     Global,
 };
 use memtrace_common::{loss, stack_mode, stacks::UstackConfig};
-
-#[cfg(feature = "compat")]
-use aya_ebpf::EbpfContext;
 
 #[cfg(not(feature = "compat"))]
 use super::{
@@ -84,21 +81,39 @@ impl Stacks {
     }
 }
 
-/// Counting by stack in a per-CPU map: applies `bump` to `key`'s value and
-/// returns true, or returns false when the caller must insert it. The walked
-/// user stack is stored only when the key is new (`Stacks::keep`); if it
-/// cannot be, the key loses its user stack (`set_user`) and is looked up
-/// again. Per-CPU values: no other CPU writes the slot, so a plain add is
-/// exact.
+/// A hash map's value in place: per-CPU maps (where a plain add is exact)
+/// and shared ones (where the caller adds atomically).
+pub trait Slots<K, V> {
+    fn slot(&self, k: &K) -> Option<*mut V>;
+}
+
+impl<K, V> Slots<K, V> for PerCpuHashMap<K, V> {
+    #[inline(always)]
+    fn slot(&self, k: &K) -> Option<*mut V> {
+        self.get_ptr_mut(k)
+    }
+}
+
+impl<K, V> Slots<K, V> for HashMap<K, V> {
+    #[inline(always)]
+    fn slot(&self, k: &K) -> Option<*mut V> {
+        self.get_ptr_mut(k)
+    }
+}
+
+/// Counting by stack: applies `bump` to `key`'s value and returns true, or
+/// returns false when the caller must insert it. The walked user stack is
+/// stored only when the key is new (`Stacks::keep`); if it cannot be, the
+/// key loses its user stack (`set_user`) and is looked up again.
 #[inline(always)]
 pub fn bump_by_stack<K, V>(
-    map: &PerCpuHashMap<K, V>,
+    map: &impl Slots<K, V>,
     key: &mut K,
     st: &mut Stacks,
     set_user: impl Fn(&mut K, &Stacks),
     bump: impl Fn(&K, &mut V),
 ) -> bool {
-    if let Some(v) = map.get_ptr_mut(&*key) {
+    if let Some(v) = map.slot(&*key) {
         bump(key, unsafe { &mut *v });
         return true;
     }
@@ -106,7 +121,7 @@ pub fn bump_by_stack<K, V>(
     st.keep();
     if st.user != user {
         set_user(key, st);
-        if let Some(v) = map.get_ptr_mut(&*key) {
+        if let Some(v) = map.slot(&*key) {
             bump(key, unsafe { &mut *v });
             return true;
         }

@@ -18,7 +18,7 @@ use memtrace_common::{
     TASK_COMM_LEN,
 };
 
-use super::{add, bump, keep, release_if, Released, ML_BLOCK, ML_STACKS, USER};
+use super::{add, bump, keep, release_if, tally, tally_freed, Released, ML_BLOCK, ML_STACKS, USER};
 use crate::helpers::count_refused;
 
 /// `shim::EARLY_FREES` with the memo: by block, the times of frees that may
@@ -102,8 +102,7 @@ pub(super) fn batched(tgid: u32, e: &BatchEntry) {
         return;
     };
     let v = unsafe { &mut *v };
-    v.allocs += pairs;
-    v.bytes += e.size;
+    tally(v, pairs, e.size);
     if e.addr == 0 {
         freed(v, pairs, e.size);
         return;
@@ -144,8 +143,7 @@ pub(super) fn batched(tgid: u32, e: &BatchEntry) {
 /// `n` blocks of `bytes` in all freed, in the figures of their stack.
 #[inline(always)]
 fn freed(v: &mut AllocStats, n: u64, bytes: u64) {
-    v.frees += n;
-    v.freed_bytes += bytes;
+    tally_freed(v, n, bytes);
     add(counter::FREES, n);
 }
 

@@ -14,7 +14,6 @@ use aya_ebpf::{
     macros::map,
     maps::{Array, HashMap},
 };
-use core::intrinsics::{atomic_xadd, AtomicOrdering};
 use memtrace_common::shim::{memo_slot, ShimMemo, MEMO_READS, MEMO_WAYS};
 
 use crate::helpers::unwind_memo;
@@ -86,7 +85,7 @@ fn release(s: &mut ShimMemo) {
 
 #[inline(always)]
 fn add(at: &mut u64, v: u64) {
-    unsafe { atomic_xadd::<u64, u64, { AtomicOrdering::SeqCst }>(at, v) };
+    crate::helpers::atomic_add(at, v);
 }
 
 /// Thread `tid`'s slots go (its batch went, or it exited): a thread that

@@ -7,7 +7,7 @@
 use aya_ebpf::{
     helpers::{bpf_get_current_comm, bpf_get_prandom_u32, bpf_ktime_get_ns},
     macros::map,
-    maps::{Array, HashMap, PerCpuArray, PerCpuHashMap},
+    maps::{Array, HashMap, PerCpuArray},
     Global,
 };
 use memtrace_common::{
@@ -19,7 +19,9 @@ use memtrace_common::{
     TASK_COMM_LEN,
 };
 
-use crate::helpers::{bump_by_stack, capture_stacks, count_refused, Stacks, NO_PREALLOC};
+use crate::helpers::{
+    atomic_add, bump_by_stack, capture_stacks, count_refused, Stacks, NO_PREALLOC,
+};
 
 mod batched;
 mod kernel;
@@ -41,16 +43,19 @@ static MEMLEAK_CFG: Global<MemleakConfig> = Global::new(MemleakConfig::INIT);
 static ML_PENDING: Array<PendingSlot> = Array::with_max_entries(PENDING_SLOTS, 0);
 #[map]
 static ML_ALLOCS: HashMap<AllocKey, AllocInfo> = HashMap::with_max_entries(1, NO_PREALLOC);
+/// Totals by stack, one value shared by the CPUs and added to atomically
+/// (`tally`): a per-CPU value is allocated from per-CPU memory where the
+/// event fires, which a burst of new stacks on a loaded host finds empty
+/// (the insert fails), and costs a value per CPU for every stack.
 #[map]
-static ML_STACKS: PerCpuHashMap<StackKey, AllocStats> =
-    PerCpuHashMap::with_max_entries(1, NO_PREALLOC);
+static ML_STACKS: HashMap<StackKey, AllocStats> = HashMap::with_max_entries(1, NO_PREALLOC);
 /// The same for kernel mode, preallocated: a program that allocates map
 /// entries while tracing the kernel's allocators would trace itself (and
 /// be skipped as recursion).
 #[map]
 static ML_KALLOCS: HashMap<AllocKey, AllocInfo> = HashMap::with_max_entries(1, 0);
 #[map]
-static ML_KSTACKS: PerCpuHashMap<StackKey, AllocStats> = PerCpuHashMap::with_max_entries(1, 0);
+static ML_KSTACKS: HashMap<StackKey, AllocStats> = HashMap::with_max_entries(1, 0);
 #[map]
 static ML_COUNTS: PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0);
 /// Followed processes that exec'd, with when: the blocks of the image they
@@ -167,7 +172,7 @@ fn admit(size: u64) -> Option<(u64, u64)> {
 #[derive(Clone, Copy)]
 struct Tables {
     allocs: &'static HashMap<AllocKey, AllocInfo>,
-    stacks: &'static PerCpuHashMap<StackKey, AllocStats>,
+    stacks: &'static HashMap<StackKey, AllocStats>,
 }
 
 const USER: Tables = Tables {
@@ -218,10 +223,7 @@ fn record_stacks(
     let (n, bytes) = weight;
     let set_user =
         |k: &mut StackKey, st: &Stacks| (k.ustack, k.ustack_check) = (st.user, st.user_check);
-    let add = |_: &StackKey, v: &mut AllocStats| {
-        v.allocs += n;
-        v.bytes += bytes;
-    };
+    let add = |_: &StackKey, v: &mut AllocStats| tally(v, n, bytes);
     if !bump_by_stack(t.stacks, &mut key, &mut st, set_user, add) {
         let v = AllocStats {
             allocs: n,
@@ -286,10 +288,23 @@ fn keep(kernel: bool) -> bool {
 #[inline(always)]
 fn settle(t: Tables, info: &AllocInfo) {
     if let Some(v) = t.stacks.get_ptr_mut(&info.stack) {
-        let v = unsafe { &mut *v };
-        v.frees += info.weight;
-        v.freed_bytes += info.weight_bytes;
+        tally_freed(unsafe { &mut *v }, info.weight, info.weight_bytes);
     }
+}
+
+/// Adds `n` blocks of `bytes` in all to a stack's figures, which every CPU
+/// writes.
+#[inline(always)]
+fn tally(v: &mut AllocStats, n: u64, bytes: u64) {
+    atomic_add(&mut v.allocs, n);
+    atomic_add(&mut v.bytes, bytes);
+}
+
+/// Takes `n` blocks of `bytes` in all out of a stack's figures (freed).
+#[inline(always)]
+fn tally_freed(v: &mut AllocStats, n: u64, bytes: u64) {
+    atomic_add(&mut v.frees, n);
+    atomic_add(&mut v.freed_bytes, bytes);
 }
 
 /// Whether a block is in the table (a realloc that is not sampled needs its

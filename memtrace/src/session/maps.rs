@@ -1,5 +1,5 @@
-//! Reading and writing the tools' maps: per-CPU hash maps read (and, for
-//! interval reports, deleted) key by key, per-CPU arrays, loss counters.
+//! Reading and writing the tools' maps: hash maps (per-CPU or shared) read
+//! (and, for interval reports, deleted) key by key, per-CPU arrays, loss counters.
 
 use std::os::fd::{AsFd, AsRawFd, RawFd};
 
@@ -101,50 +101,75 @@ impl Session {
         self.bpf.map(name).ok_or_else(|| missing(name))
     }
 
-    /// Every key of a per-CPU hash map with its per-CPU values. With
-    /// `clear`, the keys read are deleted (interval reports start afresh).
+    /// Whether `name` is a hash map whose values the CPUs share (one per
+    /// key), not a per-CPU one: the readers below take either.
+    fn shared(&self, name: &'static str) -> Result<bool> {
+        Ok(matches!(self.map_data(name)?, aya::maps::Map::HashMap(_)))
+    }
+
+    /// Every key of a hash map with its per-CPU values (one value for a
+    /// shared map). With `clear`, the keys read are deleted (interval
+    /// reports start afresh).
     pub fn read_percpu<K: Pod, V: Pod>(
         &mut self,
         map: MapName<K, V>,
         clear: bool,
     ) -> Result<Vec<(K, Vec<V>)>> {
-        let name = map.name;
-        let m: PerCpuHashMap<_, K, V> =
-            PerCpuHashMap::try_from(self.map_data(name)?).map_err(|e| Error::Runtime(chain(&e)))?;
-        if !clear {
+        if clear {
+            // Each key read and deleted in one call: reading them all, then
+            // deleting, lost every add made in between (a millisecond with
+            // a thousand keys).
+            let keys = self.percpu_keys(map)?;
+            return self.take_percpu(map, &keys);
+        }
+        let data = self.map_data(map.name)?;
+        if self.shared(map.name)? {
+            let m = AyaHashMap::<_, K, V>::try_from(data).map_err(|e| Error::Runtime(chain(&e)))?;
             return Ok(m
                 .iter()
                 .filter_map(|item| self.counted(item))
-                .map(|(k, vals)| (k, vals.iter().copied().collect()))
+                .map(|(k, v)| (k, vec![v]))
                 .collect());
         }
-        // Each key read and deleted in one call: reading them all, then
-        // deleting, lost every add made in between (a millisecond with
-        // a thousand keys).
-        let keys: Vec<K> = m.keys().filter_map(|k| self.counted(k)).collect();
-        self.take_percpu(map, &keys)
+        let m: PerCpuHashMap<_, K, V> =
+            PerCpuHashMap::try_from(data).map_err(|e| Error::Runtime(chain(&e)))?;
+        Ok(m.iter()
+            .filter_map(|item| self.counted(item))
+            .map(|(k, vals)| (k, vals.iter().copied().collect()))
+            .collect())
     }
 
-    /// Every key of a per-CPU hash map.
+    /// Every key of a hash map, per-CPU or shared.
     pub fn percpu_keys<K: Pod, V: Pod>(&self, map: MapName<K, V>) -> Result<Vec<K>> {
-        let m: PerCpuHashMap<_, K, V> = PerCpuHashMap::try_from(self.map_data(map.name)?)
-            .map_err(|e| Error::Runtime(chain(&e)))?;
+        let data = self.map_data(map.name)?;
+        if self.shared(map.name)? {
+            let m = AyaHashMap::<_, K, V>::try_from(data).map_err(|e| Error::Runtime(chain(&e)))?;
+            return Ok(m.keys().filter_map(|k| self.counted(k)).collect());
+        }
+        let m: PerCpuHashMap<_, K, V> =
+            PerCpuHashMap::try_from(data).map_err(|e| Error::Runtime(chain(&e)))?;
         Ok(m.keys().filter_map(|k| self.counted(k)).collect())
     }
 
-    /// Reads and deletes `keys` of a per-CPU hash map, with their per-CPU
-    /// values; keys already gone are left out.
+    /// Reads and deletes `keys` of a hash map, with their per-CPU values
+    /// (one for a shared map); keys already gone are left out.
     pub fn take_percpu<K: Pod, V: Pod>(
         &mut self,
         map: MapName<K, V>,
         keys: &[K],
     ) -> Result<Vec<(K, Vec<V>)>> {
         let name = map.name;
+        let shared = self.shared(name)?;
         let fd = match self.bpf.map(name) {
-            Some(m @ aya::maps::Map::PerCpuHashMap(_)) => Some(KnownSizes::<K, V>::of(m)?),
+            Some(m @ (aya::maps::Map::PerCpuHashMap(_) | aya::maps::Map::HashMap(_))) => {
+                Some(KnownSizes::<K, V>::of(m)?)
+            }
             _ => None,
         };
-        let cpus = aya::util::nr_cpus().map_err(|(_, e)| Error::Runtime(e.to_string()))?;
+        let cpus = match shared {
+            true => 1,
+            false => aya::util::nr_cpus().map_err(|(_, e)| Error::Runtime(e.to_string()))?,
+        };
         let mut out = Vec::with_capacity(keys.len());
         for &k in keys {
             match fd.as_ref().map(|fd| take(fd, &k, cpus)) {
@@ -153,6 +178,15 @@ impl Session {
                 // Kernels before 5.14: read, then delete.
                 _ => {
                     let map = self.bpf.map_mut(name).expect("map seen above");
+                    if shared {
+                        let mut m = AyaHashMap::<_, K, V>::try_from(map)
+                            .map_err(|e| Error::Runtime(chain(&e)))?;
+                        if let Ok(v) = m.get(&k, 0) {
+                            out.push((k, vec![v]));
+                        }
+                        let _ = m.remove(&k);
+                        continue;
+                    }
                     let mut m: PerCpuHashMap<_, K, V> =
                         PerCpuHashMap::try_from(map).map_err(|e| Error::Runtime(chain(&e)))?;
                     if let Ok(vals) = m.get(&k, 0) {
