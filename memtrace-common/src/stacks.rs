@@ -138,8 +138,23 @@ pub const USTACK_SPILLED: i32 = -5;
 /// of two: indexes are masked with it).
 pub const MAX_UFRAMES: usize = 128;
 
-/// A user stack walked by frame pointers in the kernel, stored once under a
-/// 31-bit id taken from its 64-bit hash (kept to detect id collisions).
+/// A user stack walked in the kernel, stored once under its key
+/// (`ustack_key`); the hash is kept to tell a collision of keys.
+/// A walked stack's key: the 31-bit id counts carry in their keys and the
+/// 32-bit check beside it (both from the stack's hash). Stored under the id
+/// alone, two of some thousands of stacks often shared one: the second was
+/// lost, or took the first's place in memtrace's store.
+#[inline(always)]
+pub const fn ustack_key(id: i32, check: u32) -> u64 {
+    ((id as u32 as u64) << 32) | check as u64
+}
+
+/// The id and check of a key (`ustack_key`).
+#[inline(always)]
+pub const fn ustack_key_parts(key: u64) -> (u32, u32) {
+    ((key >> 32) as u32, key as u32)
+}
+
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
 pub struct UserStack {
@@ -153,7 +168,7 @@ pub struct UserStack {
 crate::names! {
     maps {
         STACKS: u32 => (), OnDemand;
-        USTACKS: u32 => UserStack, OnDemand;
+        USTACKS: u64 => UserStack, OnDemand;
         WALK_SCRATCH: () => (), Compiled;
         FP_STEP: () => (), Compiled;
         SAMPLE_SCRATCH: () => (), OnDemand;

@@ -74,7 +74,7 @@ impl Stacks {
     /// lookup per event.
     #[inline(always)]
     pub fn keep(&mut self) {
-        if self.user >= 0 && self.user_check != 0 && !store_user_stack(self.user) {
+        if self.user >= 0 && self.user_check != 0 && !store_user_stack(self.user, self.user_check) {
             self.user = -1;
             self.user_check = 0;
         }

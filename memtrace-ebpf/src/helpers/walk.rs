@@ -11,7 +11,7 @@ use aya_ebpf::{
 };
 use memtrace_common::{
     loss,
-    stacks::{UserStack, MAX_UFRAMES},
+    stacks::{ustack_key, UserStack, MAX_UFRAMES},
 };
 
 use super::{
@@ -38,7 +38,7 @@ pub(super) static WALK_SCRATCH: PerCpuArray<WalkScratch> = PerCpuArray::with_max
 
 /// User stacks of the walk, by id; sized by userspace when stacks are on.
 #[map]
-pub static USTACKS: HashMap<u32, UserStack> = HashMap::with_max_entries(8192, 0);
+pub static USTACKS: HashMap<u64, UserStack> = HashMap::with_max_entries(8192, 0);
 
 /// What the frame loop reads, fixed for the walk: on the caller's stack.
 #[repr(C)]
@@ -267,20 +267,20 @@ pub(super) fn kernel_walk_user_stack(ctx: *mut c_void) -> (i32, u32) {
 /// or the map is full, both counted: the caller then counts the event
 /// without its stack.
 #[inline(always)]
-pub(super) fn store_user_stack(id: i32) -> bool {
+pub(super) fn store_user_stack(id: i32, check: u32) -> bool {
     let Some(s) = WALK_SCRATCH.get_ptr(0) else {
         return false;
     };
     let f = unsafe { &(*s).frames };
-    let id = id as u32;
-    // NOEXIST: of two CPUs storing one id, the second finds the first's.
+    let key = ustack_key(id, check);
+    // NOEXIST: of two CPUs storing one stack, the second finds the first's.
     // Twice: memtrace takes stored stacks out as they arrive, and may take
     // this one between the insert that found it and the lookup.
     for _ in 0..2 {
-        if USTACKS.insert(id, f, BPF_NOEXIST as u64).is_ok() {
+        if USTACKS.insert(key, f, BPF_NOEXIST as u64).is_ok() {
             return true;
         }
-        if let Some(v) = unsafe { USTACKS.get(id) } {
+        if let Some(v) = unsafe { USTACKS.get(key) } {
             if v.hash == f.hash {
                 return true;
             }

@@ -15,17 +15,17 @@ impl Session {
     /// of USTACKS and handed to `each` one at a time (a harvest can bring
     /// 16,384 of a KiB each: collected, they were 16 MiB at once); how
     /// many. None when the object has no such map.
-    pub fn take_user_stacks(&mut self, mut each: impl FnMut(u32, &UserStack)) -> Result<usize> {
+    pub fn take_user_stacks(&mut self, mut each: impl FnMut(u64, &UserStack)) -> Result<usize> {
         let Some(m) = self.bpf.map(names::USTACKS.name) else {
             return Ok(0);
         };
         let h =
-            AyaHashMap::<_, u32, UserStack>::try_from(m).map_err(|e| Error::Runtime(chain(&e)))?;
-        let keys: Vec<u32> = h.keys().filter_map(|k| self.counted(k)).collect();
-        let fd = KnownSizes::<u32, UserStack>::of(m)?;
+            AyaHashMap::<_, u64, UserStack>::try_from(m).map_err(|e| Error::Runtime(chain(&e)))?;
+        let keys: Vec<u64> = h.keys().filter_map(|k| self.counted(k)).collect();
+        let fd = KnownSizes::<u64, UserStack>::of(m)?;
         let mut n = 0;
-        for id in keys {
-            let s = match take(&fd, &id, 1) {
+        for key in keys {
+            let s = match take(&fd, &key, 1) {
                 Ok(Some(mut v)) => v.pop(),
                 Ok(None) => None,
                 // Kernels before 5.14: read, then delete.
@@ -34,15 +34,15 @@ impl Session {
                         .bpf
                         .map_mut(names::USTACKS.name)
                         .expect("map seen above");
-                    let mut h = AyaHashMap::<_, u32, UserStack>::try_from(m)
+                    let mut h = AyaHashMap::<_, u64, UserStack>::try_from(m)
                         .map_err(|e| Error::Runtime(chain(&e)))?;
-                    let s = h.get(&id, 0).ok();
-                    let _ = h.remove(&id);
+                    let s = h.get(&key, 0).ok();
+                    let _ = h.remove(&key);
                     s
                 }
             };
             if let Some(s) = s {
-                each(id, &s);
+                each(key, &s);
                 n += 1;
             }
         }

@@ -4,7 +4,7 @@
 //! processes, and every later stack failed); memtrace keeps them here,
 //! bounded, and the map only holds what arrived since the last harvest.
 
-use memtrace_common::stacks::UserStack;
+use memtrace_common::stacks::{ustack_key, ustack_key_parts, UserStack};
 use std::cell::Cell;
 use std::collections::HashMap;
 
@@ -20,7 +20,12 @@ const KEEP_UP_EVERY: std::time::Duration = std::time::Duration::from_millis(10);
 
 #[derive(Default)]
 pub struct StackStore {
-    kept: HashMap<u32, Kept>,
+    /// By key (`ustack_key`): id and check, so two stacks under one id
+    /// are kept apart.
+    kept: HashMap<u64, Kept>,
+    /// The check of the stack kept last under each id, for records that
+    /// carry the id alone.
+    latest: HashMap<u32, u32>,
     /// Orders uses: the larger, the more recent.
     clock: Cell<u64>,
     /// Stacks let go under the bound.
@@ -58,15 +63,17 @@ impl StackStore {
         t
     }
 
-    pub(super) fn keep(&mut self, id: u32, s: &UserStack) {
+    pub(super) fn keep(&mut self, key: u64, s: &UserStack) {
         let now = self.now();
-        match self.kept.get_mut(&id) {
+        let (id, check) = ustack_key_parts(key);
+        self.latest.insert(id, check);
+        match self.kept.get_mut(&key) {
             // A stack comes back each time a key of it is new again.
             Some(k) if k.hash == s.hash => {
                 k.used.set(now);
                 k.sent = now;
             }
-            // A new stack, or another one under an id that was freed.
+            // A new stack, or another one under a key that was freed.
             _ => {
                 let nr = (s.nr as usize).min(s.ips.len());
                 let k = Kept {
@@ -75,7 +82,7 @@ impl StackStore {
                     used: Cell::new(now),
                     sent: now,
                 };
-                self.kept.insert(id, k);
+                self.kept.insert(key, k);
                 // Bounded as stacks come, not after a harvest: one harvest
                 // can bring more than the bound, and the table grown for it
                 // (262k buckets in a Python churn) never shrinks.
@@ -98,11 +105,28 @@ impl StackStore {
         let before = self.kept.len();
         self.kept.retain(|_, k| k.used.get() > cut);
         self.evicted += (before - self.kept.len()) as u64;
+        let kept = &self.kept;
+        self.latest
+            .retain(|id, check| kept.contains_key(&ustack_key(*id as i32, *check)));
+    }
+
+    /// The key of the stack `id` and `check` name: the check as a count's
+    /// key holds it (the whole of it, or its low 16 bits in a fault's
+    /// key), or 0 for a record that carries the id alone (the stack kept
+    /// under the id last).
+    fn find(&self, id: u32, check: u32) -> Option<u64> {
+        let key = ustack_key(id as i32, check);
+        if check != 0 && self.kept.contains_key(&key) {
+            return Some(key);
+        }
+        let last = *self.latest.get(&id)?;
+        let agrees = check == 0 || (check <= 0xffff && last & 0xffff == check);
+        agrees.then(|| ustack_key(id as i32, last))
     }
 
     /// Instruction pointers of a harvested stack, innermost first.
-    pub fn get(&self, id: u32) -> Option<Vec<u64>> {
-        match self.kept.get(&id) {
+    pub fn get(&self, id: u32, check: u32) -> Option<Vec<u64>> {
+        match self.find(id, check).and_then(|k| self.kept.get(&k)) {
             Some(k) => {
                 k.used.set(self.now());
                 Some(k.ips.to_vec())
@@ -123,13 +147,19 @@ impl StackStore {
     /// each new key of it, so a later count of it finds it; one sent again
     /// since the last `settled` (harvested while a round resolved) is for a
     /// key still in the kernel's maps, and stays.
-    pub fn release(&mut self, id: u32) {
+    pub fn release(&mut self, id: u32, check: u32) {
+        let Some(key) = self.find(id, check) else {
+            return;
+        };
         if self
             .kept
-            .get(&id)
+            .get(&key)
             .is_some_and(|k| k.sent <= self.settled_at)
         {
-            self.kept.remove(&id);
+            self.kept.remove(&key);
+            if self.latest.get(&id) == Some(&ustack_key_parts(key).1) {
+                self.latest.remove(&id);
+            }
             self.released += 1;
         }
     }
@@ -142,14 +172,15 @@ impl StackStore {
         // processes) once most stacks are let go: given back.
         if self.kept.capacity() > 4 * self.kept.len() + 4096 {
             self.kept.shrink_to(2 * self.kept.len());
+            self.latest.shrink_to(2 * self.latest.len());
         }
     }
 
     /// Marks a stack as in use (counts of a live process still name it),
     /// so the bound lets others go first: counts of long-lived processes
     /// otherwise lost their stacks by the final report on a churning host.
-    pub fn touch(&self, id: u32) {
-        if let Some(k) = self.kept.get(&id) {
+    pub fn touch(&self, id: u32, check: u32) {
+        if let Some(k) = self.find(id, check).and_then(|k| self.kept.get(&k)) {
             k.used.set(self.now());
         }
     }
@@ -165,8 +196,8 @@ impl Traced {
         self.harvested = std::time::Instant::now();
         let stacks = &mut self.stacks;
         let mut python = Vec::new();
-        let n = self.session.take_user_stacks(|id, s| {
-            stacks.keep(id, s);
+        let n = self.session.take_user_stacks(|key, s| {
+            stacks.keep(key, s);
             let nr = (s.nr as usize).min(s.ips.len());
             if let (_, Some(py)) = crate::stacks::python::split(&s.ips[..nr]) {
                 python.push(py);
@@ -199,6 +230,10 @@ mod tests {
     use super::*;
     use memtrace_common::stacks::MAX_UFRAMES;
 
+    fn key(id: u32) -> u64 {
+        ustack_key(id as i32, 1)
+    }
+
     fn stack(hash: u64, ips: &[u64]) -> UserStack {
         let mut s = UserStack {
             hash,
@@ -215,50 +250,67 @@ mod tests {
         let mut st = StackStore::new();
         st.max = 8;
         for id in 0..8 {
-            st.keep(id, &stack(id as u64, &[id as u64, 1]));
+            st.keep(key(id), &stack(id as u64, &[id as u64, 1]));
         }
         // Stack 0 is looked at, stack 1 comes back: both recent now.
-        assert_eq!(st.get(0), Some(vec![0, 1]));
-        st.keep(1, &stack(1, &[1, 1]));
-        st.keep(8, &stack(8, &[8]));
+        assert_eq!(st.get(0, 1), Some(vec![0, 1]));
+        st.keep(key(1), &stack(1, &[1, 1]));
+        st.keep(key(8), &stack(8, &[8]));
         assert_eq!(st.kept(), 6);
         assert_eq!(st.evicted, 3);
         for gone in [2, 3, 4] {
-            assert_eq!(st.get(gone), None, "{gone}");
+            assert_eq!(st.get(gone, 1), None, "{gone}");
         }
         assert_eq!(st.missed.get(), 3);
         for kept in [0, 1, 5, 6, 7, 8] {
-            assert!(st.get(kept).is_some(), "{kept}");
+            assert!(st.get(kept, 1).is_some(), "{kept}");
         }
     }
 
     #[test]
     fn a_stack_sent_again_since_the_last_settle_is_not_let_go() {
         let mut st = StackStore::new();
-        st.keep(1, &stack(1, &[10]));
-        st.keep(2, &stack(2, &[20]));
+        st.keep(key(1), &stack(1, &[10]));
+        st.keep(key(2), &stack(2, &[20]));
         st.settled();
         // Harvested while a round resolved: a new key of stack 2 waits in
         // the kernel's count map.
-        st.keep(2, &stack(2, &[20]));
-        st.release(1);
-        st.release(2);
+        st.keep(key(2), &stack(2, &[20]));
+        st.release(1, 1);
+        st.release(2, 1);
         assert_eq!(st.released, 1);
-        assert_eq!(st.get(1), None);
-        assert_eq!(st.get(2), Some(vec![20]));
+        assert_eq!(st.get(1, 1), None);
+        assert_eq!(st.get(2, 1), Some(vec![20]));
         // Named by no kept count at the next settle: let go then.
         st.settled();
-        st.release(2);
-        assert_eq!(st.get(2), None);
+        st.release(2, 1);
+        assert_eq!(st.get(2, 1), None);
     }
 
     #[test]
     fn another_stack_under_a_freed_id_replaces_the_old_one() {
         let mut st = StackStore::new();
-        st.keep(5, &stack(1, &[10, 11]));
-        st.keep(5, &stack(1, &[10, 11]));
-        assert_eq!(st.get(5), Some(vec![10, 11]));
-        st.keep(5, &stack(2, &[20]));
-        assert_eq!(st.get(5), Some(vec![20]));
+        st.keep(key(5), &stack(1, &[10, 11]));
+        st.keep(key(5), &stack(1, &[10, 11]));
+        assert_eq!(st.get(5, 1), Some(vec![10, 11]));
+        st.keep(key(5), &stack(2, &[20]));
+        assert_eq!(st.get(5, 1), Some(vec![20]));
+    }
+
+    #[test]
+    fn two_stacks_under_one_id_are_told_apart_by_their_check() {
+        let mut st = StackStore::new();
+        st.keep(ustack_key(7, 0x1_0003), &stack(1, &[10]));
+        st.keep(ustack_key(7, 0x2_0005), &stack(2, &[20]));
+        assert_eq!(st.get(7, 0x1_0003), Some(vec![10]));
+        assert_eq!(st.get(7, 0x2_0005), Some(vec![20]));
+        // A fault's key holds the check's low 16 bits; a record, none:
+        // the stack kept last under the id.
+        assert_eq!(st.get(7, 0x0005), Some(vec![20]));
+        assert_eq!(st.get(7, 0), Some(vec![20]));
+        // Neither stack: no frames rather than another stack's.
+        assert_eq!(st.get(7, 0x3_0007), None);
+        assert_eq!(st.get(7, 0x0003), None);
+        assert_eq!(st.kept(), 2);
     }
 }

@@ -155,8 +155,9 @@ impl Tool for Brkstack {
                 for (k, val) in v {
                     let comm = crate::session::records::comm(&val.comm);
                     let ids = (k.ustack, k.kstack);
+                    let full = (k.ustack, k.ustack_check, k.kstack);
                     let mut r =
-                        stack_report(s, k.tgid, comm, ids, mode, val.count, Some(val.bytes));
+                        stack_report(s, k.tgid, comm, full, mode, val.count, Some(val.bytes));
                     if k.forked != 0 {
                         s.members.name(&mut r, ids);
                     }
@@ -190,7 +191,8 @@ impl Tool for Brkstack {
             .resolve_exited(crate::process::proc::alive, |k, val| {
                 let comm = crate::session::records::comm(&val.comm);
                 let ids = (k.ustack, k.kstack);
-                let mut r = stack_report(s, k.tgid, comm, ids, mode, val.count, Some(val.bytes));
+                let full = (k.ustack, k.ustack_check, k.kstack);
+                let mut r = stack_report(s, k.tgid, comm, full, mode, val.count, Some(val.bytes));
                 if k.forked != 0 {
                     s.members.name(&mut r, ids);
                 }

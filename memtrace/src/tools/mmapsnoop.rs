@@ -278,7 +278,7 @@ impl Tool for Mmapsnoop {
         }
         let row = self.row(&ev);
         if self.args.stack {
-            let mut frames = s.thread_user_frames(ev.pid, Some(ev.tid), ev.ustack);
+            let mut frames = s.thread_user_frames(ev.pid, Some(ev.tid), ev.ustack, 0);
             if ev.ustack == -1 {
                 frames.push("[stack capture failed (counted in stack_fail)]".into());
             }

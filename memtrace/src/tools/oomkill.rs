@@ -293,7 +293,7 @@ impl Tool for Oomkill {
         // maps (in user_frames) before anything slower, or its user stack
         // cannot be symbolized.
         let user = if self.stack {
-            s.thread_user_frames(ev.trigger_pid, Some(ev.trigger_tid), ev.ustack)
+            s.thread_user_frames(ev.trigger_pid, Some(ev.trigger_tid), ev.ustack, 0)
         } else {
             Vec::new()
         };

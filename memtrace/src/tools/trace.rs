@@ -306,7 +306,7 @@ impl Tool for Trace {
         }
         let mut frames = s.kernel_frames(h.kstack);
         if self.args.stack {
-            frames.extend(s.thread_user_frames(h.tgid, Some(h.pid), h.ustack));
+            frames.extend(s.thread_user_frames(h.tgid, Some(h.pid), h.ustack, 0));
         }
         if (self.args.stack && h.ustack == -1) || (self.args.kernel_stack && h.kstack < 0) {
             frames.push("[stack capture failed (counted in stack_fail)]".into());

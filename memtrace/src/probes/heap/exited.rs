@@ -123,7 +123,7 @@ impl Exited {
                 let n = v.allocs.saturating_sub(v.frees + gn);
                 let b = v.bytes.saturating_sub(v.freed_bytes + gb);
                 let comm = crate::session::records::comm(&v.comm);
-                let ids = (k.ustack, k.kstack);
+                let ids = (k.ustack, k.ustack_check, k.kstack);
                 let mut r = stack_report(s, k.tgid, comm, ids, mode, n, Some(b));
                 without_shim(&mut r);
                 let mut r = resolved(r)?;

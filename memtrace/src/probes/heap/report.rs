@@ -205,7 +205,7 @@ pub fn outstanding(
             let v = stats.get(&k).copied().unwrap_or_default();
             let base = phase.base.get(&k).copied().unwrap_or_default();
             let comm = crate::session::records::comm(&v.comm);
-            let ids = (k.ustack, k.kstack);
+            let ids = (k.ustack, k.ustack_check, k.kstack);
             let mut r = stack_report(s, k.tgid, comm, ids, mode, n, Some(bytes));
             without_shim(&mut r);
             // The mmap call's own frame first, then who called it.

@@ -26,8 +26,9 @@ pub trait StackKeyed: Clone + Eq + Hash {
     /// The key of this process's folded count; None for a key that holds
     /// no stack to fold (a folded count, a count by process).
     fn folded(&self) -> Option<Self>;
-    /// The id of its walked user stack in the store, if it has one.
-    fn walked(&self) -> Option<u32> {
+    /// The id and check of its walked user stack in the store, if it has
+    /// one.
+    fn walked(&self) -> Option<(u32, u32)> {
         None
     }
 }
@@ -51,7 +52,7 @@ pub struct Kept<K, V> {
     /// Processes seen gone at the last `resolve_exited`.
     gone_before: HashSet<u32>,
     /// Walked stacks of keys resolved since the last `settle_stacks`.
-    done_stacks: Vec<u32>,
+    done_stacks: Vec<(u32, u32)>,
     /// Exited processes whose stacks were all resolved since the last
     /// `forget_maps`.
     done_pids: Vec<u32>,
@@ -137,13 +138,13 @@ impl<K, V> Kept<K, V> {
     where
         K: StackKeyed,
     {
-        let named: HashSet<u32> = self.counts.keys().filter_map(|k| k.walked()).collect();
-        for id in &named {
-            store.touch(*id);
+        let named: HashSet<(u32, u32)> = self.counts.keys().filter_map(|k| k.walked()).collect();
+        for &(id, check) in &named {
+            store.touch(id, check);
         }
-        for id in self.done_stacks.drain(..) {
-            if !named.contains(&id) {
-                store.release(id);
+        for (id, check) in self.done_stacks.drain(..) {
+            if !named.contains(&(id, check)) {
+                store.release(id, check);
             }
         }
         store.settled();
@@ -350,8 +351,8 @@ impl StackKeyed for StackKey {
     fn tgid(&self) -> u32 {
         self.tgid
     }
-    fn walked(&self) -> Option<u32> {
-        (self.ustack >= 0).then_some(self.ustack as u32)
+    fn walked(&self) -> Option<(u32, u32)> {
+        (self.ustack >= 0).then_some((self.ustack as u32, self.ustack_check))
     }
     fn folded(&self) -> Option<Self> {
         (self.ustack != USTACK_FOLDED && (self.ustack >= 0 || self.kstack >= 0)).then_some(

@@ -57,7 +57,7 @@ fn only_the_stacks_of_exited_processes_fold_and_no_count_is_lost() {
 #[test]
 fn walked_stacks_only_resolved_keys_named_are_let_go() {
     use crate::stacks::store::StackStore;
-    use memtrace_common::stacks::{UserStack, MAX_UFRAMES};
+    use memtrace_common::stacks::{ustack_key, UserStack, MAX_UFRAMES};
     let mut store = StackStore::new();
     for id in [1u32, 2, 3] {
         let mut s = UserStack {
@@ -67,7 +67,7 @@ fn walked_stacks_only_resolved_keys_named_are_let_go() {
             ips: [0; MAX_UFRAMES],
         };
         s.ips[0] = 0x1000 * id as u64;
-        store.keep(id, &s);
+        store.keep(ustack_key(id as i32, 7), &s);
     }
     let mut k = Kept::new(100);
     // Process 10 exits: stack 1 is its own, stack 2 live process 11's
@@ -92,9 +92,9 @@ fn walked_stacks_only_resolved_keys_named_are_let_go() {
     assert_eq!(k.resolve_exited(|p| p == 11, report), 2);
     k.settle_stacks(&mut store);
     assert_eq!(store.released, 1);
-    assert_eq!(store.get(1), None);
-    assert_eq!(store.get(2), Some(vec![0x2000]));
-    assert_eq!(store.get(3), Some(vec![0x3000]));
+    assert_eq!(store.get(1, 7), None);
+    assert_eq!(store.get(2, 7), Some(vec![0x2000]));
+    assert_eq!(store.get(3, 7), Some(vec![0x3000]));
     // Nothing resolved since: nothing more let go.
     k.settle_stacks(&mut store);
     assert_eq!(store.released, 1);

@@ -5,7 +5,9 @@
 use memtrace_common::{
     kunwind::mark,
     names, stack_mode,
-    stacks::{UserStack, USTACK_FOLDED, USTACK_IN_SAMPLE, USTACK_NOT_SAMPLED, USTACK_SPILLED},
+    stacks::{
+        ustack_key, UserStack, USTACK_FOLDED, USTACK_IN_SAMPLE, USTACK_NOT_SAMPLED, USTACK_SPILLED,
+    },
 };
 
 use crate::output::{Shown, StackReport};
@@ -66,29 +68,44 @@ impl Traced {
         Some(trace.frames().iter().map(|f| f.ip).collect())
     }
 
-    /// Instruction pointers of user stack `id`, innermost first.
-    pub fn user_stack(&self, id: i32) -> Option<Vec<u64>> {
+    /// Instruction pointers of user stack `id`, innermost first; `check` as
+    /// `StackStore::get` takes it (0 when the record has none).
+    pub fn user_stack(&mut self, id: i32, check: u32) -> Option<Vec<u64>> {
         if !self.walked_user_stacks {
             return self.stack(id);
         }
         let StackRef::Id(id) = StackRef::from_raw(id) else {
             return None;
         };
-        match self.hash_get::<u32, UserStack>(names::USTACKS, &id) {
+        let key = ustack_key(id as i32, check);
+        match self.hash_get::<u64, UserStack>(names::USTACKS, &key) {
             Some(s) => Some(s.ips[..(s.nr as usize).min(s.ips.len())].to_vec()),
-            // Harvested already (`Session::harvest_user_stacks`).
-            None => self.stacks.get(id),
+            None => {
+                // Without the whole check the kernel's map cannot be asked:
+                // what it holds comes to the store first.
+                if check <= 0xffff {
+                    let _ = self.harvest_user_stacks();
+                }
+                // Harvested already (`Session::harvest_user_stacks`).
+                self.stacks.get(id, check)
+            }
         }
     }
 
-    /// Symbolized user stack `id` of `pid`, or why there is none.
-    pub fn user_frames(&mut self, pid: u32, id: i32) -> Vec<Shown> {
-        self.thread_user_frames(pid, None, id)
+    /// Symbolized user stack `id` (and `check`) of `pid`, or why there is none.
+    pub fn user_frames(&mut self, pid: u32, id: i32, check: u32) -> Vec<Shown> {
+        self.thread_user_frames(pid, None, id, check)
     }
 
     /// The same, where the record names its thread: in dwarf mode the stack
     /// is the one that thread copied just before.
-    pub fn thread_user_frames(&mut self, pid: u32, tid: Option<u32>, id: i32) -> Vec<Shown> {
+    pub fn thread_user_frames(
+        &mut self,
+        pid: u32,
+        tid: Option<u32>,
+        id: i32,
+        check: u32,
+    ) -> Vec<Shown> {
         match StackRef::from_raw(id) {
             StackRef::NotSampled => vec!["[not sampled (--sample)]".into()],
             StackRef::Folded => vec![FOLDED.into()],
@@ -103,7 +120,7 @@ impl Traced {
                 frames
             }
             StackRef::Failed => Vec::new(),
-            StackRef::Id(_) => match self.user_stack(id) {
+            StackRef::Id(_) => match self.user_stack(id, check) {
                 Some(ips) => {
                     // Python's frames follow the native ones.
                     let (native, py) = crate::stacks::python::split(&ips);
@@ -175,14 +192,14 @@ pub fn stack_report(
     s: &mut Traced,
     pid: u32,
     comm: String,
-    ids: (i32, i32),
+    ids: (i32, u32, i32),
     mode: u32,
     count: u64,
     bytes: Option<u64>,
 ) -> StackReport {
     s.keep_up();
-    let (ustack, kstack) = ids;
-    let user = placed_once_gone(pid, s.user_frames(pid, ustack));
+    let (ustack, check, kstack) = ids;
+    let user = placed_once_gone(pid, s.user_frames(pid, ustack, check));
     let kernel = s.kernel_frames(kstack);
     let wanted_user = mode & stack_mode::USER != 0;
     let wanted_kernel = mode & stack_mode::KERNEL != 0;

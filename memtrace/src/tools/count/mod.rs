@@ -228,7 +228,7 @@ impl Count {
                     s,
                     k.tgid,
                     name,
-                    (k.ustack, k.kstack),
+                    (k.ustack, k.ustack_check, k.kstack),
                     self.mode,
                     val.count,
                     sum,

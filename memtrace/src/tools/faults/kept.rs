@@ -11,8 +11,8 @@ impl StackKeyed for FaultKey {
     fn tgid(&self) -> u32 {
         self.tgid
     }
-    fn walked(&self) -> Option<u32> {
-        (self.ustack >= 0).then_some(self.ustack as u32)
+    fn walked(&self) -> Option<(u32, u32)> {
+        (self.ustack >= 0).then_some((self.ustack as u32, self.ustack_check as u32))
     }
     fn folded(&self) -> Option<Self> {
         (self.ustack != USTACK_FOLDED && (self.ustack >= 0 || self.kstack >= 0)).then_some(

@@ -221,13 +221,15 @@ impl Faults {
             return self.by_mapping(s, out, &data, &title);
         }
         if self.args.stacks || self.args.kernel_stacks {
-            // The owner's own counts and its forks' apart (merged by
-            // what they show, with the processes of each).
-            let mut agg: HashMap<(u32, i32, i32, bool), (u64, String)> = HashMap::new();
+            // By process, user stack (id and check), kernel stack, and
+            // forked: the owner's own counts and its forks' apart (merged
+            // by what they show, with the processes of each).
+            type Row = (u32, i32, u32, i32, bool);
+            let mut agg: HashMap<Row, (u64, String)> = HashMap::new();
             for (k, c, n) in &data {
                 let forked = k.kernel_mode & FORKED != 0;
                 let e = agg
-                    .entry((k.tgid, k.ustack, k.kstack, forked))
+                    .entry((k.tgid, k.ustack, k.ustack_check as u32, k.kstack, forked))
                     .or_insert((0, n.clone()));
                 e.0 += c;
             }
@@ -243,9 +245,9 @@ impl Faults {
                     r.for_each(|r| reports.push(r));
                 }
                 false => {
-                    for ((pid, u, k, forked), (c, n)) in agg {
+                    for ((pid, u, check, k, forked), (c, n)) in agg {
                         let faceless = pid == 0 && n == spill::NAME;
-                        let mut r = stack_report(s, pid, n, (u, k), mode, c, None);
+                        let mut r = stack_report(s, pid, n, (u, check, k), mode, c, None);
                         if forked {
                             s.members.name(&mut r, (u, k));
                         }
@@ -398,10 +400,10 @@ impl Tool for Faults {
         let mode = self.mode();
         self.kept
             .resolve_exited(crate::process::proc::alive, |k, (c, name)| {
-                let ids = (k.ustack, k.kstack);
+                let ids = (k.ustack, k.ustack_check as u32, k.kstack);
                 let mut r = stack_report(s, k.tgid, name.clone(), ids, mode, *c, None);
                 if k.kernel_mode & FORKED != 0 {
-                    s.members.name(&mut r, ids);
+                    s.members.name(&mut r, (k.ustack, k.kstack));
                 }
                 crate::stacks::kept::resolved(r)
             });

@@ -212,7 +212,7 @@ impl Memcg {
                     s,
                     *pid,
                     comm(&v.comm),
-                    (v.ustack, v.kstack),
+                    (v.ustack, 0, v.kstack),
                     mode,
                     1,
                     Some(*grew),

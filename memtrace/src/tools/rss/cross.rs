@@ -55,7 +55,7 @@ impl Rss {
             s,
             ev.task_pid,
             comm(&ev.task_comm),
-            (ev.ustack, ev.kstack),
+            (ev.ustack, 0, ev.kstack),
             self.stack_mode(),
             1,
             None,

@@ -100,21 +100,21 @@ impl Detail {
         // their map, not from the undrained ring buffer).
         s.sym.maps.lock().unwrap().refresh_missed();
         let mut out = Vec::new();
-        let mut faults: HashMap<i32, u64> = HashMap::new();
+        let mut faults: HashMap<(i32, u32), u64> = HashMap::new();
         for map in [FAULTS, FAULTS_PERF] {
             for (k, v) in s.read_folded(map, false).unwrap_or_default() {
-                *faults.entry(k.ustack).or_default() += v.count;
+                *faults.entry((k.ustack, k.ustack_check as u32)).or_default() += v.count;
             }
         }
         // Stacks that differ only in offsets read the same by function:
         // merged, as the other tools print them.
         let mut by_text: HashMap<String, (u64, u64)> = HashMap::new();
-        for (ustack, n) in faults {
+        for ((ustack, check), n) in faults {
             let r = stack_report(
                 s,
                 self.pid,
                 self.comm.clone(),
-                (ustack, -1),
+                (ustack, check, -1),
                 stack_mode::USER,
                 n,
                 None,
@@ -131,7 +131,7 @@ impl Detail {
                 s,
                 self.pid,
                 self.comm.clone(),
-                (k.ustack, -1),
+                (k.ustack, k.ustack_check, -1),
                 stack_mode::USER,
                 v.count,
                 Some(v.bytes),
