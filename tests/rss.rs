@@ -368,7 +368,20 @@ fn every_short_lived_child_gets_its_exit_row_with_its_peak() {
     let rows_of_children = children.len();
     children.sort();
     children.dedup();
-    assert_eq!(rows_of_children, CHILDREN, "one exit row per child");
+    // Each exit row's pid and peak, for a failure to say which row is extra.
+    let seen: Vec<(u64, u64)> = exits
+        .iter()
+        .map(|r| {
+            (
+                r["pid"].as_u64().unwrap_or(0),
+                r["peak_kb"].as_u64().unwrap_or(0),
+            )
+        })
+        .collect();
+    assert_eq!(
+        rows_of_children, CHILDREN,
+        "one exit row per child: (pid, peak_kb) {seen:?}"
+    );
     assert_eq!(children.len(), CHILDREN, "one exit row per child");
     // The children and the command itself, each once.
     assert_eq!(exits.len(), CHILDREN + 1, "{}", out.stdout.len());

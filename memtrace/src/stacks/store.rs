@@ -124,6 +124,13 @@ impl StackStore {
         agrees.then(|| ustack_key(id as i32, last))
     }
 
+    /// `get` without counting a miss (the caller looks again).
+    pub fn peek(&self, id: u32, check: u32) -> Option<Vec<u64>> {
+        let k = self.kept.get(&self.find(id, check)?)?;
+        k.used.set(self.now());
+        Some(k.ips.to_vec())
+    }
+
     /// Instruction pointers of a harvested stack, innermost first.
     pub fn get(&self, id: u32, check: u32) -> Option<Vec<u64>> {
         match self.find(id, check).and_then(|k| self.kept.get(&k)) {

@@ -77,19 +77,28 @@ impl Traced {
         let StackRef::Id(id) = StackRef::from_raw(id) else {
             return None;
         };
-        let key = ustack_key(id as i32, check);
-        match self.hash_get::<u64, UserStack>(names::USTACKS, &key) {
-            Some(s) => Some(s.ips[..(s.nr as usize).min(s.ips.len())].to_vec()),
-            None => {
-                // Without the whole check the kernel's map cannot be asked:
-                // what it holds comes to the store first.
-                if check <= 0xffff {
-                    let _ = self.harvest_user_stacks();
-                }
-                // Harvested already (`Session::harvest_user_stacks`).
-                self.stacks.get(id, check)
+        // A whole check names the key in the kernel's map, where a stack
+        // stays until the next harvest.
+        if check > 0xffff {
+            let key = ustack_key(id as i32, check);
+            if let Some(s) = self.hash_get::<u64, UserStack>(names::USTACKS, &key) {
+                return Some(s.ips[..(s.nr as usize).min(s.ips.len())].to_vec());
             }
+        } else if check == 0 {
+            // A record's stack, stored just before it: harvested first, or
+            // the store could give the stack kept last under its id before.
+            let _ = self.harvest_user_stacks();
         }
+        if let Some(ips) = self.stacks.peek(id, check) {
+            return Some(ips);
+        }
+        // A fault's key holds part of the check: its stack may still wait
+        // in the kernel's map. Once a millisecond at most, for rows whose
+        // stacks were let go.
+        if check != 0 && self.harvested.elapsed() >= std::time::Duration::from_millis(1) {
+            let _ = self.harvest_user_stacks();
+        }
+        self.stacks.get(id, check)
     }
 
     /// Symbolized user stack `id` (and `check`) of `pid`, or why there is none.
