@@ -6,28 +6,30 @@
 use aya_ebpf::{
     helpers::bpf_get_current_comm,
     macros::{map, tracepoint},
-    maps::PerCpuHashMap,
+    maps::HashMap,
     programs::TracePointContext,
     Global,
 };
 use memtrace_common::{
     brk::BrkConfig,
-    loss,
     stacks::{StackKey, StackVal},
     TASK_COMM_LEN,
 };
 
 use crate::helpers::{
-    bump_by_stack, capture_stacks, count_gen, count_loss, current_mm_u64, current_tgid,
-    image_owner, note_member, tell_member, tp_field, wanted, Stacks, NO_PREALLOC, TASK,
+    atomic_add, bump_by_stack, capture_stacks, count_gen, count_refused, current_mm_u64,
+    current_tgid, image_owner, note_member, tell_member, tp_field, wanted, Stacks, NO_PREALLOC,
+    TASK,
 };
 
 #[unsafe(no_mangle)]
 static BRK_CFG: Global<BrkConfig> = Global::new(BrkConfig { tp_brk: 0, _pad: 0 });
 
+/// One value per key that every CPU adds to atomically, as memleak's
+/// totals: a per-CPU value comes from per-CPU memory where the call is
+/// made, which a burst of new stacks on a loaded host finds empty.
 #[map]
-static BRK_STACKS: PerCpuHashMap<StackKey, StackVal> =
-    PerCpuHashMap::with_max_entries(8192, NO_PREALLOC);
+static BRK_STACKS: HashMap<StackKey, StackVal> = HashMap::with_max_entries(8192, NO_PREALLOC);
 
 #[tracepoint]
 pub fn brk_enter(ctx: TracePointContext) -> u32 {
@@ -57,8 +59,8 @@ pub fn brk_enter(ctx: TracePointContext) -> u32 {
     let set_user =
         |k: &mut StackKey, st: &Stacks| (k.ustack, k.ustack_check) = (st.user, st.user_check);
     let bump = |k: &StackKey, v: &mut StackVal| {
-        v.count += 1;
-        v.bytes += grew;
+        atomic_add(&mut v.count, 1);
+        atomic_add(&mut v.bytes, grew);
         if k.forked != 0 {
             note_member(&mut v.last, tgid, k.tgid, k.ustack, k.kstack);
         }
@@ -73,8 +75,8 @@ pub fn brk_enter(ctx: TracePointContext) -> u32 {
         last: tgid,
         _pad: 0,
     };
-    if BRK_STACKS.insert(&key, &v, 0).is_err() {
-        count_loss(loss::MAP_FULL);
+    if let Err(e) = BRK_STACKS.insert(&key, &v, 0) {
+        count_refused(e);
         return 0;
     }
     if key.forked != 0 {

@@ -53,21 +53,39 @@ pub fn run_only(section: &str, runs: usize, check: bool) -> Result<()> {
     }
     print!("{out}");
     let path = root().join("bench").join("RESULTS.md");
-    let mut kept = std::fs::read_to_string(&path).unwrap_or_default();
+    let kept = std::fs::read_to_string(&path).unwrap_or_default();
     let slipped = compare::report(&kept, &out, check);
-    // Every table of the section replaces its earlier one.
-    for head in out.lines().filter(|l| l.starts_with("### ")) {
+    std::fs::write(&path, replace_section(&kept, &out))?;
+    eprintln!("bench: updated the {section} section of bench/RESULTS.md");
+    slipped
+}
+
+/// `results` with the tables of `section` in place of their earlier ones,
+/// where the first of them was; a new section goes before the tables kept
+/// by hand (which a bench run never writes).
+fn replace_section(results: &str, section: &str) -> String {
+    let mut kept = results.to_string();
+    let mut first: Option<usize> = None;
+    for head in section.lines().filter(|l| l.starts_with("### ")) {
         if let Some(at) = kept.find(head) {
             let rest = &kept[at + head.len()..];
             let end = rest
                 .find("\n### ")
                 .map_or(kept.len(), |e| at + head.len() + e + 1);
             kept = format!("{}{}", &kept[..at], &kept[end..]);
+            first = Some(first.map_or(at, |f| f.min(at)));
         }
     }
-    std::fs::write(&path, format!("{}\n{}", kept.trim_end(), out))?;
-    eprintln!("bench: updated the {section} section of bench/RESULTS.md");
-    slipped
+    let at = first
+        .or_else(|| kept.find("### Kept by hand"))
+        .unwrap_or(kept.len());
+    let (before, after) = kept.split_at(at);
+    let before = before.trim_end();
+    let sep = if before.is_empty() { "" } else { "\n\n" };
+    match after.is_empty() {
+        true => format!("{before}{sep}{}\n", section.trim_end()),
+        false => format!("{before}{sep}{}\n\n{after}", section.trim_end()),
+    }
 }
 
 /// Start-up and peak RSS: the tools that run system-wide, beside the peers.
@@ -304,4 +322,22 @@ pub fn run(runs: usize, check: bool) -> Result<()> {
     std::fs::write(dir.join("RESULTS.md"), &out)?;
     eprintln!("bench: wrote bench/RESULTS.md");
     slipped
+}
+
+#[cfg(test)]
+mod tests {
+    use super::replace_section;
+
+    #[test]
+    fn a_section_is_replaced_where_it_was_and_a_new_one_goes_before_the_kept() {
+        let old = "# R\n\n### A\n\n| a | 1 |\n\n### B\n\n| b | 2 |\n\n### Kept by hand: x\n\nk\n";
+        assert_eq!(
+            replace_section(old, "### A\n\n| a | 9 |\n"),
+            "# R\n\n### A\n\n| a | 9 |\n\n### B\n\n| b | 2 |\n\n### Kept by hand: x\n\nk\n"
+        );
+        assert_eq!(
+            replace_section(old, "### C\n\n| c | 3 |\n"),
+            "# R\n\n### A\n\n| a | 1 |\n\n### B\n\n| b | 2 |\n\n### C\n\n| c | 3 |\n\n### Kept by hand: x\n\nk\n"
+        );
+    }
 }
