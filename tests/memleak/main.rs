@@ -273,6 +273,26 @@ fn blocks_of_an_image_that_exec_d_away_are_not_held() {
     assert!(s["blocks_gone_with_exec"].as_u64().unwrap() > 200, "{s}");
 }
 
+/// A simple command that starts the program in a process of its own (dash
+/// vforks the program it is given): the processes it starts are traced as
+/// the first one is. Only the first was probed, and the program's leaks
+/// were missing with "0 lost".
+#[test]
+fn the_processes_a_simple_command_starts_are_traced_too() {
+    let script = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("starts-the-leak.sh");
+    let line = format!("{} {}", workload_bin().display(), leak_args(0).join(" "));
+    // `sh FILE`, plain words for memtrace: the script's shell runs the
+    // workload as a child and then says it is done.
+    std::fs::write(&script, format!("{line}\necho started-and-done\n")).unwrap();
+    let cmd = format!("sh {}", script.display());
+    let out = run(&["memleak", "--json", "--top", "50", "-c", &cmd]);
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    assert!(out.stdout.contains("started-and-done"), "{}", out.stdout);
+    assert_exact(&out.stdout);
+    let s = &json_of(&out.stdout, "summary")[0];
+    assert_eq!(s["preloaded_processes"], 2, "{s}");
+}
+
 /// A statically linked program: the shim cannot be loaded into it, so its
 /// own allocator (in the executable) is probed, and its leaks are exact.
 /// Stripped, it has no malloc symbol: memleak says at start that its heap

@@ -235,13 +235,11 @@ impl Tool for Memleak {
             self.injection = Some(i);
             (p, said)
         } else if let Some(shim) = &self.preload {
-            let follow = self.args.common.children
-                || self
-                    .args
-                    .common
-                    .command
-                    .as_deref()
-                    .is_some_and(|c| !crate::process::command::is_simple(c));
+            // Every process of a -c command: only they map this run's shim,
+            // so probes for all processes trap nobody else. Probing the
+            // command's first process alone missed what the processes it
+            // starts allocate (`sh -c prog`, make, a Python subprocess).
+            let follow = self.args.common.children || self.args.common.command.is_some();
             shim::probes(shim.path(), if follow { None } else { k.target })?
         } else if self.user {
             let a = &self.args;
