@@ -76,6 +76,10 @@ pub struct Rss {
     born: seed::Born,
     /// Exit records since the last report: each its last row.
     exits: Vec<(u32, RssVal)>,
+    /// Processes whose last row came from their row marked exited, read
+    /// before their exit record arrived: that record has nothing more to
+    /// say (it was a second last row).
+    ended_early: std::collections::HashSet<u32>,
     /// Rows of no process memtrace follows (a pid reused before it was let
     /// go): left out, and counted.
     unattributed: u64,
@@ -97,6 +101,7 @@ impl Rss {
             target: 0,
             seen: Default::default(),
             exited: 0,
+            ended_early: Default::default(),
             shown: 0,
             born: Default::default(),
             exits: Vec::new(),
@@ -208,7 +213,9 @@ impl Tool for Rss {
                 comm: ev.comm,
                 ..Default::default()
             };
-            self.exits.push((ev.pid, v));
+            if !self.ended_early.remove(&ev.pid) {
+                self.exits.push((ev.pid, v));
+            }
             return Ok(());
         }
         let Some(ev) = record::<RssCross>(data, kind::RSS_CROSS) else {

@@ -33,10 +33,15 @@ impl Rss {
         let mut left = HashSet::new();
         for (pid, v) in self.read(s)? {
             let followed = s.hash_get(names::FOLLOWED, &pid).is_some();
-            // Its exit record was lost (counted): its row says it exited.
+            // Its row says it exited: its exit record was lost (counted),
+            // or has not been read yet (then it is let go when it comes).
             let fate = if v.exited != 0 {
+                self.ended_early.insert(pid);
                 seed::Fate::Gone { reused: false }
             } else {
+                // Alive under this pid: a record of an earlier process
+                // under it is not waited for.
+                self.ended_early.remove(&pid);
                 self.born.fate(pid, self.target, followed)
             };
             match fate {
