@@ -149,6 +149,16 @@ pub const fn ustack_key(id: i32, check: u32) -> u64 {
     ((id as u32 as u64) << 32) | check as u64
 }
 
+/// A walked stack's id and check, from its hash: every walker names its
+/// stacks so.
+#[inline(always)]
+pub const fn ustack_id(hash: u64) -> (i32, u32) {
+    (
+        ((hash ^ (hash >> 32)) as u32 & 0x7fff_ffff) as i32,
+        (hash >> 32) as u32,
+    )
+}
+
 /// The id and check of a key (`ustack_key`).
 #[inline(always)]
 pub const fn ustack_key_parts(key: u64) -> (u32, u32) {

@@ -412,13 +412,10 @@ fn unwind_user_stack() -> (i32, u32) {
     h = (h ^ nr as u64).wrapping_mul(0x0000_0100_0000_01b3);
     f.hash = h;
     f.nr = nr as u32;
-    let (id, check) = (
-        ((h ^ (h >> 32)) as u32 & 0x7fff_ffff) as i32,
-        (h >> 32) as u32,
-    );
+    let (id, check) = memtrace_common::stacks::ustack_id(h);
     // Complete, from tables alone: the next unwind from here may reuse it.
     if end == 0 && !pending && !miss && !py {
-        unwind_memo::keep(((id as u32 as u64) << 32) | check as u64);
+        unwind_memo::keep(memtrace_common::stacks::ustack_key(id, check));
     }
     (id, check)
 }

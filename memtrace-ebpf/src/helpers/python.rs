@@ -310,8 +310,8 @@ pub extern "C" fn memtrace_python_frames(tgid: u32) -> u64 {
     h = (h ^ got as u64).wrapping_mul(0x0000_0100_0000_01b3);
     f.hash = h;
     f.nr = got as u32;
-    let id = (h ^ (h >> 32)) as u32 & 0x7fff_ffff;
-    ((id as u64) << 32) | (h >> 32) | 1
+    let (id, check) = memtrace_common::stacks::ustack_id(h);
+    memtrace_common::stacks::ustack_key(id, check | 1)
 }
 
 /// The compat object has no in-kernel unwinder, whose stacks this adds to.

@@ -11,7 +11,7 @@ use aya_ebpf::{
 };
 use memtrace_common::{
     loss,
-    stacks::{ustack_key, UserStack, MAX_UFRAMES},
+    stacks::{ustack_id, ustack_key, UserStack, MAX_UFRAMES},
 };
 
 use super::{
@@ -217,10 +217,7 @@ pub(super) fn walk_user_stack() -> (i32, u32) {
     h = (h ^ nr as u64).wrapping_mul(0x0000_0100_0000_01b3);
     s.frames.hash = h;
     s.frames.nr = nr;
-    (
-        ((h ^ (h >> 32)) as u32 & 0x7fff_ffff) as i32,
-        (h >> 32) as u32,
-    )
+    ustack_id(h)
 }
 
 /// Without bpf_loop (5.10): the kernel's walker fills the scratch's frames
@@ -256,10 +253,7 @@ pub(super) fn kernel_walk_user_stack(ctx: *mut c_void) -> (i32, u32) {
     h = (h ^ nr as u64).wrapping_mul(0x0000_0100_0000_01b3);
     f.hash = h;
     f.nr = nr;
-    (
-        ((h ^ (h >> 32)) as u32 & 0x7fff_ffff) as i32,
-        (h >> 32) as u32,
-    )
+    ustack_id(h)
 }
 
 /// Stores the stack the last walk on this CPU left in its scratch under
