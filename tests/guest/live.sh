@@ -2,13 +2,14 @@
 # they go (top, serve), each against a workload held until memtrace is
 # attached, so that only its counted work is traced.
 
-# top in plain text (its stdout is a file): 4 refreshes of 1 s of one
+# top in plain text (its stdout is a file): refreshes of 700 ms of one
 # process, which faults 1000 fresh pages and calls brk 100 times a second
-# (a page each) for 5 s. top ends by itself (-n).
+# (a page each) for 5 s. top ends with the process, its last refresh the
+# part-interval since the one before.
 top_case() {
     cg=
     held_workload 3 paced 1000 100 5
-    start_bg top top -v -p "$wpid" -i 1 -n 4
+    start_bg top top -v -p "$wpid" -i 700ms
     echo go >&3
     exec 3>&-
     t_int=$(now_ms)

@@ -115,15 +115,33 @@ impl Top {
             out.event("oom_kill", &COLS, &row);
         }
         let procs = table::select(&self.snap, self.sort, &self.filter, self.args.top);
-        let rows: Vec<Row> = procs.iter().map(|p| table::row(&self.snap, p)).collect();
+        let secs = self.snap.elapsed.as_secs_f64();
+        // The rates' own interval, measured: a late refresh (a loaded host)
+        // says so, and rate times interval is the count. Plain text has it
+        // once, in the title; JSON in each row.
+        let json = self.args.common.json;
+        let mut cols = table::COLS.to_vec();
+        if json {
+            cols.push(Col::num("interval_s", "SECS", 6));
+        }
+        let rows: Vec<Row> = procs
+            .iter()
+            .map(|p| {
+                let mut r = table::row(&self.snap, p);
+                if json {
+                    r.0.push(Value::F(secs, 3));
+                }
+                r
+            })
+            .collect();
         let title = format!(
-            "{} top: {} processes, sorted by {}; {}",
+            "{} top: {} processes, sorted by {}, rates over {secs:.3} s; {}",
             clock(),
             self.snap.procs.len(),
             self.sort.label(),
             crate::process::proc::memory_line()
         );
-        out.table("top", &title, &table::COLS, &rows);
+        out.table("top", &title, &cols, &rows);
     }
 }
 
@@ -209,11 +227,16 @@ impl Tool for Top {
         Ok(())
     }
 
-    /// A live view: each refresh is whole, nothing is added at the end.
-    fn finish(&mut self, _s: &mut Traced, _out: &mut dyn Printer) -> Result<()> {
+    /// A run that ends between refreshes (its process exited, Ctrl-C, -d)
+    /// prints the part-interval since the last, so that every counted
+    /// event is in a refresh; the screen is just left.
+    fn finish(&mut self, s: &mut Traced, out: &mut dyn Printer) -> Result<()> {
         if let Some(ui) = self.ui.as_mut() {
             ui.leave();
+            return Ok(());
         }
+        self.events += self.counters.read(s, &mut self.snap)?;
+        self.print_text(out);
         Ok(())
     }
 
