@@ -231,13 +231,13 @@ impl Tool for Top {
     /// prints the part-interval since the last, so that every counted
     /// event is in a refresh; the screen is just left.
     fn finish(&mut self, s: &mut Traced, out: &mut dyn Printer) -> Result<()> {
-        if let Some(ui) = self.ui.as_mut() {
-            ui.leave();
-            return Ok(());
+        match self.ui.as_mut() {
+            Some(ui) => {
+                ui.leave();
+                Ok(())
+            }
+            None => self.on_interval(s, out),
         }
-        self.events += self.counters.read(s, &mut self.snap)?;
-        self.print_text(out);
-        Ok(())
     }
 
     fn wakeup_fd(&self) -> Option<std::os::fd::RawFd> {
